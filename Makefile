@@ -1,0 +1,38 @@
+# Quick start: `make demo` (train on the real CIFAR-10, print the table) and `make test`.
+# Both create .venv and install with the pinned constraints when needed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+# The real CIFAR-10 beside the checkout (shared/); an explicit TRAINSCALE_DATA wins.
+SHARED_CIFAR := $(abspath ../shared/data/cifar-10-batches-bin)
+ifneq ($(wildcard $(SHARED_CIFAR)/data_batch_1.bin),)
+export TRAINSCALE_DATA ?= $(SHARED_CIFAR)
+endif
+
+.PHONY: install demo test test-fast bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m trainscale train --config configs/demo.toml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

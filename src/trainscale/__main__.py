@@ -1,0 +1,5 @@
+import sys
+
+from trainscale.cli import main
+
+sys.exit(main())

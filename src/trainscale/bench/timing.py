@@ -1,0 +1,65 @@
+"""Repeat-and-summarise timing shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainscale.train.checkpoint import atomic_write_text
+from trainscale.train.precision import synchronize
+
+
+@dataclass
+class Timing:
+    """Seconds per repeat; ``mean`` and ``stdev`` over the repeats (warm-up already excluded)."""
+
+    seconds: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.seconds)
+
+    @property
+    def stdev(self) -> float:
+        return statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+
+    def rate(self, items: int) -> tuple[float, float]:
+        """Items per second: mean and spread (stdev) over repeats."""
+        rates = [items / s for s in self.seconds]
+        return statistics.fmean(rates), statistics.stdev(rates) if len(rates) > 1 else 0.0
+
+
+def time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int, device: torch.device
+                     ) -> dict[str, Timing]:
+    """Time each callable ``repeats`` times, round-robin so drift (thermal, other load) hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            out[name].append(time.perf_counter() - start)
+    return {name: Timing(values) for name, values in out.items()}
+
+
+def save_result(path: Path, result: dict[str, Any]) -> None:
+    """Write a benchmark result (config, environment, figures) atomically as JSON."""
+    atomic_write_text(Path(path), json.dumps(result, indent=2, default=_plain) + "\n")
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Timing):
+        return {"seconds": obj.seconds, "mean": obj.mean, "stdev": obj.stdev}
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    return str(obj)

@@ -1,0 +1,67 @@
+"""What each `trainscale` subcommand does, given its parsed flags."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trainscale.errors import ConfigError
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    handler = {"train": train, "models": models, "data": data}[args.command]
+    return handler(args)
+
+
+def train_config(args: argparse.Namespace):
+    """Defaults, then --config FILE, then the flags given on the command line."""
+    from trainscale.train import build_config, load_toml
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    file_values = load_toml(args.config) if getattr(args, "config", None) else {}
+    return build_config(file_values, flags)
+
+
+def train(args: argparse.Namespace) -> int:
+    from trainscale.parallel import is_main_process
+    from trainscale.report.console import EPOCH_COLUMNS, format_summary, format_table
+    from trainscale.train import run_training
+
+    cfg = train_config(args)
+    summary, history = run_training(cfg)
+    if is_main_process():
+        print(format_table(history, EPOCH_COLUMNS))
+        print(format_summary(summary))
+        print(f"results in {summary.get('out', cfg.out)}")
+    return 0
+
+
+def models(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainscale.models import count_parameters, create_model, list_models, model_info
+    from trainscale.report.console import format_table
+
+    def parameter_count(name: str) -> int:
+        with torch.device("meta"):  # shapes only: no memory, no init cost
+            return count_parameters(create_model(name))
+
+    rows = [{"name": n, "params": parameter_count(n), "input": model_info(n).input_size,
+             "description": model_info(n).description} for n in list_models()]
+    print(format_table(rows, [("name", "model", str), ("params", "params", lambda v: f"{v:,}"),
+                              ("input", "input", lambda v: f"{v}x{v}"), ("description", "description", str)]))
+    return 0
+
+
+def data(args: argparse.Namespace) -> int:
+    from trainscale.data import download_dataset, ensure_dataset, resolve_data_dir
+
+    if args.data_command == "verify":
+        folder = ensure_dataset(args.dataset, args.data_dir, download=False, verify=True)
+        print(f"{args.dataset}: all files present with the official sizes and MD5 checksums in {folder}")
+        return 0
+    if args.data_command == "download":
+        folder = download_dataset(args.dataset, resolve_data_dir(args.dataset, args.data_dir))
+        print(f"{args.dataset}: downloaded and verified in {folder}")
+        return 0
+    raise ConfigError(f"unknown data command {args.data_command!r}")

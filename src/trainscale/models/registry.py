@@ -1,0 +1,60 @@
+"""The model registry: every network is found by name so configs, the CLI and tests see one list.
+
+A factory is ``fn(num_classes: int = 10, **kw) -> nn.Module`` registered with :func:`register_model`, which also
+records the input size the net expects and the dataset it is usually trained on.
+
+Data-dependent initialisation: a model may define ``data_init(images)``; the trainer calls it once before training
+with a normalised batch of training images (float NCHW, e.g. 5,000 images). ``airbench`` uses it to compute its frozen
+patch-whitening filters. Models without the method need nothing from the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from trainscale.registry import Registry
+
+MODELS: Registry[nn.Module] = Registry("model")
+
+ModelFactory = Callable[..., nn.Module]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a caller needs to feed a model without building it: its input side and usual dataset."""
+
+    name: str
+    input_size: int
+    description: str
+    default_dataset: str
+
+
+def register_model(
+    name: str, *, input_size: int, description: str, default_dataset: str = "cifar10"
+) -> Callable[[ModelFactory], ModelFactory]:
+    """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net."""
+    return MODELS.register(name, input_size=input_size, description=description, default_dataset=default_dataset)
+
+
+def create_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
+    """Build a model by name; an unknown name raises ConfigError with a did-you-mean hint."""
+    return MODELS.create(name, num_classes=num_classes, **kwargs)
+
+
+def list_models() -> list[str]:
+    """All registered model names, sorted, so tests and the CLI can enumerate them."""
+    return MODELS.names()
+
+
+def model_info(name: str) -> ModelInfo:
+    """The registered metadata of one model; unknown names raise ConfigError like create_model."""
+    entry = MODELS.get(name)
+    return ModelInfo(name=entry.name, **entry.meta)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars, the figure papers quote (frozen whitening/BN scales are excluded)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,1 @@
+"""Tables and reports built from run folders."""

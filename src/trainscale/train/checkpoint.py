@@ -1,0 +1,65 @@
+"""Per-epoch checkpoints, written atomically and loaded with ``weights_only=True``.
+
+A checkpoint holds everything that makes ``--resume`` continue bit for bit: model, optimizer, grad
+scaler, the RNG states, the finished epoch and the running totals. Data order and augmentation are
+seeded from (seed, epoch), so they need no state of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainscale.errors import ConfigError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def atomic_write_bytes(path: Path, write: Any) -> None:
+    """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, lambda f: f.write(text.encode()))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    atomic_write_bytes(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"--resume: no checkpoint at {path}; run without --resume to start fresh")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which and what to do
+        raise ConfigError(f"--resume: cannot read checkpoint {path} ({type(exc).__name__}: {exc}); "
+                          "delete it to start fresh") from None

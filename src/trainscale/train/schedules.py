@@ -1,0 +1,67 @@
+"""Learning-rate schedules as pure functions of the (fractional) epoch, found by name.
+
+Each factory takes the config and returns ``f(t) -> multiplier`` of the base LR, ``t`` in epochs
+(``epoch + step / steps_per_epoch``), so the LR is set every step and is identical after a resume.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from trainscale.registry import Registry
+from trainscale.train.config import TrainConfig
+
+Schedule = Callable[[float], float]
+SCHEDULES: Registry[Schedule] = Registry("schedule")
+
+
+def create_schedule(cfg: TrainConfig) -> Schedule:
+    """The schedule named by ``cfg.schedule`` with the linear warm-up applied on top."""
+    shape = SCHEDULES.create(cfg.schedule, cfg=cfg)
+    warmup = warmup_epochs(cfg)
+    if warmup <= 0 or cfg.schedule == "onecycle":
+        return shape
+    return lambda t: shape(t) * min(1.0, t / warmup)
+
+
+def list_schedules() -> list[str]:
+    return SCHEDULES.names()
+
+
+def warmup_epochs(cfg: TrainConfig) -> float:
+    """Explicit ``--warmup-epochs``, else 5/24 of the run for one-cycle (seed 004's 5 of 24), else none."""
+    if cfg.warmup_epochs is not None:
+        return float(cfg.warmup_epochs)
+    return cfg.epochs * 5 / 24 if cfg.schedule == "onecycle" else 0.0
+
+
+@SCHEDULES.register("constant")
+def constant(cfg: TrainConfig) -> Schedule:
+    return lambda t: 1.0
+
+
+@SCHEDULES.register("step")
+def step(cfg: TrainConfig) -> Schedule:
+    """Multiply by ``gamma`` at each milestone. Milestones are 1-based epoch numbers as the seeds write
+    them: seed 000's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""
+    starts = [m - 1 for m in cfg.milestones]
+    return lambda t: cfg.gamma ** sum(1 for s in starts if t >= s)
+
+
+@SCHEDULES.register("onecycle")
+def onecycle(cfg: TrainConfig) -> Schedule:
+    """Piecewise linear 0 -> 1 at the warm-up epoch -> 0 at the last epoch (cifar10-fast, seed 004)."""
+    peak, end = warmup_epochs(cfg), float(cfg.epochs)
+
+    def f(t: float) -> float:
+        if t < peak:
+            return t / peak
+        return max(0.0, (end - t) / (end - peak)) if end > peak else 1.0
+
+    return f
+
+
+@SCHEDULES.register("cosine")
+def cosine(cfg: TrainConfig) -> Schedule:
+    return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.epochs) / cfg.epochs))

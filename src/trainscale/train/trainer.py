@@ -1,0 +1,148 @@
+"""The epoch loop around ``loop.py``: schedule, evaluation, metrics, checkpoints and resume."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from trainscale.parallel import all_reduce_max, barrier, is_main_process, world_size
+from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainscale.train.config import TrainConfig
+from trainscale.train.loop import PassStats, evaluate, train_one_epoch
+from trainscale.train.outputs import RunWriter
+from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory
+
+log = logging.getLogger("trainscale.train")
+
+TIMER_SCOPE = ("training steps only, device-synchronised: includes on-device augmentation and the optimizer step; "
+               "excludes the initial data load and checksum, model construction, evaluation and checkpointing")
+
+
+@dataclass
+class RunState:
+    """What a checkpoint restores besides the tensors: where the run is and its running totals."""
+
+    next_epoch: int = 0
+    elapsed_seconds: float = 0.0
+    best_test_acc: float = 0.0
+    time_to_target_seconds: float | None = None
+    epoch_to_target: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    train_batches: Any
+    test_batches: Any
+    lr_at: Callable[[float], float]
+    summary_base: dict[str, Any]
+    writer: RunWriter | None = None
+    train_model: nn.Module | None = None
+    epoch_hooks: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    state: RunState = field(default_factory=RunState)
+
+    def __post_init__(self) -> None:
+        """``model`` is the bare module (checkpoints, evaluation); ``train_model`` is what the mode
+        wrapped it in (e.g. DDP) and is what the training steps call."""
+        self.scaler = self.precision.grad_scaler()
+        if self.train_model is None:
+            self.train_model = self.model
+
+    def resume(self) -> None:
+        """Restore the last finished epoch from the run folder (same data order, same LR from there)."""
+        assert self.writer is not None or not is_main_process()
+        path = self.writer.checkpoint_path if self.writer else None
+        ckpt = load_checkpoint(path, map_location=self.precision.device)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        set_rng_state(ckpt["rng"])
+        self.state = RunState(**ckpt["state"])
+        self.writer.restore_history(self.state.next_epoch)
+        log.info("resumed from %s after epoch %d", path, self.state.next_epoch)
+
+    def fit(self) -> dict[str, Any]:
+        for epoch in range(self.state.next_epoch, self.cfg.epochs):
+            row = self.run_epoch(epoch)
+            if self.writer is not None:
+                self.writer.add_epoch(row)
+                self.writer.write_summary(self.summary())
+                self._checkpoint()
+            barrier()
+        return self.summary()
+
+    def run_epoch(self, epoch: int) -> dict[str, Any]:
+        reset_peak_memory(self.precision.device)
+        train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler, self.precision,
+                                self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress)
+        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta)
+        self._account(epoch, train, test)
+        row = self._row(epoch, train, test)
+        for hook in self.epoch_hooks:
+            row.update(hook())
+        log.info("epoch %d/%d: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1fs, %.0f img/s",
+                 epoch + 1, self.cfg.epochs, train.loss, train.acc, test.loss, test.acc, row["epoch_seconds"],
+                 row["samples_per_sec"])
+        return row
+
+    def _account(self, epoch: int, train: PassStats, test: PassStats) -> None:
+        slowest = float(all_reduce_max(torch.tensor([train.seconds], dtype=torch.float64)).item())
+        train.seconds = slowest
+        self.state.next_epoch = epoch + 1
+        self.state.elapsed_seconds += slowest
+        self.state.best_test_acc = max(self.state.best_test_acc, test.acc)
+        target = self.cfg.target_acc
+        if target is not None and self.state.time_to_target_seconds is None and test.acc >= target:
+            self.state.time_to_target_seconds = self.state.elapsed_seconds
+            self.state.epoch_to_target = epoch + 1
+
+    def _row(self, epoch: int, train: PassStats, test: PassStats) -> dict[str, Any]:
+        memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
+        return {
+            "epoch": epoch + 1,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "train_loss": train.loss, "train_acc": train.acc, "test_loss": test.loss, "test_acc": test.acc,
+            "epoch_seconds": train.seconds, "eval_seconds": test.seconds,
+            "elapsed_seconds": self.state.elapsed_seconds,
+            "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
+            "train_samples": train.samples, "peak_memory_mb": memory, "world_size": world_size(),
+        }
+
+    def _checkpoint(self) -> None:
+        if not self.cfg.checkpoint:
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict(), "rng": rng_state(), "state": self.state.to_dict()}
+        save_checkpoint(self.writer.checkpoint_path, state)
+
+    def summary(self) -> dict[str, Any]:
+        rows = self.writer.history if self.writer else []
+        seconds = [r["epoch_seconds"] for r in rows]
+        samples = sum(r["train_samples"] for r in rows)
+        return {
+            **self.summary_base,
+            "epochs_completed": self.state.next_epoch,
+            "best_test_acc": self.state.best_test_acc,
+            "final_test_acc": rows[-1]["test_acc"] if rows else None,
+            "mean_epoch_seconds": statistics.fmean(seconds) if seconds else None,
+            "steady_epoch_seconds": statistics.fmean(seconds[1:]) if len(seconds) > 1 else None,
+            "samples_per_sec": samples / self.state.elapsed_seconds if self.state.elapsed_seconds else None,
+            "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=None),
+            "total_train_seconds": self.state.elapsed_seconds,
+            "total_eval_seconds": sum(r["eval_seconds"] for r in rows),
+            "target_acc": self.cfg.target_acc,
+            "time_to_target_seconds": self.state.time_to_target_seconds,
+            "epoch_to_target": self.state.epoch_to_target,
+            "timer_scope": TIMER_SCOPE,
+        }

@@ -1,0 +1,40 @@
+"""--resume continues a run bit for bit: an interrupted run and an uninterrupted one end identical."""
+
+import torch
+
+from trainscale.train import build_config, run_training
+from trainscale.train.trainer import Trainer
+
+
+def final_weights(out):
+    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_resume_is_bit_exact(tmp_path, monkeypatch):
+    base = dict(model="resnet20", dataset="synthetic", train_subset=384, test_subset=128, epochs=3, batch_size=64,
+                lr=0.1, momentum=0.9, schedule="onecycle", cutout=8, progress=False, threads=1, seed=3)
+    run_training(build_config(base, {"out": str(tmp_path / "straight")}))
+
+    real_run_epoch = Trainer.run_epoch
+
+    def crash_in_epoch_3(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return real_run_epoch(self, epoch)
+
+    monkeypatch.setattr(Trainer, "run_epoch", crash_in_epoch_3)
+    broken = tmp_path / "broken"
+    try:
+        run_training(build_config(base, {"out": str(broken)}))
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(Trainer, "run_epoch", real_run_epoch)
+    assert torch.load(broken / "checkpoint.pt", weights_only=True)["state"]["next_epoch"] == 2
+    run_training(build_config(base, {"out": str(broken), "resume": True}))
+
+    a, b = final_weights(tmp_path / "straight"), final_weights(broken)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    lines = (broken / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3

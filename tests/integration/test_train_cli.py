@@ -1,0 +1,46 @@
+"""The CLI end to end: a real CIFAR-10 subset reaches accuracy well above chance, and the run folder
+holds the contract files."""
+
+import json
+
+import pytest
+
+from tests.integration.cli import run_cli
+from trainscale.train.outputs import EPOCH_FIELDS, SUMMARY_FIELDS
+
+
+@pytest.mark.realdata
+@pytest.mark.slow
+def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
+                   "--train-subset", "10000", "--test-subset", "2000", "--epochs", "3", "--batch-size", "250",
+                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
+                   "--precision", "bf16", "--target-acc", "0.4", "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_test_acc"] > 0.45, summary  # chance is 0.10
+    assert set(SUMMARY_FIELDS) <= set(summary)
+    assert summary["time_to_target_seconds"] is not None
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert all(set(EPOCH_FIELDS) <= set(r) for r in rows)
+    assert all(0 <= r["test_acc"] <= 1 and r["epoch_seconds"] > 0 for r in rows)
+    assert rows[-1]["elapsed_seconds"] == pytest.approx(sum(r["epoch_seconds"] for r in rows))
+    assert (out / "logs.tsv").read_text().startswith("epoch\thours\ttop1Accuracy\n1\t")
+    assert json.loads((out / "config.json").read_text())["model"] == "airbench"
+    assert "test acc" in proc.stdout and "best test acc" in proc.stdout
+
+
+def test_synthetic_run_writes_the_contract(tmp_path):
+    """Shapes and files only (synthetic labels carry no signal, so no accuracy claim)."""
+    out = tmp_path / "syn"
+    proc = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "512",
+                   "--test-subset", "256", "--epochs", "2", "--batch-size", "128", "--out", out,
+                   "--no-progress", "--target-acc", "1.0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs_completed"] == 2 and summary["time_to_target_seconds"] is None
+    assert summary["environment"]["torch"].startswith("2.")
+    again = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--out", out)
+    assert again.returncode == 2 and "already holds a run" in again.stderr

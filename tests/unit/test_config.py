@@ -1,0 +1,80 @@
+import pytest
+
+from trainscale.errors import ConfigError
+from trainscale.train.config import FIELDS, TrainConfig, build_config, load_toml
+from trainscale.train.setup import BatchPlan
+
+
+def test_defaults_validate():
+    assert build_config({}).model == "resnet9"
+
+
+def test_layers_merge_left_to_right():
+    cfg = build_config({"epochs": 3, "lr": 0.2}, {"epochs": 5})
+    assert (cfg.epochs, cfg.lr) == (5, 0.2)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"epochs": 0}, "--epochs must be a positive integer"),
+    ({"batch_size": -1}, "--batch-size must be a positive integer"),
+    ({"precision": "fp8"}, "--precision must be one of"),
+    ({"momentum": 1.5}, "--momentum"),
+    ({"target_acc": 94}, "fraction"),
+    ({"train_subset": 0}, "--train-subset"),
+    ({"model": "resnet23"}, "did you mean 'resnet32'"),
+    ({"dataset": "cifar11"}, "unknown dataset 'cifar11'"),
+    ({"schedule": "stepp"}, "did you mean 'step'"),
+    ({"milestones": [61, 41]}, "--milestones"),
+])
+def test_bad_values_name_the_problem(bad, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        build_config(bad)
+
+
+def test_toml_accepts_dashes_and_underscores(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "resnet20"\nbatch-size = 64\nlabel_smoothing = 0.1\nmilestones = [2, 3]\n')
+    cfg = build_config(load_toml(path))
+    assert (cfg.model, cfg.batch_size, cfg.label_smoothing, cfg.milestones) == ("resnet20", 64, 0.1, [2, 3])
+
+
+def test_toml_unknown_key_names_file_and_line(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "resnet20"\n\nepochz = 3\n')
+    with pytest.raises(ConfigError, match=r"run.toml:3: unknown key 'epochz'"):
+        load_toml(path)
+
+
+def test_toml_syntax_error_is_config_error(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("model = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(path)
+
+
+def test_every_field_has_a_cli_flag():
+    from trainscale.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    dests = {a.dest for a in train._actions}
+    assert set(FIELDS) <= dests
+
+
+@pytest.mark.parametrize("kw, workers, expected", [
+    ({"batch_size": 512}, 1, (512, 512)),
+    ({"batch_size": 512}, 4, (128, 512)),
+    ({"batch_per_worker": 64}, 8, (64, 512)),
+])
+def test_batch_plan(kw, workers, expected):
+    plan = BatchPlan.resolve(TrainConfig(**kw), workers)
+    assert (plan.per_worker, plan.global_batch) == expected
+
+
+def test_linear_lr_scaling_rule():
+    plan = BatchPlan.resolve(TrainConfig(batch_size=1024, lr=0.1, lr_scaling="linear", base_batch_size=256), 4)
+    assert plan.lr == pytest.approx(0.4)
+
+
+def test_indivisible_global_batch_is_an_error():
+    with pytest.raises(ConfigError, match="not divisible by 3 workers"):
+        BatchPlan.resolve(TrainConfig(batch_size=512), 3)

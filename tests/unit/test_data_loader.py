@@ -1,0 +1,183 @@
+"""trainscale.data.loader (DeviceBatches) and imagefolder.FolderBatches: sharding, determinism,
+evaluation coverage, augmentation wiring and configuration errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainscale.data.loader as loader_mod
+from trainscale.data import (
+    AugmentConfig,
+    Batches,
+    DeviceBatches,
+    FolderBatches,
+    ImageTensors,
+    cutout,
+    normalize,
+    random_crop,
+    random_flip,
+)
+from trainscale.data.sharding import eval_range, seeded_generator, train_shard
+from trainscale.errors import ConfigError
+
+
+def tagged(n: int = 103, size: int = 8) -> ImageTensors:
+    """Images whose label is their index, so every yielded sample can be traced back."""
+    images = torch.randint(0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(0),
+                           dtype=torch.uint8)
+    return ImageTensors(images=images, labels=torch.arange(n), num_classes=n, mean=(0.5,) * 3,
+                        std=(0.25,) * 3, name="tagged")
+
+
+def collect(batches: DeviceBatches | FolderBatches, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*batches.epoch(epoch))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def test_train_shards_are_disjoint_and_equal() -> None:
+    data = tagged(103)
+    seen = []
+    for rank in range(2):
+        b = DeviceBatches(data, 10, train=True, augment=None, device="cpu", rank=rank, world_size=2, seed=4)
+        assert len(b) == 5 and b.num_samples == 50 and b.shard_size == 51
+        _, y = collect(b, 0)
+        assert len(y) == 50
+        seen.append(set(y.tolist()))
+    assert not seen[0] & seen[1]
+    # Without drop_last every rank gets its full shard: world_size * shard samples, none twice.
+    full = []
+    for rank in range(2):
+        b = DeviceBatches(data, 10, train=True, augment=None, device="cpu", rank=rank, world_size=2, seed=4,
+                          drop_last=False)
+        assert len(b) == 6 and b.num_samples == 51
+        full.extend(collect(b, 0)[1].tolist())
+    assert len(full) == len(set(full)) == 2 * (103 // 2)
+
+
+def test_shard_matches_the_documented_rule() -> None:
+    perm = torch.randperm(103, generator=seeded_generator(4, 2))
+    assert torch.equal(train_shard(103, 1, 2, 4, 2), perm[:102][1::2])
+    assert [eval_range(10, r, 3) for r in range(3)] == [(0, 4), (4, 7), (7, 10)]
+
+
+def test_same_seed_and_epoch_give_identical_batches() -> None:
+    data = tagged()
+    aug = AugmentConfig(crop_padding=2, cutout=3)
+    a = DeviceBatches(data, 16, train=True, augment=aug, device="cpu", seed=7)
+    b = DeviceBatches(data, 16, train=True, augment=aug, device="cpu", seed=7)
+    xa, ya = collect(a, 3)
+    xb, yb = collect(b, 3)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    x4, y4 = collect(a, 4)
+    assert not torch.equal(ya, y4)  # another epoch, another order
+    _, y_other_seed = collect(DeviceBatches(data, 16, train=True, augment=aug, device="cpu", seed=8), 3)
+    assert not torch.equal(ya, y_other_seed)
+
+
+def test_augmentation_matches_the_batch_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epoch e of rank r = shard of (seed, e), then crop, flip, cutout from a (seed, e, r) generator."""
+    data = tagged(64, 12)
+    aug = AugmentConfig(crop_padding=2, crop_size=10, flip=True, cutout=4)
+    b = DeviceBatches(data, 8, train=True, augment=aug, device="cpu", rank=1, world_size=2, seed=3)
+    x, y = collect(b, 5)
+    idx = train_shard(64, 1, 2, 3, 5)
+    g = seeded_generator(3, 5, 1)
+    expected = random_crop(data.images[idx], 10, 2, gen=g)
+    expected = cutout(random_flip(expected, g), 4, gen=g)
+    assert torch.equal(y, idx)
+    assert torch.equal(x, normalize(expected, data.mean, data.std))
+    # Chunked augmentation (bounded memory) gives the same batches.
+    monkeypatch.setattr(loader_mod, "AUGMENT_CHUNK_BYTES", 1)
+    x_chunked, _ = collect(DeviceBatches(data, 8, train=True, augment=aug, device="cpu", rank=1, world_size=2,
+                                         seed=3), 5)
+    assert torch.equal(x_chunked, x)
+
+
+def test_eval_covers_every_sample_once_in_order() -> None:
+    data = tagged(103)
+    labels, sizes = [], []
+    for rank in range(3):
+        b = DeviceBatches(data, 16, train=False, augment=AugmentConfig(cutout=8), device="cpu", rank=rank,
+                          world_size=3)
+        x, y = collect(b, 0)
+        assert len(y) == b.num_samples == b.shard_size and len(b) == -(-b.shard_size // 16)
+        assert torch.equal(x, normalize(data.images[y], data.mean, data.std))  # no augmentation at eval
+        labels.extend(y.tolist())
+        sizes.append(len(y))
+    assert labels == list(range(103)) and sizes == [35, 34, 34]
+    assert torch.equal(collect(b, 0)[1], collect(b, 9)[1])  # eval ignores the epoch
+
+
+def test_mxnet_style_crops_and_resize() -> None:
+    data = tagged(20, 32)
+    mx = AugmentConfig(crop_padding=0, crop_size=28)
+    x, _ = collect(DeviceBatches(data, 5, train=True, augment=mx, device="cpu"), 0)
+    assert x.shape == (20, 3, 28, 28)
+    x, y = collect(DeviceBatches(data, 5, train=False, augment=mx, device="cpu"), 0)
+    assert x.shape == (20, 3, 28, 28)
+    assert torch.equal(x, normalize(data.images[:, :, 2:30, 2:30], data.mean, data.std))  # centre crop
+    up = AugmentConfig(resize=299)
+    for train in (True, False):
+        b = DeviceBatches(data, 4, train=train, augment=up, device="cpu", dtype=torch.bfloat16,
+                          channels_last=True)
+        x, _ = next(iter(b.epoch(0)))
+        assert x.shape == (4, 3, 299, 299) and x.dtype == torch.bfloat16 and b.output_shape == (3, 299, 299)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_configuration_errors() -> None:
+    data = tagged(10)
+    with pytest.raises(ConfigError, match="world size 11 is larger than the 10 samples"):
+        DeviceBatches(data, 1, train=True, augment=None, device="cpu", world_size=11)
+    with pytest.raises(ConfigError, match="rank must be in 0..1"):
+        DeviceBatches(data, 1, train=True, augment=None, device="cpu", rank=2, world_size=2)
+    with pytest.raises(ConfigError, match="batch size 6 is larger than the 5 samples"):
+        DeviceBatches(data, 6, train=True, augment=None, device="cpu", world_size=2)
+    with pytest.raises(ConfigError, match="batch size must be a positive integer"):
+        DeviceBatches(data, 0, train=True, augment=None, device="cpu")
+    with pytest.raises(ConfigError, match="crop size 20"):
+        DeviceBatches(data, 2, train=True, augment=AugmentConfig(crop_size=20), device="cpu")
+    with pytest.raises(ConfigError, match="cutout"):
+        AugmentConfig(cutout=-1)
+    # Evaluation keeps partial batches, so a large batch is fine there.
+    assert len(DeviceBatches(data, 64, train=False, augment=None, device="cpu")) == 1
+
+
+def test_protocol() -> None:
+    b = DeviceBatches(tagged(10), 2, train=True, augment=None, device="cpu")
+    assert isinstance(b, Batches)
+
+
+# ------------------------------------------------------------------------------------- FolderBatches
+
+
+def make_folder(root: Path, per_class: int = 3) -> None:
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, cls in enumerate(("b_dogs", "a_cats")):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", (48 + 8 * i, 40), (40 * i, 100 + c * 50, 30)).save(
+                    root / split / cls / f"{i}.{'png' if i % 2 else 'jpeg'}")
+
+
+def test_folder_batches_shapes_and_sharding(tmp_path: Path) -> None:
+    make_folder(tmp_path)
+    train = FolderBatches(tmp_path, "train", 224, 2, seed=1)
+    assert isinstance(train, Batches) and train.classes == ["a_cats", "b_dogs"]
+    assert len(train) == 3 and train.num_samples == 6
+    x, y = collect(train, 0)
+    assert x.shape == (6, 3, 224, 224) and x.dtype == torch.float32 and y.dtype == torch.int64
+    x2, y2 = collect(FolderBatches(tmp_path, "train", 224, 2, seed=1), 0)
+    assert torch.equal(x, x2) and torch.equal(y, y2)  # deterministic per (seed, epoch)
+    shards = [set(FolderBatches(tmp_path, "train", 64, 1, rank=r, world_size=2).indices(0)) for r in range(2)]
+    assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 6
+    val = FolderBatches(tmp_path, "val", 299, 4, num_workers=1, channels_last=True)
+    xv, yv = collect(val, 0)
+    assert xv.shape == (6, 3, 299, 299) and yv.tolist() == [0, 0, 0, 1, 1, 1] and len(val) == 2
+    with pytest.raises(ConfigError, match="batch size 7"):
+        FolderBatches(tmp_path, "train", 64, 7)

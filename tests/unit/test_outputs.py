@@ -1,0 +1,48 @@
+import json
+
+import pytest
+
+from trainscale.train.checkpoint import atomic_write_text
+from trainscale.train.outputs import RunWriter
+
+
+def row(epoch, acc):
+    return {"epoch": epoch, "lr": 0.1, "train_loss": 1.0, "train_acc": 0.5, "test_loss": 1.1, "test_acc": acc,
+            "epoch_seconds": 10.0, "eval_seconds": 1.0, "elapsed_seconds": 10.0 * epoch, "samples_per_sec": 100.0,
+            "peak_memory_mb": 1.0}
+
+
+def test_metrics_and_dawnbench_tsv(tmp_path):
+    writer = RunWriter(tmp_path)
+    writer.add_epoch(row(1, 0.5))
+    writer.add_epoch(row(2, float("nan")))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+    assert json.loads(lines[1])["test_acc"] is None  # NaN is stored as null, never as invalid JSON
+    tsv = (tmp_path / "logs.tsv").read_text().splitlines()
+    assert tsv[0] == "epoch\thours\ttop1Accuracy"
+    assert tsv[1].split("\t") == ["1", f"{10 / 3600:.8f}", "50.00"]
+
+
+def test_restore_history_drops_epochs_after_the_checkpoint(tmp_path):
+    writer = RunWriter(tmp_path)
+    for e in (1, 2, 3):
+        writer.add_epoch(row(e, 0.1 * e))
+    again = RunWriter(tmp_path)
+    again.restore_history(2)
+    assert [r["epoch"] for r in again.history] == [1, 2]
+    assert len((tmp_path / "logs.tsv").read_text().splitlines()) == 3
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    atomic_write_text(target, "old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left behind
