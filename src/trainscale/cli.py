@@ -75,12 +75,65 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(g, "--device", "auto, cpu, cuda or cuda:N")
     _flag(g, "--threads", "torch intra-op threads", type=int)
     _flag(g, "--seed", "random seed (model init, data order, augmentation)", type=int)
-    _flag(g, "--mode", "training mode (local)")
+    _flag(g, "--mode", "auto (default: sync when several workers, async with --servers, else local), local, sync, "
+          "or a parameter-server mode: async, ps-sync, ma")
     _flag(g, "--target-acc", "test accuracy (fraction) whose first crossing gives time-to-accuracy", type=float)
     _flag(g, "--out", "run folder (default runs/<model>-<dataset>-<time>)")
     _switch(g, "--resume", "continue the run in --out from its last checkpoint")
     _switch(g, "--checkpoint", "write a checkpoint every epoch (default on)")
     _switch(g, "--progress", "progress bar (default on)")
+    add_parallel_flags(p)
+    add_ps_flags(p)
+    add_compression_flags(p)
+
+
+def add_parallel_flags(p: argparse.ArgumentParser) -> None:
+    """Synchronous data parallelism: local workers through torch's elastic agent, nodes over c10d."""
+    g = p.add_argument_group("data parallel (sync mode)")
+    _flag(g, "--workers", "worker processes on this node (default 1, or one per --devices GPU)", type=int)
+    _flag(g, "--nnodes", "number of machines (each runs the same command with its own --node-rank)", type=int)
+    _flag(g, "--node-rank", "this machine's index, 0..nnodes-1; node 0 hosts the rendezvous and the run folder",
+          type=int)
+    _flag(g, "--rdzv-endpoint", "HOST:PORT of the c10d rendezvous on node 0 (single node: a free local port)")
+    _flag(g, "--rdzv-id", "job id shared by all nodes (default: 'trainscale' for several nodes)")
+    _flag(g, "--rdzv-timeout", "seconds to wait for all nodes to join, and for node 0's endpoint", type=float)
+    _flag(g, "--hosts", "file with one host per line ('host' or 'host slots=N'): print the per-node commands")
+    _switch(g, "--ssh", "with --hosts: run the per-node commands over ssh instead of printing them")
+    g.add_argument("--devices", "--gpus", dest="devices", type=_ints, default=argparse.SUPPRESS,
+                   help="GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES)")
+    _switch(g, "--sync-bn", "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
+    _flag(g, "--backend", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=["auto", "gloo", "nccl"])
+    _flag(g, "--max-restarts", "let the elastic agent restart failed workers N times; they resume from the "
+          "last finished epoch's checkpoint", type=int)
+    _flag(g, "--dist-timeout", "seconds any collective may wait for a peer before the job fails", type=float)
+    _flag(g, "--baseline", "a previous 1-worker run folder: summary.json gets scaling_efficiency against it")
+
+
+def add_ps_flags(p: argparse.ArgumentParser) -> None:
+    """Parameter-server modes: shards beside the workers in the same launcher job."""
+    g = p.add_argument_group("parameter server (--mode async, ps-sync, ma)")
+    _flag(g, "--servers", "parameter-server shards per node, started beside --workers (same launcher)", type=int)
+    _flag(g, "--staleness", "async: a worker more than K steps ahead of the slowest waits (default: unbounded)",
+          type=int)
+    _flag(g, "--average-every", "ma: average the workers' parameters every STEPS steps (default 4)", type=int)
+    _flag(g, "--warm-start-epochs", "train on the main worker alone for the first E epochs (default 0)", type=int)
+    _flag(g, "--rpc-timeout", "seconds a push or pull may take before the worker stops with an error", type=float)
+
+
+def add_compression_flags(p: argparse.ArgumentParser) -> None:
+    """Compressed gradient exchange in sync mode; seed 004's -K/-V/-Q and --method spellings work too."""
+    g = p.add_argument_group("compressed communication (sync mode)")
+    _flag(g, "--compress", "none, fp16, bf16, randomk, topk, threshold, terngrad, qsgd, signsgd, efsignsgd, "
+          "powersgd, dgc (or seed 004's layerwise/entiremodel, meaning --granularity)")
+    _flag(g, "--method", "the compression method (seed 004's name for --compress METHOD)")
+    _flag(g, "--granularity", "layerwise (each tensor on its own) or entire (all gradients as one vector)")
+    for short, long, kind, text in (("-K", "--ratio", float, "fraction of elements kept: randomk, topk, dgc"),
+                                    ("-V", "--threshold", float, "threshold: send every element with |g| >= V"),
+                                    ("-Q", "--qstates", int, "qsgd: quantisation levels S")):
+        g.add_argument(short, long, type=kind, default=argparse.SUPPRESS, help=text)
+    _flag(g, "--powersgd-rank", "powersgd: rank r of the factors", type=int)
+    _switch(g, "--error-feedback", "keep what compression dropped and add it to the next step's gradient")
+    _flag(g, "--compress-warmup-epochs", "train dense for the first E epochs, then compress", type=int)
 
 
 def build_parser() -> Parser:
@@ -95,6 +148,11 @@ def build_parser() -> Parser:
         d = data_sub.add_parser(name, help=text)
         d.add_argument("--dataset", default="cifar10", choices=["cifar10", "cifar100"])
         d.add_argument("--data-dir", default=None, help="target folder (else $TRAINSCALE_DATA, else ~/.cache)")
+    from trainscale.bench.cli import add_bench_parser
+    from trainscale.report.cli import add_report_parser
+
+    add_bench_parser(sub.add_parser("bench", help="run a benchmark grid (each run a `trainscale train`), resumably"))
+    add_report_parser(sub.add_parser("report", help="tables, plots and an HTML page from grid or run folders"))
     return parser
 
 

@@ -9,8 +9,20 @@ from trainscale.errors import ConfigError
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    handler = {"train": train, "models": models, "data": data}[args.command]
+    handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report}[args.command]
     return handler(args)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from trainscale.bench.cli import bench_command
+
+    return bench_command(args)
+
+
+def report(args: argparse.Namespace) -> int:
+    from trainscale.report.cli import report_command
+
+    return report_command(args)
 
 
 def train_config(args: argparse.Namespace):
@@ -23,16 +35,38 @@ def train_config(args: argparse.Namespace):
 
 
 def train(args: argparse.Namespace) -> int:
-    from trainscale.parallel import is_main_process
+    """One command for every scale: a local run; the parent of a sync job (starts the workers through
+    torch's elastic agent); a worker (under that agent or an external torchrun); or --hosts."""
+    from trainscale.parallel.modes import create_mode
+    from trainscale.parallel.process_group import launched_by_torchrun
+
+    cfg = train_config(args)
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    if cfg.hosts is not None:
+        from trainscale.parallel.hosts import hosts_main
+
+        return hosts_main(cfg, flags)
+    if launched_by_torchrun():
+        return train_worker(cfg)
+    if create_mode(cfg.mode, cfg=cfg).distributed:
+        from trainscale.parallel.launch import launch
+
+        return launch(cfg, flags)
+    return train_worker(cfg)
+
+
+def train_worker(cfg) -> int:
+    from trainscale.parallel.launch import launched_by_trainscale, run_worker
+    from trainscale.parallel.process_group import launched_by_torchrun
     from trainscale.report.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.train import run_training
 
-    cfg = train_config(args)
-    summary, history = run_training(cfg)
-    if is_main_process():
+    summary, history = run_worker(cfg) if launched_by_torchrun() else run_training(cfg)
+    owns_folder = summary.get("out") is not None
+    if owns_folder and not launched_by_trainscale():  # under `trainscale train --workers N` the parent prints
         print(format_table(history, EPOCH_COLUMNS))
         print(format_summary(summary))
-        print(f"results in {summary.get('out', cfg.out)}")
+        print(f"results in {summary['out']}")
     return 0
 
 

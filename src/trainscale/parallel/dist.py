@@ -12,15 +12,33 @@ import torch
 import torch.distributed as dist
 
 
+# A mode's own collectives in place of torch.distributed's default group: parameter-server workers
+# use RPC ones (trainscale.parallel.ps.client.RpcCollectives) that survive dead workers. Duck-typed:
+# rank(), world_size(), barrier(), all_reduce(tensor, ReduceOp), broadcast_object(obj, src).
+_collectives: Any = None
+
+
+def use_collectives(impl: Any) -> None:
+    """Route every helper below through ``impl`` (None: back to torch.distributed's default group)."""
+    global _collectives
+    _collectives = impl
+
+
 def is_distributed() -> bool:
+    if _collectives is not None:
+        return True
     return dist.is_available() and dist.is_initialized()
 
 
 def rank() -> int:
+    if _collectives is not None:
+        return _collectives.rank()
     return dist.get_rank() if is_distributed() else 0
 
 
 def world_size() -> int:
+    if _collectives is not None:
+        return _collectives.world_size()
     return dist.get_world_size() if is_distributed() else 1
 
 
@@ -29,19 +47,40 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+_main_rank = 0
+
+
+def main_rank() -> int:
+    """The rank that owns the run folder and prints: 0, unless a mode elected another (see ``elect_main_rank``)."""
+    return _main_rank if is_distributed() else 0
+
+
+def set_main_rank(value: int) -> None:
+    global _main_rank
+    _main_rank = value
+
+
 def is_main_process() -> bool:
-    return rank() == 0
+    return rank() == main_rank()
 
 
 def barrier() -> None:
-    if is_distributed():
+    if _collectives is not None:
+        _collectives.barrier()
+    elif is_distributed():
         dist.barrier()
 
 
 def _reduce(values: torch.Tensor, op: Any) -> torch.Tensor:
     if not is_distributed():
         return values
+    if _collectives is not None:
+        return _collectives.all_reduce(values, op)
     out = values.detach().clone()
+    if out.device.type == "cpu" and dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+        moved = out.cuda()
+        dist.all_reduce(moved, op=op)
+        return moved.cpu()
     dist.all_reduce(out, op=op)
     return out
 
@@ -56,10 +95,31 @@ def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
     return _reduce(values, dist.ReduceOp.MAX if is_distributed() else None)
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank (``obj`` itself when not distributed)."""
+def all_reduce_min(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise min over ranks."""
+    return _reduce(values, dist.ReduceOp.MIN if is_distributed() else None)
+
+
+def broadcast_object(obj: Any, src: int | None = None) -> Any:
+    """Rank ``src``'s ``obj`` (default: the main rank's) on every rank; ``obj`` itself when not distributed."""
     if not is_distributed():
         return obj
+    if _collectives is not None:
+        return _collectives.broadcast_object(obj, main_rank() if src is None else src)
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=main_rank() if src is None else src)
     return box[0]
+
+
+def elect_main_rank(candidate: bool) -> int:
+    """Make the lowest-ranked candidate the main process, and return its rank.
+
+    The c10d rendezvous numbers nodes in an order of its own, so global rank 0 may live on any node.
+    Trainscale wants the run folder on the node the user called node 0 (where ``--out`` and the
+    checkpoint to resume from are): each worker says whether it is that node's first worker, and
+    the lowest such rank wins. With no candidate at all, rank 0 stays main.
+    """
+    me = torch.tensor([rank() if candidate else world_size()], dtype=torch.int64)
+    chosen = int(all_reduce_min(me).item())
+    set_main_rank(chosen if chosen < world_size() else 0)
+    return main_rank()

@@ -45,6 +45,23 @@ def worker_device(requested: torch.device) -> torch.device:
     return torch.device("cuda", index)
 
 
+def attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The elastic agent's shared store, seen under a prefix of this restart attempt; None otherwise.
+
+    torch's agent (TORCHELASTIC_USE_AGENT_STORE=True, the default of the c10d rendezvous) keeps one TCP
+    store across worker restarts, and the restarted workers' process group then finds the dead workers'
+    keys (their gloo addresses, the init barrier's counters): connections refused or a hang in
+    ``init_process_group``. A per-attempt prefix gives every attempt a clean key space. (On several
+    nodes the agents' restart counts can differ, so `trainscale train` turns the sharing off instead:
+    see ``launch.worker_env``.)
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"trainscale/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 @contextlib.contextmanager
 def process_group(device: torch.device, backend: str | None = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[str]:
@@ -60,9 +77,37 @@ def process_group(device: torch.device, backend: str | None = None,
     if backend == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; use gloo on the CPU")
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = attempt_store(timeout)
+    if store is not None:
+        kwargs.update(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     log.debug("joined process group: backend %s, rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
     try:
         yield backend
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads: int = 16) -> Iterator[None]:
+    """The only place trainscale starts and stops torch.distributed.rpc (parameter-server modes).
+
+    Every process of the job joins under a unique ``name`` through the launcher's MASTER_ADDR/PORT store.
+    ``timeout_s`` is the default RPC timeout, so a hung peer becomes an error. Shutdown is always local
+    (``graceful=False``): a graceful one waits for every process, dead ones included, and the PS has its
+    own handshake (workers tell the servers they are leaving) before anyone gets here.
+    """
+    import warnings
+
+    import torch.distributed.rpc as rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="torch.distributed")  # RPC's maintenance-mode notice
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+    log.debug("joined RPC as %s (rank %d of %d)", name, rank, world_size)
+    try:
+        yield
+    finally:
+        rpc.shutdown(graceful=False)

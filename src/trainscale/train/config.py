@@ -7,6 +7,7 @@ any flag under the same name (dashes or underscores).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from trainscale.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass
@@ -57,7 +59,41 @@ class TrainConfig:
     resume: bool = False
     checkpoint: bool = True
     progress: bool = True
-    mode: str = "local"
+    mode: str = "auto"
+    # Data-parallel execution (see parallel/launch.py). workers: processes on this node (None: one, or
+    # one per --devices entry); the world is workers x nnodes.
+    workers: int | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_timeout: float = 300.0
+    hosts: str | None = None
+    ssh: bool = False
+    devices: list[int] | None = None
+    sync_bn: bool = False
+    backend: str = "auto"
+    max_restarts: int = 0
+    dist_timeout: float = 300.0
+    baseline: str | None = None
+    # Parameter-server modes (async, ps-sync, ma; see parallel/ps/): server shards per node beside the
+    # --workers; staleness bounds ASGD (None: unbounded); average_every: ma's period in steps (None: 4).
+    servers: int = 0
+    staleness: int | None = None
+    average_every: int | None = None
+    warm_start_epochs: int = 0
+    rpc_timeout: float = 300.0
+    # Compressed gradient communication (see compression/): compress is a method, or seed 004's
+    # granularity spelling (layerwise/entiremodel); method/granularity override it when given.
+    compress: str = "none"
+    method: str | None = None
+    granularity: str | None = None
+    ratio: float | None = None
+    threshold: float | None = None
+    qstates: int | None = None
+    powersgd_rank: int | None = None
+    error_feedback: bool = False
+    compress_warmup_epochs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,7 +139,7 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     cfg = TrainConfig(**merged)
     validate(cfg)
-    return cfg
+    return _validate_compression(_validate_ps(resolve_parallel(cfg)))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -135,7 +171,88 @@ def validate(cfg: TrainConfig) -> None:
              f"--warmup-epochs must be in [0, epochs={cfg.epochs}], got {cfg.warmup_epochs}")
     _require(list(cfg.milestones) == sorted(cfg.milestones) and all(m > 0 for m in cfg.milestones),
              f"--milestones must be increasing positive epoch numbers, got {cfg.milestones}")
+    _validate_parallel(cfg)
     _validate_names(cfg)
+
+
+def _validate_parallel(cfg: TrainConfig) -> None:
+    _require(cfg.workers is None or cfg.workers > 0, f"--workers must be a positive integer, got {cfg.workers}")
+    _require(cfg.nnodes > 0, f"--nnodes must be a positive integer, got {cfg.nnodes}")
+    _require(0 <= cfg.node_rank < cfg.nnodes, f"--node-rank must be in 0..{cfg.nnodes - 1}, got {cfg.node_rank}")
+    _require(cfg.max_restarts >= 0, f"--max-restarts must be >= 0, got {cfg.max_restarts}")
+    _require(cfg.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {cfg.dist_timeout}")
+    _require(cfg.rdzv_timeout > 0, f"--rdzv-timeout must be > 0 seconds, got {cfg.rdzv_timeout}")
+    _require(cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
+    _require(not cfg.devices or (len(set(cfg.devices)) == len(cfg.devices) and min(cfg.devices) >= 0),
+             f"--devices must list distinct GPU indices, got {cfg.devices}")
+    _require(not cfg.devices or cfg.workers in (None, len(cfg.devices)),
+             f"--workers {cfg.workers} but --devices lists {len(cfg.devices or [])} GPU(s): one worker per GPU")
+    _require(cfg.rdzv_endpoint is None or _endpoint_ok(cfg.rdzv_endpoint),
+             f"--rdzv-endpoint must be HOST:PORT (port 1-65535), got '{cfg.rdzv_endpoint}'")
+    _require(cfg.nnodes == 1 or cfg.rdzv_endpoint is not None,
+             "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    _require(not cfg.ssh or cfg.hosts is not None, "--ssh runs the per-node commands of --hosts FILE; give --hosts")
+
+
+def _endpoint_ok(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
+    """Fill in ``workers`` and the mode: several processes (``--workers``/``--devices``/``--nnodes``/
+    ``--hosts``, or a launcher's WORLD_SIZE > 1) imply ``sync`` when ``--mode`` is left at ``auto``."""
+    workers = cfg.workers or (len(cfg.devices) if cfg.devices else 1)
+    launched_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    several = workers > 1 or cfg.nnodes > 1 or launched_world > 1 or cfg.hosts is not None
+    mode = cfg.mode
+    if mode == "auto" and cfg.servers:  # parameter-server shards asked for: ASGD unless --mode says otherwise
+        mode = "async"
+    if mode == "auto":
+        mode = "sync" if several else "local"
+    elif mode == "local" and several:
+        what = f"WORLD_SIZE={launched_world} from the launcher" if launched_world > 1 else \
+            f"--workers {workers}" if workers > 1 else "--nnodes/--hosts"
+        raise ConfigError(f"--mode local trains in one process but {what} asks for several; "
+                          "use --mode sync (or leave --mode out)")
+    return dataclasses.replace(cfg, workers=workers, mode=mode)
+
+
+def _validate_ps(cfg: TrainConfig) -> TrainConfig:
+    """Parameter-server settings, checked once the mode is resolved; returns ``cfg``."""
+    from trainscale.parallel.ps.mode import PS_MODES
+
+    ps, mode = cfg.mode in PS_MODES, cfg.mode
+    _require(isinstance(cfg.servers, int) and cfg.servers >= 0, f"--servers must be >= 0, got {cfg.servers}")
+    _require(not ps or cfg.servers >= 1, f"--mode {mode} needs --servers S >= 1 (parameter-server shards per node)")
+    _require(ps or cfg.servers == 0, f"--servers is for the parameter-server modes (--mode async, ps-sync or ma), "
+                                     f"not --mode {mode}")
+    _require(cfg.staleness is None or cfg.staleness >= 0, f"--staleness must be >= 0 steps, got {cfg.staleness}")
+    _require(cfg.staleness is None or mode == "async", "--staleness bounds ASGD; use it with --mode async")
+    _require(cfg.average_every is None or cfg.average_every >= 1,
+             f"--average-every must be a positive number of steps, got {cfg.average_every}")
+    _require(cfg.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
+    _require(0 <= cfg.warm_start_epochs < cfg.epochs,
+             f"--warm-start-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warm_start_epochs}")
+    _require(cfg.warm_start_epochs == 0 or ps, "--warm-start-epochs is for the parameter-server modes")
+    _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")
+    _require(not ps or cfg.max_restarts == 0, "--max-restarts is not supported with parameter-server modes (a dead "
+                                              "worker does not stop the job; continue a stopped one with --resume)")
+    return cfg
+
+
+def _validate_compression(cfg: TrainConfig) -> TrainConfig:
+    """Compression flags resolve to a method the registry knows, with values it accepts; returns ``cfg``."""
+    from trainscale.compression.setup import plan_from_config
+
+    plan = plan_from_config(cfg)
+    _require(0 <= cfg.compress_warmup_epochs < cfg.epochs,
+             f"--compress-warmup-epochs must be in [0, epochs={cfg.epochs}), got {cfg.compress_warmup_epochs}")
+    compressing = plan.enabled or cfg.error_feedback
+    _require(not compressing or cfg.mode == "sync",
+             f"--compress {plan.method} compresses the gradients workers exchange: it needs --workers N >= 2 "
+             f"(sync mode), not --mode {cfg.mode}")
+    return cfg
 
 
 def _validate_names(cfg: TrainConfig) -> None:
@@ -145,6 +262,7 @@ def _validate_names(cfg: TrainConfig) -> None:
     from trainscale.train.schedules import SCHEDULES
 
     MODELS.get(cfg.model)
-    MODES.get(cfg.mode)
+    if cfg.mode != "auto":
+        MODES.get(cfg.mode)
     DATASETS.get(cfg.dataset)
     SCHEDULES.get(cfg.schedule)

@@ -10,7 +10,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trainscale.parallel import all_reduce_max, barrier, is_main_process, world_size
+from trainscale.errors import ConfigError
+from trainscale.parallel import all_reduce_max, barrier, broadcast_object, is_distributed, is_main_process, world_size
+from trainscale.parallel.scaling import config_mismatches, scaling_efficiency
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.config import TrainConfig
 from trainscale.train.loop import PassStats, evaluate, train_one_epoch
@@ -50,6 +52,10 @@ class Trainer:
     writer: RunWriter | None = None
     train_model: nn.Module | None = None
     epoch_hooks: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    before_train_hooks: list[Callable[[int], None]] = field(default_factory=list)
+    after_train_hooks: list[Callable[[], None]] = field(default_factory=list)
+    summary_hooks: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
 
     def __post_init__(self) -> None:
@@ -62,15 +68,31 @@ class Trainer:
     def resume(self) -> None:
         """Restore the last finished epoch from the run folder (same data order, same LR from there)."""
         assert self.writer is not None or not is_main_process()
-        path = self.writer.checkpoint_path if self.writer else None
-        ckpt = load_checkpoint(path, map_location=self.precision.device)
+        ckpt = self._shared_checkpoint()
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         set_rng_state(ckpt["rng"])
         self.state = RunState(**ckpt["state"])
-        self.writer.restore_history(self.state.next_epoch)
-        log.info("resumed from %s after epoch %d", path, self.state.next_epoch)
+        if self.writer is not None:
+            self.writer.restore_history(self.state.next_epoch)
+            log.info("resumed from %s after epoch %d", self.writer.checkpoint_path, self.state.next_epoch)
+
+    def _shared_checkpoint(self) -> dict[str, Any]:
+        """The main process reads the checkpoint and sends it to every rank, so all resume from the same
+        state even when only node 0 has the run folder (an error there is raised on every rank)."""
+        if not is_distributed():
+            return load_checkpoint(self.writer.checkpoint_path, map_location=self.precision.device)
+        loaded: tuple[str, Any] = ("ok", None)
+        if self.writer is not None:
+            try:
+                loaded = ("ok", load_checkpoint(self.writer.checkpoint_path, map_location="cpu"))
+            except ConfigError as exc:
+                loaded = ("error", str(exc))
+        status, value = broadcast_object(loaded)
+        if status == "error":
+            raise ConfigError(value)
+        return value
 
     def fit(self) -> dict[str, Any]:
         for epoch in range(self.state.next_epoch, self.cfg.epochs):
@@ -84,8 +106,12 @@ class Trainer:
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
+        for before in self.before_train_hooks:
+            before(epoch)
         train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler, self.precision,
                                 self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress)
+        for hook in self.after_train_hooks:
+            hook()
         test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta)
         self._account(epoch, train, test)
         row = self._row(epoch, train, test)
@@ -127,6 +153,17 @@ class Trainer:
         save_checkpoint(self.writer.checkpoint_path, state)
 
     def summary(self) -> dict[str, Any]:
+        summary = self._summary()
+        for hook in self.summary_hooks:
+            summary.update(hook())
+        if self.baseline is not None and summary["samples_per_sec"]:
+            summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
+            summary["scaling_baseline"] = {"out": self.baseline.get("out"),
+                                           "world_size": self.baseline.get("world_size"),
+                                           "config_mismatches": config_mismatches(summary, self.baseline)}
+        return summary
+
+    def _summary(self) -> dict[str, Any]:
         rows = self.writer.history if self.writer else []
         seconds = [r["epoch_seconds"] for r in rows]
         samples = sum(r["train_samples"] for r in rows)

@@ -1,0 +1,218 @@
+"""A worker's training step through the parameter server against the same step trained locally.
+
+Same model (ResNet-32 by default), same batch, same precision and threads, in one run: repeats of
+``--steps`` steps alternate between the local loop (forward, backward, torch SGD step) and the PS loop
+(forward, backward, push the gradient to the server, pull the parameters: what ``--mode async``
+does), so drift hits both alike. The PS side runs one server process (``--servers``) and this
+process as worker 0; ``--workers 2`` adds a second worker process that trains continuously through
+the same server while worker 0 is timed. The PS step is split into compute (forward + backward +
+flatten/assign), push, pull and wait (time the server held the pull for the staleness bound or a
+round; 0 in plain ASGD), from the client's own timers. Timer scope: whole steps, warm-up excluded;
+data is one synthetic batch already in memory (no loading, no augmentation).
+
+    python benchmarks/ps_overhead.py --model resnet32 --batch 128 --steps 10 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from trainscale.bench.timing import Timing, save_result, time_interleaved
+from trainscale.models import count_parameters, create_model
+from trainscale.parallel.network import free_port
+from trainscale.train.environment import environment
+from trainscale.train.precision import Precision
+
+HYPER = dict(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def _env(port: int, rank: int, world: int, threads: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(threads)
+
+
+def _model(args: argparse.Namespace) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return create_model(args.model).to(memory_format=torch.channels_last)
+
+
+def _batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, 3, 32, 32, generator=gen).contiguous(memory_format=torch.channels_last)
+    return x, torch.randint(0, 10, (args.batch,), generator=gen)
+
+
+def _stepper(model: torch.nn.Module, opt: torch.optim.Optimizer, batch, precision: Precision,
+             steps: int) -> Callable[[], None]:
+    x, y = batch
+
+    def run() -> None:
+        model.train()
+        for _ in range(steps):
+            with precision.autocast():
+                loss = F.cross_entropy(model(x).float(), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return run
+
+
+def _server(port: int, index: int, workers: int, servers: int, threads: int) -> None:
+    from trainscale.parallel.ps.mode import Role, serve
+
+    world = workers + servers
+    _env(port, workers + index, world, threads)
+    serve(SimpleNamespace(threads=threads, rpc_timeout=120.0),
+          Role("server", index, workers, servers, workers + index, world))
+
+
+def _ps_optimizer(args: argparse.Namespace, worker: int, model: torch.nn.Module):
+    from trainscale.parallel.ps.client import ShardClient
+    from trainscale.parallel.ps.optimizer import EpochClock, PSOptimizer, rule_from
+
+    local = torch.optim.SGD(model.parameters(), **HYPER)
+    client = ShardClient(worker, args.servers, count_parameters(model), timeout_s=120.0)
+    opt = PSOptimizer(local, client, rule_from(local, "async", None), 1, EpochClock())
+    opt.start()
+    return opt, client
+
+
+def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, threads: int) -> None:
+    """A second worker that trains through the same server until worker 0 is done timing."""
+    from trainscale.parallel import dist as tsdist
+    from trainscale.parallel.process_group import rpc_session
+    from trainscale.parallel.ps.client import RpcCollectives
+    from trainscale.parallel.ps.mode import installed_collectives
+
+    world = args.workers + args.servers
+    _env(port, worker, world, threads)
+    with rpc_session(f"worker{worker}", worker, world, 120.0):
+        with installed_collectives(RpcCollectives(worker, args.workers)):
+            model = _model(args)
+            opt, client = _ps_optimizer(args, worker, model)
+            step = _stepper(model, opt, _batch(args), Precision(args.precision, torch.device("cpu")), 1)
+            tsdist.barrier()  # worker 0 starts timing now
+            while not stop.is_set():
+                step()
+            tsdist.barrier()
+            client.leave()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from trainscale.parallel import dist as tsdist
+    from trainscale.parallel.process_group import rpc_session
+    from trainscale.parallel.ps.client import RpcCollectives
+    from trainscale.parallel.ps.mode import installed_collectives
+
+    ctx = mp.get_context("spawn")
+    port, stop = free_port(), ctx.Event()
+    world = args.workers + args.servers
+    procs = [ctx.Process(target=_server, args=(port, s, args.workers, args.servers, 1)) for s in range(args.servers)]
+    procs += [ctx.Process(target=_extra_worker, args=(args, port, w, stop, args.threads))
+              for w in range(1, args.workers)]
+    for p in procs:
+        p.start()
+    _env(port, 0, world, args.threads)
+    precision = Precision(args.precision, torch.device("cpu"))
+    try:
+        with rpc_session("worker0", 0, world, 120.0):
+            with installed_collectives(RpcCollectives(0, args.workers)):
+                local_model, ps_model = _model(args), _model(args)
+                ps_opt, client = _ps_optimizer(args, 0, ps_model)
+                batch = _batch(args)
+                local = _stepper(local_model, torch.optim.SGD(local_model.parameters(), **HYPER), batch, precision,
+                                 args.steps)
+                through_ps = _timed_split(_stepper(ps_model, ps_opt, batch, precision, args.steps), client)
+                tsdist.barrier()
+                timings = time_interleaved({"local": local, "ps": through_ps}, args.repeats, args.warmup,
+                                           torch.device("cpu"))
+                stop.set()
+                tsdist.barrier()
+                client.leave()
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    splits = through_ps.splits[-args.repeats:]
+    return {"local": timings["local"], "ps": timings["ps"], "params": count_parameters(local_model),
+            "split_ms_per_step": {k: _mean_sd([s[k] for s in splits], args.steps) for k in splits[0]}}
+
+
+class _timed_split:
+    """Runs the PS steps and records, per call, the client's push/pull/wait seconds and the rest."""
+
+    def __init__(self, run: Callable[[], None], client) -> None:
+        self.run, self.client, self.splits = run, client, []
+
+    def __call__(self) -> None:
+        self.client.stats.reset()
+        start = time.perf_counter()
+        self.run()
+        total = time.perf_counter() - start
+        s = self.client.stats
+        comm = s.push_seconds + s.pull_seconds + s.wait_seconds
+        self.splits.append({"compute": total - comm, "push": s.push_seconds, "pull": s.pull_seconds,
+                            "wait": s.wait_seconds})
+
+
+def _mean_sd(values: list[float], steps: int) -> dict[str, float]:
+    per_step = [1e3 * v / steps for v in values]
+    return {"mean": statistics.fmean(per_step), "stdev": statistics.stdev(per_step) if len(per_step) > 1 else 0.0}
+
+
+def _ms(t: Timing, steps: int) -> str:
+    median = 1e3 * statistics.median(t.seconds) / steps
+    return f"{1e3 * t.mean / steps:8.1f} ± {1e3 * t.stdev / steps:5.1f}  (median {median:6.1f})"
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    steps = args.steps
+    local, ps = result["local"], result["ps"]
+    split = result["split_ms_per_step"]
+    print(f"{args.model} ({result['params']:,} params), batch {args.batch}, {args.precision}, {args.threads} "
+          f"thread(s); {args.repeats} repeats of {steps} steps, interleaved; ms per step (mean ± stdev, median)")
+    print(f"  local training                          {_ms(local, steps)}")
+    print(f"  through PS ({args.servers} server, {args.workers} worker(s))      {_ms(ps, steps)}")
+    print("    split of the PS step: " + ", ".join(f"{k} {v['mean']:.1f} ± {v['stdev']:.1f}" for k, v in split.items()))
+    extra = statistics.median(ps.seconds) - statistics.median(local.seconds)
+    print(f"  overhead per step (medians): {1e3 * extra / steps:+.1f} ms "
+          f"({100 * extra / statistics.median(local.seconds):+.1f}%); "
+          f"payload {4 * result['params'] / 2**20:.2f} MiB pushed + the same pulled per step")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet32")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="1, or 2 to time worker 0 beside a second one")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default="runs/bench/ps_overhead.json")
+    args = parser.parse_args()
+    result = measure(args)
+    report(args, result)
+    save_result(Path(args.out), {"config": vars(args), "result": result,
+                                 "timer_scope": "whole steps (forward, backward, update or push+pull), warm-up "
+                                                "excluded, one in-memory synthetic batch",
+                                 "environment": environment(torch.device("cpu"))})
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""`trainscale bench`: flags and the command (kept here so cli.py and commands.py only gain two lines)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainscale.bench.expand import RunSpec
+    from trainscale.bench.grid import Grid
+    from trainscale.bench.runner import BenchOptions
+
+
+def add_bench_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml")
+    p.add_argument("--out", type=Path, required=True, help="results folder (re-run the same command to resume)")
+    p.add_argument("--scale", default="quick", help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
+                   "the default) or full (the seed's own settings, for GPU machines)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds one run may take before it is stopped "
+                   "and recorded as failed (default: no limit)")
+    p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit (nothing is written)")
+    p.add_argument("--update", action="store_true", help="allow a results folder planned from other settings: "
+                   "runs whose settings still match are kept, the others run")
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """0 when every run finished, 1 when some failed (they are recorded and the grid went on)."""
+    from trainscale.bench.runner import BenchOptions, plan, run_grid
+
+    options = BenchOptions(grid=args.grid, out=args.out, scale=args.scale, timeout=args.timeout,
+                           update=args.update)
+    if args.dry_run:
+        print_plan(options, *plan(options))
+        return 0
+    results = run_grid(options)
+    counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "skipped", "failed", "timeout")}
+    print(f"{len(results)} run(s): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+          + f"; ledger {args.out / 'grid.jsonl'}; report with `trainscale report {args.out} --out REPORT`")
+    for r in results:
+        if r.status in ("failed", "timeout"):
+            print(f"  {r.status}: {r.run_id}: {r.error}")
+    return 1 if counts["failed"] or counts["timeout"] else 0
+
+
+def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
+    """One line per planned run: its id, the axis values and the settings that most often differ."""
+    from trainscale.bench.runner import effective_scale
+    from trainscale.report.console import format_table
+
+    shown = [k for s in specs for k in s.point if k not in ("batch_size", "batch_per_worker")]
+    keys = list(dict.fromkeys(shown + ["model", "mode", "workers", "batch", "epochs", "seed"]))
+    rows = [{"run": s.run_id, **{k: s.config.get(k) for k in keys}, "batch": _batch(s.config),
+             "state": _state(options, s)} for s in specs]
+    print(f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}): {len(specs)} run(s) into "
+          f"{options.out / 'runs'}")
+    print(format_table(rows, [("run", "run", str)] + [(k, k, str) for k in keys] + [("state", "state", str)]))
+
+
+def _batch(config: dict) -> str:
+    """Per worker x workers = global, as the run will split it."""
+    from trainscale.train.config import TrainConfig
+    from trainscale.train.setup import BatchPlan
+
+    workers = int(config.get("workers") or 1) * int(config.get("nnodes") or 1)
+    plan = BatchPlan.resolve(TrainConfig(**config), workers)
+    return f"{plan.per_worker}x{workers}={plan.global_batch}" if workers > 1 else str(plan.global_batch)
+
+
+def _state(options: BenchOptions, spec: RunSpec) -> str:
+    """What a real run would do with this run: run it, resume it, skip it, or refuse its folder."""
+    from trainscale.bench.runfolder import State, folder_state
+    from trainscale.errors import ConfigError
+
+    try:
+        state = folder_state(options.out / "runs" / spec.run_id, spec)
+    except ConfigError:
+        return "folder holds other settings"
+    return {State.TODO: "to run", State.RESUME: "to resume", State.DONE: "done (skipped)"}[state]

@@ -1,0 +1,232 @@
+"""From a grid and a scale to the list of runs: merge, cross the axes, build and validate every config.
+
+Precedence for one run, later wins: TrainConfig defaults < ``[base]`` < the row < its axis values <
+``[scale.NAME]`` < the row's ``scale.NAME`` (so ``--scale quick`` can shrink the model of every row and
+a row can still keep its own worker count). Axes: ``[axes]``, then the row's, then the scale's
+``axes.KEY`` and the row's scale axes replace values. A key that is both an axis and a fixed value is
+ambiguous and rejected. Repeat ``r`` trains with ``seed + r``.
+
+Each run gets an id: a readable name plus the first 8 hex digits of the SHA-256 of its resolved config
+(plumbing keys that cannot change a result, ``HASH_EXCLUDE``, and default values left out: see
+``significant``), so a folder can only ever hold the run of exactly that config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainscale.bench.grid import FUTURE_MODES, RUNNER_OWNED, Grid
+from trainscale.errors import ConfigError
+
+# Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.
+HASH_EXCLUDE = frozenset({"out", "resume", "progress", "checkpoint", "rdzv_endpoint", "rdzv_id", "rdzv_timeout",
+                          "node_rank", "hosts", "ssh", "dist_timeout", "max_restarts"})
+# Short labels for axis values in run names ("w2-bpw32"); other keys use their own name.
+ABBREVIATIONS = {"workers": "w", "batch_per_worker": "bpw", "batch_size": "bs", "precision": "", "model": "",
+                 "mode": "", "compress": "", "granularity": "", "servers": "s", "train_subset": "n"}
+
+
+@dataclass
+class RunSpec:
+    """One planned run: its id, labels, where each key came from, and the resolved config."""
+
+    run_id: str
+    name: str
+    label: str
+    repeat: int
+    config: dict[str, Any]
+    config_hash: str
+    point: dict[str, Any] = field(default_factory=dict)
+    short_name: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """What grid.json and bench.json keep about the run."""
+        return {"run_id": self.run_id, "name": self.name, "label": self.label, "short_name": self.short_name,
+                "repeat": self.repeat, "axes": self.point, "config_hash": self.config_hash, "config": self.config}
+
+
+@dataclass
+class RowPlan:
+    """One row at one scale: its fixed keys, axes and scale overrides, and where each key was written."""
+
+    index: int
+    short_name: str
+    fixed: dict[str, Any]
+    axes: dict[str, list[Any]]
+    overrides: dict[str, Any]
+    sources: dict[str, str]
+
+
+def _scale_table(grid: Grid, scale: str | None) -> dict[str, Any]:
+    if scale is not None and scale not in grid.scales:
+        choices = ", ".join(sorted(grid.scales)) or "none (leave --scale out)"
+        raise grid.error("scale", f"grid has no scale '{scale}'; its scales are: {choices}")
+    return grid.scales.get(scale, {}) if scale else {}
+
+
+def row_plans(grid: Grid, scale: str | None) -> list[RowPlan]:
+    """The rows this scale runs (all, or its ``rows = [...]``), each with its axes and overrides resolved."""
+    table = _scale_table(grid, scale)
+    wanted = table.get("rows")
+    rows = list(enumerate(grid.rows)) or [(0, {})]
+    return [_row_plan(grid, scale, table, row, i) for i, row in rows
+            if wanted is None or row.get("short_name") in wanted]
+
+
+def _row_plan(grid: Grid, scale: str | None, table: dict[str, Any], row: dict[str, Any], index: int) -> RowPlan:
+    own = row.get("scale", {}).get(scale, {}) if scale else {}
+    fixed = {k: v for k, v in row.items() if k not in ("axes", "short_name", "scale")}
+    scale_keys = {k: v for k, v in table.items() if k not in ("axes", "rows", "repeats", "description")}
+    own_keys = {k: v for k, v in own.items() if k != "axes"}
+    sources = {k: f"base.{k}" for k in grid.base}
+    sources.update({k: f"rows[{index}].{k}" for k in fixed})
+    axes: dict[str, list[Any]] = {}
+    for path, layer in (("axes", grid.axes), (f"rows[{index}].axes", row.get("axes", {})),
+                        (f"scale.{scale}.axes", table.get("axes", {})),
+                        (f"rows[{index}].scale.{scale}.axes", own.get("axes", {}))):
+        for key, values in layer.items():
+            if path.startswith("scale.") and key not in axes and _is_row_axis(grid, key):
+                continue  # a scale's values for an axis of other rows only
+            axes[key] = values
+            sources[key] = f"{path}.{key}"
+    sources.update({k: f"scale.{scale}.{k}" for k in scale_keys})
+    sources.update({k: f"rows[{index}].scale.{scale}.{k}" for k in own_keys})
+    plan = RowPlan(index, row.get("short_name", ""), fixed, axes, {**scale_keys, **own_keys}, sources)
+    _check_conflicts(grid, plan)
+    return plan
+
+
+def _is_row_axis(grid: Grid, key: str) -> bool:
+    return key not in grid.axes and any(key in row.get("axes", {}) for row in grid.rows)
+
+
+def _check_conflicts(grid: Grid, plan: RowPlan) -> None:
+    for key in plan.axes:
+        if key in plan.fixed:
+            raise grid.error(plan.sources[key], f"'{key}' is an axis and is also set by row "
+                             f"{plan.short_name or plan.index + 1} (rows[{plan.index}].{key}); keep one")
+        if key in plan.overrides:
+            raise grid.error(plan.sources[key], f"'{key}' is an axis and a scale sets it too; in a scale write "
+                             f"axes.{key} = [...]")
+
+
+def plan_runs(grid: Grid, scale: str | None) -> list[RunSpec]:
+    """Every run of the grid at this scale, each config built and validated; errors name file and line."""
+    repeats = _scale_table(grid, scale).get("repeats", grid.repeats)
+    specs = [_spec(grid, plan, dict(zip(plan.axes, combo)), repeat, repeats)
+             for plan in row_plans(grid, scale)
+             for combo in itertools.product(*plan.axes.values())
+             for repeat in range(repeats)]
+    _check_unique(grid, specs)
+    return specs
+
+
+def _spec(grid: Grid, plan: RowPlan, point: dict[str, Any], repeat: int, repeats: int) -> RunSpec:
+    values = {**grid.base, **plan.fixed, **point, **plan.overrides}
+    values["seed"] = values.get("seed", 0) + repeat
+    config = build_run_config(grid, values, plan.sources)
+    digest = config_hash(config)
+    label = run_label(grid, plan.short_name, point)
+    name = f"{label}-r{repeat}" if repeats > 1 else label
+    return RunSpec(run_id=f"{name}-{digest}", name=name, label=label, repeat=repeat, config=config,
+                   config_hash=digest, point=point, short_name=plan.short_name)
+
+
+def build_run_config(grid: Grid, values: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    """``build_config`` on the merged values; its one-line error gets the file and line of the key."""
+    from trainscale.train.config import build_config
+
+    _check_mode(grid, values.get("mode"), sources.get("mode", "base"))
+    try:
+        cfg = build_config(values)
+        _check_batch(cfg)
+    except (ConfigError, TypeError, ValueError) as exc:
+        key = _key_in_message(str(exc), values)
+        raise grid.error(sources.get(key, "base"), f"{exc} ({_describe(values, sources)})") from None
+    return {k: v for k, v in cfg.to_dict().items() if k not in RUNNER_OWNED}
+
+
+def _check_batch(cfg: Any) -> None:
+    """The batch split over workers (what the launcher checks, minus the data): fails here, not mid-grid."""
+    from trainscale.train.setup import BatchPlan
+
+    BatchPlan.resolve(cfg, int(getattr(cfg, "workers", None) or 1) * int(getattr(cfg, "nnodes", 1) or 1))
+
+
+def _check_mode(grid: Grid, mode: Any, path: str) -> None:
+    from trainscale.parallel.modes import MODES, list_modes
+
+    if mode is None or mode == "auto" or mode in MODES:
+        return
+    available = ", ".join(list_modes())
+    if mode in FUTURE_MODES:
+        raise grid.error(path, f"mode '{mode}' is not available in this version; available: {available}",
+                         unavailable=True)
+    raise grid.error(path, MODES.unknown_message(mode))
+
+
+def _key_in_message(message: str, values: dict[str, Any]) -> str | None:
+    """The key a ``build_config`` error is about: its --flag, else the first key named in it."""
+    for flag in re.findall(r"--([a-z][a-z0-9-]*)", message):
+        if flag.replace("-", "_") in values:
+            return flag.replace("-", "_")
+    for word in re.findall(r"\b(model|dataset|schedule|mode)\b", message):
+        if word in values:
+            return word
+    return None
+
+
+def _describe(values: dict[str, Any], sources: dict[str, str]) -> str:
+    varied = {k: values[k] for k, path in sources.items() if ".axes." in f".{path}" or path.startswith("rows")}
+    return "run with " + ", ".join(f"{k}={v!r}" for k, v in varied.items()) if varied else "every run"
+
+
+def significant(config: dict[str, Any], exclude: frozenset[str] = HASH_EXCLUDE) -> dict[str, Any]:
+    """The settings that identify a run: plumbing (``exclude``) and values equal to TrainConfig's
+    defaults left out, so a trainscale that adds a flag (default: the old behaviour) keeps every run id.
+    A changed default is still caught: the run's own config.json is compared key by key."""
+    known = defaults()
+    return {k: v for k, v in config.items() if k not in exclude and (k not in known or known[k] != v)}
+
+
+def defaults() -> dict[str, Any]:
+    """TrainConfig's default values."""
+    from trainscale.train.config import TrainConfig
+
+    return TrainConfig().to_dict()
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """8 hex digits of SHA-256 over the canonical JSON (sorted keys) of ``significant(config)``."""
+    canonical = json.dumps(significant(config), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:8]
+
+
+def run_label(grid: Grid, short_name: str, point: dict[str, Any]) -> str:
+    """Readable and filesystem-safe: the row's short name and the axis values, e.g. ``1P1G0M-lr0.1``."""
+    parts = [short_name] if short_name else []
+    parts += [f"{ABBREVIATIONS.get(k, k)}{_value_text(v)}" for k, v in point.items()]
+    text = "-".join(parts) or grid.name
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text).strip("_") or "run"
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return "_".join(map(str, value))
+    return str(value)
+
+
+def _check_unique(grid: Grid, specs: list[RunSpec]) -> None:
+    seen: dict[str, RunSpec] = {}
+    for spec in specs:
+        if spec.config_hash in seen:
+            raise grid.error("rows", f"runs '{seen[spec.config_hash].name}' and '{spec.name}' have the same "
+                             "settings; remove the duplicate row or axis value")
+        seen[spec.config_hash] = spec

@@ -1,0 +1,278 @@
+"""A benchmark grid file: a base config, axes whose cartesian product gives the runs, optional named
+rows, repeats, and per-scale overrides (``quick`` for a small CPU, ``full`` for the seed's settings).
+
+Every mistake is found here, before any run starts, and named with the file and line: an unknown key,
+a value of the wrong type, an empty axis, or a mode or flag that this version of trainscale does not
+have yet (``GridUnavailable``, so tests can tell "not landed yet" from "broken"). The format::
+
+    name = "seed003-resnet50"        # required; also the default label of the runs
+    description = "..."              # optional, shown in the report
+    source = "seeds/003"             # optional: the results page the grid reproduces
+    repeats = 1                      # runs per configuration (seed, seed+1, ...), default 1
+    [base]                           # `trainscale train` keys shared by every run
+    [axes]                           # key = [values]: the cartesian product of all axes
+    [[rows]]                         # optional named configurations, each crossed with the axes
+    short_name = "1P1G0M"            #   the label in the report's tables
+    axes.workers = [1, 2]            #   axes of this row only
+    scale.quick.workers = 2          #   this row's own overrides at a scale (win over [scale.quick])
+    [scale.quick]                    # overrides for `--scale quick`: train keys, repeats, description,
+    axes.workers = [1, 2]            #   axes.KEY = [...] replaces that axis' values,
+    rows = ["1P1G0M"]                #   rows = [short names] runs only those rows
+
+Precedence for one run, later wins: defaults < [base] < the row < its axis values < [scale.NAME] < the
+row's scale.NAME. A scale's train keys apply to every row (a quick scale shrinks the model everywhere).
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainscale.bench.locate import KeyLocator
+from trainscale.errors import ConfigError
+
+TOP_KEYS = ("name", "description", "source", "repeats", "base", "axes", "rows", "scale")
+ROW_KEYS = ("short_name", "axes", "scale")
+SCALE_KEYS = ("description", "repeats", "axes", "rows")
+# Set by the runner for every run: a grid may not choose them.
+RUNNER_OWNED = ("out", "resume", "progress", "config")
+# Keys and modes that later versions add; a grid using them is "not available yet", not "wrong".
+FUTURE_KEYS = {
+    "servers": "the parameter-server modes (async, ps-sync, ma)",
+    "compress": "gradient compression", "ratio": "gradient compression",
+    "granularity": "gradient compression", "error_feedback": "gradient compression",
+    "threshold": "gradient compression", "qstates": "gradient compression",
+}
+FUTURE_MODES = ("sync", "async", "ps-sync", "ma")
+
+
+class GridError(ConfigError):
+    """The grid file is wrong; the message names the file, line and key."""
+
+
+class GridUnavailable(GridError):
+    """The grid needs a mode or flag this version does not have yet."""
+
+
+@dataclass
+class Grid:
+    """A parsed grid file: raw sections, plus the text and key locator for error messages."""
+
+    path: Path
+    text: str
+    name: str
+    description: str = ""
+    source: str = ""
+    repeats: int = 1
+    base: dict[str, Any] = field(default_factory=dict)
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    scales: dict[str, dict[str, Any]] = field(default_factory=dict)
+    locator: KeyLocator | None = None
+
+    def where(self, path: str) -> str:
+        """``file:line`` of a dotted key path (``rows[0].lr``), or the file alone when not found."""
+        line = self.locator.line(path) if self.locator else None
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def error(self, path: str, message: str, unavailable: bool = False) -> GridError:
+        cls = GridUnavailable if unavailable else GridError
+        return cls(f"{self.where(path)}: {message}")
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check the structure of a grid file (values are checked when the runs are planned)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        raw = tomllib.loads(text)
+    except FileNotFoundError:
+        raise GridError(f"grid file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise GridError(f"grid file {path} is not valid TOML: {exc}") from None
+    grid = Grid(path=path, text=text, name="", locator=KeyLocator(text))
+    _check_keys(grid, raw, TOP_KEYS, "", "top-level grid keys")
+    grid.name = _string(grid, raw, "name", required=True)
+    grid.description = _string(grid, raw, "description")
+    grid.source = _string(grid, raw, "source")
+    grid.repeats = _repeats(grid, raw.get("repeats", 1), "repeats")
+    grid.base = _train_keys(grid, _table(grid, raw, "base"), "base")
+    grid.axes = _axes(grid, _table(grid, raw, "axes"), "axes")
+    grid.rows = [_row(grid, row, i) for i, row in enumerate(_rows(grid, raw))]
+    grid.scales = {name: _scale(grid, value, f"scale.{name}") for name, value in _table(grid, raw, "scale").items()}
+    grid.rows = [_row_scales(grid, row, i) for i, row in enumerate(grid.rows)]
+    _check_row_filters(grid)
+    return grid
+
+
+def _check_keys(grid: Grid, table: dict[str, Any], allowed: tuple[str, ...], prefix: str, what: str) -> None:
+    for key in table:
+        if key.replace("-", "_") not in allowed:
+            raise grid.error(_join(prefix, key), f"unknown key '{key}'{_did_you_mean(key, allowed)}; {what} are: "
+                             f"{', '.join(allowed)}")
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _did_you_mean(key: str, choices: Any) -> str:
+    close = difflib.get_close_matches(key.replace("-", "_"), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _string(grid: Grid, raw: dict[str, Any], key: str, required: bool = False) -> str:
+    value = raw.get(key, "")
+    if required and not value:
+        raise grid.error(key, f"the grid needs a '{key}' (a short text naming it)")
+    if not isinstance(value, str):
+        raise grid.error(key, f"'{key}' must be a string, got {value!r}")
+    return value
+
+
+def _repeats(grid: Grid, value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise grid.error(path, f"'repeats' must be a positive integer, got {value!r}")
+    return value
+
+
+def _table(grid: Grid, raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise grid.error(key, f"'{key}' must be a table ([{key}]), got {value!r}")
+    return value
+
+
+def _rows(grid: Grid, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = raw.get("rows", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise grid.error("rows", "'rows' must be an array of tables ([[rows]])")
+    return rows
+
+
+def _row(grid: Grid, row: dict[str, Any], index: int) -> dict[str, Any]:
+    prefix = f"rows[{index}]"
+    extras = {k: row[k] for k in ROW_KEYS if k in row}
+    if "short_name" in extras and not isinstance(extras["short_name"], str):
+        raise grid.error(f"{prefix}.short_name", f"'short_name' must be a string, got {extras['short_name']!r}")
+    values = _train_keys(grid, {k: v for k, v in row.items() if k not in ROW_KEYS}, prefix, ROW_KEYS)
+    if "axes" in extras:
+        values["axes"] = _axes(grid, extras["axes"], f"{prefix}.axes")
+    if "short_name" in extras:
+        values["short_name"] = extras["short_name"]
+    if "scale" in extras:
+        values["scale"] = extras["scale"]  # checked once every scale is known (_row_scales)
+    return values
+
+
+def _row_scales(grid: Grid, row: dict[str, Any], index: int) -> dict[str, Any]:
+    """A row's ``scale.NAME`` tables: train keys and axes, for scales the grid defines."""
+    table = row.get("scale", {})
+    prefix = f"rows[{index}].scale"
+    if not isinstance(table, dict):
+        raise grid.error(prefix, "a row's 'scale' must be a table: scale.NAME.KEY = value")
+    checked = {}
+    for name, value in table.items():
+        if name not in grid.scales:
+            raise grid.error(f"{prefix}.{name}", f"row overrides scale '{name}', which the grid does not define "
+                             f"(its scales: {', '.join(grid.scales) or 'none'})")
+        checked[name] = _scale_keys(grid, value, f"{prefix}.{name}", ("axes",))
+    return {**row, "scale": checked} if checked else {k: v for k, v in row.items() if k != "scale"}
+
+
+def _check_row_filters(grid: Grid) -> None:
+    names = [row.get("short_name") for row in grid.rows]
+    for scale, table in grid.scales.items():
+        wanted = table.get("rows")
+        if wanted is None:
+            continue
+        path = f"scale.{scale}.rows"
+        if not isinstance(wanted, list) or not wanted or not all(isinstance(n, str) for n in wanted):
+            raise grid.error(path, "'rows' must be a non-empty list of the rows' short names")
+        for name in wanted:
+            if name not in names:
+                raise grid.error(path, f"no row has short_name '{name}'{_did_you_mean(name, names)}")
+
+
+def _scale(grid: Grid, table: Any, prefix: str) -> dict[str, Any]:
+    values = _scale_keys(grid, table, prefix, SCALE_KEYS)
+    if "rows" in table:
+        values["rows"] = table["rows"]
+    if "repeats" in table:
+        values["repeats"] = _repeats(grid, table["repeats"], f"{prefix}.repeats")
+    if "description" in table:
+        values["description"] = _string(grid, table, "description")
+    return values
+
+
+def _scale_keys(grid: Grid, table: Any, prefix: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """Train keys and ``axes`` of a scale table; the other ``allowed`` keys are the caller's."""
+    if not isinstance(table, dict):
+        raise grid.error(prefix, f"'{prefix}' must be a table ([{prefix}])")
+    values = _train_keys(grid, {k: v for k, v in table.items() if k not in allowed}, prefix, allowed)
+    if "axes" in table:
+        values["axes"] = _axes(grid, table["axes"], f"{prefix}.axes")
+    return values
+
+
+def _axes(grid: Grid, table: Any, prefix: str) -> dict[str, list[Any]]:
+    if not isinstance(table, dict):
+        raise grid.error(prefix, f"'{prefix}' must be a table of key = [values]")
+    axes: dict[str, list[Any]] = {}
+    for key, values in table.items():
+        name = _train_key(grid, key, f"{prefix}.{key}")
+        if not isinstance(values, list):
+            raise grid.error(f"{prefix}.{key}", f"axis '{key}' must be a list of values, got {values!r}")
+        if not values:
+            raise grid.error(f"{prefix}.{key}", f"axis '{key}' is empty: give at least one value")
+        for value in values:
+            check_type(grid, name, value, f"{prefix}.{key}")
+        axes[name] = values
+    return axes
+
+
+def _train_keys(grid: Grid, table: dict[str, Any], prefix: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = _train_key(grid, key, f"{prefix}.{key}", extra)
+        check_type(grid, name, value, f"{prefix}.{key}")
+        values[name] = value
+    return values
+
+
+def _train_key(grid: Grid, key: str, path: str, extra: tuple[str, ...] = ()) -> str:
+    """A `trainscale train` key (dashes or underscores); the error says which keys exist."""
+    from trainscale.train.config import FIELDS
+
+    name = key.replace("-", "_")
+    if name in RUNNER_OWNED:
+        raise grid.error(path, f"key '{key}' is set by `trainscale bench` for each run; remove it from the grid")
+    if name in FIELDS:
+        return name
+    if name in FUTURE_KEYS:
+        raise grid.error(path, f"key '{key}' is not available in this version (it comes with "
+                         f"{FUTURE_KEYS[name]}); comment it out until then", unavailable=True)
+    raise grid.error(path, f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; grid keys are the "
+                     "`trainscale train` flags (see `trainscale train --help`)")
+
+
+def check_type(grid: Grid, name: str, value: Any, path: str) -> None:
+    """The value's TOML type must fit the TrainConfig field (``epochs = "ten"`` fails here, by line)."""
+    from trainscale.train.config import FIELDS
+
+    expected = str(FIELDS[name].type).replace(" ", "").split("|")
+    if not any(_fits(kind, value) for kind in expected if kind != "None"):
+        raise grid.error(path, f"'{name}' must be {' or '.join(k for k in expected if k != 'None')}, "
+                         f"got {value!r}")
+
+
+def _fits(kind: str, value: Any) -> bool:
+    if kind.startswith("list["):
+        return isinstance(value, list) and all(_fits(kind[5:-1], v) for v in value)
+    simple = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+    if kind not in simple:
+        return True  # a type this check does not know: build_config decides
+    return isinstance(value, simple[kind]) and (kind == "bool" or not isinstance(value, bool))

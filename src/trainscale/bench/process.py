@@ -1,0 +1,95 @@
+"""Run one `trainscale train` as a child in its own process group, and stop it and all it started.
+
+A distributed run's launcher starts its workers in sessions of their own (torch's elastic agent does),
+so killing the child's process group is not enough: the whole tree of descendants is collected from
+/proc first and stopped with it. SIGTERM first (the agent then stops its workers cleanly), SIGKILL after
+a grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("trainscale.bench")
+
+GRACE_SECONDS = 15.0
+POLL_SECONDS = 1.0
+
+
+def start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group."""
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
+def wait(proc: subprocess.Popen, timeout: float | None, on_poll: Callable[[], None] = lambda: None) -> bool:
+    """Wait for the child, calling ``on_poll`` about every second; True when it ran past ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            proc.wait(timeout=POLL_SECONDS)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        on_poll()
+        if deadline is not None and time.monotonic() > deadline:
+            return True
+
+
+def stop(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
+    """Stop the child and every process it started (collected before any of them dies)."""
+    tree = [proc.pid, *descendants(proc.pid)]
+    _signal_all(proc.pid, tree, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    alive = [pid for pid in tree if _alive(pid)]
+    if alive:
+        log.warning("run did not stop in %.0f s after SIGTERM; killing %d process(es)", grace, len(alive))
+        _signal_all(proc.pid, alive, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_all(group: int, pids: list[int], sig: signal.Signals) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc; elsewhere an empty list)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found

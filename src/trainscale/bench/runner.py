@@ -1,0 +1,243 @@
+"""`trainscale bench GRID.toml --out DIR`: run a grid one run after another, resumable and failure-tolerant.
+
+Layout of DIR::
+
+    grid.json       the grid file's text, the scale, every planned run (id, labels, resolved config, hash)
+                    and one entry per bench session with its environment
+    grid.jsonl      the ledger: one line per run attempt (ok / failed / timeout / skipped, seconds, error)
+    runs/<run-id>/  a normal `trainscale train` run folder, plus bench.json (the marker), run.toml (the
+                    generated config), train.log (the child's output) and error.txt when it failed
+
+Each run is ``python -m trainscale train --config runs/<id>/run.toml --out runs/<id>`` in its own process
+group. Finished runs are skipped, a checkpointed unfinished run is resumed, a failed run is recorded and
+the grid goes on. DIR made from other settings is refused before anything runs (``--update`` re-uses the
+runs whose settings still match).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+from trainscale.bench import process
+from trainscale.bench.expand import RunSpec, plan_runs
+from trainscale.bench.grid import Grid, GridError, load_grid
+from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
+
+log = logging.getLogger("trainscale.bench")
+
+ERROR_TAIL_LINES = 40
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    name: str
+    status: str  # ok, failed, timeout, skipped
+    seconds: float = 0.0
+    returncode: int | None = None
+    error: str = ""
+
+
+@dataclass
+class BenchOptions:
+    grid: Path
+    out: Path
+    scale: str | None = "quick"
+    timeout: float | None = None
+    update: bool = False
+    python: str = sys.executable
+
+
+def plan(options: BenchOptions) -> tuple[Grid, list[RunSpec]]:
+    """Parse and validate the grid: every error is raised here, before anything is written."""
+    grid = load_grid(options.grid)
+    return grid, plan_runs(grid, effective_scale(options, grid))
+
+
+def effective_scale(options: BenchOptions, grid: Grid) -> str | None:
+    """``--scale`` for a grid with scales; None for one without (its settings are the only ones)."""
+    return options.scale if grid.scales else None
+
+
+def run_grid(options: BenchOptions) -> list[RunResult]:
+    """Run every planned run not yet finished; returns one result per planned run, in plan order."""
+    grid, specs = plan(options)
+    runs_dir = options.out / "runs"
+    with _locked(options.out):
+        states = {s.run_id: folder_state(runs_dir / s.run_id, s) for s in specs}  # raises on any mismatch
+        write_grid_json(options, grid, specs)
+        results = [_skipped(s) for s in specs if states[s.run_id] is State.DONE]
+        todo = [s for s in specs if states[s.run_id] is not State.DONE]
+        log.info("grid %s (scale %s): %d run(s), %d already finished, %d to run; results in %s", grid.name,
+                 effective_scale(options, grid) or "none", len(specs), len(results), len(todo), options.out)
+        for result in results:
+            append_ledger(options.out, result)
+        results += _run_all(options, todo, states)
+    order = {s.run_id: i for i, s in enumerate(specs)}
+    return sorted(results, key=lambda r: order[r.run_id])
+
+
+def _skipped(spec: RunSpec) -> RunResult:
+    return RunResult(spec.run_id, spec.name, "skipped")
+
+
+def _run_all(options: BenchOptions, todo: list[RunSpec], states: dict[str, State]) -> list[RunResult]:
+    results: list[RunResult] = []
+    with tqdm(total=len(todo), desc=f"bench {options.grid.stem}", unit="run", dynamic_ncols=True,
+              disable=None) as bar:
+        for index, spec in enumerate(todo):
+            bar.set_postfix_str(spec.name)
+            result = run_one(options, spec, states[spec.run_id] is State.RESUME, bar)
+            results.append(result)
+            append_ledger(options.out, result)
+            bar.update(1)
+            log.info("[%d/%d] %s: %s in %.1f s%s (%s left)", index + 1, len(todo), spec.run_id, result.status,
+                     result.seconds, f": {result.error}" if result.error else "", _eta(results, len(todo)))
+    return results
+
+
+def _eta(results: list[RunResult], total: int) -> str:
+    seconds = statistics.fmean(r.seconds for r in results) * (total - len(results))
+    return str(_dt.timedelta(seconds=round(seconds)))
+
+
+def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: Any = None) -> RunResult:
+    """One run in a child process; a failure or timeout is recorded in the folder and returned, not raised."""
+    folder = options.out / "runs" / spec.run_id
+    config = write_run_files(folder, spec, resume)
+    (folder / ERROR).unlink(missing_ok=True)
+    cmd = [options.python, "-m", "trainscale", "train", "--config", str(config), "--out", str(folder)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    proc = process.start(cmd, folder / LOG, env)
+    try:
+        timed_out = process.wait(proc, options.timeout, lambda: _show_epoch(bar, spec, folder))
+    except BaseException:  # Ctrl-C or any error here: never leave the run behind
+        process.stop(proc)
+        raise
+    if timed_out:
+        process.stop(proc)
+    return _result(spec, folder, proc.returncode, time.monotonic() - start, timed_out, options.timeout)
+
+
+def _show_epoch(bar: Any, spec: RunSpec, folder: Path) -> None:
+    if bar is None:
+        return
+    try:
+        done = sum(1 for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip())
+    except OSError:
+        done = 0
+    bar.set_postfix_str(f"{spec.name} epoch {done}/{spec.config['epochs']}")
+
+
+def _result(spec: RunSpec, folder: Path, code: int | None, seconds: float, timed_out: bool,
+            timeout: float | None) -> RunResult:
+    complete = _completed(folder) == spec.config["epochs"]
+    if not timed_out and code == 0 and complete:
+        return RunResult(spec.run_id, spec.name, "ok", seconds, code)
+    tail = _tail(folder / LOG)
+    if timed_out:
+        error = f"stopped after the --timeout of {timeout:g} s"
+    elif code == 0:
+        error = "exited with status 0 but summary.json does not cover every epoch"
+    else:
+        error = _error_line(tail) or f"exited with status {code}"
+    (folder / ERROR).write_text(f"{error}\nexit status: {code}\n\n--- last lines of {LOG} ---\n" + "\n".join(tail)
+                                + "\n")
+    return RunResult(spec.run_id, spec.name, "timeout" if timed_out else "failed", seconds, code, error)
+
+
+def _completed(folder: Path) -> int | None:
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("epochs_completed")
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-ERROR_TAIL_LINES:]
+    except OSError:
+        return []
+
+
+def _error_line(lines: list[str]) -> str:
+    """The child's one-line error (`trainscale train: error: ...`), else its last exception line."""
+    for line in reversed(lines):
+        if "error:" in line.lower() or line.split(":")[0].endswith(("Error", "Exception")):
+            return line.strip()[:500]
+    return lines[-1].strip()[:500] if lines else ""
+
+
+def append_ledger(out: Path, result: RunResult) -> None:
+    line = {"time": _now(), **asdict(result)}
+    with open(out / "grid.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """One bench at a time per results folder (a second one would run the same runs twice)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GridError(f"{out} is in use by another `trainscale bench`; wait for it or use another --out") \
+                from None
+        yield
+
+
+def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
+    """Record what DIR holds; refuse a DIR planned from other settings unless ``--update``."""
+    path = options.out / "grid.json"
+    old = json.loads(path.read_text()) if path.exists() else None
+    planned = [s.record() for s in specs]
+    scale = effective_scale(options, grid)
+    if old is not None and not options.update:
+        _check_same_plan(path, old, grid, scale, [s.run_id for s in specs])
+    sessions = (old or {}).get("sessions", []) + [{"started": _now(), "environment": bench_environment()}]
+    record = {"name": grid.name, "description": grid.description, "source": grid.source,
+              "grid_file": str(options.grid), "grid_text": grid.text, "scale": scale,
+              "timeout": options.timeout, "runs": planned, "sessions": sessions}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _check_same_plan(path: Path, old: dict[str, Any], grid: Grid, scale: str | None, ids: list[str]) -> None:
+    old_ids = [r["run_id"] for r in old.get("runs", [])]
+    changes = [f"{what} {a!r} -> {b!r}" for what, a, b in (("grid", old.get("name"), grid.name),
+                                                           ("scale", old.get("scale"), scale)) if a != b]
+    gone, new = set(old_ids) - set(ids), set(ids) - set(old_ids)
+    if gone or new:
+        changes.append(f"{len(gone)} run(s) no longer planned, {len(new)} new")
+    if changes:
+        raise GridError(f"{path} was planned from other settings ({'; '.join(changes)}); results are never "
+                        "mixed silently: use another --out, or --update to keep the runs whose settings still match")
+
+
+def bench_environment() -> dict[str, Any]:
+    """The machine the grid runs on (each run also records its own in summary.json)."""
+    import torch
+
+    from trainscale.train.environment import environment
+
+    return environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,0 +1,86 @@
+"""From `trainscale train` flags to a compressor and its DDP hook: the glue the sync mode calls.
+
+Seed 004's spellings are accepted: ``--method topk`` for ``--compress topk``, ``--compress layerwise``
+or ``--compress entiremodel`` for ``--granularity``, and ``-K``/``-V``/``-Q`` for ``--ratio``,
+``--threshold``, ``--qstates``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from trainscale.compression.base import Compressor, canonical_method, compressor_params, create_compressor
+from trainscale.compression.ddp_hook import (
+    GRANULARITIES,
+    CompressionHookState,
+    canonical_granularity,
+    compression_hook,
+    ddp_kwargs_for,
+)
+from trainscale.errors import ConfigError
+
+FLAG_PARAMS = {"ratio": "ratio", "threshold": "threshold", "qstates": "qstates", "powersgd_rank": "rank"}
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    """The resolved compression settings of a run; ``method == 'none'`` means plain dense all-reduce."""
+
+    method: str
+    granularity: str
+    params: dict[str, Any]
+    error_feedback: bool
+    warmup_epochs: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    def compressor(self) -> Compressor:
+        return create_compressor(self.method, **self.params)
+
+    def describe(self) -> dict[str, Any]:
+        return {"compress_method": self.method, "compress_granularity": self.granularity,
+                "compress_params": self.params, "error_feedback": self.error_feedback,
+                "compress_warmup_epochs": self.warmup_epochs}
+
+
+def split_compress_flag(value: str) -> tuple[str | None, str | None]:
+    """``--compress X``: a granularity (seed 004's meaning) or a method (this project's); (method, granularity)."""
+    if value.strip().lower() in GRANULARITIES or value.strip().lower() == "entiremodel":
+        return None, canonical_granularity(value)
+    return canonical_method(value), None
+
+
+def plan_from_config(cfg: Any) -> CompressionPlan:
+    """Resolve and validate the compression flags; errors are one-line ConfigErrors naming the flag."""
+    method, granularity = split_compress_flag(cfg.compress)
+    method = canonical_method(cfg.method) if cfg.method else (method or "none")
+    granularity = canonical_granularity(cfg.granularity) if cfg.granularity else (granularity or "layerwise")
+    accepted = compressor_params(method)
+    params = {p: getattr(cfg, flag) for flag, p in FLAG_PARAMS.items()
+              if p in accepted and getattr(cfg, flag) is not None}
+    if "seed" in accepted:
+        params["seed"] = cfg.seed
+    unused = [f"--{flag.replace('_', '-')}" for flag, p in FLAG_PARAMS.items()
+              if getattr(cfg, flag) is not None and p not in accepted]
+    if unused:
+        raise ConfigError(f"--compress {method} does not use {', '.join(unused)}; it takes: "
+                          f"{', '.join(a for a in accepted if a != 'seed') or 'no parameters'}")
+    plan = CompressionPlan(method, granularity, params, bool(cfg.error_feedback), int(cfg.compress_warmup_epochs))
+    plan.compressor()  # bad values fail here, before any worker starts
+    return plan
+
+
+def make_hook(plan: CompressionPlan, ddp: nn.Module) -> tuple[CompressionHookState, Any]:
+    """The compression hook and its state for a DDP model (state keyed by parameter name)."""
+    state = CompressionHookState(plan.compressor(), plan.granularity, model=ddp, error_feedback=plan.error_feedback,
+                                 warmup_epochs=plan.warmup_epochs)
+    return state, compression_hook
+
+
+def ddp_kwargs(plan: CompressionPlan, model: nn.Module) -> dict[str, Any]:
+    return ddp_kwargs_for(plan.granularity, model) if plan.enabled else {}

@@ -1,0 +1,85 @@
+"""TEST-ONLY fault injection for the failure and restart tests: never set this in real runs.
+
+``TRAINSCALE_FAULT=ACTION:rank=R:epoch=E:step=S`` makes global rank R, on the first attempt only
+(TORCHELASTIC_RESTART_COUNT 0 or unset), do ACTION just before step S (0-based) of epoch E (1-based,
+as in metrics.jsonl): ``kill`` sends itself SIGKILL (a crashed or OOM-killed worker), ``raise`` raises
+a RuntimeError (a bug). A restarted worker never fires again, so a run with --max-restarts can finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from trainscale.errors import ConfigError
+
+log = logging.getLogger("trainscale.parallel")
+
+ENV_VAR = "TRAINSCALE_FAULT"
+ACTIONS = ("kill", "raise")
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    rank: int
+    epoch: int
+    step: int
+
+    def fire(self) -> None:
+        log.warning("%s: injecting '%s' in rank %d at epoch %d step %d", ENV_VAR, self.action, self.rank,
+                    self.epoch, self.step)
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"{ENV_VAR}: injected failure in rank {self.rank} at epoch {self.epoch} step {self.step}")
+
+
+def parse_fault(text: str) -> Fault:
+    """``kill:rank=1:epoch=2:step=3`` -> Fault; anything else is a ConfigError naming the format."""
+    action, *pairs = text.split(":")
+    try:
+        fields = {k: int(v) for k, v in (p.split("=", 1) for p in pairs)}
+        fault = Fault(action, fields.pop("rank"), fields.pop("epoch"), fields.pop("step"))
+    except (ValueError, KeyError):
+        fault, fields = None, {}
+    if fault is None or fields or action not in ACTIONS:
+        raise ConfigError(f"{ENV_VAR}='{text}': expected ACTION:rank=R:epoch=E:step=S with ACTION in "
+                          f"{', '.join(ACTIONS)}")
+    return fault
+
+
+def fault_for(rank: int) -> Fault | None:
+    """The fault this rank must inject in this attempt, if any."""
+    text = os.environ.get(ENV_VAR, "")
+    if not text or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return None
+    fault = parse_fault(text)
+    return fault if fault.rank == rank else None
+
+
+class FaultyBatches:
+    """Wraps a training batch iterator and fires ``fault`` at its epoch and step."""
+
+    def __init__(self, inner: Any, fault: Fault) -> None:
+        self.inner = inner
+        self.fault = fault
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        for step, batch in enumerate(self.inner.epoch(epoch)):
+            if epoch + 1 == self.fault.epoch and step == self.fault.step:
+                self.fault.fire()
+            yield batch
+
+
+def with_fault_injection(batches: Any, rank: int) -> Any:
+    fault = fault_for(rank)
+    return FaultyBatches(batches, fault) if fault else batches

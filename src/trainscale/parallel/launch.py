@@ -1,0 +1,294 @@
+"""`trainscale train` in a distributed mode: check everything, start the workers with torch's elastic
+agent, and report as one job.
+
+The parent process (what the user ran) never trains. It validates the config, the data, the shard
+sizes, the run folder and the rendezvous address, so every mistake it can see is one line and exit 2
+before any worker exists. Then ``torch.distributed.launcher.api.elastic_launch`` runs the agent: a
+c10d rendezvous (node 0 hosts it; on one node a free port on 127.0.0.1), ``--workers`` copies of
+``python -m trainscale train <the same flags>`` with RANK/WORLD_SIZE/... set, restarts up to
+``--max-restarts`` times, and on a failure stops every worker and raises ``ChildFailedError``, which
+becomes one line naming the failed rank and its error (workers are wrapped in ``@record`` so their
+exception reaches the agent). On success node 0 prints the table and summary from the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainscale.errors import ConfigError
+
+log = logging.getLogger("trainscale.parallel")
+
+LAUNCHED_ENV = "TRAINSCALE_LAUNCHED"
+DEFAULT_MULTINODE_ID = "trainscale"
+MONITOR_INTERVAL_S = 0.1
+PEER_ERROR_MARKERS = ("DistBackendError", "DistNetworkError", "Connection closed by peer", "Connection reset by peer",
+                      "Broken pipe", "Socket Timeout", "Connection refused", "timed out",
+                      "Signal 15 (SIGTERM) received",  # stopped by the agent, with the signal recorded
+                      "lost parameter server")  # a PS worker whose server died (parallel/ps/client.py)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What the checks resolved: where to meet, who hosts, the run folder, threads per worker."""
+
+    endpoint: str
+    is_host: bool
+    run_id: str
+    out: Path | None
+    threads: int
+
+
+def launched_by_trainscale() -> bool:
+    """True in a worker whose parent is `trainscale train` (which prints the results itself)."""
+    return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(cfg: Any, local_workers: int) -> int:
+    """``--threads``, else the node's cores split evenly over its workers (torchrun would set 1)."""
+    return cfg.threads or max(1, cpu_count() // max(1, local_workers))
+
+
+# ------------------------------------------------------------------------------------ the checks
+
+
+def check_devices(cfg: Any) -> None:
+    """GPUs, precision, backend and SyncBatchNorm against what this machine has."""
+    import torch
+
+    from trainscale.train.precision import Precision, resolve_device
+
+    if cfg.devices:
+        if not torch.cuda.is_available():
+            raise ConfigError("--devices/--gpus needs CUDA GPUs and this machine has none; use --workers N on the CPU")
+        if max(cfg.devices) >= torch.cuda.device_count() or cfg.device == "cpu":
+            raise ConfigError(f"--devices {','.join(map(str, cfg.devices))}: this machine has "
+                              f"{torch.cuda.device_count()} GPU(s) and --device is {cfg.device}")
+    device = torch.device("cuda") if cfg.devices else resolve_device(cfg.device)
+    Precision(cfg.precision, device)
+    if cfg.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("--backend nccl needs CUDA devices; use gloo (the default) on the CPU")
+    if cfg.sync_bn and device.type != "cuda":
+        raise ConfigError("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU leave it "
+                          "off: running statistics are averaged over workers at each epoch end")
+
+
+def check_data(cfg: Any) -> None:
+    """Load the data once here (download/verify included) and check every rank gets a usable shard."""
+    from trainscale.train.setup import check_fits, load_data
+
+    train, test = load_data(cfg)
+    check_fits(cfg, len(train), len(test), cfg.workers * cfg.nnodes)
+
+
+def check_baseline(cfg: Any) -> None:
+    """--baseline must be a finished run, or the efficiency would be missing only at the very end."""
+    if cfg.baseline and not (Path(cfg.baseline) / "summary.json").is_file():
+        raise ConfigError(f"--baseline {cfg.baseline}: no summary.json there; give the folder of a finished run")
+
+
+def rendezvous_address(cfg: Any) -> tuple[str, bool]:
+    """(endpoint, is_host): node 0 hosts the c10d store, others must be able to reach it."""
+    from trainscale.parallel.network import LOCALHOST, check_port_free, free_port, parse_endpoint, wait_reachable
+
+    if cfg.rdzv_endpoint is None:
+        return f"{LOCALHOST}:{free_port(LOCALHOST)}", True
+    host, port = parse_endpoint(cfg.rdzv_endpoint)
+    if cfg.node_rank == 0:
+        check_port_free(host, port)
+        return cfg.rdzv_endpoint, True
+    wait_reachable(host, port, cfg.rdzv_timeout)
+    return cfg.rdzv_endpoint, False
+
+
+def prepare(cfg: Any) -> LaunchPlan:
+    """Every check that can run before the workers; each failure is a ConfigError (one line, exit 2)."""
+    from trainscale.train.setup import check_run_folder, resolve_out
+
+    check_devices(cfg)
+    out = resolve_out(cfg) if cfg.node_rank == 0 else None
+    if out is not None:  # node 0's first worker owns the run folder (and reads --baseline)
+        check_baseline(cfg)
+        check_run_folder(out, cfg.resume)
+    check_data(cfg)
+    endpoint, is_host = rendezvous_address(cfg)
+    run_id = cfg.rdzv_id or (DEFAULT_MULTINODE_ID if cfg.nnodes > 1 else uuid.uuid4().hex)
+    return LaunchPlan(endpoint, is_host, run_id, out, threads_per_worker(cfg, cfg.workers))
+
+
+# ------------------------------------------------------------------------------------ launching
+
+
+def to_argv(flags: dict[str, Any]) -> list[str]:
+    """Parsed `train` flags back to command-line form (switches as --x/--no-x, lists comma-joined)."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        name = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(name if value else "--no-" + name[2:])
+        elif isinstance(value, (list, tuple)):
+            argv += [name, ",".join(map(str, value))]
+        else:
+            argv += [name, str(value)]
+    return argv
+
+
+def worker_args(flags: dict[str, Any], plan: LaunchPlan) -> list[str]:
+    """Arguments after ``sys.executable``: the same `train` flags, with the resolved run folder."""
+    overrides = {"out": str(plan.out)} if plan.out is not None else {}
+    return ["-u", "-m", "trainscale", "train", *to_argv({**flags, **overrides})]
+
+
+def worker_env(cfg: Any, plan: LaunchPlan) -> dict[str, str]:
+    """Variables for the agent (this process) and the workers it starts (they inherit its environment).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default torch's agent hands its rendezvous store to the
+    workers and keeps it across restarts; restarted workers then find the dead ones' keys (gloo
+    addresses, init counters) and fail with "Connection refused" or hang in init_process_group (seen
+    here in 2 of 5 restarts). Unshared, each rendezvous round gets a fresh store on a fresh port,
+    the same on every node. (``process_group.attempt_store`` covers an external torchrun on one node.)
+    """
+    env = {LAUNCHED_ENV: "1", "OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if cfg.devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
+    return env
+
+
+def launch_config(cfg: Any, plan: LaunchPlan) -> Any:
+    """torch's LaunchConfig: fixed node count, c10d rendezvous, a 0.1 s monitor so failures stop the job fast."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.workers + cfg.servers,
+                        run_id=plan.run_id, rdzv_backend="c10d", rdzv_endpoint=plan.endpoint,
+                        rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.rdzv_timeout)},
+                        max_restarts=cfg.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
+
+
+def launch(cfg: Any, flags: dict[str, Any]) -> int:
+    """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
+
+    plan = prepare(cfg)
+    os.environ.update(worker_env(cfg, plan))
+    log.info("starting %d worker(s) on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers,
+             cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)
+    try:
+        elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
+    except ChildFailedError as exc:
+        message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
+        print(f"trainscale train: error: {message}", file=sys.stderr)
+        return status
+    except RendezvousError as exc:
+        print(f"trainscale train: error: rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
+    except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
+        print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    report(cfg, plan)
+    return 0
+
+
+def run_worker(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A worker's entry: train, with any exception recorded to the agent's error file (``@record``) so the
+    parent can name the failed rank and its error."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from trainscale.train.run import run_training
+
+    return record(run_training)(cfg)
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+def recorded_message(failure: Any) -> str:
+    """The exception a worker recorded through ``@record`` ("" when it died without one)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message") or ""
+    return "" if message.startswith("To enable traceback") else message.strip()
+
+
+def failure_text(failure: Any) -> str:
+    """One line for a failed worker: its exception, the signal that killed it, or its exit code."""
+    message = recorded_message(failure)
+    if message:
+        first = message.splitlines()[0]
+        return first if len(first) <= 400 else first[:400] + "..."
+    if failure.exitcode < 0:
+        return f"killed by signal {failure.signal_name()}"
+    return f"exited with status {failure.exitcode} (no exception recorded; see its output above)"
+
+
+def is_consequence(failure: Any) -> bool:
+    """A worker the agent stopped (SIGTERM, nothing recorded) or one that lost its peer (closed
+    connection, collective timeout): an effect of the root cause, not the cause."""
+    if failure.exitcode == -signal.SIGTERM and not recorded_message(failure):
+        return True
+    return any(marker in failure_text(failure) for marker in PEER_ERROR_MARKERS)
+
+
+def describe_failure(failures: dict[int, Any], first_server: int | None = None) -> tuple[str, int]:
+    """(one line naming the root-cause rank and its error, exit status): the earliest failure that is
+    not a consequence of another; the agent then stopped the rest. ``first_server``: in parameter-server
+    modes, local ranks from this one on are servers, and are named so."""
+    rank = min(failures, key=lambda r: (is_consequence(failures[r]), failures[r].timestamp, r))
+    failure = failures[rank]
+    kind = "parameter server" if first_server is not None and failure.local_rank >= first_server else "worker"
+    line = f"{kind} rank {rank} (local rank {failure.local_rank}) failed: {failure_text(failure)}"
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        line += f"; the other workers were stopped (rank {', '.join(map(str, others))})"
+    return line, 2 if failure.exitcode == 2 else 1
+
+
+def report(cfg: Any, plan: LaunchPlan) -> None:
+    """Print what the run folder says, as `trainscale train` does for a local run."""
+    from trainscale.report.console import EPOCH_COLUMNS, format_summary, format_table
+    from trainscale.train.outputs import read_json
+
+    if plan.out is None:
+        print(f"node {cfg.node_rank}: all workers finished; the run folder is on node 0")
+        return
+    summary = read_json(plan.out / "summary.json")
+    lines = (plan.out / "metrics.jsonl").read_text().splitlines()
+    history = [json.loads(x) for x in lines if x.strip()]
+    print(format_table(history, EPOCH_COLUMNS))
+    print(format_summary(summary))
+    print(comm_line(summary))
+    print(f"results in {plan.out}")
+
+
+def comm_line(summary: dict[str, Any]) -> str:
+    if summary.get("servers"):  # parameter-server modes
+        from trainscale.parallel.ps.stats import summary_line
+
+        return summary_line(summary)
+    sent = summary.get("bytes_sent_per_step")
+    calls = summary.get("allreduce_calls_per_step")
+    text = f"sync over {summary.get('backend')}, world size {summary.get('world_size')}"
+    if sent is not None:
+        text += f": {sent / 2**20:.2f} MiB handed to collectives per worker per step in {calls:.0f} call(s)"
+    if summary.get("scaling_efficiency") is not None:
+        text += f"; scaling efficiency {100 * summary['scaling_efficiency']:.1f}% vs --baseline"
+    return text

@@ -1,0 +1,95 @@
+"""What each parameter-server worker trains and evaluates on.
+
+Training: a worker's own shard (``DeviceBatches`` sharded by worker index and worker count), except
+in the ``--warm-start-epochs`` epochs, when the main worker trains on the whole training set alone
+(Multiverso's warm start) and the others train on nothing and wait at the epoch barrier.
+Evaluation: the main worker evaluates the whole test set on the servers' parameters and the others
+evaluate nothing, so a worker that dies takes no part of the test set with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable, Iterator
+
+from trainscale.data import DeviceBatches
+from trainscale.data.sharding import train_shard_size
+from trainscale.errors import ConfigError
+from trainscale.parallel.ps.optimizer import EpochClock
+
+
+class EmptyBatches:
+    """No batches (an idle worker's epoch)."""
+
+    num_samples = 0
+    batch_size = 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        return iter(())
+
+
+def unsharded(batches: Any) -> DeviceBatches:
+    """The same in-memory batches as one world of one: every sample, same seeds and augmentation.
+
+    A shallow copy sharing the device tensors; only the shard fields change (checked against a fresh
+    one-process ``DeviceBatches`` by the unit tests).
+    """
+    base = getattr(batches, "inner", batches)  # a fault-injection wrapper keeps the real one as .inner
+    if not isinstance(base, DeviceBatches):
+        raise ConfigError("parameter-server modes need an in-memory dataset (cifar10, cifar100, synthetic)")
+    view = copy.copy(base)
+    view.rank, view.world_size = 0, 1
+    view.shard_size = train_shard_size(base.total_samples, 1) if base.train else base.total_samples
+    view._eval_start = 0
+    return view
+
+
+class TrainBatches:
+    """A worker's training batches per epoch (see the module docstring), timing its own pass.
+
+    ``on_epoch(epoch, active)`` is called when an epoch starts (``active``: the workers training in it,
+    None for all); ``finished`` holds (samples, seconds) of the worker's last pass, measured up to its
+    last step, before it waits for anyone at the epoch's end.
+    """
+
+    def __init__(self, inner: Any, clock: EpochClock, warm_epochs: int, is_main: bool, main: int,
+                 on_epoch: Callable[[int, tuple[int, ...] | None], None]) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.warm_epochs = warm_epochs
+        self.main = main
+        self.full = unsharded(inner) if warm_epochs and is_main else None
+        self.is_main = is_main
+        self.on_epoch = on_epoch
+        self.finished = (0, 0.0)
+
+    def _source(self, epoch: int) -> Any:
+        if epoch >= self.warm_epochs:
+            return self.inner
+        return self.full if self.is_main else EmptyBatches()
+
+    def __len__(self) -> int:
+        return len(self._source(self.clock.next_epoch))
+
+    @property
+    def num_samples(self) -> int:
+        return self.inner.num_samples
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        self.clock.next_epoch = epoch
+        self.on_epoch(epoch, (self.main,) if epoch < self.warm_epochs else None)
+        return self._timed(self._source(epoch).epoch(epoch))
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        start, samples = time.perf_counter(), 0
+        for images, labels in batches:
+            yield images, labels
+            samples += int(labels.shape[0])
+        self.finished = (samples, time.perf_counter() - start)

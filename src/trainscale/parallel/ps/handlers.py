@@ -1,0 +1,84 @@
+"""The RPC entry points a server process answers. RPC pickles functions by qualified name, so they
+are module-level functions over this process's shard and coordinator (set by ``install``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import torch.distributed.rpc as rpc
+from torch import Tensor
+from torch.futures import Future
+
+from trainscale.parallel.ps.coordinator import Coordinator
+from trainscale.parallel.ps.membership import Membership
+from trainscale.parallel.ps.server import Rule, ShardServer
+
+log = logging.getLogger("trainscale.ps")
+
+# TEST-ONLY fault injection, never set in real runs: "server=S:pushes=P" makes shard S kill itself
+# (SIGKILL, like a crashed or OOM-killed server) when its P-th push arrives.
+SERVER_FAULT_ENV = "TRAINSCALE_PS_SERVER_FAULT"
+
+_shard: ShardServer | None = None
+_coordinator: Coordinator | None = None
+_membership: Membership | None = None
+_kill_at_push: int | None = None
+
+
+def install(shard: ShardServer, membership: Membership, coordinator: Coordinator | None) -> None:
+    global _shard, _coordinator, _membership, _kill_at_push
+    _shard, _coordinator, _membership = shard, coordinator, membership
+    _kill_at_push = _server_fault(shard.index) if shard is not None else None
+
+
+def _server_fault(index: int) -> int | None:
+    text = os.environ.get(SERVER_FAULT_ENV, "")
+    if not text:
+        return None
+    fields = dict(part.split("=", 1) for part in text.split(":"))
+    return int(fields["pushes"]) if int(fields["server"]) == index else None
+
+
+def uninstall() -> None:
+    install(None, None, None)  # type: ignore[arg-type]
+
+
+def initialize(params: Tensor, rule: Rule) -> int:
+    return _shard.initialize(params, rule)
+
+
+def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
+         active: tuple[int, ...] | None) -> int:
+    if _kill_at_push is not None and _shard.stats.pushes + 1 >= _kill_at_push:
+        log.warning("%s: shard %d kills itself at push %d", SERVER_FAULT_ENV, _shard.index, _kill_at_push)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _shard.push(worker, epoch, step, payload, lr, read_version, active)
+
+
+@rpc.functions.async_execution
+def pull(worker: int, epoch: int, step: int | None, active: tuple[int, ...] | None) -> Future:
+    return _shard.pull(worker, epoch, step, active)
+
+
+def state() -> dict[str, Any]:
+    return _shard.state()
+
+
+def load_state(value: dict[str, Any]) -> None:
+    _shard.load_state(value)
+
+
+def take_stats() -> dict[str, Any]:
+    return _shard.take_stats()
+
+
+def leave(worker: int) -> None:
+    _membership.mark_left(worker)
+
+
+@rpc.functions.async_execution
+def collective(worker: int, seq: int, op: str, value: Any, src: int | None) -> Future:
+    return _coordinator.contribute(worker, seq, op, value, src)

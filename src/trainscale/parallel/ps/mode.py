@@ -1,0 +1,301 @@
+"""The parameter-server modes of `trainscale train`: ``async``, ``ps-sync`` and ``ma``.
+
+Roles by rank, inside one job of the same launcher as sync mode (``trainscale train --workers N
+--servers S``, or torchrun with ``--nproc-per-node N+S``): on every node, local ranks ``0..N-1`` are
+workers and ``N..N+S-1`` are server shards; with ``--nnodes M`` there are ``N*M`` workers and ``S*M``
+shards. Worker ``i`` of node ``g`` is worker ``g*N+i``; the run folder belongs to node 0's first worker.
+Servers only answer RPCs; worker ranks supervise a child that trains (see ``supervisor.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from trainscale.errors import ConfigError
+from trainscale.parallel import dist as tsdist
+from trainscale.parallel.modes import MODES, Mode
+from trainscale.parallel.ps import handlers
+from trainscale.parallel.ps.batches import EmptyBatches, TrainBatches, unsharded
+from trainscale.parallel.ps.client import RpcCollectives, ShardClient
+from trainscale.parallel.ps.codec import PushCodec, codec_from_config
+from trainscale.parallel.ps.coordinator import Coordinator
+from trainscale.parallel.ps.membership import Membership, server_name, worker_name
+from trainscale.parallel.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
+from trainscale.parallel.ps.server import ShardServer
+from trainscale.parallel.ps.stats import WorkerStats, epoch_row, merge_server_stats
+from trainscale.parallel.ps.supervisor import is_trainer_child, supervise
+
+log = logging.getLogger("trainscale.ps")
+
+PS_MODES = ("async", "ps-sync", "ma")
+DEFAULT_AVERAGE_EVERY = 4
+BATCHNORM = ("BatchNorm running statistics stay local while training and are averaged over the live workers "
+             "at each epoch end; they are not on the servers")
+EVALUATION = "main worker, whole test set, on the servers' parameters after the epoch barrier"
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's part in the job, from the launcher's environment."""
+
+    kind: str  # "worker" or "server"
+    index: int  # worker or server index over the whole job
+    workers: int
+    servers: int
+    rank: int
+    world: int
+
+    @property
+    def name(self) -> str:
+        return worker_name(self.index) if self.kind == "worker" else server_name(self.index)
+
+
+def role_from_env(workers_per_node: int, servers_per_node: int, env: dict[str, str] | None = None) -> Role:
+    """Assign worker/server by local rank; a process count that does not match is a ConfigError."""
+    env = os.environ if env is None else env
+    world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
+    local = int(env.get("LOCAL_RANK", "0"))
+    per_node = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    if per_node != workers_per_node + servers_per_node or world % per_node:
+        raise ConfigError(f"--workers {workers_per_node} --servers {servers_per_node} needs "
+                          f"{workers_per_node + servers_per_node} processes per node, but the launcher started "
+                          f"{per_node} (world size {world}); with torchrun pass --nproc-per-node "
+                          f"{workers_per_node + servers_per_node}")
+    node = int(env.get("GROUP_RANK", str(rank // per_node)))
+    nodes = world // per_node
+    if local < workers_per_node:
+        index, kind = node * workers_per_node + local, "worker"
+    else:
+        index, kind = node * servers_per_node + local - workers_per_node, "server"
+    return Role(kind, index, workers_per_node * nodes, servers_per_node * nodes, rank, world)
+
+
+@contextlib.contextmanager
+def installed_collectives(collectives: Any) -> Iterator[None]:
+    tsdist.use_collectives(collectives)
+    try:
+        yield
+    finally:
+        tsdist.use_collectives(None)
+        tsdist.set_main_rank(0)
+
+
+class ParameterServerMode(Mode):
+    """``async``/``ps-sync``/``ma`` through sharded servers over torch RPC (see the package docstring)."""
+
+    distributed = True
+
+    def __init__(self, name: str, cfg: Any) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._role: Role | None = None
+        self.clock = EpochClock()
+        self.client: ShardClient | None = None
+        self.optimizer: PSOptimizer | None = None
+        self.batches: TrainBatches | None = None
+        self.totals: dict[str, Any] = {"server": merge_server_stats([]), "seconds": 0.0, "worker_samples": None,
+                                       "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0), "worker_seconds": None}
+
+    @property
+    def role(self) -> Role:
+        if self._role is None:
+            self._role = role_from_env(self.cfg.workers, self.cfg.servers)
+        return self._role
+
+    @property
+    def average_every(self) -> int:
+        return self.cfg.average_every or DEFAULT_AVERAGE_EVERY
+
+    # ------------------------------------------------------------------------------ roles
+
+    def role_runner(self, device: torch.device) -> Callable[[], tuple[dict[str, Any], list[dict[str, Any]]]] | None:
+        """Servers serve; a worker rank supervises its training child; the child trains (None)."""
+        role = self.role
+        if role.kind == "server":
+            return lambda: serve(self.cfg, role)
+        if not is_trainer_child():
+            is_main = self.cfg.node_rank == 0 and tsdist.local_rank() == 0  # who the election will pick
+            return lambda: supervise(self.cfg, role.index, is_main=is_main)
+        return None
+
+    def worker_device(self, requested: torch.device) -> torch.device:
+        """Workers as in sync mode (CUDA: ``cuda:LOCAL_RANK``); servers keep their shard in host memory."""
+        from trainscale.parallel.process_group import worker_device
+
+        return torch.device("cpu") if self.role.kind == "server" else worker_device(requested)
+
+    @contextlib.contextmanager
+    def session(self, device: torch.device) -> Iterator[None]:
+        """RPC for the worker, the workers' collectives through server 0, the main-worker election.
+
+        No gloo group among the workers: it would fail for good with the first dead worker. On a clean
+        exit every worker meets the others once more, then tells the servers it is leaving.
+        """
+        from trainscale.parallel.launch import threads_per_worker
+        from trainscale.parallel.process_group import rpc_session
+
+        role = self.role
+        torch.set_num_threads(threads_per_worker(self.cfg, self.cfg.workers))
+        with rpc_session(role.name, role.rank, role.world, self.cfg.rpc_timeout, threads=rpc_threads(role)):
+            collectives = RpcCollectives(role.index, role.workers)
+            with installed_collectives(collectives):
+                main = tsdist.elect_main_rank(self.cfg.node_rank == 0 and tsdist.local_rank() == 0)
+                log.info("%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder", self.name,
+                         role.index, role.workers, role.servers, main)
+                yield
+                tsdist.barrier()
+                self.client.leave()
+
+    # ------------------------------------------------------------------------------ the trainer's hooks
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """The PS optimizer over the local one's parameters and hyperparameters; seeds the servers."""
+        numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+        spec, feedback = codec_from_config(self.cfg)  # compressed pushes once the compression flags exist
+        codec = PushCodec(spec, feedback) if spec is not None else None
+        self.client = ShardClient(self.role.index, self.role.servers, numel, self.cfg.rpc_timeout, codec)
+        rule = dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness), codec=spec)
+        self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
+                                     injected_slowdown(self.role.index))
+        self.optimizer.start()
+        return self.optimizer
+
+    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
+        """Warm-start epochs for training; the whole test set on the main worker only (see batches.py)."""
+        is_main = tsdist.is_main_process()
+        self.batches = TrainBatches(train, self.clock, self.cfg.warm_start_epochs, is_main, tsdist.main_rank(),
+                                    self.client.begin_epoch)
+        return self.batches, unsharded(test) if is_main else EmptyBatches()
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        """Epoch barrier, then every worker takes the servers' parameters and the mean BN statistics."""
+        self.optimizer.end_epoch()
+        average_bn_over_live_workers(model)
+        self.clock.next_epoch += 1
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Per-epoch figures; the collective runs on every worker, the servers are asked by the main one."""
+        role = self.role
+        stats = self.client.stats
+        samples, seconds = self.batches.finished
+        mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS), dtype=torch.float64)
+        mine[:len(WorkerStats.FIELDS)] = torch.tensor(stats.as_list(), dtype=torch.float64)
+        mine[len(WorkerStats.FIELDS) + role.index] = samples
+        mine[len(WorkerStats.FIELDS) + role.workers + role.index] = seconds
+        total = tsdist.all_reduce_sum(mine)
+        stats.reset()
+        if not tsdist.is_main_process():
+            return {}
+        return self._row(total)
+
+    def _row(self, total: torch.Tensor) -> dict[str, Any]:
+        n = len(WorkerStats.FIELDS)
+        workers = dict(zip(WorkerStats.FIELDS, total[:n].tolist()))
+        samples = total[n:n + self.role.workers].tolist()
+        seconds = total[n + self.role.workers:].tolist()
+        server = merge_server_stats(self.client.take_stats())
+        epoch_seconds = max(seconds) if seconds else 0.0
+        self._accumulate(server, workers, samples, seconds, epoch_seconds)
+        row = epoch_row(server, workers, epoch_seconds, self.role.servers)
+        row["worker_samples_per_sec"] = [s / t if t > 0 else 0.0 for s, t in zip(samples, seconds)]
+        row["workers_finished"] = sum(1 for n in samples if n > 0)  # finished this epoch's pass (warm: 1)
+        return row
+
+    def _accumulate(self, server: dict[str, Any], workers: dict[str, float], samples: list[float],
+                    seconds: list[float], epoch_seconds: float) -> None:
+        t = self.totals
+        t["server"] = merge_server_stats([t["server"], server])
+        t["worker"] = {k: t["worker"][k] + workers[k] for k in workers}
+        t["seconds"] += epoch_seconds
+        t["worker_samples"] = [a + b for a, b in zip(t["worker_samples"] or [0.0] * len(samples), samples)]
+        t["worker_seconds"] = [a + b for a, b in zip(t["worker_seconds"] or [0.0] * len(seconds), seconds)]
+
+    def run_stats(self) -> dict[str, Any]:
+        """Whole-run figures from the per-epoch totals (no communication: every worker may call it)."""
+        t = self.totals
+        if t["worker_samples"] is None:
+            return {}
+        run = epoch_row(t["server"], t["worker"], t["seconds"], self.role.servers)
+        run.pop("ps_pushes")
+        run["worker_samples_per_sec"] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
+                                                                                   t["worker_seconds"])]
+        return run
+
+    def describe(self) -> dict[str, Any]:
+        role = self.role
+        return {"backend": "rpc", "transport": "torch.distributed.rpc (TensorPipe)", "workers": role.workers,
+                "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.staleness,
+                "average_every": self.average_every if self.name == "ma" else None,
+                "warm_start_epochs": self.cfg.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
+                "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec
+                else None,
+                "bytes_scope": "payload per worker step: pushed = gradient (ma: parameter change at each average; "
+                               "compressed payload when pushes are compressed), pulled = fp32 parameters, summed "
+                               "over shards; RPC framing not included"}
+
+
+def rpc_threads(role: Role) -> int:
+    """RPC threads per process: waits are Futures, so a few per peer suffice."""
+    return max(16, 2 * (role.workers + role.servers))
+
+
+@torch.no_grad()
+def average_bn_over_live_workers(model: nn.Module) -> None:
+    """Replace BN running statistics by their mean over the workers still alive (one collective)."""
+    buffers = [b for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+               for b in (m.running_mean, m.running_var) if b is not None]
+    if not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double() for b in buffers] + [torch.ones(1, dtype=torch.float64)])
+    flat = tsdist.all_reduce_sum(flat)
+    flat = flat[:-1] / flat[-1]
+    offset = 0
+    for b in buffers:
+        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
+
+
+def serve(cfg: Any, role: Role) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A server shard's whole life: answer RPCs until every worker has left or died."""
+    from trainscale.parallel.process_group import rpc_session
+
+    torch.set_num_threads(cfg.threads or 1)
+    membership = Membership(role.workers, heartbeat_s=1.0, timeout_s=cfg.rpc_timeout)
+    shard = ShardServer(role.index, membership)
+    handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None)
+    try:
+        with rpc_session(role.name, role.rank, role.world, cfg.rpc_timeout, threads=rpc_threads(role)):
+            membership.start()
+            try:
+                membership.wait_all_gone()
+            finally:
+                membership.stop()
+    finally:
+        handlers.uninstall()
+    if membership.dead:
+        log.warning("server %d: finished; dead worker(s): %s", role.index,
+                    ", ".join(f"{w} ({why})" for w, why in sorted(membership.dead.items())))
+    else:
+        log.info("server %d: every worker finished; %d update(s) applied", role.index, shard.version)
+    return {}, []
+
+
+def _factory(name: str) -> Callable[..., Mode]:
+    def make(cfg: Any = None, **_: Any) -> Mode:
+        if cfg is None:
+            raise ConfigError(f"--mode {name} needs the training configuration (--servers, --workers)")
+        return ParameterServerMode(name, cfg)
+
+    return make
+
+
+for _name in PS_MODES:
+    MODES.register(_name)(_factory(_name))

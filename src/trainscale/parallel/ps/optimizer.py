@@ -1,0 +1,155 @@
+"""The optimizer a parameter-server worker's training loop steps: ``train_one_epoch`` is unchanged.
+
+``step()`` replaces the local update by the server's: ``async`` and ``ps-sync`` push the flat
+gradient to every shard and pull the parameters back (the server's SGD, with momentum on the server,
+does the update); ``ma`` takes a local SGD step (the wrapped optimizer, momentum local) and every
+``average_every`` steps pushes the parameter change since the last average and pulls the new mean.
+``param_groups`` are the trainer's (it sets the LR each step); the pushed LR is group 0's.
+``state_dict()`` is the servers' state (parameters, momentum, version clocks), so the trainer's
+per-epoch checkpoint holds it, written atomically with the rest, and ``load_state_dict`` (``--resume``)
+puts it back on the servers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from trainscale.errors import ConfigError
+from trainscale.parallel.dist import barrier, is_main_process
+from trainscale.parallel.ps.client import ShardClient
+from trainscale.parallel.ps.server import Rule
+from trainscale.parallel.ps.shards import assign, flatten, gradients
+
+log = logging.getLogger("trainscale.ps")
+
+SLOW_ENV = "TRAINSCALE_PS_SLOW"  # TEST-ONLY: "worker=W:seconds=S" sleeps S before each step of worker W
+
+
+@dataclass
+class EpochClock:
+    """The epoch the trainer runs next (the batches' length depends on it in warm-start epochs)."""
+
+    next_epoch: int = 0
+
+
+def rule_from(optimizer: torch.optim.Optimizer, name: str, staleness: int | None) -> Rule:
+    """The server's update rule, from the local optimizer's hyperparameters (all groups must agree)."""
+    keys = ("momentum", "nesterov", "weight_decay", "dampening")
+    groups = [{k: g.get(k, 0.0) for k in keys} for g in optimizer.param_groups]
+    if any(g != groups[0] for g in groups[1:]):
+        raise ConfigError("parameter-server modes need one momentum/weight-decay setting for every parameter")
+    g = groups[0]
+    return Rule(name, float(g["momentum"]), bool(g["nesterov"]), float(g["weight_decay"]), float(g["dampening"]),
+                staleness)
+
+
+def injected_slowdown(worker: int) -> float:
+    """Seconds to sleep before each step (test-only, from TRAINSCALE_PS_SLOW); 0 normally."""
+    text = os.environ.get(SLOW_ENV, "")
+    if not text:
+        return 0.0
+    try:
+        fields = dict(part.split("=", 1) for part in text.split(":"))
+        return float(fields["seconds"]) if int(fields["worker"]) == worker else 0.0
+    except (KeyError, ValueError):
+        raise ConfigError(f"{SLOW_ENV}='{text}': expected worker=W:seconds=S") from None
+
+
+class PSOptimizer(torch.optim.Optimizer):
+    """See the module docstring. ``local`` supplies the hyperparameters (and, for ``ma``, the steps)."""
+
+    def __init__(self, local: torch.optim.Optimizer, client: ShardClient, rule: Rule, average_every: int,
+                 clock: EpochClock, slowdown_s: float = 0.0) -> None:
+        super().__init__([dict(g) for g in local.param_groups], local.defaults)
+        self.local = local
+        self.client = client
+        self.rule = rule
+        self.average_every = average_every
+        self.clock = clock
+        self.slowdown_s = slowdown_s
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        self.since_average = 0
+        self.anchor: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------ start and epochs
+
+    def start(self) -> None:
+        """The main worker seeds the servers with its parameters; then every worker pulls them."""
+        if is_main_process():
+            self.client.initialize(flatten(self.params), self.rule)
+        self.sync_from_servers()
+
+    def sync_from_servers(self) -> None:
+        """After every worker has arrived, take the servers' parameters as they are."""
+        barrier()
+        flat = self.client.pull(wait=False)
+        assign(self.params, flat.to(self.params[0].device))
+        self.anchor = flat
+        self.since_average = 0
+
+    def end_epoch(self) -> None:
+        """Model averaging folds in the steps since the last average; then all take the servers' values."""
+        if self.rule.name == "ma" and self.since_average > 0:
+            self._average()
+        self.sync_from_servers()
+
+    # ------------------------------------------------------------------------------ the step
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.slowdown_s:
+            time.sleep(self.slowdown_s)
+        self.client.stats.steps += 1
+        if self.rule.name == "ma":
+            self._local_step()
+        else:
+            self.client.push(gradients(self.params), self.param_groups[0]["lr"])
+            assign(self.params, self.client.pull().to(self.params[0].device))
+        return loss
+
+    def _local_step(self) -> None:
+        for mine, theirs in zip(self.local.param_groups, self.param_groups):
+            mine["lr"] = theirs["lr"]
+        self.local.step()
+        self.since_average += 1
+        if self.since_average >= self.average_every:
+            self._average()
+
+    def _average(self) -> None:
+        current = flatten(self.params)
+        self.client.push(current - self.anchor, self.param_groups[0]["lr"])
+        self.anchor = self.client.pull()
+        assign(self.params, self.anchor.to(self.params[0].device))
+        self.since_average = 0
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The servers' state (called on the main worker when the trainer checkpoints)."""
+        state: dict[str, Any] = {"servers": self.client.fetch_state(), "next_epoch": self.clock.next_epoch,
+                                 "rule": self.rule.name}
+        if self.rule.name == "ma":
+            state["local"] = self.local.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+        """``--resume`` (every worker calls this): the main worker restores the servers, all pull."""
+        if state.get("rule") != self.rule.name:
+            raise ConfigError(f"--resume: the checkpoint was written by --mode {state.get('rule')}, this run is "
+                              f"--mode {self.rule.name}")
+        if is_main_process():
+            self.client.restore(state["servers"])
+        if self.rule.name == "ma" and "local" in state:
+            self.local.load_state_dict(state["local"])
+        self.clock.next_epoch = int(state["next_epoch"])
+        self.sync_from_servers()

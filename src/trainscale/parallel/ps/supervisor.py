@@ -1,0 +1,98 @@
+"""Why a PS worker runs its training in a child process: so that a worker can die without ending the job.
+
+torch's elastic agent (behind `trainscale train --workers` and torchrun) stops every process of the
+job as soon as one exits with an error or a signal. For ASGD that is the wrong reaction to a dead
+worker, so each worker rank is a small supervisor that starts the real worker (the same training
+code) as a child process and waits for it:
+
+* the child finished: pass its summary on (exit 0);
+* the child was killed by a signal (SIGKILL, the OOM killer, a segfault): log it and exit 0, so the
+  agent leaves the others running; the servers notice the dead worker by its closed connections and
+  the rest finish the epoch without its shard;
+* the child raised (a bug, a dead server, a bad flag) or it was the main worker (the one writing the
+  run folder): re-raise its error here, so the agent stops the job with that message.
+
+Killing the supervisor itself (not its child) still ends the job: the agent only watches supervisors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.parallel.ps.client import PSError
+
+log = logging.getLogger("trainscale.ps")
+
+CHILD_ENV = "TRAINSCALE_PS_TRAINER"
+
+
+def is_trainer_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL if its supervisor dies first (no orphaned trainers)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_main(cfg: Any, conn: Any) -> None:
+    os.environ[CHILD_ENV] = "1"
+    _die_with_parent()
+    from trainscale.log import setup_logging
+    from trainscale.train.run import run_training
+
+    setup_logging()
+    try:
+        summary, history = run_training(cfg)
+    except TrainscaleError as exc:
+        conn.send(("config" if isinstance(exc, ConfigError) else "trainscale", str(exc)))
+        sys.exit(2)
+    except BaseException as exc:
+        traceback.print_exc()
+        conn.send(("error", str(exc) if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    conn.send(("ok", summary, history))
+
+
+def supervise(cfg: Any, worker: int, is_main: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run worker ``worker``'s training in a child process; see the module docstring for the outcomes."""
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(cfg, sender), name=f"trainscale-ps-worker{worker}")
+    child.start()
+    sender.close()
+    message = _receive(receiver)
+    child.join()
+    if message is not None and message[0] == "ok":
+        return message[1], message[2]
+    if message is not None:
+        kind, text = message
+        raise (ConfigError if kind == "config" else PSError)(text)
+    killed = (child.exitcode or 0) < 0
+    how = f"was killed by signal {signal.Signals(-child.exitcode).name}" if killed else \
+        f"exited with status {child.exitcode} without a result"
+    if is_main or not killed:
+        role = "the main worker (it writes the run folder)" if is_main else "a worker"
+        raise PSError(f"worker {worker}, {role}, failed: its training process (pid {child.pid}) {how}")
+    log.warning("worker %d: its training process (pid %d) %s; the servers and the other workers carry on "
+                "without it", worker, child.pid, how)
+    return {}, []
+
+
+def _receive(conn: Any) -> Any:
+    try:
+        return conn.recv()
+    except EOFError:  # the child died without a word
+        return None

@@ -1,0 +1,180 @@
+"""Synchronous data parallelism (BSP): DDP over gloo (CPU) or NCCL (CUDA), one worker per device.
+
+Every step each worker computes gradients on its shard of the global batch; DDP averages them with
+all-reduce (through trainscale's counting hook) before the optimizer step, so all replicas stay
+identical. BatchNorm: by default each worker normalises with its own batch statistics (like the
+seeds' multi-GPU runs) and the running statistics are averaged over workers at each epoch end, so
+evaluation and checkpoints see one consistent model; ``--sync-bn`` uses SyncBatchNorm (CUDA only)
+for global batch statistics instead. Evaluation is sharded across ranks and its sums all-reduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainscale.compression.setup import CompressionPlan, plan_from_config
+from trainscale.compression.setup import ddp_kwargs as compression_ddp_kwargs
+from trainscale.compression.setup import make_hook as make_compression_hook
+from trainscale.errors import ConfigError
+from trainscale.parallel.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
+from trainscale.parallel.dist import (
+    all_reduce_sum,
+    elect_main_rank,
+    is_main_process,
+    local_rank,
+    set_main_rank,
+    world_size,
+)
+from trainscale.parallel.modes import MODES, Mode
+from trainscale.parallel.process_group import process_group, worker_device
+
+log = logging.getLogger("trainscale.parallel")
+
+EVALUATION = "sharded across ranks (contiguous blocks of the test set), loss/correct/count sums all-reduced"
+
+
+class SyncMode(Mode):
+    """DDP with a byte-counting all-reduce hook; see the module docstring for BatchNorm and evaluation."""
+
+    name = "sync"
+    distributed = True
+
+    def __init__(self, backend: str | None = None, sync_bn: bool = False, timeout_s: float = 300.0,
+                 node_rank: int = 0, compression: CompressionPlan | None = None) -> None:
+        self.compression = compression
+        self.hook_state: Any = None
+        self.requested_backend = backend
+        self.sync_bn = sync_bn
+        self.timeout_s = timeout_s
+        self.node_rank = node_rank
+        self.backend: str | None = None
+        self.stats = CommStats()  # this epoch's, filled by the hook
+        self.total = CommStats()  # the run's, epoch by epoch
+
+    def worker_device(self, requested: torch.device) -> torch.device:
+        return worker_device(requested)
+
+    @contextlib.contextmanager
+    def session(self, device: torch.device) -> Iterator[None]:
+        """Join the launcher's group, elect the run-folder owner (node 0's first worker), always leave."""
+        with process_group(device, self.requested_backend, self.timeout_s) as backend:
+            self.backend = backend
+            main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
+            log.info("sync mode: %d workers over %s; rank %d writes the run folder", world_size(), backend, main)
+            with quiet_unless_main():
+                try:
+                    yield
+                finally:
+                    set_main_rank(0)
+
+    def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        if self.sync_bn:
+            if device.type != "cuda":
+                raise ConfigError("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU "
+                                  "leave it off: running statistics are averaged over workers at each epoch end")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # swaps BN children in place
+        # Buffers are synced once at construction (identical starting BN statistics), not before every
+        # forward: per-worker statistics, averaged at epoch end (see ``after_train_epoch``).
+        extra = compression_ddp_kwargs(self.compression, model) if self.compression else {}
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      forward_sync_buffers=False, **extra)
+        state, hook = self.comm_hook(ddp)
+        register_hook(ddp, state, hook)
+        return ddp
+
+    def comm_hook(self, ddp: DistributedDataParallel) -> tuple[Any, Hook]:
+        """The DDP comm hook and its state: dense mean all-reduce, counted into ``self.stats``. A mode that
+        sends something else (e.g. compressed gradients) overrides this and reports into ``self.stats``
+        (a ``CommStats`` or subclass), and the per-epoch and summary figures follow."""
+        if self.compression is None or not self.compression.enabled:
+            return HookState(self.stats), counting_allreduce_hook
+        self.hook_state, hook = make_compression_hook(self.compression, ddp)
+        self.stats = self.hook_state.stats
+        return self.hook_state, hook
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off."""
+        if self.compression is not None and self.compression.compressor().replaces_optimizer_momentum:
+            for group in optimizer.param_groups:
+                group.update(momentum=0.0, nesterov=False)
+            log.info("dgc: optimizer momentum off (DGC's momentum correction replaces it)")
+        return optimizer
+
+    def before_train_epoch(self, epoch: int) -> None:
+        if self.hook_state is not None:
+            self.hook_state.set_epoch(epoch)
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        if not self.sync_bn:
+            average_bn_statistics(model)
+
+    def epoch_stats(self) -> dict[str, Any]:
+        row = self.stats.per_step()
+        if not self.total.steps and type(self.total) is not type(self.stats):
+            self.total = copy.deepcopy(self.stats)  # same kind of stats as the hook's (labels kept)
+            self.total.reset()
+        self.total.add(self.stats)
+        self.stats.reset()
+        return row
+
+    def run_stats(self) -> dict[str, Any]:
+        return self.total.per_step()
+
+    def describe(self) -> dict[str, Any]:
+        bn = "SyncBatchNorm (global batch statistics)" if self.sync_bn else \
+            "per-worker batch statistics; running statistics averaged over workers at each epoch end"
+        compression = self.compression.describe() if self.compression else {"compress_method": "none"}
+        return {"backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
+                "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)"}
+
+
+@contextlib.contextmanager
+def quiet_unless_main() -> Iterator[None]:
+    """Only the main process logs progress (every rank computes the same epoch line); warnings still show."""
+    logger = logging.getLogger("trainscale")
+    level = logger.level
+    if not is_main_process():
+        logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:
+    """The running mean/var buffers of every BatchNorm layer that tracks them."""
+    out: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+            out += [b for b in (module.running_mean, module.running_var) if b is not None]
+    return out
+
+
+@torch.no_grad()
+def average_bn_statistics(model: nn.Module) -> None:
+    """Replace each worker's BN running statistics by their mean over workers (one all-reduce)."""
+    buffers = bn_running_stats(model)
+    if not buffers or world_size() == 1:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double() for b in buffers])
+    flat = all_reduce_sum(flat) / world_size()
+    offset = 0
+    for b in buffers:
+        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
+
+
+@MODES.register("sync")
+def sync(cfg: Any = None, **_: Any) -> Mode:
+    if cfg is None:
+        return SyncMode()
+    backend = None if cfg.backend == "auto" else cfg.backend
+    return SyncMode(backend=backend, sync_bn=cfg.sync_bn, timeout_s=cfg.dist_timeout, node_rank=cfg.node_rank,
+                    compression=plan_from_config(cfg))

@@ -1,0 +1,155 @@
+"""Find the runs a report covers: grid folders (``grid.json``) and plain run folders (``summary.json``).
+
+From a grid folder only the runs its ``grid.json`` plans are read, and each must still hold exactly that
+run (``bench.runfolder.folder_state``): a leftover folder from older settings is listed as excluded,
+never averaged in. Failed runs come with their error from the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainscale.errors import ConfigError
+
+log = logging.getLogger("trainscale.report")
+
+
+@dataclass
+class RunRecord:
+    """One run as the report sees it; ``status`` is ok, failed, timeout, incomplete, not run or excluded."""
+
+    folder: Path
+    status: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    bench: dict[str, Any] = field(default_factory=dict)
+    grid: str = ""
+    error: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.bench.get("run_id") or self.folder.name
+
+    @property
+    def label(self) -> str:
+        """The configuration's name in tables: the grid's label (no repeat suffix), else the folder name."""
+        return self.bench.get("label") or self.folder.name
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.summary.get("environment") or {}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class Collection:
+    records: list[RunRecord]
+    warnings: list[str]
+
+
+def collect(dirs: list[Path]) -> Collection:
+    """Every run under ``dirs`` (each a grid folder, a run folder or a folder holding either), once."""
+    records: list[RunRecord] = []
+    warnings: list[str] = []
+    seen: set[Path] = set()
+    for top in dirs:
+        if not Path(top).is_dir():
+            raise ConfigError(f"{top} is not a folder; give grid folders (`trainscale bench --out`) or run folders")
+        found = _walk(Path(top), warnings)
+        records += [r for r in found if r.folder.resolve() not in seen]
+        seen.update(r.folder.resolve() for r in found)
+    if not records:
+        raise ConfigError(f"no runs found in {', '.join(map(str, dirs))} (no grid.json or summary.json)")
+    return Collection(records, warnings)
+
+
+def _walk(top: Path, warnings: list[str]) -> list[RunRecord]:
+    grids = sorted(p.parent for p in top.rglob("grid.json"))
+    records = [r for g in grids for r in grid_records(g, warnings)]
+    for summary in sorted(top.rglob("summary.json")):
+        if not any(g in summary.parents for g in grids):
+            records.append(plain_record(summary.parent))
+    return records
+
+
+def plain_record(folder: Path) -> RunRecord:
+    """A run folder made by `trainscale train` directly."""
+    summary = _json(folder / "summary.json") or {}
+    record = RunRecord(folder, "ok", summary, _config(folder), _metrics(folder))
+    if summary.get("epochs_completed") != summary.get("epochs"):
+        record.status = "incomplete"
+        record.error = f"{summary.get('epochs_completed')} of {summary.get('epochs')} epochs finished"
+    return record
+
+
+def grid_records(root: Path, warnings: list[str]) -> list[RunRecord]:
+    """The runs ``root/grid.json`` plans, each checked to still hold that run."""
+    grid = _json(root / "grid.json") or {}
+    ledger = _ledger(root)
+    planned = grid.get("runs", [])
+    _warn_stale(root, {r["run_id"] for r in planned}, warnings)
+    return [_grid_record(root, grid.get("name", root.name), run, ledger.get(run["run_id"], {})) for run in planned]
+
+
+def _grid_record(root: Path, name: str, run: dict[str, Any], last: dict[str, Any]) -> RunRecord:
+    from trainscale.bench.expand import RunSpec
+    from trainscale.bench.runfolder import State, folder_state
+
+    folder = root / "runs" / run["run_id"]
+    record = RunRecord(folder, "ok", _json(folder / "summary.json") or {}, _config(folder), _metrics(folder),
+                       dict(run), name)
+    spec = RunSpec(run["run_id"], run["name"], run["label"], run["repeat"], run["config"], run["config_hash"])
+    try:
+        state = folder_state(folder, spec)
+    except ConfigError as exc:
+        record.status, record.error = "excluded", str(exc)
+        return record
+    if state is not State.DONE:
+        record.status = last.get("status", "not run") if last.get("status") != "skipped" else "incomplete"
+        record.error = last.get("error", "") or "no finished run in the folder"
+    return record
+
+
+def _warn_stale(root: Path, planned: set[str], warnings: list[str]) -> None:
+    runs = root / "runs"
+    stale = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name not in planned) if runs.is_dir() else []
+    if stale:
+        message = (f"{root}: {len(stale)} run folder(s) not planned by its grid.json (older settings) are left "
+                   f"out: {', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}")
+        log.warning(message)
+        warnings.append(message)
+
+
+def _ledger(root: Path) -> dict[str, dict[str, Any]]:
+    """Last ledger line per run id."""
+    path = root / "grid.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {entry["run_id"]: entry for entry in (json.loads(x) for x in lines if x.strip())}
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    config = _json(folder / "config.json") or {}
+    config.pop("resolved", None)
+    return config
+
+
+def _metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

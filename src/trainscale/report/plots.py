@@ -1,0 +1,156 @@
+"""The report's PNG figures (matplotlib, Agg backend: no display needed).
+
+- ``accuracy_epoch.png`` and ``accuracy_time.png``: test accuracy per run against epoch and against
+  cumulative training time (seed 000's two figures).
+- ``throughput_workers.png``: images/s and scaling efficiency against workers (seeds 001, 003), drawn
+  only when the runs span several worker counts.
+- ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (seed 004),
+  drawn only when runs report bytes per step.
+With several environments each gets its own set (``-env2`` ...), never one plot across machines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from trainscale.report.aggregate import (  # noqa: E402
+    GROUP_EXCLUDE,
+    Group,
+    Partition,
+    run_throughput,
+    uses_parameter_server,
+)
+from trainscale.report.tables import bytes_per_step, compression_ratio  # noqa: E402
+
+DPI = 100
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v")
+FAMILY_EXCLUDE = GROUP_EXCLUDE | {"workers", "mode", "batch_size", "devices"}
+
+
+def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]:
+    """Every figure this partition has data for: title -> PNG path."""
+    figures = {
+        "Test accuracy against epoch": ("accuracy_epoch", lambda ax: _accuracy(ax, part, "epoch", "epoch")),
+        "Test accuracy against training time": ("accuracy_time",
+                                                lambda ax: _accuracy(ax, part, "elapsed_seconds",
+                                                                     "training time (s)")),
+    }
+    written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
+    if len({g.world_size for g in part.groups}) > 1:
+        written["Images/s and scaling efficiency against workers"] = _save_pair(
+            out / f"throughput_workers{suffix}.png", lambda axes: _scaling(axes, part))
+    if any(bytes_per_step(r) for r in part.runs):
+        written["Accuracy against bytes per step and compression ratio"] = _save_pair(
+            out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part))
+    return written
+
+
+def _save(path: Path, draw: Any) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=DPI)
+    try:
+        draw(ax)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _save_pair(path: Path, draw: Any) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=DPI)
+    try:
+        draw(axes)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
+    runs = [(group, run) for group in part.groups for run in group.runs]
+    for index, (group, run) in enumerate(runs):
+        xs = [m.get(x_key) for m in run.metrics]
+        ys = [100 * m["test_acc"] for m in run.metrics if m.get("test_acc") is not None]
+        if len(xs) == len(ys) and ys:  # line styles cycle so runs with equal curves stay visible
+            ax.plot(xs, ys, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=STYLES[index % len(STYLES)],
+                    label=run.run_id if len(group.runs) > 1 else group.label)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("test accuracy (%)")
+    if x_key == "epoch":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    _legend(ax)
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", loc="best")
+
+
+def families(part: Partition) -> dict[str, list[Group]]:
+    """Groups that differ only in the number of workers (and the global batch that follows from it);
+    local and sync count as one kind (1 sync worker is local training), parameter-server modes as another."""
+    found: dict[str, list[Group]] = {}
+    for group in part.groups:
+        config = group.first.config or {}
+        kind = "ps" if uses_parameter_server(group) else "data-parallel"
+        key = json.dumps({"kind": kind, **{k: v for k, v in config.items() if k not in FAMILY_EXCLUDE}},
+                         sort_keys=True, default=str)
+        found.setdefault(key, []).append(group)
+    return {_family_label(gs): sorted(gs, key=lambda g: g.world_size) for gs in found.values()}
+
+
+def _family_label(groups: list[Group]) -> str:
+    g = groups[0]
+    kind = f"{g.summary('mode')}, " if uses_parameter_server(g) else ""
+    return (f"{kind}{g.summary('model')}, {g.summary('batch_per_worker')}/worker, {g.summary('precision')}, "
+            f"lr {g.summary('lr')}")
+
+
+def _scaling(axes: Any, part: Partition) -> None:
+    for label, groups in families(part).items():
+        workers = [g.world_size for g in groups]
+        rates = [g.stat(run_throughput) for g in groups]
+        axes[0].errorbar(workers, [s.mean or 0 for s in rates], yerr=[s.stdev for s in rates], marker="o",
+                         capsize=3, label=label)
+        effs = [(g.world_size, g.efficiency) for g in groups if g.efficiency]
+        if effs:
+            axes[1].plot([w for w, _ in effs], [sum(e) / len(e) for _, e in effs], marker="o", label=label)
+    axes[1].axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    axes[1].set_ylim(0, max(1.1, axes[1].get_ylim()[1]))
+    ticks = sorted({g.world_size for g in part.groups})
+    for ax, ylabel in zip(axes, ("images/s (all workers)", "scaling efficiency")):
+        ax.set_xlabel("workers")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)  # from zero: a small loss must not look like a collapse
+        ax.grid(alpha=0.3)
+        _legend(ax)
+
+
+def _bytes(axes: Any, part: Partition) -> None:
+    groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
+    for g in groups:
+        acc = 100 * (g.stat(lambda r: r.summary.get("best_test_acc")).mean or 0)
+        axes[0].scatter([g.stat(bytes_per_step).mean], [acc], label=g.label)
+        ratio = g.stat(compression_ratio).mean
+        if ratio:
+            axes[1].scatter([ratio], [acc], label=g.label)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("bytes per step and worker")
+    axes[1].set_xlabel("compression ratio (dense / sent)")
+    for ax in axes:
+        ax.set_ylabel("best test accuracy (%)")
+        ax.grid(alpha=0.3)
+        _legend(ax)

@@ -1,0 +1,208 @@
+"""The report's tables, in the seeds' own columns, as one model rendered to Markdown and HTML.
+
+- Configurations (seed 000): Short Name, processes, GPUs per process, parameter server, batch size,
+  initial LR, seconds per epoch, best validation accuracy.
+- Throughput and scaling (seeds 001, 003): images/s, scaling efficiency against the 1-worker row,
+  train and test accuracy, peak memory.
+- Communication (seed 004): method, ratio, granularity, bytes per step, compression ratio.
+- Accuracy by epoch (seed 002): epoch, train accuracy, validation accuracy, time.
+A table or column appears only when some run has the data: nothing is shown that was not run.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
+from trainscale.report.collect import RunRecord
+
+MAX_EPOCH_ROWS = 12
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        head = [f"### {self.title}", "", _md_row(self.columns), _md_row(["---"] * len(self.columns))]
+        body = [_md_row(r) for r in self.rows]
+        notes = [""] + [f"- {n}" for n in self.notes] if self.notes else []
+        return "\n".join(head + body + notes) + "\n"
+
+    def html(self, heading: bool = True) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        title = f"<h3>{html.escape(self.title)}</h3>" if heading else ""
+        return (f"{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+                f"</table>" + (f"<ul class='notes'>{notes}</ul>" if notes else ""))
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+# ------------------------------------------------------------------------------------ measures
+
+
+def epoch_seconds(r: RunRecord) -> float | None:
+    """Steady state (epochs after the first, which carries warm-up) when there are several, else all."""
+    return r.summary.get("steady_epoch_seconds") or r.summary.get("mean_epoch_seconds")
+
+
+def _summary(name: str) -> Any:
+    return lambda r: r.summary.get(name)
+
+
+def final_train_acc(r: RunRecord) -> float | None:
+    return r.metrics[-1].get("train_acc") if r.metrics else None
+
+
+def bytes_per_step(r: RunRecord) -> float | None:
+    """What one worker moves per step: collective payload (sync), or pushed + pulled (parameter server)."""
+    s = r.summary
+    if s.get("bytes_sent_per_step") is not None:
+        return s["bytes_sent_per_step"]
+    if s.get("bytes_pushed_per_step") is not None:
+        return s["bytes_pushed_per_step"] + (s.get("bytes_pulled_per_step") or 0.0)
+    return None
+
+
+def compression_ratio(r: RunRecord) -> float | None:
+    s = r.summary
+    if s.get("compression_ratio") is not None:
+        return s["compression_ratio"]
+    if s.get("dense_bytes_per_step") and s.get("bytes_sent_per_step"):
+        return s["dense_bytes_per_step"] / s["bytes_sent_per_step"]
+    return 1.0 if bytes_per_step(r) and _method(r) == "none" else None
+
+
+def _method(r: RunRecord) -> str:
+    return str(r.summary.get("compress_method") or r.config.get("compress") or "none")
+
+
+def batch_text(g: Group) -> str:
+    per, total, n = g.summary("batch_per_worker"), g.summary("batch_size"), g.world_size
+    return f"{per}x{n}={total}" if n > 1 and per else str(total)
+
+
+def _pct(stat: Stat) -> str:
+    return stat.text(".2f", 100, " %")
+
+
+def _runs(g: Group) -> str:
+    return str(len(g.runs))
+
+
+# ------------------------------------------------------------------------------------ tables
+
+
+def configurations(part: Partition) -> Table:
+    rows = [[g.label, str(g.summary("model")), str(g.world_size), "1" if _on_gpu(g) else "0",
+             "on" if uses_parameter_server(g) else "off", batch_text(g), _lr(g),
+             g.stat(epoch_seconds).text(".1f"), _pct(g.stat(_summary("best_test_acc"))), _runs(g)]
+            for g in part.groups]
+    return Table("Configurations", ["Short Name", "model", "processes", "GPUs per process", "parameter server",
+                                    "batch size", "initial LR", "seconds per epoch", "best validation accuracy",
+                                    "runs"], rows, _config_notes(part))
+
+
+def _on_gpu(g: Group) -> bool:
+    return str((g.first.environment or {}).get("device", "")).startswith("cuda")
+
+
+def _lr(g: Group) -> str:
+    return format(g.summary("lr"), "g") if g.summary("lr") is not None else "-"
+
+
+def _config_notes(part: Partition) -> list[str]:
+    scopes = sorted({str(r.summary.get("timer_scope")) for r in part.runs})
+    return ["batch size: per worker x workers = global batch; initial LR: the configured peak rate after any "
+            "linear scaling (onecycle and warm-up schedules ramp up to it)",
+            "seconds per epoch: mean over epochs after the first when a run has several (the first carries "
+            "warm-up), else the single epoch; values are mean ± sample stdev over repeats (runs)",
+            *(f"timer scope: {s}" for s in scopes)]
+
+
+def scaling(part: Partition) -> Table:
+    with_eff = any(g.efficiency for g in part.groups) and len({g.world_size for g in part.groups}) > 1
+    columns = ["Short Name", "model", "workers", "batch size", "images/s",
+               *(["scaling efficiency"] if with_eff else []), "seconds per epoch", "training time (s)",
+               "train accuracy", "test accuracy", "peak memory (MB)"]
+    rows = [[g.label, str(g.summary("model")), str(g.world_size), batch_text(g), g.stat(run_throughput).text(".0f"),
+             *([_efficiency(g)] if with_eff else []), g.stat(epoch_seconds).text(".1f"),
+             g.stat(_summary("total_train_seconds")).text(".1f"), _pct(g.stat(final_train_acc)),
+             _pct(g.stat(_summary("final_test_acc"))), g.stat(_summary("peak_memory_mb")).text(".0f")]
+            for g in sorted(part.groups, key=lambda g: (str(g.summary("model")), g.world_size))]
+    notes = ["images/s: training images per second over all workers, from the same epochs as seconds per epoch",
+             "peak memory: the largest per-process peak (CUDA allocator peak on GPUs, resident set size on CPUs)"]
+    if with_eff:
+        notes.insert(1, "scaling efficiency: (images/s / workers) / (images/s of the 1-worker run with the same "
+                        "model, precision and per-worker batch); 1.00 is perfect linear scaling")
+    return Table("Throughput and scaling", columns, rows, notes)
+
+
+def _efficiency(g: Group) -> str:
+    if not g.efficiency:
+        return "-"
+    text = Stat(g.efficiency).text(".2f")
+    return text if g.baseline == g.label else f"{text} (vs {g.baseline})"
+
+
+def communication(part: Partition) -> Table | None:
+    groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
+    if not groups:
+        return None
+    rows = [[g.label, _method(g.first), _opt(g.config("ratio")), str(g.summary("compress_granularity")
+             or g.config("granularity") or "-"), str(g.world_size),
+             g.stat(bytes_per_step).text(",.0f"), g.stat(compression_ratio).text(".1f"),
+             _pct(g.stat(_summary("best_test_acc"))), g.stat(epoch_seconds).text(".1f")] for g in groups]
+    return Table("Communication", ["Short Name", "method", "ratio", "granularity", "workers", "bytes per step",
+                                   "compression ratio", "best validation accuracy", "seconds per epoch"], rows,
+                 ["bytes per step: what each worker hands to its collectives per training step (synchronous "
+                  "modes) or pushes plus pulls (parameter-server modes); each run's summary.json says exactly "
+                  "what (bytes_sent_scope, bytes_scope)", "compression ratio: dense bytes / bytes sent"])
+
+
+def _opt(value: Any) -> str:
+    return "-" if value is None else format(value, "g") if isinstance(value, float) else str(value)
+
+
+def epochs_table(run: RunRecord) -> Table:
+    """Seed 002's per-epoch table for one run (every epoch, or about a dozen spread over a long run)."""
+    rows = run.metrics
+    step = max(1, -(-len(rows) // MAX_EPOCH_ROWS))
+    shown = [r for r in rows if r["epoch"] % step == 0 or r is rows[-1]]
+    body = [[str(r["epoch"]), _fmt_pct(r.get("train_acc")), _fmt_pct(r.get("test_acc")),
+             _fmt(r.get("epoch_seconds"), ".1f"), _fmt(r.get("elapsed_seconds"), ".1f")] for r in shown]
+    return Table(f"{run.run_id}", ["epoch", "train accuracy", "validation accuracy", "time (s)", "elapsed (s)"], body)
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _fmt_pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.2f} %"
+
+
+def problems(records: list[RunRecord]) -> Table | None:
+    bad = [r for r in records if not r.ok]
+    if not bad:
+        return None
+    rows = [[r.run_id, r.status, r.error.splitlines()[0][:300] if r.error else "-"] for r in bad]
+    return Table("Failed, unfinished or excluded runs", ["run", "status", "error"], rows,
+                 ["these runs are in results.csv but in no other table or plot; the full error is in the run "
+                  "folder's error.txt and train.log"])
+
+
+def environment_table(part: Partition) -> Table:
+    keys = ("device_name", "device", "cpu", "cpu_count", "torch", "python", "cuda", "torch_threads", "hostname",
+            "git_commit")
+    rows = [[k, ", ".join(sorted({str(r.environment.get(k)) for r in part.runs}))] for k in keys]
+    return Table("Environment", ["field", "value"], rows)

@@ -1,0 +1,80 @@
+"""`trainscale train --workers 2 --compress ...` end to end on real CIFAR-10, one run per seed-004
+method with error feedback: accuracy well above chance, and bytes measured below dense.
+"""
+
+import json
+
+import pytest
+
+from tests.integration.cli import assert_one_line_error, run_cli
+
+SEED_METHODS = [
+    ("randomk", ("--ratio", "0.01"), 60.0),
+    ("topk", ("--ratio", "0.01"), 30.0),
+    ("threshold", ("--threshold", "0.001"), 1.0),
+    ("terngrad", (), 10.0),
+    ("qsgd", ("--qstates", "255"), 3.0),
+]
+SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64", "--epochs", "1",
+       "--batch-size", "64", "--no-progress")
+
+
+@pytest.mark.dist
+@pytest.mark.realdata
+@pytest.mark.slow
+@pytest.mark.parametrize("method, flags, min_ratio", SEED_METHODS, ids=[m[0] for m in SEED_METHODS])
+def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir, method, flags, min_ratio):
+    out = tmp_path / method
+    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
+                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "3", "--batch-size", "200",
+                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
+                   "--precision", "bf16", "--workers", "2", "--compress", method, *flags,
+                   "--granularity", "layerwise", "--error-feedback", "--out", out, "--no-progress", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_test_acc"] > 0.25, summary  # chance is 0.10
+    assert summary["compress_method"] == method
+    assert summary["dense_bytes_per_step"] == pytest.approx(4 * summary["params"], rel=0.01)
+    assert summary["compression_ratio"] >= min_ratio, summary
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["bytes_sent_per_step"] < r["dense_bytes_per_step"] or method == "threshold" for r in rows)
+    assert all(r["encode_ms_per_step"] >= 0 and r["decode_ms_per_step"] >= 0 for r in rows)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("granularity", ["layerwise", "entiremodel"])
+def test_synthetic_compressed_run_writes_compression_fields(tmp_path, granularity):
+    out = tmp_path / "run"
+    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "topk", "--ratio", "0.01", "--granularity",
+                   granularity, "--error-feedback", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["compression_ratio"] > 30
+    expected = "entire" if granularity == "entiremodel" else "layerwise"
+    assert summary["compress_granularity"] == expected
+
+
+def test_unknown_method_is_one_line(tmp_path):
+    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "topkk", "--out", tmp_path / "run")
+    assert_one_line_error(proc, "unknown compressor 'topkk' (did you mean 'topk'?)")
+
+
+@pytest.mark.dist
+def test_seed004_spellings(tmp_path):
+    """Seed 004's own flags: --compress entiremodel --method TopK -K 0.01."""
+    out = tmp_path / "run"
+    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "entiremodel", "--method", "TopK", "-K", "0.01",
+                   "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["compress_method"], summary["compress_granularity"]) == ("topk", "entire")
+
+
+def test_compression_without_workers_is_one_line(tmp_path):
+    proc = run_cli("train", *SYN, "--compress", "qsgd", "--out", tmp_path / "run")
+    assert_one_line_error(proc, "needs --workers N >= 2")
+
+
+def test_flag_the_method_does_not_use_is_one_line(tmp_path):
+    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "terngrad", "-K", "0.1", "--out", tmp_path / "r")
+    assert_one_line_error(proc, "does not use --ratio")

@@ -1,0 +1,98 @@
+"""`trainscale train --workers 2` end to end: real CIFAR-10 learns across two gloo workers and the
+summary describes the sync job; bad input is one line and exit 2 before any worker starts."""
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+from tests.integration.cli import assert_one_line_error, run_cli
+from trainscale.parallel.network import free_port
+
+SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64", "--epochs", "1",
+       "--batch-size", "64", "--no-progress")
+
+
+@pytest.mark.dist
+@pytest.mark.realdata
+@pytest.mark.slow
+def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
+                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "2", "--batch-size", "200",
+                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
+                   "--precision", "bf16", "--workers", "2", "--out", out, "--no-progress", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_test_acc"] > 0.35, summary  # chance is 0.10
+    assert (summary["mode"], summary["world_size"], summary["backend"]) == ("sync", 2, "gloo")
+    assert (summary["batch_size"], summary["batch_per_worker"]) == (200, 100)
+    # Dense fp32 all-reduce: each worker hands over every trainable parameter's gradient once per step.
+    assert summary["bytes_sent_per_step"] == pytest.approx(4 * summary["params"], rel=0.01)
+    assert summary["allreduce_calls_per_step"] >= 1
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert all(r["world_size"] == 2 and r["bytes_sent_per_step"] == summary["bytes_sent_per_step"] for r in rows)
+    assert rows[0]["train_samples"] == 5000  # the two shards cover the subset once per epoch
+    assert "test acc" in proc.stdout and "all-reduce per worker per step" in proc.stdout
+
+
+def test_more_workers_than_samples(tmp_path):
+    proc = run_cli("train", *SYN, "--train-subset", "2", "--batch-size", "4", "--workers", "4", "--out", tmp_path)
+    assert_one_line_error(proc, "world size 4 is larger than the 2 samples")
+
+
+def test_busy_rendezvous_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("train", *SYN, "--workers", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", tmp_path)
+    assert_one_line_error(proc, f"port {port} on 127.0.0.1 is busy; pass --rdzv-endpoint 127.0.0.1:OTHER")
+
+
+def test_unreachable_rendezvous_endpoint(tmp_path):
+    closed = free_port()
+    proc = run_cli("train", *SYN, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{closed}",
+                   "--rdzv-timeout", "2", "--out", tmp_path)
+    assert_one_line_error(proc, f"cannot reach the rendezvous endpoint 127.0.0.1:{closed} within 2 s")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--mode", "local", "--workers", "2"), "--mode local trains in one process but --workers 2"),
+    (("--workers", "3"), "--batch-size 64 is not divisible by 3 workers"),
+    (("--workers", "2", "--sync-bn"), "--sync-bn needs CUDA workers"),
+    (("--gpus", "0,1"), "--devices/--gpus needs CUDA"),
+    (("--workers", "2", "--backend", "nccl"), "--backend nccl needs CUDA"),
+    (("--workers", "2", "--baseline", "/nonexistent"), "--baseline /nonexistent: no summary.json"),
+])
+def test_bad_sync_flags(tmp_path, capsys, args, fragment):
+    """In-process (the entry point itself, minus the interpreter start-up) to keep the suite quick."""
+    from trainscale.cli import main
+
+    if "--gpus" in args:
+        pytest.importorskip("torch").cuda.is_available() and pytest.skip("this machine has CUDA")
+    argv = ["train", *SYN, "--out", str(tmp_path / "run"), *args]
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert_one_line_error(subprocess.CompletedProcess(argv, status, captured.out, captured.err), fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_run_folder_is_refused_before_workers_start(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    proc = run_cli("train", *SYN, "--workers", "2", "--out", tmp_path)
+    assert_one_line_error(proc, "already holds a run")
+
+
+def test_hosts_file_prints_the_per_node_commands(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("gpu-a slots=4\ngpu-b slots=4\n")
+    proc = run_cli("train", *SYN, "--hosts", hosts)
+    assert proc.returncode == 0, proc.stderr
+    commands = [line for line in proc.stdout.splitlines() if line.startswith("trainscale train")]
+    assert len(commands) == 2
+    for rank, line in enumerate(commands):
+        assert f"--nnodes 2 --node-rank {rank} --rdzv-endpoint gpu-a:29400" in line and "--workers 4" in line
+        assert "--hosts" not in line

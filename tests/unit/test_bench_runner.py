@@ -1,0 +1,230 @@
+"""The grid runner with a stand-in for `trainscale train`: skip finished runs, record failures and go on,
+stop runs past their timeout (with everything they started), and never mix folders of other settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trainscale.bench.expand import plan_runs
+from trainscale.bench.grid import GridError, load_grid
+from trainscale.bench.runfolder import RunFolderError, State, folder_state, to_toml, write_run_files
+from trainscale.bench.runner import BenchOptions, run_grid
+from trainscale.train.config import TrainConfig, build_config
+
+# Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
+# (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
+FAKE_TRAIN = r'''
+import json, subprocess, sys, time, tomllib
+from pathlib import Path
+args = sys.argv[sys.argv.index("train") + 1:]
+config = tomllib.loads(Path(args[args.index("--config") + 1]).read_text())
+out = Path(args[args.index("--out") + 1])
+with open(out.parent.parent.parent / "calls.txt", "a") as f:
+    f.write(out.name + "\n")
+if config["lr"] == 0.5:
+    print("trainscale train: error: --lr 0.5 is cursed", file=sys.stderr)
+    sys.exit(2)
+if config["lr"] == 0.7:
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    (out.parent.parent.parent / "grandchild.pid").write_text(str(child.pid))
+    time.sleep(600)
+defaults = json.loads((out.parent.parent.parent / "defaults.json").read_text())  # TrainConfig's, all fields
+(out / "config.json").write_text(json.dumps({**defaults, **config, "out": str(out)}))
+rows = [{"epoch": e + 1, "test_acc": 0.5, "train_acc": 0.5, "epoch_seconds": 1.0, "elapsed_seconds": e + 1.0}
+        for e in range(config["epochs"])]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+(out / "summary.json").write_text(json.dumps({"epochs": config["epochs"], "epochs_completed": config["epochs"],
+                                              "resumed": config.get("resume", False)}))
+'''
+
+GRID = """
+    name = "fake"
+    [base]
+    model = "mlp"
+    epochs = 2
+    [axes]
+    lr = {lrs}
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Path:
+    """An executable that runs FAKE_TRAIN with this interpreter (the runner calls it as `python`)."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    exe = tmp_path / "fakepython"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    (tmp_path / "defaults.json").write_text(json.dumps(TrainConfig().to_dict()))
+    return exe
+
+
+def options(tmp_path: Path, fake: Path, lrs: str, **kw) -> BenchOptions:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(textwrap.dedent(GRID.format(lrs=lrs)))
+    return BenchOptions(grid=grid, out=tmp_path / "results", python=str(fake), **kw)
+
+
+def calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def ledger(opts: BenchOptions) -> list[dict]:
+    return [json.loads(x) for x in (opts.out / "grid.jsonl").read_text().splitlines()]
+
+
+def test_failure_is_recorded_and_the_grid_goes_on_then_rerun_skips_finished(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.1, 0.5, 0.2]")
+    first = run_grid(opts)
+    assert [r.status for r in first] == ["ok", "failed", "ok"]
+    failed = first[1]
+    assert failed.returncode == 2 and "--lr 0.5 is cursed" in failed.error
+    error_txt = (opts.out / "runs" / failed.run_id / "error.txt").read_text()
+    assert "--lr 0.5 is cursed" in error_txt and "exit status: 2" in error_txt
+    assert [e["status"] for e in ledger(opts)] == ["ok", "failed", "ok"]
+    grid = json.loads((opts.out / "grid.json").read_text())
+    assert [r["run_id"] for r in grid["runs"]] == [r.run_id for r in first]
+    assert 'name = "fake"' in grid["grid_text"]
+    assert grid["sessions"][0]["environment"]["torch"]
+
+    second = run_grid(opts)
+    assert [r.status for r in second] == ["skipped", "failed", "skipped"]  # in plan order
+    assert calls(tmp_path).count(failed.run_id) == 2  # only the failed run ran again
+    assert len(calls(tmp_path)) == 4
+
+
+def test_results_folder_of_other_settings_is_refused_unless_update(tmp_path, fake):
+    run_grid(options(tmp_path, fake, "[0.1]"))
+    changed = options(tmp_path, fake, "[0.1, 0.2]")
+    with pytest.raises(GridError, match="planned from other settings .*1 new.*--update"):
+        run_grid(changed)
+    assert len(calls(tmp_path)) == 1
+    changed.update = True
+    assert [r.status for r in run_grid(changed)] == ["skipped", "ok"]
+    assert len(calls(tmp_path)) == 2
+
+
+def test_folder_holding_another_run_stops_the_grid_before_any_run(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.1, 0.2]")
+    results = run_grid(opts)
+    marker = opts.out / "runs" / results[1].run_id / "bench.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "config_hash": "deadbeef"}))
+    (opts.out / "runs" / results[0].run_id / "summary.json").unlink()
+    with pytest.raises(RunFolderError, match="config hash deadbeef.*never mixed"):
+        run_grid(opts)
+    assert len(calls(tmp_path)) == 2  # the unfinished first run did not start either
+
+
+def test_config_json_of_other_settings_is_never_reused(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.1]")
+    (result,) = run_grid(opts)
+    config = opts.out / "runs" / result.run_id / "config.json"
+    written = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in written.items() if k != "tta"}))  # an older trainscale's
+    assert [r.status for r in run_grid(opts)] == ["skipped"]
+    config.write_text(json.dumps({**written, "weight_decay": 0.1}))
+    with pytest.raises(RunFolderError, match="weight_decay"):
+        run_grid(opts)
+
+
+def test_run_past_its_timeout_is_stopped_with_everything_it_started(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.7, 0.1]", timeout=3)
+    start = time.monotonic()
+    results = run_grid(opts)
+    assert [r.status for r in results] == ["timeout", "ok"]
+    assert "timeout of 3 s" in results[0].error
+    assert time.monotonic() - start < 30
+    pid = int((tmp_path / "grandchild.pid").read_text())
+    assert not _alive(pid), "the run's grandchild (own session) survived"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_checkpointed_unfinished_run_is_resumed(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.1]")
+    (spec,) = plan_runs(load_grid(opts.grid), None)
+    folder = opts.out / "runs" / spec.run_id
+    write_run_files(folder, spec, resume=False)
+    (folder / "checkpoint.pt").write_bytes(b"x")
+    (folder / "summary.json").write_text(json.dumps({"epochs": 2, "epochs_completed": 1}))
+    assert folder_state(folder, spec) is State.RESUME
+    run_grid(opts)
+    assert json.loads((folder / "summary.json").read_text())["resumed"] is True
+
+
+def test_foreign_folder_is_refused(tmp_path, fake):
+    opts = options(tmp_path, fake, "[0.1]")
+    (spec,) = plan_runs(load_grid(opts.grid), None)
+    folder = opts.out / "runs" / spec.run_id
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="not written by `trainscale bench`"):
+        folder_state(folder, spec)
+
+
+def test_generated_run_toml_rebuilds_the_same_config(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\nmilestones = [2, 3]\nweight_decay = 1e-5\n'
+                    'target_acc = 0.5\nlabel_smoothing = 0.1\n')
+    (spec,) = plan_runs(load_grid(grid), None)
+    values = tomllib.loads(to_toml(spec.config))
+    rebuilt = build_config(values).to_dict()
+    assert {k: rebuilt[k] for k in spec.config} == spec.config
+
+
+def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+    from trainscale.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\n[axes]\nlr = [0.1, 0.2]\n')
+    out = tmp_path / "never"
+    assert main(["bench", str(grid), "--out", str(out), "--dry-run"]) == 0
+    assert not out.exists()
+
+
+def test_cli_bad_grid_is_one_line_and_status_2(tmp_path, capsys):
+    from trainscale.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[axes]\nlr = []\n')
+    assert main(["bench", str(grid), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"trainscale bench: error: {grid}:3: axis 'lr' is empty: give at least one value"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+def test_descendants_finds_the_process_tree():
+    import subprocess
+
+    from trainscale.bench.process import descendants
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess,time; "
+                              "p=subprocess.Popen(['sleep','30']); time.sleep(30)"])
+    try:
+        for _ in range(50):
+            found = descendants(os.getpid())
+            if len([p for p in found if p != child.pid]) >= 1:
+                break
+            time.sleep(0.1)
+        assert child.pid in found and len(found) >= 2
+    finally:
+        for pid in descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()

@@ -1,0 +1,95 @@
+"""Parameter-server flags, roles by rank, and the batches each worker sees."""
+
+import re
+
+import pytest
+import torch
+
+from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.errors import ConfigError
+from trainscale.parallel.ps.batches import TrainBatches, unsharded
+from trainscale.parallel.ps.mode import role_from_env
+from trainscale.parallel.ps.optimizer import EpochClock, injected_slowdown
+from trainscale.train.config import build_config
+
+BASE = {"model": "mlp", "dataset": "synthetic", "epochs": 3}
+
+
+def test_servers_alone_select_async_and_modes_register():
+    cfg = build_config(BASE, {"servers": 2, "workers": 2})
+    assert (cfg.mode, cfg.servers, cfg.workers) == ("async", 2, 2)
+    assert build_config(BASE, {"mode": "ma", "servers": 1, "average_every": 5}).average_every == 5
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"mode": "async"}, "--mode async needs --servers S >= 1"),
+    ({"mode": "sync", "servers": 1, "workers": 2}, "--servers is for the parameter-server modes"),
+    ({"mode": "ps-sync", "servers": 1, "staleness": 2}, "--staleness bounds ASGD"),
+    ({"mode": "async", "servers": 1, "staleness": -1}, "--staleness must be >= 0"),
+    ({"mode": "async", "servers": 1, "average_every": 2}, "--average-every is the period of --mode ma"),
+    ({"mode": "ma", "servers": 1, "average_every": 0}, "--average-every must be a positive"),
+    ({"mode": "async", "servers": 1, "warm_start_epochs": 3}, "--warm-start-epochs must be in [0, epochs=3)"),
+    ({"warm_start_epochs": 1}, "--warm-start-epochs is for the parameter-server modes"),
+    ({"mode": "async", "servers": 1, "rpc_timeout": 0}, "--rpc-timeout must be > 0"),
+    ({"mode": "async", "servers": 1, "max_restarts": 1}, "--max-restarts is not supported"),
+])
+def test_bad_settings_name_the_flag(bad, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        build_config(BASE, bad)
+
+
+def env(rank, local, group, world=8, per_node=4):
+    return {"RANK": str(rank), "LOCAL_RANK": str(local), "GROUP_RANK": str(group), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(per_node)}
+
+
+def test_roles_by_local_rank_across_nodes():
+    # 2 nodes x (2 workers + 2 servers): node 1's local ranks 0,1 are workers 2,3; 2,3 are shards 2,3.
+    roles = [role_from_env(2, 2, env(r, r % 4, r // 4)) for r in range(8)]
+    assert [(r.kind, r.index) for r in roles] == [("worker", 0), ("worker", 1), ("server", 0), ("server", 1),
+                                                  ("worker", 2), ("worker", 3), ("server", 2), ("server", 3)]
+    assert {(r.workers, r.servers, r.world) for r in roles} == {(4, 4, 8)}
+    with pytest.raises(ConfigError, match="needs 3 processes per node, but the launcher started 4"):
+        role_from_env(2, 1, env(0, 0, 0))
+
+
+def batches(train: bool, **kw) -> DeviceBatches:
+    data = synthetic_dataset(num_samples=100, image_size=8, seed=1) if train else \
+        synthetic_dataset(num_samples=30, image_size=8, seed=2)
+    aug = AugmentConfig(crop_padding=2, flip=True) if train else None
+    return DeviceBatches(data, 8, train=train, augment=aug, device="cpu", seed=3, **kw)
+
+
+def same(a, b) -> bool:
+    xs, ys = list(a), list(b)
+    return len(xs) == len(ys) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(xs, ys))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_unsharded_view_is_a_one_process_loader(train):
+    view, fresh = unsharded(batches(train, rank=1, world_size=3)), batches(train)
+    assert len(view) == len(fresh) and view.num_samples == fresh.num_samples
+    assert same(view.epoch(2), fresh.epoch(2))
+
+
+def test_warm_start_epochs_train_the_main_worker_on_everything_and_the_others_on_nothing():
+    calls = []
+    clock = EpochClock()
+    shard = batches(True, rank=0, world_size=2)
+    main = TrainBatches(shard, clock, warm_epochs=1, is_main=True, main=0, on_epoch=lambda e, a: calls.append(a))
+    other = TrainBatches(batches(True, rank=1, world_size=2), clock, 1, False, 0, lambda e, a: calls.append(a))
+    assert (len(main), len(other)) == (12, 0)  # epoch 0: all 100 samples -> 12 batches of 8; none
+    assert sum(1 for _ in main.epoch(0)) == 12 and main.finished[0] == 96
+    assert list(other.epoch(0)) == []
+    clock.next_epoch = 1
+    assert len(main) == len(shard) == 6 and same(main.epoch(1), shard.epoch(1))
+    assert calls == [(0,), (0,), None]
+
+
+def test_slowdown_is_off_unless_the_test_variable_is_set(monkeypatch):
+    assert injected_slowdown(1) == 0.0
+    monkeypatch.setenv("TRAINSCALE_PS_SLOW", "worker=1:seconds=0.25")
+    assert (injected_slowdown(0), injected_slowdown(1)) == (0.0, 0.25)
+    monkeypatch.setenv("TRAINSCALE_PS_SLOW", "oops")
+    with pytest.raises(ConfigError, match="worker=W:seconds=S"):
+        injected_slowdown(1)

@@ -1,0 +1,212 @@
+"""`trainscale report` on hand-made run folders: the seeds' columns, mean ± spread over repeats, scaling
+efficiency, only what was run, environments never averaged together, and grid folders never mixed."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from trainscale.bench.expand import plan_runs
+from trainscale.bench.grid import load_grid
+from trainscale.bench.runfolder import write_run_files
+from trainscale.bench.runner import BenchOptions, write_grid_json
+from trainscale.errors import ConfigError
+from trainscale.report.aggregate import Stat
+from trainscale.report.build import write_report
+from trainscale.train.config import TrainConfig
+
+CPU = {"torch": "2.13.0+cpu", "python": "3.11.7", "device": "cpu", "device_name": "cpu (Test CPU)", "cpu": "Test CPU",
+       "cpu_count": 2, "torch_threads": 2, "cuda": None, "hostname": "box", "git_commit": "abc123"}
+GPU = {**CPU, "device": "cuda:0", "device_name": "NVIDIA H100", "cuda": "12.4"}
+SCOPE = "training steps only (test)"
+
+
+def make_run(folder: Path, *, workers: int = 1, seed: int = 0, rate: float = 100.0, acc: float = 0.5,
+             env: dict | None = None, lr: float = 0.1, extra: dict | None = None, epochs: int = 3) -> Path:
+    """A finished run folder as `trainscale train` writes it; ``rate`` is its steady images/s."""
+    folder.mkdir(parents=True)
+    config = {**TrainConfig().to_dict(), "model": "mlp", "epochs": epochs, "workers": workers, "seed": seed, "lr": lr,
+              "batch_per_worker": 100, "mode": "sync" if workers > 1 else "local", "out": str(folder)}
+    per_epoch = 1000 * workers
+    steady = per_epoch / rate
+    metrics = [{"epoch": e, "lr": lr, "train_acc": acc - 0.1, "test_acc": acc * e / epochs, "epoch_seconds": steady,
+                "eval_seconds": 0.1, "elapsed_seconds": steady * e, "samples_per_sec": rate} for e in
+               range(1, epochs + 1)]
+    summary = {"out": str(folder), "model": "mlp", "params": 10, "dataset": "cifar10", "mode": config["mode"],
+               "world_size": workers, "epochs": epochs, "epochs_completed": epochs, "batch_size": 100 * workers,
+               "batch_per_worker": 100, "lr": lr, "precision": "fp32", "image_size": 32,
+               "train_samples_per_epoch": per_epoch, "seed": seed, "environment": env or CPU,
+               "best_test_acc": acc, "final_test_acc": acc, "mean_epoch_seconds": steady,
+               "steady_epoch_seconds": steady, "samples_per_sec": rate, "peak_memory_mb": 500.0 + workers,
+               "total_train_seconds": steady * epochs, "timer_scope": SCOPE, **(extra or {})}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return folder
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def scaling_runs(tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    make_run(runs / "w1-a", seed=0, rate=100.0, acc=0.50)
+    make_run(runs / "w1-b", seed=1, rate=110.0, acc=0.52)  # a repeat: same config, another seed
+    make_run(runs / "w2", workers=2, rate=168.0, acc=0.48)
+    return runs
+
+
+def test_csv_has_one_row_per_run_with_every_summary_config_and_environment_field(scaling_runs, tmp_path):
+    write_report([scaling_runs], tmp_path / "report")
+    rows = read_csv(tmp_path / "report" / "results.csv")
+    assert len(rows) == 3
+    summary = json.loads((scaling_runs / "w2" / "summary.json").read_text())
+    expected = {k for k in summary if k != "environment"} | {f"environment.{k}" for k in CPU} \
+        | {f"config.{k}" for k in TrainConfig().to_dict()} | {"run_id", "status", "scaling_efficiency"}
+    assert expected <= set(rows[0])
+    w2 = next(r for r in rows if r["run_id"] == "w2")
+    assert float(w2["scaling_efficiency"]) == pytest.approx((168 / 2) / 105)
+    assert w2["timer_scope"] == SCOPE and w2["environment.device_name"] == "cpu (Test CPU)"
+
+
+def test_markdown_tables_have_the_seeds_columns_and_mean_and_spread(scaling_runs, tmp_path):
+    write_report([scaling_runs], tmp_path / "report")
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert ("| Short Name | model | processes | GPUs per process | parameter server | batch size | initial LR | "
+            "seconds per epoch | best validation accuracy | runs |") in md
+    assert "| Short Name | model | workers | batch size | images/s | scaling efficiency |" in md
+    assert "peak memory (MB)" in md and f"timer scope: {SCOPE}" in md
+    # the two 1-worker repeats: images/s 100 and 110 -> mean 105, sample stdev 7.07
+    assert "| w1-a | mlp | 1 | 100 | 105 ± 7 | 1.00 ± 0.07 |" in md
+    assert "51.00 ± 1.41 %" in md  # best accuracy 0.50 and 0.52
+    assert "| w2 | mlp | 2 | 100x2=200 | 168 | 0.80 (vs w1-a) |" in md
+    assert "| w1-a | mlp | 1 | 0 | off | 100 | 0.1 |" in md and "| 2 |" in md
+    assert "Communication" not in md  # no run reported bytes: no such table
+
+
+def test_every_png_decodes_and_the_html_page_is_self_contained(scaling_runs, tmp_path):
+    report = write_report([scaling_runs], tmp_path / "report")
+    pngs = sorted((tmp_path / "report").glob("*.png"))
+    assert [p.name for p in pngs] == ["accuracy_epoch.png", "accuracy_time.png", "throughput_workers.png"]
+    for png in pngs:
+        with Image.open(png) as image:
+            image.load()
+            low, high = image.convert("L").getextrema()
+            assert image.size[0] > 300 and high - low > 100  # drawn, not one flat colour
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert page.count("src='data:image/png;base64,") == 3
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:|//)|<link|<script|@import|url\(", page)  # offline
+    assert "<th>Short Name</th>" in page and "105 ± 7" in page
+    assert {p.name for p in report.files} >= {"results.csv", "results.md", "index.html"}
+
+
+def test_runs_from_two_environments_are_never_averaged_together(tmp_path):
+    make_run(tmp_path / "runs" / "cpu", env=CPU, rate=100.0)
+    make_run(tmp_path / "runs" / "gpu", env=GPU, rate=5000.0)
+    write_report([tmp_path / "runs"], tmp_path / "report")
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "**Warning:** These runs were measured in 2 different environments" in md
+    assert "## Environment 1: cpu (Test CPU), torch 2.13.0+cpu" in md and "## Environment 2: NVIDIA H100" in md
+    assert "| cpu | mlp | 1 | 0 | off |" in md and "| gpu | mlp | 1 | 1 | off |" in md  # GPUs per process
+    assert not [line for line in md.splitlines() if line.startswith("| ") and "±" in line]  # nothing averaged
+    assert (tmp_path / "report" / "accuracy_epoch-env2.png").exists()
+    rows = read_csv(tmp_path / "report" / "results.csv")
+    assert sorted(r["partition"] for r in rows) == ["1", "2"]
+
+
+def test_communication_table_and_plot_only_when_bytes_were_measured(tmp_path):
+    make_run(tmp_path / "runs" / "dense", workers=2, extra={"bytes_sent_per_step": 4_000_000.0})
+    make_run(tmp_path / "runs" / "topk", workers=2, lr=0.2, acc=0.45,
+             extra={"bytes_sent_per_step": 80_000.0, "dense_bytes_per_step": 4_000_000.0,
+                    "compress_method": "topk", "compress_granularity": "layerwise"})
+    write_report([tmp_path / "runs"], tmp_path / "report")
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "| Short Name | method | ratio | granularity | workers | bytes per step | compression ratio |" in md
+    assert "| topk | topk | - | layerwise | 2 | 80,000 | 50.0 |" in md
+    assert "| dense | none | - | - | 2 | 4,000,000 | 1.0 |" in md
+    with Image.open(tmp_path / "report" / "accuracy_bytes.png") as image:
+        image.load()
+
+
+def make_grid_dir(tmp_path: Path) -> tuple[Path, list]:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(textwrap.dedent("""
+        name = "handmade"
+        description = "for the report tests"
+        [base]
+        model = "mlp"
+        epochs = 3
+        [axes]
+        lr = [0.1, 0.2, 0.3]
+    """))
+    out = tmp_path / "results"
+    specs = plan_runs(load_grid(grid), None)
+    out.mkdir()
+    write_grid_json(BenchOptions(grid=grid, out=out), load_grid(grid), specs)
+    for spec in specs[:2]:
+        folder = out / "runs" / spec.run_id
+        make_run(folder, lr=spec.config["lr"])
+        (folder / "config.json").write_text(json.dumps({**spec.config, "out": str(folder)}))
+        write_run_files(folder, spec, resume=False)
+    failed = out / "runs" / specs[2].run_id
+    write_run_files(failed, specs[2], resume=False)
+    (out / "grid.jsonl").write_text(json.dumps({"run_id": specs[2].run_id, "status": "failed",
+                                                "error": "trainscale train: error: it broke"}) + "\n")
+    return out, specs
+
+
+def test_grid_folder_reports_its_planned_runs_and_lists_the_failed_one(tmp_path):
+    out, specs = make_grid_dir(tmp_path)
+    make_run(out / "runs" / "lr0.9-0123abcd", lr=0.9)  # left over from older settings
+    report = write_report([out], tmp_path / "report")
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "Grid handmade (scale none): for the report tests" in md
+    assert "| lr0.1 | mlp |" in md and "| lr0.2 | mlp |" in md and "lr0.9" not in md.split("**Warning:**")[0]
+    assert "1 run folder(s) not planned by its grid.json (older settings) are left out: lr0.9-0123abcd" in md
+    assert f"| {specs[2].run_id} | failed | trainscale train: error: it broke |" in md
+    statuses = {r["run_id"]: r["status"] for r in read_csv(tmp_path / "report" / "results.csv")}
+    assert statuses == {specs[0].run_id: "ok", specs[1].run_id: "ok", specs[2].run_id: "failed"}
+    assert report.problems is not None
+
+
+def test_grid_run_whose_folder_changed_settings_is_excluded_not_mixed(tmp_path):
+    out, specs = make_grid_dir(tmp_path)
+    config = out / "runs" / specs[0].run_id / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "momentum": 0.0}))
+    write_report([out], tmp_path / "report")
+    rows = {r["run_id"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
+    assert rows[specs[0].run_id]["status"] == "excluded" and "momentum" in rows[specs[0].run_id]["error"]
+    assert "| lr0.1 | mlp |" not in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_report_refuses_to_write_into_a_folder_that_is_not_a_report(scaling_runs, tmp_path):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a trainscale report folder"):
+        write_report([scaling_runs], target)
+    write_report([scaling_runs], tmp_path / "report")
+    (tmp_path / "report" / "stale_plot.png").write_bytes(b"old")
+    write_report([scaling_runs], tmp_path / "report")  # a previous report is replaced, stale plots too
+    assert not (tmp_path / "report" / "stale_plot.png").exists()
+
+
+def test_no_runs_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no runs found"):
+        write_report([tmp_path / "empty"], tmp_path / "report")
+
+
+def test_stat_text_shows_spread_only_for_repeats():
+    assert Stat([0.5]).text(".2f", 100, " %") == "50.00 %"
+    assert Stat([1.0, 3.0]).text(".1f") == "2.0 ± 1.4"
+    assert Stat([]).text() == "-"
