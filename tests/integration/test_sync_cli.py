@@ -35,7 +35,7 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     assert [r["epoch"] for r in rows] == [1, 2]
     assert all(r["world_size"] == 2 and r["bytes_sent_per_step"] == summary["bytes_sent_per_step"] for r in rows)
     assert rows[0]["train_samples"] == 5000  # the two shards cover the subset once per epoch
-    assert "test acc" in proc.stdout and "all-reduce per worker per step" in proc.stdout
+    assert "test acc" in proc.stdout and "MiB handed to" in proc.stdout and "per worker per step" in proc.stdout
 
 
 def test_more_workers_than_samples(tmp_path):
