@@ -90,11 +90,12 @@ def bare_side(model, data, args, device, precision) -> Callable[[], None]:
 
     from trainscale.data import DeviceBatches
     from trainscale.parallel import rank, world_size
+    from trainscale.parallel.sync import no_forward_buffer_sync
 
     x, y = next(iter(DeviceBatches(data, len(data), train=False, augment=None, device=device, rank=rank(),
                                    world_size=world_size(), channels_last=True).epoch(0)))
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  forward_sync_buffers=False)
+                                  **no_forward_buffer_sync())
     opt = sgd(model)
 
     def run() -> None:
@@ -126,13 +127,13 @@ def worker(args: argparse.Namespace) -> None:
     from trainscale.bench.timing import time_interleaved
     from trainscale.data import synthetic_dataset
     from trainscale.parallel import is_main_process, world_size
-    from trainscale.parallel.sync import SyncMode
+    from trainscale.parallel.sync import SyncMode, no_forward_buffer_sync
     from trainscale.train.environment import environment
     from trainscale.train.precision import Precision, resolve_device
 
     mode = SyncMode()
     if args.no_hook:
-        mode.wrap_model = lambda model, device: DistributedDataParallel(model, forward_sync_buffers=False)
+        mode.wrap_model = lambda model, device: DistributedDataParallel(model, **no_forward_buffer_sync())
     device = mode.worker_device(resolve_device(args.device))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with mode.session(device):

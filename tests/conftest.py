@@ -1,4 +1,5 @@
-"""Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to."""
+"""Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to. Tests marked ``gpu``
+are skipped, with the reason, where torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ def cifar10_dir() -> Path:
     if not path.exists():
         pytest.fail(f"TRAINSCALE_DATA={value} does not exist")
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

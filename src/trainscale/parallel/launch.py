@@ -189,7 +189,8 @@ def launch(cfg: Any, flags: dict[str, Any]) -> int:
 
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
-    log.info("starting %d worker(s) on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers,
+    servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
+    log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers, servers,
              cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)
     try:
         elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 from typing import Any, Iterator
 
@@ -38,6 +39,14 @@ from trainscale.parallel.process_group import process_group, worker_device
 log = logging.getLogger("trainscale.parallel")
 
 EVALUATION = "sharded across ranks (contiguous blocks of the test set), loss/correct/count sums all-reduced"
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for broadcasting buffers before every forward, off: torch 2.13 calls it
+    ``forward_sync_buffers`` (``broadcast_buffers`` is deprecated there); earlier releases only know
+    ``broadcast_buffers``."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
 class SyncMode(Mode):
@@ -84,7 +93,7 @@ class SyncMode(Mode):
         # forward: per-worker statistics, averaged at epoch end (see ``after_train_epoch``).
         extra = compression_ddp_kwargs(self.compression, model) if self.compression else {}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      forward_sync_buffers=False, **extra)
+                                      **no_forward_buffer_sync(), **extra)
         state, hook = self.comm_hook(ddp)
         register_hook(ddp, state, hook)
         return ddp

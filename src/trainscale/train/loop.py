@@ -28,19 +28,22 @@ class PassStats:
 
 
 class Accumulator:
-    """Running sums of loss, correct predictions and samples, kept on the device."""
+    """Running sums of loss and correct predictions, kept on the device; the sample count stays on the
+    host, because building it on a GPU each step would be a host-to-device copy that waits for the GPU."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sums = torch.zeros(3, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.count = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
         n = labels.numel()
         correct = (logits.argmax(dim=1) == labels).sum()
-        self.sums += torch.stack([loss.detach().double() * n, correct.double(), torch.tensor(n, device=labels.device,
-                                                                                              dtype=torch.float64)])
+        self.sums += torch.stack([loss.detach().double() * n, correct.double()])
+        self.count += n
 
     def reduce(self, seconds: float) -> PassStats:
-        loss_sum, correct, count = all_reduce_sum(self.sums).tolist()
+        totals = torch.cat([self.sums, self.sums.new_tensor([float(self.count)])])
+        loss_sum, correct, count = all_reduce_sum(totals).tolist()
         count = max(count, 1.0)
         return PassStats(loss_sum / count, correct / count, int(count), seconds)
 

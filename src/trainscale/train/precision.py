@@ -12,9 +12,10 @@ from trainscale.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present, else the CPU; an unavailable device is a clear error."""
+    """``auto`` picks CUDA when present, else the CPU; a bare ``cuda`` becomes the current GPU's index;
+    an unavailable device is a clear error."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -24,6 +25,8 @@ def resolve_device(name: str) -> torch.device:
             raise ConfigError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
+        if device.index is None:  # name the GPU, so results and the environment record say which one
+            device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
         raise ConfigError(f"--device '{name}' is not supported; use auto, cpu, cuda or cuda:N")
     return device
