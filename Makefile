@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 
 # The real CIFAR-10 beside the checkout (shared/); an explicit TRAINSCALE_DATA wins.
 SHARED_CIFAR := $(abspath ../shared/data/cifar-10-batches-bin)
