@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -16,7 +16,18 @@ def setup_logging(level: int = logging.INFO) -> None:
     if logger.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT.format(rank=rank), datefmt="%H:%M:%S"))
+    handler.setFormatter(_formatter(f"rank {rank}"))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+
+
+def _formatter(who: str) -> logging.Formatter:
+    return logging.Formatter(FORMAT.format(who=who), datefmt="%H:%M:%S")
+
+
+def relabel(who: str) -> None:
+    """Name this process differently in its log lines: the launcher's parent is not a rank (on node 1
+    it would otherwise claim to be rank 0)."""
+    for handler in logging.getLogger("trainscale").handlers:
+        handler.setFormatter(_formatter(who))

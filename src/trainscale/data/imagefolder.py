@@ -22,7 +22,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainscale.data.augment import normalize
-from trainscale.data.sharding import check_world, eval_range, mix_seed, train_shard, train_shard_size
+from trainscale.data.sharding import (
+    batches_per_epoch,
+    check_world,
+    eval_range,
+    mix_seed,
+    train_shard,
+    train_shard_size,
+)
 from trainscale.data.tensors import IMAGENET_MEAN, IMAGENET_STD, ImageTensors
 from trainscale.errors import ConfigError, DataError
 
@@ -180,9 +187,7 @@ class FolderBatches:
             )
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return self.shard_size // self.batch_size
-        return -(-self.shard_size // self.batch_size)
+        return batches_per_epoch(self.shard_size, self.batch_size, self.drop_last)
 
     @property
     def num_samples(self) -> int:

@@ -16,7 +16,14 @@ from typing import Iterator, Protocol, runtime_checkable
 import torch
 
 from trainscale.data import augment as A
-from trainscale.data.sharding import check_world, eval_range, seeded_generator, train_shard, train_shard_size
+from trainscale.data.sharding import (
+    batches_per_epoch,
+    check_world,
+    eval_range,
+    seeded_generator,
+    train_shard,
+    train_shard_size,
+)
 from trainscale.data.tensors import ImageTensors
 from trainscale.errors import ConfigError
 
@@ -155,9 +162,7 @@ class DeviceBatches:
     # ------------------------------------------------------------------------------------ sizes
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return self.shard_size // self.batch_size
-        return -(-self.shard_size // self.batch_size)
+        return batches_per_epoch(self.shard_size, self.batch_size, self.drop_last)
 
     @property
     def num_samples(self) -> int:

@@ -54,6 +54,13 @@ def train_shard_size(num_samples: int, world_size: int) -> int:
     return num_samples // world_size
 
 
+def batches_per_epoch(shard_size: int, batch_size: int, drop_last: bool) -> int:
+    """Batches a rank yields per epoch from its ``shard_size`` samples; ``drop_last`` drops a partial one."""
+    if drop_last:
+        return shard_size // batch_size
+    return -(-shard_size // batch_size)
+
+
 def train_shard(num_samples: int, rank: int, world_size: int, seed: int, epoch: int) -> torch.Tensor:
     """Indices (int64, CPU) rank ``rank`` trains on in ``epoch``; see the module docstring."""
     check_world(num_samples, rank, world_size)

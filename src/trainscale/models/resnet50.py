@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from trainscale.models.registry import register_model
+from trainscale.models.resnet_cifar import kaiming_init_convs
 
 EXPANSION = 4
 
@@ -78,10 +79,7 @@ class ResNet50(nn.Module):
         return nn.Sequential(Bottleneck(c_in, width, stride), *[Bottleneck(c_out, width) for _ in range(n - 1)])
 
     def _init_weights(self) -> None:
-        """Kaiming-normal convs (He init), the initialisation the ResNet papers train from."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        kaiming_init_convs(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))

@@ -15,6 +15,13 @@ from torch import nn
 from trainscale.models.registry import register_model
 
 
+
+def kaiming_init_convs(model: nn.Module) -> None:
+    """Kaiming-normal convs (He et al. 2015), the initialisation the ResNet papers train deep nets from."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
 class ShortcutA(nn.Module):
     """Option-A shortcut: subsample spatially by ``stride`` and zero-pad the new channels (no parameters)."""
 
@@ -66,10 +73,7 @@ class CifarResNet(nn.Module):
         return nn.Sequential(*blocks)
 
     def _init_weights(self) -> None:
-        """Kaiming-normal convs, as in the paper (He et al. 2015 init), so deep variants train from scratch."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        kaiming_init_convs(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))

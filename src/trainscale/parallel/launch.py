@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
+from trainscale.log import relabel
 
 log = logging.getLogger("trainscale.parallel")
 
@@ -189,6 +190,7 @@ def launch(cfg: Any, flags: dict[str, Any]) -> int:
 
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
+    relabel(f"node {cfg.node_rank} launcher")
     servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
     log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers, servers,
              cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)

@@ -76,8 +76,8 @@ class SyncMode(Mode):
         with process_group(device, self.requested_backend, self.timeout_s) as backend:
             self.backend = backend
             main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
-            log.info("sync mode: %d workers over %s; rank %d writes the run folder", world_size(), backend, main)
             with quiet_unless_main():
+                log.info("sync mode: %d workers over %s; rank %d writes the run folder", world_size(), backend, main)
                 try:
                     yield
                 finally:
