@@ -15,12 +15,12 @@ from torch import nn
 from trainscale.models.registry import register_model
 
 
-
 def kaiming_init_convs(model: nn.Module) -> None:
     """Kaiming-normal convs (He et al. 2015), the initialisation the ResNet papers train deep nets from."""
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
 
 class ShortcutA(nn.Module):
     """Option-A shortcut: subsample spatially by ``stride`` and zero-pad the new channels (no parameters)."""
