@@ -166,12 +166,11 @@ def launch(args: argparse.Namespace, result_path: Path) -> None:
 
 
 def summarise(args: argparse.Namespace, raw: dict) -> dict:
-    from trainscale.bench.timing import Timing
+    from trainscale.bench.timing import Timing, paired_ratios
 
     steps = {k: Timing([s / args.steps for s in v]) for k, v in raw["timings"].items()}
     images = args.batch * raw["world_size"]
-    # Repeat i of each side ran back to back: their ratio cancels slow drift in background load.
-    paired = [t / b for t, b in zip(raw["timings"]["trainscale"], raw["timings"]["bare"])]
+    paired = paired_ratios(steps["trainscale"], steps["bare"])
     return {"config": {k: v for k, v in vars(args).items() if k != "worker_result"},
             "step_seconds": steps, "images_per_s": {k: t.rate(images) for k, t in steps.items()},
             "ratio_trainscale_over_bare": steps["trainscale"].mean / steps["bare"].mean,

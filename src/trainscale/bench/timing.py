@@ -35,6 +35,12 @@ class Timing:
         return statistics.fmean(rates), statistics.stdev(rates) if len(rates) > 1 else 0.0
 
 
+def paired_ratios(numerator: Timing, denominator: Timing) -> list[float]:
+    """Repeat-by-repeat ratios of two interleaved timings: each pair ran back to back, so slow drift and
+    background load cancel within a pair; their median is steadier than the ratio of two means."""
+    return [a / b for a, b in zip(numerator.seconds, denominator.seconds)]
+
+
 def time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int, device: torch.device
                      ) -> dict[str, Timing]:
     """Time each callable ``repeats`` times, round-robin so drift (thermal, other load) hits all alike."""

@@ -5,8 +5,10 @@ The training loop calls these unconditionally, so local and data-parallel runs s
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -123,3 +125,16 @@ def elect_main_rank(candidate: bool) -> int:
     chosen = int(all_reduce_min(me).item())
     set_main_rank(chosen if chosen < world_size() else 0)
     return main_rank()
+
+
+@contextlib.contextmanager
+def quiet_unless_main() -> Iterator[None]:
+    """Only the main process logs progress (every rank computes the same epoch line); warnings still show."""
+    logger = logging.getLogger("trainscale")
+    level = logger.level
+    if not is_main_process():
+        logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

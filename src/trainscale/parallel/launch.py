@@ -164,8 +164,14 @@ def worker_env(cfg: Any, plan: LaunchPlan) -> dict[str, str]:
     addresses, init counters) and fail with "Connection refused" or hang in init_process_group (seen
     here in 2 of 5 restarts). Unshared, each rendezvous round gets a fresh store on a fresh port,
     the same on every node. (``process_group.attempt_store`` covers an external torchrun on one node.)
+
+    TORCH_CPP_LOG_LEVEL=ERROR in parameter-server jobs (unless already set): RPC shuts down locally
+    (see ``process_group.rpc_session``), and TensorPipe logs a C++ warning on every peer for every
+    connection that closes, a screenful at each normal exit. The PS reports dead peers itself.
     """
     env = {LAUNCHED_ENV: "1", "OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if cfg.servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     if cfg.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
     return env

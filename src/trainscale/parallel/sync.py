@@ -30,6 +30,7 @@ from trainscale.parallel.dist import (
     elect_main_rank,
     is_main_process,
     local_rank,
+    quiet_unless_main,
     set_main_rank,
     world_size,
 )
@@ -142,19 +143,6 @@ class SyncMode(Mode):
         compression = self.compression.describe() if self.compression else {"compress_method": "none"}
         return {"backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
                 "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)"}
-
-
-@contextlib.contextmanager
-def quiet_unless_main() -> Iterator[None]:
-    """Only the main process logs progress (every rank computes the same epoch line); warnings still show."""
-    logger = logging.getLogger("trainscale")
-    level = logger.level
-    if not is_main_process():
-        logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:

@@ -148,9 +148,10 @@ class ParameterServerMode(Mode):
             collectives = RpcCollectives(role.index, role.workers)
             with installed_collectives(collectives):
                 main = tsdist.elect_main_rank(self.cfg.node_rank == 0 and tsdist.local_rank() == 0)
-                log.info("%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder", self.name,
-                         role.index, role.workers, role.servers, main)
-                yield
+                with tsdist.quiet_unless_main():
+                    log.info("%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder",
+                             self.name, role.index, role.workers, role.servers, main)
+                    yield
                 tsdist.barrier()
                 self.client.leave()
 

@@ -49,6 +49,14 @@ class Rule:
     staleness: int | None = None
     codec: CodecSpec | None = None  # compressed pushes (see codec.py); None: dense fp32
 
+    def describe(self) -> str:
+        """One line for the server's log: the update rule as a user would state it."""
+        nesterov = " (Nesterov)" if self.nesterov else ""
+        sgd = f"SGD momentum {self.momentum:g}{nesterov}, weight decay {self.weight_decay:g}"
+        bound = f", staleness bound {self.staleness}" if self.staleness is not None else ""
+        pushes = f", {self.codec.name} pushes" if self.codec is not None else ", dense fp32 pushes"
+        return f"{self.name} ({sgd}{bound}{pushes})"
+
 
 @dataclass
 class Round:
@@ -105,7 +113,7 @@ class ShardServer:
                                                  dampening=rule.dampening, nesterov=rule.nesterov,
                                                  weight_decay=rule.weight_decay)
             self.version = 0
-        log.info("shard %d: %d parameters, rule %s", self.index, self.params.numel(), rule)
+        log.info("shard %d: %s parameters, %s", self.index, f"{self.params.numel():,}", rule.describe())
         return self.params.numel()
 
     def state(self) -> dict[str, Any]:
