@@ -28,21 +28,23 @@ class PassStats:
 
 
 class Accumulator:
-    """Running sums of loss and correct predictions, kept on the device; the sample count stays on the
-    host, because building it on a GPU each step would be a host-to-device copy that waits for the GPU."""
+    """Running sums of loss and correct predictions, kept on the device (two in-place adds per step, no
+    sync); the sample count stays on the host, since building it on a GPU each step would be a
+    host-to-device copy that waits for the GPU."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.float64, device=device)
         self.count = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
         n = labels.numel()
-        correct = (logits.argmax(dim=1) == labels).sum()
-        self.sums += torch.stack([loss.detach().double() * n, correct.double()])
+        self.loss_sum.add_(loss.detach(), alpha=n)
+        self.correct.add_((logits.argmax(dim=1) == labels).sum())
         self.count += n
 
     def reduce(self, seconds: float) -> PassStats:
-        totals = torch.cat([self.sums, self.sums.new_tensor([float(self.count)])])
+        totals = torch.stack([self.loss_sum, self.correct, self.loss_sum.new_tensor(float(self.count))])
         loss_sum, correct, count = all_reduce_sum(totals).tolist()
         count = max(count, 1.0)
         return PassStats(loss_sum / count, correct / count, int(count), seconds)
