@@ -218,13 +218,12 @@ def launch(cfg: Any, flags: dict[str, Any]) -> int:
 
 
 def run_worker(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A worker's entry: train, with any exception recorded to the agent's error file (``@record``) so the
-    parent can name the failed rank and its error."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
+    """A worker's entry: train, with any exception recorded to the agent's error file (torch's ``@record``,
+    written atomically: see ``worker_errors``) so the parent can name the failed rank and its error."""
+    from trainscale.parallel.worker_errors import recorded
     from trainscale.train.run import run_training
 
-    return record(run_training)(cfg)
+    return recorded(run_training)(cfg)
 
 
 # ------------------------------------------------------------------------------------ results
