@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainscale.compression import UnitContext, create_compressor, list_compressors
+from tests.unit.test_compression_props import make
+from trainscale.compression import UnitContext, list_compressors
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.models import create_model, list_models, model_info
 from trainscale.train.loop import evaluate, train_one_epoch
@@ -17,8 +18,6 @@ from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_mem
 pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda")
-PARAMS = {"randomk": {"ratio": 0.1}, "topk": {"ratio": 0.1}, "threshold": {"threshold": 0.5},
-          "qsgd": {"qstates": 7}, "dgc": {"ratio": 0.1}, "powersgd": {"rank": 1}}
 # Methods whose encoding involves no random draw: the GPU must give the CPU's answer.
 DETERMINISTIC = {"none", "fp16", "bf16", "topk", "threshold", "signsgd", "efsignsgd"}
 
@@ -94,7 +93,7 @@ def test_the_fp16_grad_scaler_skips_a_step_whose_gradients_overflow() -> None:
 def test_every_compressor_encodes_on_the_gpu_with_the_cpu_wire_size(name: str) -> None:
     x = torch.randn(3000, generator=torch.Generator().manual_seed(1))
     ctx = UnitContext("w", 0, 0)
-    on_gpu, on_cpu = create_compressor(name, **PARAMS.get(name, {})), create_compressor(name, **PARAMS.get(name, {}))
+    on_gpu, on_cpu = make(name), make(name)  # the property tests' parameters for each method
     payload_gpu, payload_cpu = on_gpu.encode(x.to(CUDA), ctx), on_cpu.encode(x, ctx)
     assert all(t.device.type == "cuda" for t in payload_gpu.tensors.values())
     assert payload_gpu.nbytes == payload_cpu.nbytes
