@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from trainscale.bench.timing import Timing, save_result, time_interleaved
 from trainscale.models import count_parameters, create_model
-from trainscale.parallel.network import free_port
+from trainscale.runtime.network import free_port
 from trainscale.train.environment import environment
 from trainscale.train.precision import Precision
 
@@ -69,7 +69,7 @@ def _stepper(model: torch.nn.Module, opt: torch.optim.Optimizer, batch, precisio
 
 
 def _server(port: int, index: int, workers: int, servers: int, threads: int) -> None:
-    from trainscale.parallel.ps.mode import Role, serve
+    from trainscale.modes.ps.mode import Role, serve
 
     world = workers + servers
     _env(port, workers + index, world, threads)
@@ -78,8 +78,8 @@ def _server(port: int, index: int, workers: int, servers: int, threads: int) -> 
 
 
 def _ps_optimizer(args: argparse.Namespace, worker: int, model: torch.nn.Module):
-    from trainscale.parallel.ps.client import ShardClient
-    from trainscale.parallel.ps.optimizer import EpochClock, PSOptimizer, rule_from
+    from trainscale.modes.ps.client import ShardClient
+    from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from
 
     local = torch.optim.SGD(model.parameters(), **HYPER)
     client = ShardClient(worker, args.servers, count_parameters(model), timeout_s=120.0)
@@ -90,10 +90,10 @@ def _ps_optimizer(args: argparse.Namespace, worker: int, model: torch.nn.Module)
 
 def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, threads: int) -> None:
     """A second worker that trains through the same server until worker 0 is done timing."""
-    from trainscale.parallel import dist as tsdist
-    from trainscale.parallel.process_group import rpc_session
-    from trainscale.parallel.ps.client import RpcCollectives
-    from trainscale.parallel.ps.mode import installed_collectives
+    from trainscale.runtime import dist as tsdist
+    from trainscale.runtime.process_group import rpc_session
+    from trainscale.modes.ps.client import RpcCollectives
+    from trainscale.modes.ps.mode import installed_collectives
 
     world = args.workers + args.servers
     _env(port, worker, world, threads)
@@ -110,10 +110,10 @@ def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, thread
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from trainscale.parallel import dist as tsdist
-    from trainscale.parallel.process_group import rpc_session
-    from trainscale.parallel.ps.client import RpcCollectives
-    from trainscale.parallel.ps.mode import installed_collectives
+    from trainscale.runtime import dist as tsdist
+    from trainscale.runtime.process_group import rpc_session
+    from trainscale.modes.ps.client import RpcCollectives
+    from trainscale.modes.ps.mode import installed_collectives
 
     ctx = mp.get_context("spawn")
     port, stop = free_port(), ctx.Event()

@@ -70,7 +70,7 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def trainscale_side(mode, model, data, args, device, precision) -> Callable[[], None]:
     from trainscale.data import AugmentConfig, DeviceBatches
-    from trainscale.parallel import rank, world_size
+    from trainscale.runtime import rank, world_size
     from trainscale.train.loop import train_one_epoch
 
     augment = AugmentConfig(crop_padding=4, flip=True) if args.augment else AugmentConfig(crop_padding=0, flip=False)
@@ -89,8 +89,8 @@ def bare_side(model, data, args, device, precision) -> Callable[[], None]:
     from torch.nn.parallel import DistributedDataParallel
 
     from trainscale.data import DeviceBatches
-    from trainscale.parallel import rank, world_size
-    from trainscale.parallel.sync import no_forward_buffer_sync
+    from trainscale.runtime import rank, world_size
+    from trainscale.modes.sync import no_forward_buffer_sync
 
     x, y = next(iter(DeviceBatches(data, len(data), train=False, augment=None, device=device, rank=rank(),
                                    world_size=world_size(), channels_last=True).epoch(0)))
@@ -126,8 +126,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainscale.bench.timing import time_interleaved
     from trainscale.data import synthetic_dataset
-    from trainscale.parallel import is_main_process, world_size
-    from trainscale.parallel.sync import SyncMode, no_forward_buffer_sync
+    from trainscale.runtime import is_main_process, world_size
+    from trainscale.modes.sync import SyncMode, no_forward_buffer_sync
     from trainscale.train.environment import environment
     from trainscale.train.precision import Precision, resolve_device
 

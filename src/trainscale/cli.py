@@ -6,10 +6,14 @@ User errors (bad flags, bad files, missing data) print one line and exit 2, with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import types
+import typing
 from typing import Any, Sequence
 
+from trainscale.config import field_types, flag_name, section_of
 from trainscale.errors import TrainscaleError
 
 log = logging.getLogger("trainscale")
@@ -29,111 +33,52 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, help: str, **kw: Any) -> None:
-    parser.add_argument(name, default=argparse.SUPPRESS, help=help, **kw)
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Sequence[type]) -> None:
+    """One flag per field of the config class ``cls``, derived from the field: name, type, help, choices,
+    short and alternative spellings (see ``trainscale.config.option``). Grouped by the section that
+    declares each field, in the order of ``sections`` (same-titled sections share a group). Absent flags
+    stay absent (SUPPRESS), so they fall back to --config, then to the defaults."""
+    hints = field_types(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    fields = sorted(dataclasses.fields(cls), key=lambda f: _section_rank(section_of(cls, f.name), sections))
+    for f in fields:
+        title = section_of(cls, f.name).TITLE
+        group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+        group.add_argument(*_spellings(f), dest=f.name, default=argparse.SUPPRESS, help=f.metadata.get("help"),
+                           **_kind(hints[f.name], f.metadata.get("choices")))
 
 
-def _switch(parser: argparse.ArgumentParser, name: str, help: str) -> None:
-    parser.add_argument(name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help)
+def _section_rank(section: type, order: Sequence[type]) -> int:
+    return order.index(section) if section in order else len(order)
+
+
+def _spellings(f: dataclasses.Field) -> list[str]:
+    short = [f.metadata["short"]] if f.metadata.get("short") else []
+    return [*short, flag_name(f), *f.metadata.get("aliases", ())]
+
+
+def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:
+    """argparse's action/type for a field type: switches for bools, comma lists for list[int]."""
+    inner = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else [hint]
+    base = inner[0]
+    if base is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(base) is list:
+        return {"type": _ints}
+    kind: dict[str, Any] = {"type": base} if base in (int, float) else {}
+    return {**kind, "choices": list(choices)} if choices else kind
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """Every TrainConfig field as a flag; absent flags fall back to --config, then to the defaults."""
-    _flag(p, "--config", "TOML file with the same keys as these flags (flags given here win)")
-    g = p.add_argument_group("model and data")
-    _flag(g, "--model", "model name (see `trainscale models`)")
-    _flag(g, "--dataset", "cifar10, cifar100, imagefolder or synthetic")
-    _flag(g, "--data-dir", "folder holding the dataset (else $TRAINSCALE_DATA, else ~/.cache/trainscale)")
-    _switch(g, "--verify", "check every data file's size and MD5 (default on)")
-    _switch(g, "--download", "download the dataset when it is absent (default on)")
-    _flag(g, "--train-subset", "train on the first N training images", type=int)
-    _flag(g, "--test-subset", "evaluate on the first N test images", type=int)
-    _flag(g, "--image-size", "input size; default: the model's (CIFAR is cropped or upscaled to it)", type=int)
-    _flag(g, "--crop-padding", "pad-and-random-crop padding in pixels (default 4)", type=int)
-    _switch(g, "--flip", "random horizontal flips (default on)")
-    _flag(g, "--cutout", "Cutout square size, 0 = off (cifar10-fast uses 8)", type=int)
-    g = p.add_argument_group("optimisation")
-    _flag(g, "--epochs", "number of epochs", type=int)
-    _flag(g, "--batch-size", "global batch size, split across workers", type=int)
-    _flag(g, "--batch-per-worker", "batch per worker instead (global = this x workers)", type=int)
-    _flag(g, "--lr", "peak/base learning rate", type=float)
-    _flag(g, "--lr-scaling", "'linear': lr x global batch / --base-batch-size (Goyal et al.)", choices=["none", "linear"])
-    _flag(g, "--base-batch-size", "batch size the --lr was tuned for (linear scaling)", type=int)
-    _flag(g, "--momentum", "SGD momentum", type=float)
-    _switch(g, "--nesterov", "Nesterov momentum")
-    _flag(g, "--weight-decay", "L2 weight decay", type=float)
-    _flag(g, "--schedule", "onecycle, step, cosine or constant")
-    _flag(g, "--warmup-epochs", "linear warm-up length (onecycle: the peak epoch)", type=float)
-    _flag(g, "--milestones", "step schedule: 1-based epochs where lr *= gamma, e.g. 41,61", type=_ints)
-    _flag(g, "--gamma", "step schedule factor", type=float)
-    _flag(g, "--label-smoothing", "label smoothing", type=float)
-    _switch(g, "--tta", "flip test-time augmentation at evaluation")
-    g = p.add_argument_group("execution")
-    _flag(g, "--precision", "fp32, bf16 (autocast) or fp16 (CUDA, with a grad scaler)", choices=["fp32", "bf16", "fp16"])
-    _switch(g, "--channels-last", "channels_last memory format (default on)")
-    _switch(g, "--compile", "torch.compile the model")
-    _flag(g, "--device", "auto, cpu, cuda or cuda:N")
-    _flag(g, "--threads", "torch intra-op threads", type=int)
-    _flag(g, "--seed", "random seed (model init, data order, augmentation)", type=int)
-    _flag(g, "--mode", "auto (default: sync when several workers, async with --servers, else local), local, sync, "
-          "or a parameter-server mode: async, ps-sync, ma")
-    _flag(g, "--target-acc", "test accuracy (fraction) whose first crossing gives time-to-accuracy", type=float)
-    _flag(g, "--out", "run folder (default runs/<model>-<dataset>-<time>)")
-    _switch(g, "--resume", "continue the run in --out from its last checkpoint")
-    _switch(g, "--checkpoint", "write a checkpoint every epoch (default on)")
-    _switch(g, "--progress", "progress bar (default on)")
-    add_parallel_flags(p)
-    add_ps_flags(p)
-    add_compression_flags(p)
+    """``--config`` and every TrainConfig field as a flag."""
+    from trainscale.app.config import TrainConfig
+    from trainscale.compression.config import CompressionConfig
+    from trainscale.config import CORE_SECTIONS
 
-
-def add_parallel_flags(p: argparse.ArgumentParser) -> None:
-    """Synchronous data parallelism: local workers through torch's elastic agent, nodes over c10d."""
-    g = p.add_argument_group("data parallel (sync mode)")
-    _flag(g, "--workers", "worker processes on this node (default 1, or one per --devices GPU)", type=int)
-    _flag(g, "--nnodes", "number of machines (each runs the same command with its own --node-rank)", type=int)
-    _flag(g, "--node-rank", "this machine's index, 0..nnodes-1; node 0 hosts the rendezvous and the run folder",
-          type=int)
-    _flag(g, "--rdzv-endpoint", "HOST:PORT of the c10d rendezvous on node 0 (single node: a free local port)")
-    _flag(g, "--rdzv-id", "job id shared by all nodes (default: 'trainscale' for several nodes)")
-    _flag(g, "--rdzv-timeout", "seconds to wait for all nodes to join, and for node 0's endpoint", type=float)
-    _flag(g, "--hosts", "file with one host per line ('host' or 'host slots=N'): print the per-node commands")
-    _switch(g, "--ssh", "with --hosts: run the per-node commands over ssh instead of printing them")
-    g.add_argument("--devices", "--gpus", dest="devices", type=_ints, default=argparse.SUPPRESS,
-                   help="GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES)")
-    _switch(g, "--sync-bn", "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
-    _flag(g, "--backend", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=["auto", "gloo", "nccl"])
-    _flag(g, "--max-restarts", "let the elastic agent restart failed workers N times; they resume from the "
-          "last finished epoch's checkpoint", type=int)
-    _flag(g, "--dist-timeout", "seconds any collective may wait for a peer before the job fails", type=float)
-    _flag(g, "--baseline", "a previous 1-worker run folder: summary.json gets scaling_efficiency against it")
-
-
-def add_ps_flags(p: argparse.ArgumentParser) -> None:
-    """Parameter-server modes: shards beside the workers in the same launcher job."""
-    g = p.add_argument_group("parameter server (--mode async, ps-sync, ma)")
-    _flag(g, "--servers", "parameter-server shards per node, started beside --workers (same launcher)", type=int)
-    _flag(g, "--staleness", "async: a worker more than K steps ahead of the slowest waits (default: unbounded)",
-          type=int)
-    _flag(g, "--average-every", "ma: average the workers' parameters every STEPS steps (default 4)", type=int)
-    _flag(g, "--warm-start-epochs", "train on the main worker alone for the first E epochs (default 0)", type=int)
-    _flag(g, "--rpc-timeout", "seconds a push or pull may take before the worker stops with an error", type=float)
-
-
-def add_compression_flags(p: argparse.ArgumentParser) -> None:
-    """Compressed gradient exchange in sync mode; seed 004's -K/-V/-Q and --method spellings work too."""
-    g = p.add_argument_group("compressed communication (sync mode)")
-    _flag(g, "--compress", "none, fp16, bf16, randomk, topk, threshold, terngrad, qsgd, signsgd, efsignsgd, "
-          "powersgd, dgc (or seed 004's layerwise/entiremodel, meaning --granularity)")
-    _flag(g, "--method", "the compression method (seed 004's name for --compress METHOD)")
-    _flag(g, "--granularity", "layerwise (each tensor on its own) or entire (all gradients as one vector)")
-    for short, long, kind, text in (("-K", "--ratio", float, "fraction of elements kept: randomk, topk, dgc"),
-                                    ("-V", "--threshold", float, "threshold: send every element with |g| >= V"),
-                                    ("-Q", "--qstates", int, "qsgd: quantisation levels S")):
-        g.add_argument(short, long, type=kind, default=argparse.SUPPRESS, help=text)
-    _flag(g, "--powersgd-rank", "powersgd: rank r of the factors", type=int)
-    _switch(g, "--error-feedback", "keep what compression dropped and add it to the next step's gradient")
-    _flag(g, "--compress-warmup-epochs", "train dense for the first E epochs, then compress", type=int)
+    p.add_argument("--config", default=argparse.SUPPRESS,
+                   help="TOML file with the same keys as these flags (flags given here win)")
+    add_config_flags(p, TrainConfig, (*CORE_SECTIONS, CompressionConfig))
 
 
 def build_parser() -> Parser:

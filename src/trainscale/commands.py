@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
 
 
@@ -25,9 +26,9 @@ def report(args: argparse.Namespace) -> int:
     return report_command(args)
 
 
-def train_config(args: argparse.Namespace):
+def train_config(args: argparse.Namespace) -> CoreConfig:
     """Defaults, then --config FILE, then the flags given on the command line."""
-    from trainscale.train import build_config, load_toml
+    from trainscale.app.config import build_config, load_toml
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     file_values = load_toml(args.config) if getattr(args, "config", None) else {}
@@ -37,29 +38,29 @@ def train_config(args: argparse.Namespace):
 def train(args: argparse.Namespace) -> int:
     """One command for every scale: a local run; the parent of a sync job (starts the workers through
     torch's elastic agent); a worker (under that agent or an external torchrun); or --hosts."""
-    from trainscale.parallel.modes import create_mode
-    from trainscale.parallel.process_group import launched_by_torchrun
+    from trainscale.modes import mode_class
+    from trainscale.runtime.process_group import launched_by_torchrun
 
     cfg = train_config(args)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if cfg.hosts is not None:
-        from trainscale.parallel.hosts import hosts_main
+        from trainscale.app.hosts import hosts_main
 
         return hosts_main(cfg, flags)
     if launched_by_torchrun():
         return train_worker(cfg)
-    if create_mode(cfg.mode, cfg=cfg).distributed:
-        from trainscale.parallel.launch import launch
+    if mode_class(cfg.mode).distributed:
+        from trainscale.app.launch import launch
 
         return launch(cfg, flags)
     return train_worker(cfg)
 
 
-def train_worker(cfg) -> int:
-    from trainscale.parallel.launch import launched_by_trainscale, run_worker
-    from trainscale.parallel.process_group import launched_by_torchrun
-    from trainscale.report.console import EPOCH_COLUMNS, format_summary, format_table
-    from trainscale.train import run_training
+def train_worker(cfg: CoreConfig) -> int:
+    from trainscale.app.launch import launched_by_trainscale, run_worker
+    from trainscale.runtime.process_group import launched_by_torchrun
+    from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
+    from trainscale.app.run import run_training
 
     summary, history = run_worker(cfg) if launched_by_torchrun() else run_training(cfg)
     owns_folder = summary.get("out") is not None
@@ -74,7 +75,7 @@ def models(args: argparse.Namespace) -> int:
     import torch
 
     from trainscale.models import count_parameters, create_model, list_models, model_info
-    from trainscale.report.console import format_table
+    from trainscale.console import format_table
 
     def parameter_count(name: str) -> int:
         with torch.device("meta"):  # shapes only: no memory, no init cost

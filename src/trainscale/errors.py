@@ -11,3 +11,9 @@ class ConfigError(TrainscaleError, ValueError):
 
 class DataError(TrainscaleError):
     """Dataset files are missing, truncated, altered or unreadable."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``ok``: the one-line form every settings check takes."""
+    if not ok:
+        raise ConfigError(message)

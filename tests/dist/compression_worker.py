@@ -30,7 +30,7 @@ from trainscale.compression import (
     list_compressors,
     make_reducer,
 )
-from trainscale.parallel.process_group import process_group
+from trainscale.runtime.process_group import process_group
 
 STEPS = 3
 PARAMS: dict[str, dict[str, Any]] = {

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tests.integration.cli import run_cli
-from trainscale.train import build_config, run_training
+from trainscale.app.config import build_config
+from trainscale.app.run import run_training
 
 SMALL = dict(model="mlp", dataset="synthetic", train_subset=512, test_subset=128, epochs=3, batch_size=64,
              lr=0.05, crop_padding=0, flip=False, seed=3, progress=False, threads=1)

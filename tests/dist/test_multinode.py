@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainscale.parallel.network import free_port
+from trainscale.runtime.network import free_port
 
 SMALL = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
          "--epochs", "2", "--batch-size", "64", "--no-progress", "--threads", "1")  # two "nodes", one CPU

@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from trainscale.parallel.network import free_port
+from trainscale.runtime.network import free_port
 
 STEPS = 12
 LRS = [0.05 * (1 + (i % 4)) / 4 for i in range(STEPS)]  # the LR changes every step, like a schedule
@@ -29,16 +29,16 @@ def _env(port: int, rank: int, world: int) -> None:
 
 
 def _server(port: int, index: int, servers: int) -> None:
-    from trainscale.parallel.ps.mode import Role, serve
+    from trainscale.modes.ps.mode import Role, serve
 
     _env(port, 1 + index, 1 + servers)
     serve(SimpleNamespace(threads=1, rpc_timeout=60.0), Role("server", index, 1, servers, 1 + index, 1 + servers))
 
 
 def _worker(port: int, servers: int, job: str, queue) -> None:
-    from trainscale.parallel.process_group import rpc_session
-    from trainscale.parallel.ps.client import RpcCollectives, ShardClient
-    from trainscale.parallel.ps.mode import installed_collectives
+    from trainscale.runtime.process_group import rpc_session
+    from trainscale.modes.ps.client import RpcCollectives, ShardClient
+    from trainscale.modes.ps.mode import installed_collectives
 
     _env(port, 0, 1 + servers)
     with rpc_session("worker0", 0, 1 + servers, 60.0):
@@ -64,8 +64,8 @@ def _numel() -> int:
 
 def _compare_with_local(client) -> list[float]:
     """Max |difference| of the parameters after each step: PS worker vs a local SGD twin."""
-    from trainscale.parallel.ps.optimizer import EpochClock, PSOptimizer, rule_from
-    from trainscale.parallel.ps.shards import flatten
+    from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from
+    from trainscale.modes.ps.shards import flatten
 
     ps_model, local_model = _model(), _model()
     hyper = dict(lr=0.0, momentum=0.9, weight_decay=5e-4, nesterov=True)
@@ -89,7 +89,7 @@ def _compare_with_local(client) -> list[float]:
 
 def _round_trip(client) -> dict[str, bool]:
     """Initial parameters, then a server state with momentum and a version clock, through the shards."""
-    from trainscale.parallel.ps.server import Rule
+    from trainscale.modes.ps.server import Rule
 
     sent = torch.randn(_numel(), generator=torch.Generator().manual_seed(1))
     client.initialize(sent, Rule("async", momentum=0.9))

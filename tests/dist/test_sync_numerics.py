@@ -8,7 +8,8 @@ import torch
 
 from tests.integration.cli import run_cli
 from trainscale.models import create_model
-from trainscale.train import build_config, run_training
+from trainscale.app.config import build_config
+from trainscale.app.run import run_training
 
 # 512 samples, global batch 64: 8 steps per epoch, 3 epochs. Augmentation off so both runs see the
 # same pixels; rank r's half-batch is perm[r::2] of the single process's batch.

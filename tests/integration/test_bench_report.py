@@ -108,6 +108,9 @@ def check_report(report_dir: Path) -> None:
                    "| run | status | error |"):
         assert header in md, header
     assert "| mlp-w2 | mlp | 2 | 0 | off | 100x2=200 |" in md
+    # the header says what ran (from the runs), the grid's description only after it, as the file's words
+    assert "Grid tiny-real (scale none): 3 run(s) of mlp for 1 epoch on 800 cifar10 training images" in md
+    assert "The grid file describes tiny-real as: two real MLP runs" in md
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
     assert pngs == ["accuracy_bytes.png", "accuracy_epoch.png", "accuracy_time.png", "throughput_workers.png"]
     for name in pngs:

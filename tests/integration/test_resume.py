@@ -2,7 +2,8 @@
 
 import torch
 
-from trainscale.train import build_config, run_training
+from trainscale.app.config import build_config
+from trainscale.app.run import run_training
 from trainscale.train.trainer import Trainer
 
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.integration.cli import assert_one_line_error, run_cli
-from trainscale.parallel.network import free_port
+from trainscale.runtime.network import free_port
 
 SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64", "--epochs", "1",
        "--batch-size", "64", "--no-progress")

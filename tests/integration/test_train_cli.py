@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.integration.cli import run_cli
-from trainscale.train.outputs import EPOCH_FIELDS, SUMMARY_FIELDS
+from trainscale.results import EPOCH_FIELDS, SUMMARY_FIELDS
 
 
 @pytest.mark.realdata

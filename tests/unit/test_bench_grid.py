@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainscale.bench.expand import config_hash, plan_runs
-from trainscale.bench.grid import GridError, GridUnavailable, load_grid
+from trainscale.bench.grid import GridError, load_grid, parse_sets
 from trainscale.bench.locate import KeyLocator
 
 GRIDS = sorted((Path(__file__).parents[2] / "benchmarks" / "grids").glob("*.toml"))
@@ -150,7 +150,6 @@ def test_bad_grids_fail_naming_file_line_and_key(tmp_path, text, line, fragment)
     assert fragment in message
     if line is not None:
         assert message.startswith(f"{path}:{line}: "), message
-    assert not isinstance(info.value, GridUnavailable)
 
 
 def test_unknown_scale_lists_the_grid_scales(tmp_path):
@@ -163,35 +162,19 @@ def test_invalid_toml_is_a_grid_error(tmp_path):
         load_grid(grid_file(tmp_path, 'name = "x"\n[base\n'))
 
 
-@pytest.fixture
-def planned_later(monkeypatch):
-    """A mode and a flag that a later version adds (the real ones land over time, so the test makes its own)."""
-    import trainscale.bench.expand as expand
-    import trainscale.bench.grid as grid
-
-    monkeypatch.setattr(expand, "FUTURE_MODES", (*expand.FUTURE_MODES, "gossip"))
-    monkeypatch.setattr(grid, "FUTURE_KEYS", {**grid.FUTURE_KEYS, "fanout": "the gossip mode"})
-
-
-@pytest.mark.parametrize("text, fragment", [
-    ('name = "x"\n[[rows]]\nshort_name = "a"\nmode = "gossip"\n',
-     "4: mode 'gossip' is not available in this version; available: "),
-    ('name = "x"\n[axes]\nmode = ["local", "gossip"]\n', "3: mode 'gossip' is not available in this version"),
-    ('name = "x"\n[[rows]]\nshort_name = "a"\nfanout = 2\n',
-     "4: key 'fanout' is not available in this version (it comes with the gossip mode)"),
+@pytest.mark.parametrize("text, line", [
+    ('name = "x"\n[[rows]]\nshort_name = "a"\nmode = "lcoal"\n', 4),
+    ('name = "x"\n[axes]\nmode = ["local", "lcoal"]\n', 3),
+    ('name = "x"\n[base]\nmodel = "mlp"\nmode = "lcoal"\n', 4),
 ])
-def test_modes_and_flags_not_landed_yet_are_unavailable_not_wrong(tmp_path, planned_later, text, fragment):
-    path = tmp_path / "later.toml"
+def test_unknown_mode_names_file_line_and_a_suggestion(tmp_path, text, line):
+    path = tmp_path / "modes.toml"
     path.write_text(text)
-    with pytest.raises(GridUnavailable) as info:
+    with pytest.raises(GridError) as info:
         plan_runs(load_grid(path), None)
-    assert str(info.value).startswith(f"{path}:{fragment}"), str(info.value)
-
-
-def test_unknown_mode_is_wrong_with_a_suggestion(tmp_path):
-    with pytest.raises(GridError, match="unknown mode 'lcoal'") as info:
-        plan(tmp_path, 'name = "x"\n[base]\nmode = "lcoal"\n')
-    assert not isinstance(info.value, GridUnavailable)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: unknown mode 'lcoal' (did you mean 'local'?); choose one of: "), message
+    assert "sync" in message and "async" in message  # every mode this version has is listed
 
 
 def test_locator_maps_tables_rows_dotted_and_multiline_keys():
@@ -223,15 +206,11 @@ def test_locator_maps_tables_rows_dotted_and_multiline_keys():
 
 @pytest.mark.parametrize("path", GRIDS, ids=[p.stem for p in GRIDS])
 @pytest.mark.parametrize("scale", ["quick", "full"])
-def test_shipped_grids_validate_or_wait_only_for_a_mode(path, scale):
-    """Every shipped grid validates against this version's modes and flags, or needs only ones that are
-    planned (reported as a skip naming what is missing, never a crash)."""
+def test_shipped_grids_validate(path, scale):
+    """Every shipped grid validates at both scales against this version's modes and flags."""
     grid = load_grid(path)
     assert grid.scales.keys() >= {"quick", "full"} and grid.source
-    try:
-        runs = plan_runs(grid, scale)
-    except GridUnavailable as exc:
-        pytest.skip(f"{path.name} --scale {scale} waits for a later mode: {exc}")
+    runs = plan_runs(grid, scale)
     assert runs
     if scale == "quick":  # minutes on a 2-core CPU
         assert len(runs) <= 6
@@ -239,12 +218,86 @@ def test_shipped_grids_validate_or_wait_only_for_a_mode(path, scale):
         assert all(r.config["model"] in ("mlp", "resnet20", "airbench") for r in runs)
 
 
-def test_at_least_the_core_grids_are_runnable_today():
-    available = []
-    for path in GRIDS:
-        try:
-            plan_runs(load_grid(path), "quick")
-            available.append(path.stem)
-        except GridUnavailable:
-            pass
-    assert len(GRIDS) == 5 and "seed000_multiverso" in available
+def test_every_results_page_has_its_grid():
+    assert [p.stem for p in GRIDS] == ["seed000_multiverso", "seed001_mxnet_multigpu", "seed002_mxnet_dist",
+                                       "seed003_keras_scaling", "seed004_compression"]
+
+
+# ------------------------------------------------------------------ `trainscale bench --set KEY=VALUE`
+
+
+def test_set_values_are_toml_and_a_bare_word_is_text():
+    sets = parse_sets(["epochs=2", "lr=0.05", 'precision="bf16"', "compress=topk", "milestones=[2, 3]",
+                       "nesterov=true", "batch-size=64", "rdzv_id=42", "data_dir=/data/cifar"])
+    assert sets == {"epochs": 2, "lr": 0.05, "precision": "bf16", "compress": "topk", "milestones": [2, 3],
+                    "nesterov": True, "batch_size": 64, "rdzv_id": "42", "data_dir": "/data/cifar"}
+
+
+def test_set_wins_over_every_layer_of_the_grid(tmp_path):
+    grid = load_grid(grid_file(tmp_path, SCALED))
+    runs = plan_runs(grid, "quick", {"epochs": 2, "workers": 2, "batch_per_worker": 32})
+    assert {r.config["epochs"] for r in runs} == {2}  # [base] 82, [scale.quick] 1
+    assert {r.config["workers"] for r in runs} == {2}  # row "one": default 1, row "many": its scale's 2
+    assert {r.config["batch_per_worker"] for r in runs} == {32}  # row "many" said 64
+    model = plan_runs(grid, "full", {"model": "mlp"})
+    assert {r.config["model"] for r in model} == {"mlp"}  # row "big" said resnet110
+    seeds = plan_runs(grid, "quick", {"seed": 100})
+    assert [r.config["seed"] for r in seeds] == [100, 101, 100, 101]  # the first repeat's seed
+
+
+def test_set_on_an_axis_runs_its_one_value(tmp_path):
+    runs = plan(tmp_path, BASIC)
+    one = plan_runs(load_grid(tmp_path / "grid.toml"), None, {"lr": 0.3})
+    assert [(r.config["lr"], r.config["momentum"]) for r in one] == [(0.3, 0.0), (0.3, 0.9)]
+    assert [r.name for r in one] == ["lr0.3-momentum0.0", "lr0.3-momentum0.9"]
+    assert {r.run_id for r in one}.isdisjoint(r.run_id for r in runs)
+
+
+def test_set_changes_the_config_hash_so_old_runs_are_never_reused(tmp_path):
+    base = plan(tmp_path, BASIC)
+    grid = load_grid(tmp_path / "grid.toml")
+    longer = plan_runs(grid, None, {"epochs": 2})
+    assert [r.config["epochs"] for r in longer] == [2] * 4
+    assert [r.config_hash for r in longer] == [config_hash(r.config) for r in longer]
+    assert not {r.config_hash for r in longer} & {r.config_hash for r in base}
+    assert [r.run_id for r in plan_runs(grid, None, {"epochs": 1})] == [r.run_id for r in base]  # the grid's value
+    data = plan_runs(grid, None, {"data_dir": str(tmp_path)})
+    assert {r.config["data_dir"] for r in data} == {str(tmp_path)}
+    assert not {r.config_hash for r in data} & {r.config_hash for r in base}
+
+
+@pytest.mark.parametrize("items, fragment", [
+    (["epochz=3"], "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
+                   "`trainscale train` flags"),
+    (["epochs=ten"], "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
+    (["lr=[0.1]"], "--set lr=[0.1]: 'lr' must be float, got [0.1]"),
+    (["milestones=[2,3"], "--set milestones=[2,3: '[2,3' is not a TOML value"),
+    (["out=elsewhere"], "--set out=\"elsewhere\": key 'out' is set by `trainscale bench` for each run"),
+    (["resume=true"], "--set resume=true: key 'resume' is set by `trainscale bench`"),
+    (["epochs"], "--set epochs: give KEY=VALUE"),
+    (["epochs=1", "epochs=2"], "--set epochs=2: 'epochs' is given twice with --set"),
+])
+def test_bad_set_is_one_line_naming_it(items, fragment):
+    with pytest.raises(GridError) as info:
+        parse_sets(items)
+    assert str(info.value).startswith(fragment), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+TWO_ROWS = 'name = "x"\n[base]\nmodel = "mlp"\n[axes]\nlr = [0.1]\n[[rows]]\nmomentum = 0.0\n[[rows]]\nmomentum = 0.9\n'
+
+
+@pytest.mark.parametrize("text, sets, fragment", [
+    (BASIC, {"epochz": 3}, "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?)"),
+    (BASIC, {"epochs": "ten"}, "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
+    (BASIC, {"progress": True}, "--set progress=true: key 'progress' is set by `trainscale bench`"),
+    (BASIC, {"epochs": 0}, "--set epochs=0: --epochs must be a positive integer, got 0"),
+    (BASIC, {"mode": "lcoal"}, "--set mode=\"lcoal\": unknown mode 'lcoal' (did you mean 'local'?)"),
+    (TWO_ROWS, {"momentum": 0.5}, ": runs 'lr0.1' and 'lr0.1' have the same settings once --set momentum=0.5 "
+                                  "applies to every run"),
+])
+def test_set_is_checked_when_the_runs_are_planned(tmp_path, text, sets, fragment):
+    """Planning checks --set values too (a caller of plan_runs may skip parse_sets), naming the --set."""
+    with pytest.raises(GridError) as info:
+        plan_runs(load_grid(grid_file(tmp_path, text)), None, sets)
+    assert fragment in str(info.value), str(info.value)

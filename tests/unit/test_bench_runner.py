@@ -17,7 +17,7 @@ from trainscale.bench.expand import plan_runs
 from trainscale.bench.grid import GridError, load_grid
 from trainscale.bench.runfolder import RunFolderError, State, folder_state, to_toml, write_run_files
 from trainscale.bench.runner import BenchOptions, run_grid
-from trainscale.train.config import TrainConfig, build_config
+from trainscale.app.config import TrainConfig, build_config
 
 # Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
 # (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
@@ -205,6 +205,72 @@ def test_cli_bad_grid_is_one_line_and_status_2(tmp_path, capsys):
     assert main(["bench", str(grid), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"trainscale bench: error: {grid}:3: axis 'lr' is empty: give at least one value"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_set_and_data_dir_reach_the_plan_and_every_run_config(tmp_path, fake):
+    data = tmp_path / "data"
+    data.mkdir()
+    opts = options(tmp_path, fake, "[0.1, 0.2]", sets={"epochs": 3, "weight-decay": 1e-3}, data_dir=data)
+    results = run_grid(opts)
+    assert [r.status for r in results] == ["ok", "ok"]
+    grid = json.loads((opts.out / "grid.json").read_text())
+    assert grid["set"] == {"epochs": 3, "weight_decay": 1e-3, "data_dir": str(data.resolve())}
+    for run, result in zip(grid["runs"], results):
+        folder = opts.out / "runs" / result.run_id
+        written = tomllib.loads((folder / "run.toml").read_text())  # what `trainscale train` is given
+        for config in (run["config"], written, json.loads((folder / "config.json").read_text())):
+            assert (config["epochs"], config["weight_decay"], config["data_dir"]) == (3, 1e-3, str(data.resolve()))
+        assert json.loads((folder / "summary.json").read_text())["epochs_completed"] == 3
+
+
+def test_changed_set_plans_new_runs_and_is_refused_unless_update(tmp_path, fake):
+    first = run_grid(options(tmp_path, fake, "[0.1]"))
+    changed = options(tmp_path, fake, "[0.1]", sets={"epochs": 3})
+    with pytest.raises(GridError, match=r"other settings \(no --set -> --set epochs=3; 1 run\(s\) no longer "
+                                        r"planned, 1 new\)"):
+        run_grid(changed)
+    changed.update = True
+    (second,) = run_grid(changed)
+    assert second.status == "ok" and second.run_id != first[0].run_id  # a new run, not the 2-epoch one reused
+    assert calls(tmp_path) == [first[0].run_id, second.run_id]
+    assert [r.status for r in run_grid(changed)] == ["skipped"]  # the same --set again: nothing to do
+
+
+def test_cli_set_overrides_the_grid_in_the_dry_run(tmp_path, capsys):
+    from trainscale.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\nepochs = 5\n[axes]\nlr = [0.1, 0.2]\n')
+    assert main(["bench", str(grid), "--out", str(tmp_path / "o"), "--dry-run", "--set", "epochs=2",
+                 "--set", "precision=bf16"]) == 0
+    out = capsys.readouterr().out
+    assert 'grid t (scale none, --set epochs=2 --set precision="bf16"): 2 run(s)' in out
+    rows = [line.split() for line in out.splitlines()[3:]]
+    assert [row[-4] for row in rows] == ["2", "2"]  # the epochs column
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "epochz=2"], "--set epochz=2: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
+                            "`trainscale train` flags (see `trainscale train --help`)"),
+    (["--set", "epochs=two"], "--set epochs=\"two\": 'epochs' must be int, got 'two'"),
+    (["--set", "out=x"], "--set out=\"x\": key 'out' is set by `trainscale bench` for each run; it cannot be given "
+                         "with --set"),
+    (["--data-dir", "{tmp}/no-such-data"], "--data-dir {tmp}/no-such-data: no such folder"),
+    (["--data-dir", "{tmp}", "--set", "data_dir=/x"], "--data-dir {tmp} and --set data_dir=\"/x\" both choose the "
+                                                      "data folder; give one"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_cli_bad_set_or_data_dir_is_one_line_and_status_2_before_any_run(tmp_path, capsys, flags, message, dry_run):
+    from trainscale.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\n')
+    flags = [f.format(tmp=tmp_path) for f in flags] + (["--dry-run"] if dry_run else [])
+    assert main(["bench", str(grid), "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"trainscale bench: error: {message.format(tmp=tmp_path)}"]
     assert not (tmp_path / "o").exists()
 
 

@@ -5,9 +5,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainscale.parallel.comm_hooks import CommStats, HookState, register_hook
-from trainscale.parallel.network import free_port
-from trainscale.parallel.process_group import process_group
+from trainscale.runtime.comm_hooks import CommStats, HookState, register_hook
+from trainscale.runtime.network import free_port
+from trainscale.runtime.process_group import process_group
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import pytest
 
 from trainscale.errors import ConfigError
-from trainscale.train.config import FIELDS, TrainConfig, build_config, load_toml
+from trainscale.app.config import FIELDS, TrainConfig, build_config, load_toml
 from trainscale.train.setup import BatchPlan
 
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from trainscale.train.checkpoint import atomic_write_text
-from trainscale.train.outputs import RunWriter
+from trainscale.io import atomic_write_text
+from trainscale.results import RunWriter
 
 
 def row(epoch, acc):

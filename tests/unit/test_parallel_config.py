@@ -7,12 +7,12 @@ import pytest
 
 from trainscale.cli import build_parser
 from trainscale.errors import ConfigError
-from trainscale.parallel.faults import Fault, parse_fault
-from trainscale.parallel.hosts import node_commands, parse_hosts
-from trainscale.parallel.launch import describe_failure, to_argv
-from trainscale.parallel.network import check_port_free, parse_endpoint, wait_reachable
-from trainscale.parallel.scaling import config_mismatches, scaling_efficiency
-from trainscale.train.config import build_config
+from trainscale.runtime.faults import Fault, parse_fault
+from trainscale.app.hosts import node_commands, parse_hosts
+from trainscale.app.launch import describe_failure, to_argv
+from trainscale.runtime.network import check_port_free, parse_endpoint, wait_reachable
+from trainscale.train.scaling import config_mismatches, scaling_efficiency
+from trainscale.app.config import build_config
 from trainscale.train.setup import check_fits
 
 
@@ -117,8 +117,8 @@ def failure(message, exitcode=1, timestamp=100, local_rank=0):
 
 def test_root_cause_prefers_the_real_error_over_its_consequences():
     failures = {
-        0: failure({"message": "DistBackendError: [gloo] Connection closed by peer"}, timestamp=99),
-        1: failure({"message": "RuntimeError: boom", "extraInfo": {}}, local_rank=1),
+        0: failure({"message": "DistBackendError: [gloo] Connection closed by peer", "kind": "peer"}, timestamp=99),
+        1: failure({"message": "RuntimeError: boom", "kind": "error", "extraInfo": {}}, local_rank=1),
     }
     line, status = describe_failure(failures)
     assert line.startswith("worker rank 1 (local rank 1) failed: RuntimeError: boom") and status == 1
@@ -129,6 +129,32 @@ def test_root_cause_prefers_the_real_error_over_its_consequences():
     assert "rank 3" in killed and "Signal 9" in killed
     _, status = describe_failure({0: failure({"message": "ConfigError: bad"}, exitcode=2)})
     assert status == 2
+    _, status = describe_failure({0: failure({"message": "DataError: gone", "kind": "user"}, exitcode=1)})
+    assert status == 2
+
+
+def test_failure_kinds_come_from_the_exception_type_not_its_text():
+    import torch.distributed as dist
+
+    from trainscale.errors import DataError
+    from trainscale.modes.ps.client import ServerLost
+    from trainscale.runtime.worker_errors import kind_of
+
+    assert kind_of(DataError("missing")) == "user"
+    assert kind_of(dist.DistBackendError("anything")) == kind_of(ServerLost("x")) == "peer"
+    assert kind_of(RuntimeError("Connection closed by peer")) == "error"  # the text alone decides nothing
+    peer = failure({"message": "RuntimeError: Connection closed by peer", "kind": "error"}, timestamp=1)
+    root = failure({"message": "ValueError: later", "kind": "error"}, timestamp=5, local_rank=1)
+    assert describe_failure({0: peer, 1: root})[0].startswith("worker rank 0")
+    # Within one second the worker's own nanosecond stamp decides: the root cause records before its peers.
+    late = failure({"message": "RuntimeError: callback failed", "kind": "error", "time_ns": 7 * 10**9 + 900},
+                   timestamp=7)
+    early = failure({"message": "RuntimeError: injected", "kind": "error", "time_ns": 7 * 10**9 + 100},
+                    timestamp=7, local_rank=1)
+    assert describe_failure({0: late, 1: early})[0].startswith("worker rank 1 (local rank 1) failed: RuntimeError: "
+                                                                "injected")
+    assert describe_failure({0: failure("Signal 15 (SIGTERM) received by PID 9", exitcode=-15, timestamp=1),
+                             1: failure("", exitcode=-9, timestamp=5)})[0].startswith("worker rank 1")
 
 
 def test_scaling_efficiency():

@@ -7,10 +7,10 @@ import torch
 
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
-from trainscale.parallel.ps.batches import TrainBatches, unsharded
-from trainscale.parallel.ps.mode import role_from_env
-from trainscale.parallel.ps.optimizer import EpochClock, injected_slowdown
-from trainscale.train.config import build_config
+from trainscale.modes.ps.batches import TrainBatches, unsharded
+from trainscale.modes.ps.mode import role_from_env
+from trainscale.modes.ps.optimizer import EpochClock, injected_slowdown
+from trainscale.app.config import build_config
 
 BASE = {"model": "mlp", "dataset": "synthetic", "epochs": 3}
 

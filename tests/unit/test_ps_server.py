@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
-from trainscale.parallel.ps.coordinator import CollectiveError, Coordinator
-from trainscale.parallel.ps.membership import Membership
-from trainscale.parallel.ps.server import Rule, ShardServer
-from trainscale.parallel.ps.stats import epoch_row, merge_server_stats
+from trainscale.modes.ps.coordinator import CollectiveError, Coordinator
+from trainscale.modes.ps.membership import Membership
+from trainscale.modes.ps.server import Rule, ShardServer
+from trainscale.modes.ps.stats import epoch_row, merge_server_stats
 
 
 def shard(rule: Rule, workers: int = 2, numel: int = 4) -> tuple[ShardServer, Membership]:
@@ -129,7 +129,7 @@ def test_shard_statistics_merge_and_become_an_epoch_row():
 
 @pytest.mark.parametrize("name, params", [("topk", {"ratio": 0.25}), ("randomk", {"ratio": 0.25, "seed": 3})])
 def test_compressed_pushes_are_decoded_by_the_shard_with_error_feedback(name, params):
-    from trainscale.parallel.ps.codec import CodecSpec, PushCodec
+    from trainscale.modes.ps.codec import CodecSpec, PushCodec
 
     spec = CodecSpec(name, params)
     server, _ = shard(Rule("ma", codec=spec), numel=16)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainscale.parallel.ps.shards import assign, flatten, gradients, join, shard_bounds, split
+from trainscale.modes.ps.shards import assign, flatten, gradients, join, shard_bounds, split
 
 
 @given(numel=st.integers(1, 10_000), shards=st.integers(1, 8))

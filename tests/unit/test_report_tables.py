@@ -1,5 +1,6 @@
-"""`trainscale report` on hand-made run folders: the seeds' columns, mean ± spread over repeats, scaling
-efficiency, only what was run, environments never averaged together, and grid folders never mixed."""
+"""`trainscale report` on hand-made run folders: the results pages' columns, a header saying what ran, mean ±
+spread over repeats, scaling efficiency, only what was run, environments never averaged together, and grid
+folders never mixed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from trainscale.bench.runner import BenchOptions, write_grid_json
 from trainscale.errors import ConfigError
 from trainscale.report.aggregate import Stat
 from trainscale.report.build import write_report
-from trainscale.train.config import TrainConfig
+from trainscale.app.config import TrainConfig
 
 CPU = {"torch": "2.13.0+cpu", "python": "3.11.7", "device": "cpu", "device_name": "cpu (Test CPU)", "cpu": "Test CPU",
        "cpu_count": 2, "torch_threads": 2, "cuda": None, "hostname": "box", "git_commit": "abc123"}
@@ -169,7 +170,8 @@ def test_grid_folder_reports_its_planned_runs_and_lists_the_failed_one(tmp_path)
     make_run(out / "runs" / "lr0.9-0123abcd", lr=0.9)  # left over from older settings
     report = write_report([out], tmp_path / "report")
     md = (tmp_path / "report" / "results.md").read_text()
-    assert "Grid handmade (scale none): for the report tests" in md
+    assert "Grid handmade (scale none): 3 run(s) of mlp for 3 epochs on all cifar10 training images" in md
+    assert "The grid file describes handmade as: for the report tests (its words" in md
     assert "| lr0.1 | mlp |" in md and "| lr0.2 | mlp |" in md and "lr0.9" not in md.split("**Warning:**")[0]
     assert "1 run folder(s) not planned by its grid.json (older settings) are left out: lr0.9-0123abcd" in md
     assert f"| {specs[2].run_id} | failed | trainscale train: error: it broke |" in md
@@ -186,6 +188,60 @@ def test_grid_run_whose_folder_changed_settings_is_excluded_not_mixed(tmp_path):
     rows = {r["run_id"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
     assert rows[specs[0].run_id]["status"] == "excluded" and "momentum" in rows[specs[0].run_id]["error"]
     assert "| lr0.1 | mlp |" not in (tmp_path / "report" / "results.md").read_text()
+
+
+BIG_GRID = """
+    name = "big-grid"
+    description = "ResNet-32, 82 epochs on all 50,000 images"
+    [base]
+    model = "resnet32"
+    epochs = 82
+    [[rows]]
+    short_name = "local"
+    batch_size = 128
+    [[rows]]
+    short_name = "short"
+    batch_size = 64
+    scale.quick.epochs = 1
+    [scale.quick]
+    description = "ResNet-20 on 2,000 images"
+    model = "resnet20"
+    train_subset = 2000
+    epochs = 2
+    [scale.full]
+"""
+
+
+def test_header_describes_the_runs_that_were_made_not_the_grid_description(tmp_path):
+    """The Multiverso grid at quick scale ran ResNet-20 on 2,000 images: its header must say so, not repeat the
+    grid's full-scale "ResNet-32, 82 epochs" as if that had run; differing values are all listed."""
+    grid = tmp_path / "big.toml"
+    grid.write_text(textwrap.dedent(BIG_GRID))
+    out = tmp_path / "results"
+    out.mkdir()
+    options = BenchOptions(grid=grid, out=out, scale="quick", sets={"lr": 0.05})
+    specs = plan_runs(load_grid(grid), "quick", options.sets)
+    write_grid_json(options, load_grid(grid), specs)
+    for spec, seen in zip(specs, (1920, 1984)):
+        folder = out / "runs" / spec.run_id
+        make_run(folder, lr=0.05, epochs=spec.config["epochs"], extra={"model": "resnet20",
+                                                                       "train_samples_per_epoch": seen})
+        (folder / "config.json").write_text(json.dumps({**spec.config, "out": str(folder)}))
+        write_run_files(folder, spec, resume=False)
+    make_run(tmp_path / "plain" / "mlp-run", epochs=1)
+    report = write_report([out, tmp_path / "plain"], tmp_path / "report")
+    head = next(line for line in report.intro if line.startswith("Grid big-grid"))
+    assert head == ("Grid big-grid (scale quick, --set lr=0.05): 2 run(s) of resnet20 for 1 or 2 epochs on 2,000 "
+                    "cifar10 training images (1,920 or 1,984 per epoch).")
+    assert "Runs outside a grid: 1 run(s) of mlp for 1 epoch on all cifar10 training images (1,000 per epoch)." \
+        in report.intro
+    md = (tmp_path / "report" / "results.md").read_text()
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert head in md and head in page
+    described = next(line for line in md.splitlines() if "ResNet-32" in line)  # the grid's own words: secondary
+    assert described == ("The grid file describes big-grid as: ResNet-32, 82 epochs on all 50,000 images; scale "
+                         "quick: ResNet-20 on 2,000 images (its words, not a record of the runs above).")
+    assert md.index(head) < md.index(described)
 
 
 def test_report_refuses_to_write_into_a_folder_that_is_not_a_report(scaling_runs, tmp_path):

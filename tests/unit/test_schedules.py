@@ -1,6 +1,6 @@
 import pytest
 
-from trainscale.train.config import TrainConfig
+from trainscale.app.config import TrainConfig
 from trainscale.train.schedules import create_schedule, list_schedules
 
 

@@ -1,4 +1,4 @@
-"""trainscale.parallel.worker_errors: a worker's exception reaches torch's elastic agent in the error-file
+"""trainscale.runtime.worker_errors: a worker's exception reaches torch's elastic agent in the error-file
 format the agent parses, and an interrupted write never leaves a half-written file for it to choke on."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from trainscale.parallel.worker_errors import recorded
+from trainscale.runtime.worker_errors import recorded
 
 
 def boom() -> None:

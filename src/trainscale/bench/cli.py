@@ -13,10 +13,21 @@ if TYPE_CHECKING:
 
 
 def add_bench_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml")
+    p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml "
+                   "(the Keras-MXNet scaling study)")
     p.add_argument("--out", type=Path, required=True, help="results folder (re-run the same command to resume)")
     p.add_argument("--scale", default="quick", help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
-                   "the default) or full (the seed's own settings, for GPU machines)")
+                   "the default) or full (the original study's own settings, for GPU machines)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a `trainscale train` setting for every run of the grid, e.g. --set epochs=2, --set "
+                   "precision=bf16, --set milestones=[2,3] (repeatable; VALUE is a TOML value, a bare word is "
+                   "text; KEY with dashes or underscores). It wins over everything the grid file says about KEY "
+                   "([base], rows, axes and the scale): an axis of KEY runs its one value. The values are "
+                   "recorded in grid.json and each run's config, so a changed --set plans new runs")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="folder holding the dataset, for every run: --set data_dir=DIR, but checked to exist "
+                   "before any run starts and recorded as an absolute path (with neither this nor a data_dir in "
+                   "the grid, runs look in $TRAINSCALE_DATA, else ~/.cache/trainscale)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one run may take before it is stopped "
                    "and recorded as failed (default: no limit)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit (nothing is written)")
@@ -26,10 +37,11 @@ def add_bench_parser(p: argparse.ArgumentParser) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     """0 when every run finished, 1 when some failed (they are recorded and the grid went on)."""
+    from trainscale.bench.grid import parse_sets
     from trainscale.bench.runner import BenchOptions, plan, run_grid
 
     options = BenchOptions(grid=args.grid, out=args.out, scale=args.scale, timeout=args.timeout,
-                           update=args.update)
+                           update=args.update, sets=parse_sets(args.sets), data_dir=args.data_dir)
     if args.dry_run:
         print_plan(options, *plan(options))
         return 0
@@ -45,21 +57,23 @@ def bench_command(args: argparse.Namespace) -> int:
 
 def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
     """One line per planned run: its id, the axis values and the settings that most often differ."""
-    from trainscale.bench.runner import effective_scale
-    from trainscale.report.console import format_table
+    from trainscale.bench.grid import set_text
+    from trainscale.bench.runner import effective_scale, overrides
+    from trainscale.console import format_table
 
     shown = [k for s in specs for k in s.point if k not in ("batch_size", "batch_per_worker")]
     keys = list(dict.fromkeys(shown + ["model", "mode", "workers", "batch", "epochs", "seed"]))
     rows = [{"run": s.run_id, **{k: s.config.get(k) for k in keys}, "batch": _batch(s.config),
              "state": _state(options, s)} for s in specs]
-    print(f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}): {len(specs)} run(s) into "
-          f"{options.out / 'runs'}")
+    sets = set_text(overrides(options))
+    print(f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}{', ' + sets if sets else ''}): "
+          f"{len(specs)} run(s) into {options.out / 'runs'}")
     print(format_table(rows, [("run", "run", str)] + [(k, k, str) for k in keys] + [("state", "state", str)]))
 
 
 def _batch(config: dict) -> str:
     """Per worker x workers = global, as the run will split it."""
-    from trainscale.train.config import TrainConfig
+    from trainscale.app.config import TrainConfig
     from trainscale.train.setup import BatchPlan
 
     workers = int(config.get("workers") or 1) * int(config.get("nnodes") or 1)

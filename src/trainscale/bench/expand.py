@@ -2,13 +2,16 @@
 
 Precedence for one run, later wins: TrainConfig defaults < ``[base]`` < the row < its axis values <
 ``[scale.NAME]`` < the row's ``scale.NAME`` (so ``--scale quick`` can shrink the model of every row and
-a row can still keep its own worker count). Axes: ``[axes]``, then the row's, then the scale's
-``axes.KEY`` and the row's scale axes replace values. A key that is both an axis and a fixed value is
-ambiguous and rejected. Repeat ``r`` trains with ``seed + r``.
+a row can still keep its own worker count) < ``sets``, the ``--set KEY=VALUE`` of `trainscale bench`
+(it wins over everything the grid says about its key: an axis of that key collapses to the one value).
+Axes: ``[axes]``, then the row's, then the scale's ``axes.KEY`` and the row's scale axes replace values.
+A key that is both an axis and a fixed value is ambiguous and rejected. Repeat ``r`` trains with
+``seed + r`` (``--set seed=N`` sets the first repeat's seed).
 
 Each run gets an id: a readable name plus the first 8 hex digits of the SHA-256 of its resolved config
 (plumbing keys that cannot change a result, ``HASH_EXCLUDE``, and default values left out: see
-``significant``), so a folder can only ever hold the run of exactly that config.
+``significant``), so a folder can only ever hold the run of exactly that config. ``--set`` values are part
+of the config like any grid key, so a changed ``--set`` plans new runs, never a reuse of the old ones.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainscale.bench.grid import FUTURE_MODES, RUNNER_OWNED, Grid
+from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
+from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
+from trainscale.train.setup import BatchPlan
 
+SET_SOURCE = "--set"  # the source of a key that --set chose (an error about it names --set, not a line)
 # Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.
 HASH_EXCLUDE = frozenset({"out", "resume", "progress", "checkpoint", "rdzv_endpoint", "rdzv_id", "rdzv_timeout",
                           "node_rank", "hosts", "ssh", "dist_timeout", "max_restarts"})
@@ -69,13 +75,27 @@ def _scale_table(grid: Grid, scale: str | None) -> dict[str, Any]:
     return grid.scales.get(scale, {}) if scale else {}
 
 
-def row_plans(grid: Grid, scale: str | None) -> list[RowPlan]:
-    """The rows this scale runs (all, or its ``rows = [...]``), each with its axes and overrides resolved."""
+def row_plans(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None) -> list[RowPlan]:
+    """The rows this scale runs (all, or its ``rows = [...]``), each with its axes and overrides resolved;
+    ``sets`` (checked ``--set`` values) replace whatever the grid says about their keys."""
     table = _scale_table(grid, scale)
     wanted = table.get("rows")
     rows = list(enumerate(grid.rows)) or [(0, {})]
-    return [_row_plan(grid, scale, table, row, i) for i, row in rows
+    return [_with_sets(_row_plan(grid, scale, table, row, i), sets or {}) for i, row in rows
             if wanted is None or row.get("short_name") in wanted]
+
+
+def _with_sets(plan: RowPlan, sets: dict[str, Any]) -> RowPlan:
+    """--set wins over the grid: an axis of its key keeps the one value (so its runs are not duplicates),
+    fixed values and scale overrides of its key give way."""
+    for key, value in sets.items():
+        if key in plan.axes:
+            plan.axes[key] = [value]
+        else:
+            plan.fixed.pop(key, None)
+            plan.overrides[key] = value
+        plan.sources[key] = SET_SOURCE
+    return plan
 
 
 def _row_plan(grid: Grid, scale: str | None, table: dict[str, Any], row: dict[str, Any], index: int) -> RowPlan:
@@ -115,14 +135,16 @@ def _check_conflicts(grid: Grid, plan: RowPlan) -> None:
                              f"axes.{key} = [...]")
 
 
-def plan_runs(grid: Grid, scale: str | None) -> list[RunSpec]:
-    """Every run of the grid at this scale, each config built and validated; errors name file and line."""
+def plan_runs(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None) -> list[RunSpec]:
+    """Every run of the grid at this scale, each config built and validated; errors name file and line
+    (or the --set). ``sets``: `trainscale bench --set` values, applied to every run over the grid's."""
+    sets = check_sets(sets or {})
     repeats = _scale_table(grid, scale).get("repeats", grid.repeats)
     specs = [_spec(grid, plan, dict(zip(plan.axes, combo)), repeat, repeats)
-             for plan in row_plans(grid, scale)
+             for plan in row_plans(grid, scale, sets)
              for combo in itertools.product(*plan.axes.values())
              for repeat in range(repeats)]
-    _check_unique(grid, specs)
+    _check_unique(grid, specs, sets)
     return specs
 
 
@@ -139,35 +161,36 @@ def _spec(grid: Grid, plan: RowPlan, point: dict[str, Any], repeat: int, repeats
 
 def build_run_config(grid: Grid, values: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
     """``build_config`` on the merged values; its one-line error gets the file and line of the key."""
-    from trainscale.train.config import build_config
+    from trainscale.app.config import build_config
 
-    _check_mode(grid, values.get("mode"), sources.get("mode", "base"))
+    _check_mode(grid, values.get("mode"), sources.get("mode", "base"), values)
     try:
         cfg = build_config(values)
         _check_batch(cfg)
     except (ConfigError, TypeError, ValueError) as exc:
         key = _key_in_message(str(exc), values)
-        raise grid.error(sources.get(key, "base"), f"{exc} ({_describe(values, sources)})") from None
+        raise _error(grid, key, values, sources, f"{exc} ({_describe(values, sources)})") from None
     return {k: v for k, v in cfg.to_dict().items() if k not in RUNNER_OWNED}
 
 
-def _check_batch(cfg: Any) -> None:
+def _error(grid: Grid, key: str | None, values: dict[str, Any], sources: dict[str, str], message: str) -> GridError:
+    """Named by the grid's file and line of ``key``, or by its --set when --set chose it."""
+    if key is not None and sources.get(key) == SET_SOURCE:
+        return GridError(f"{set_text({key: values[key]})}: {message}")
+    return grid.error(sources.get(key, "base") if key is not None else "base", message)
+
+
+def _check_batch(cfg: CoreConfig) -> None:
     """The batch split over workers (what the launcher checks, minus the data): fails here, not mid-grid."""
-    from trainscale.train.setup import BatchPlan
-
-    BatchPlan.resolve(cfg, int(getattr(cfg, "workers", None) or 1) * int(getattr(cfg, "nnodes", 1) or 1))
+    BatchPlan.resolve(cfg, (cfg.workers or 1) * cfg.nnodes)
 
 
-def _check_mode(grid: Grid, mode: Any, path: str) -> None:
-    from trainscale.parallel.modes import MODES, list_modes
+def _check_mode(grid: Grid, mode: Any, path: str, values: dict[str, Any]) -> None:
+    from trainscale.modes.base import MODES
 
     if mode is None or mode == "auto" or mode in MODES:
         return
-    available = ", ".join(list_modes())
-    if mode in FUTURE_MODES:
-        raise grid.error(path, f"mode '{mode}' is not available in this version; available: {available}",
-                         unavailable=True)
-    raise grid.error(path, MODES.unknown_message(mode))
+    raise _error(grid, "mode", values, {"mode": path}, MODES.unknown_message(mode))
 
 
 def _key_in_message(message: str, values: dict[str, Any]) -> str | None:
@@ -196,7 +219,7 @@ def significant(config: dict[str, Any], exclude: frozenset[str] = HASH_EXCLUDE) 
 
 def defaults() -> dict[str, Any]:
     """TrainConfig's default values."""
-    from trainscale.train.config import TrainConfig
+    from trainscale.app.config import TrainConfig
 
     return TrainConfig().to_dict()
 
@@ -223,10 +246,11 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def _check_unique(grid: Grid, specs: list[RunSpec]) -> None:
+def _check_unique(grid: Grid, specs: list[RunSpec], sets: dict[str, Any]) -> None:
     seen: dict[str, RunSpec] = {}
     for spec in specs:
         if spec.config_hash in seen:
+            cause = f" once {set_text(sets)} applies to every run" if sets else ""
             raise grid.error("rows", f"runs '{seen[spec.config_hash].name}' and '{spec.name}' have the same "
-                             "settings; remove the duplicate row or axis value")
+                             f"settings{cause}; remove the duplicate row or axis value")
         seen[spec.config_hash] = spec

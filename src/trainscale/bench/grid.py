@@ -1,13 +1,12 @@
 """A benchmark grid file: a base config, axes whose cartesian product gives the runs, optional named
-rows, repeats, and per-scale overrides (``quick`` for a small CPU, ``full`` for the seed's settings).
+rows, repeats, and per-scale overrides (``quick`` for a small CPU, ``full`` for the source's own settings).
 
-Every mistake is found here, before any run starts, and named with the file and line: an unknown key,
-a value of the wrong type, an empty axis, or a mode or flag that this version of trainscale does not
-have yet (``GridUnavailable``, so tests can tell "not landed yet" from "broken"). The format::
+Every mistake is found here, before any run starts, and named with the file and line: an unknown key
+(with a did-you-mean), a value of the wrong type, an empty axis. The format::
 
-    name = "seed003-resnet50"        # required; also the default label of the runs
+    name = "keras-resnet50"          # required; also the default label of the runs
     description = "..."              # optional, shown in the report
-    source = "seeds/003"             # optional: the results page the grid reproduces
+    source = "Keras-MXNet scaling"   # optional: the results page the grid reproduces
     repeats = 1                      # runs per configuration (seed, seed+1, ...), default 1
     [base]                           # `trainscale train` keys shared by every run
     [axes]                           # key = [values]: the cartesian product of all axes
@@ -20,12 +19,14 @@ have yet (``GridUnavailable``, so tests can tell "not landed yet" from "broken")
     rows = ["1P1G0M"]                #   rows = [short names] runs only those rows
 
 Precedence for one run, later wins: defaults < [base] < the row < its axis values < [scale.NAME] < the
-row's scale.NAME. A scale's train keys apply to every row (a quick scale shrinks the model everywhere).
+row's scale.NAME < `trainscale bench --set KEY=VALUE` (and ``--data-dir``). A scale's train keys apply to
+every row (a quick scale shrinks the model everywhere); ``--set`` applies to every run of the grid.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,24 +38,12 @@ from trainscale.errors import ConfigError
 TOP_KEYS = ("name", "description", "source", "repeats", "base", "axes", "rows", "scale")
 ROW_KEYS = ("short_name", "axes", "scale")
 SCALE_KEYS = ("description", "repeats", "axes", "rows")
-# Set by the runner for every run: a grid may not choose them.
+# Set by the runner for every run: neither a grid nor --set may choose them.
 RUNNER_OWNED = ("out", "resume", "progress", "config")
-# Keys and modes that later versions add; a grid using them is "not available yet", not "wrong".
-FUTURE_KEYS = {
-    "servers": "the parameter-server modes (async, ps-sync, ma)",
-    "compress": "gradient compression", "ratio": "gradient compression",
-    "granularity": "gradient compression", "error_feedback": "gradient compression",
-    "threshold": "gradient compression", "qstates": "gradient compression",
-}
-FUTURE_MODES = ("sync", "async", "ps-sync", "ma")
 
 
 class GridError(ConfigError):
-    """The grid file is wrong; the message names the file, line and key."""
-
-
-class GridUnavailable(GridError):
-    """The grid needs a mode or flag this version does not have yet."""
+    """The grid file (or a --set of `trainscale bench`) is wrong; the message names the file, line and key."""
 
 
 @dataclass
@@ -78,9 +67,8 @@ class Grid:
         line = self.locator.line(path) if self.locator else None
         return f"{self.path}:{line}" if line else str(self.path)
 
-    def error(self, path: str, message: str, unavailable: bool = False) -> GridError:
-        cls = GridUnavailable if unavailable else GridError
-        return cls(f"{self.where(path)}: {message}")
+    def error(self, path: str, message: str) -> GridError:
+        return GridError(f"{self.where(path)}: {message}")
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -245,28 +233,44 @@ def _train_keys(grid: Grid, table: dict[str, Any], prefix: str, extra: tuple[str
 
 def _train_key(grid: Grid, key: str, path: str, extra: tuple[str, ...] = ()) -> str:
     """A `trainscale train` key (dashes or underscores); the error says which keys exist."""
-    from trainscale.train.config import FIELDS
+    problem = key_problem(key, "remove it from the grid", "grid keys are the `trainscale train` flags", extra)
+    if problem:
+        raise grid.error(path, problem)
+    return key.replace("-", "_")
+
+
+def key_problem(key: str, owned_hint: str, unknown_hint: str, extra: tuple[str, ...] = ()) -> str | None:
+    """Why ``key`` is no `trainscale train` setting a grid or --set may choose (None when it is one)."""
+    from trainscale.app.config import FIELDS
 
     name = key.replace("-", "_")
     if name in RUNNER_OWNED:
-        raise grid.error(path, f"key '{key}' is set by `trainscale bench` for each run; remove it from the grid")
+        return f"key '{key}' is set by `trainscale bench` for each run; {owned_hint}"
     if name in FIELDS:
-        return name
-    if name in FUTURE_KEYS:
-        raise grid.error(path, f"key '{key}' is not available in this version (it comes with "
-                         f"{FUTURE_KEYS[name]}); comment it out until then", unavailable=True)
-    raise grid.error(path, f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; grid keys are the "
-                     "`trainscale train` flags (see `trainscale train --help`)")
+        return None
+    return (f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; {unknown_hint} "
+            "(see `trainscale train --help`)")
 
 
 def check_type(grid: Grid, name: str, value: Any, path: str) -> None:
     """The value's TOML type must fit the TrainConfig field (``epochs = "ten"`` fails here, by line)."""
-    from trainscale.train.config import FIELDS
+    problem = type_problem(name, value)
+    if problem:
+        raise grid.error(path, problem)
 
-    expected = str(FIELDS[name].type).replace(" ", "").split("|")
-    if not any(_fits(kind, value) for kind in expected if kind != "None"):
-        raise grid.error(path, f"'{name}' must be {' or '.join(k for k in expected if k != 'None')}, "
-                         f"got {value!r}")
+
+def type_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be TrainConfig field ``name`` (None when its type fits)."""
+    expected = [k for k in _kinds(name) if k != "None"]
+    if any(_fits(kind, value) for kind in expected):
+        return None
+    return f"'{name}' must be {' or '.join(expected)}, got {value!r}"
+
+
+def _kinds(name: str) -> list[str]:
+    from trainscale.app.config import FIELDS
+
+    return str(FIELDS[name].type).replace(" ", "").split("|")
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -276,3 +280,71 @@ def _fits(kind: str, value: Any) -> bool:
     if kind not in simple:
         return True  # a type this check does not know: build_config decides
     return isinstance(value, simple[kind]) and (kind == "bool" or not isinstance(value, bool))
+
+
+# ------------------------------------------------------------------ `trainscale bench --set KEY=VALUE`
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key as typed, value): the value is read as a TOML value (``2``, ``0.1``, ``true``,
+    ``"bf16"``, ``[2, 3]``); a bare word that is no TOML value is a string (``precision=bf16``), and so is
+    a bare word for a text setting (``rdzv_id=42`` is "42")."""
+    key, sep, text = item.partition("=")
+    key, text = key.strip(), text.strip()
+    if not sep or not key:
+        raise GridError(f"--set {item}: give KEY=VALUE, e.g. --set epochs=2")
+    bare = not text or text[0] not in "[{\"'"
+    try:
+        value = tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        if not bare or not text:
+            raise GridError(f"--set {item}: '{text}' is not a TOML value (a number, true/false, \"text\" or "
+                            "[a, list])") from None
+        return key, text
+    return key, text if bare and _wants_text(key, value) else value
+
+
+def _wants_text(key: str, value: Any) -> bool:
+    """A bare word for a text setting that TOML read as something else (``rdzv_id=42``): keep the text."""
+    from trainscale.app.config import FIELDS
+
+    name = key.replace("-", "_")
+    return name in FIELDS and "str" in _kinds(name) and type_problem(name, value) is not None
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """Every ``--set KEY=VALUE``, parsed and checked (``check_sets``); a key given twice is an error."""
+    sets: dict[str, Any] = {}
+    for item in items:
+        key, value = parse_set(item)
+        name = key.replace("-", "_")
+        if name in sets:
+            raise GridError(f"--set {item}: '{name}' is given twice with --set; keep one")
+        sets[name] = check_sets({key: value})[name]
+    return sets
+
+
+def check_sets(sets: dict[str, Any]) -> dict[str, Any]:
+    """--set values checked like grid keys (unknown or runner-owned key, wrong type: a one-line error
+    naming --set); keys come back with underscores."""
+    checked: dict[str, Any] = {}
+    for key, value in sets.items():
+        shown = f"--set {key}={_text(value)}"
+        name = key.replace("-", "_")
+        problem = key_problem(key, "it cannot be given with --set", "--set takes the `trainscale train` flags") \
+            or type_problem(name, value)
+        if problem:
+            raise GridError(f"{shown}: {problem}")
+        if name in checked:
+            raise GridError(f"{shown}: '{name}' is given twice with --set; keep one")
+        checked[name] = value
+    return checked
+
+
+def set_text(sets: dict[str, Any]) -> str:
+    """``--set a=1 --set b="x"``, as a user would type them (for messages and the plan)."""
+    return " ".join(f"--set {k}={_text(v)}" for k, v in sets.items())
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value)  # a JSON number, boolean, string or list of them is also a TOML value

@@ -16,11 +16,9 @@ from typing import Any
 
 from trainscale.bench.expand import HASH_EXCLUDE, RunSpec, defaults
 from trainscale.errors import ConfigError
+from trainscale.results import LAUNCHER_FILES
 
-MARKER = "bench.json"
-RUN_TOML = "run.toml"
-LOG = "train.log"
-ERROR = "error.txt"
+MARKER, RUN_TOML, LOG, ERROR = LAUNCHER_FILES  # what train accepts in a new run's folder
 
 
 class RunFolderError(ConfigError):

@@ -2,16 +2,17 @@
 
 Layout of DIR::
 
-    grid.json       the grid file's text, the scale, every planned run (id, labels, resolved config, hash)
-                    and one entry per bench session with its environment
+    grid.json       the grid file's text, the scale, the --set values (``--data-dir`` as ``data_dir``),
+                    every planned run (id, labels, resolved config, hash) and one entry per bench
+                    session with its environment
     grid.jsonl      the ledger: one line per run attempt (ok / failed / timeout / skipped, seconds, error)
     runs/<run-id>/  a normal `trainscale train` run folder, plus bench.json (the marker), run.toml (the
                     generated config), train.log (the child's output) and error.txt when it failed
 
 Each run is ``python -m trainscale train --config runs/<id>/run.toml --out runs/<id>`` in its own process
 group. Finished runs are skipped, a checkpointed unfinished run is resumed, a failed run is recorded and
-the grid goes on. DIR made from other settings is refused before anything runs (``--update`` re-uses the
-runs whose settings still match).
+the grid goes on. DIR made from other settings (another grid, scale or --set) is refused before anything
+runs (``--update`` re-uses the runs whose settings still match).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +34,7 @@ from tqdm import tqdm
 
 from trainscale.bench import process
 from trainscale.bench.expand import RunSpec, plan_runs
-from trainscale.bench.grid import Grid, GridError, load_grid
+from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 
 log = logging.getLogger("trainscale.bench")
@@ -59,12 +60,31 @@ class BenchOptions:
     timeout: float | None = None
     update: bool = False
     python: str = sys.executable
+    sets: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE: over the grid, for every run
+    data_dir: Path | None = None  # --data-dir: --set data_dir=DIR, checked to be a folder first
 
 
 def plan(options: BenchOptions) -> tuple[Grid, list[RunSpec]]:
     """Parse and validate the grid: every error is raised here, before anything is written."""
+    sets = overrides(options)
     grid = load_grid(options.grid)
-    return grid, plan_runs(grid, effective_scale(options, grid))
+    return grid, plan_runs(grid, effective_scale(options, grid), sets)
+
+
+def overrides(options: BenchOptions) -> dict[str, Any]:
+    """``--set`` values, checked, with ``--data-dir`` as ``data_dir`` (an absolute path to a folder that
+    exists, so a run never starts without its data)."""
+    sets = check_sets(options.sets)
+    if options.data_dir is None:
+        return sets
+    if "data_dir" in sets:
+        raise GridError(f"--data-dir {options.data_dir} and {set_text({'data_dir': sets['data_dir']})} both "
+                        "choose the data folder; give one")
+    folder = Path(options.data_dir).expanduser()
+    if not folder.is_dir():
+        raise GridError(f"--data-dir {options.data_dir}: no such folder"
+                        + (" (it is a file)" if folder.exists() else ""))
+    return {**sets, "data_dir": str(folder.resolve())}
 
 
 def effective_scale(options: BenchOptions, grid: Grid) -> str | None:
@@ -211,21 +231,26 @@ def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> 
     old = json.loads(path.read_text()) if path.exists() else None
     planned = [s.record() for s in specs]
     scale = effective_scale(options, grid)
+    sets = overrides(options)
     if old is not None and not options.update:
-        _check_same_plan(path, old, grid, scale, [s.run_id for s in specs])
+        _check_same_plan(path, old, grid, scale, sets, [s.run_id for s in specs])
     sessions = (old or {}).get("sessions", []) + [{"started": _now(), "environment": bench_environment()}]
     record = {"name": grid.name, "description": grid.description, "source": grid.source,
-              "grid_file": str(options.grid), "grid_text": grid.text, "scale": scale,
+              "scale_description": grid.scales.get(scale or "", {}).get("description", ""),
+              "grid_file": str(options.grid), "grid_text": grid.text, "scale": scale, "set": sets,
               "timeout": options.timeout, "runs": planned, "sessions": sessions}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
 
 
-def _check_same_plan(path: Path, old: dict[str, Any], grid: Grid, scale: str | None, ids: list[str]) -> None:
+def _check_same_plan(path: Path, old: dict[str, Any], grid: Grid, scale: str | None, sets: dict[str, Any],
+                     ids: list[str]) -> None:
     old_ids = [r["run_id"] for r in old.get("runs", [])]
     changes = [f"{what} {a!r} -> {b!r}" for what, a, b in (("grid", old.get("name"), grid.name),
                                                            ("scale", old.get("scale"), scale)) if a != b]
+    if (old.get("set") or {}) != sets:
+        changes.append(f"{set_text(old.get('set') or {}) or 'no --set'} -> {set_text(sets) or 'no --set'}")
     gone, new = set(old_ids) - set(ids), set(ids) - set(old_ids)
     if gone or new:
         changes.append(f"{len(gone)} run(s) no longer planned, {len(new)} new")

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainscale.train.checkpoint import atomic_write_text
+from trainscale.io import atomic_write_text
 from trainscale.train.precision import synchronize
 
 

@@ -1,7 +1,7 @@
 """What every compressor is: a pure ``encode`` to a :class:`Payload` and a pure ``decode`` back.
 
 Compressors know nothing about DDP or process groups, so the same objects serve a DDP comm hook, a
-manual reducer and (later) a parameter server's pushes. How payloads from several workers combine is a
+manual reducer and a parameter server's pushes. How payloads from several workers combine is a
 class attribute, because it decides which collective can carry them:
 
 * ``"allreduce"``: payloads are summable element-wise and ``decode`` is linear in them (dense, fp16,
@@ -23,9 +23,6 @@ from torch import Tensor
 
 from trainscale.errors import ConfigError
 from trainscale.registry import Registry
-
-AGGREGATIONS = ("allreduce", "allgather", "custom")
-FEEDBACK_MODES = ("optional", "always", "internal")
 
 
 @dataclass(frozen=True)
@@ -130,7 +127,7 @@ class Compressor:
         rank draws independent noise, which is what makes averaging unbiased quantisers pay off.
         """
         if device not in self._generators:
-            from trainscale.parallel.dist import rank
+            from trainscale.runtime.dist import rank
 
             gen = torch.Generator(device=device)
             gen.manual_seed(stable_seed(self.seed, "rounding", self.name, rank()))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from trainscale.compression.stats import CompressionStats
-from trainscale.parallel.dist import is_distributed
+from trainscale.runtime.dist import is_distributed
 
 
 class Communicator:

@@ -1,9 +1,5 @@
-"""From `trainscale train` flags to a compressor and its DDP hook: the glue the sync mode calls.
-
-Seed 004's spellings are accepted: ``--method topk`` for ``--compress topk``, ``--compress layerwise``
-or ``--compress entiremodel`` for ``--granularity``, and ``-K``/``-V``/``-Q`` for ``--ratio``,
-``--threshold``, ``--qstates``.
-"""
+"""From the compression section of the config to a compressor and its DDP hook: the glue a mode calls
+(see ``config.py`` for the flags and their alternative spellings)."""
 
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ from trainscale.compression.ddp_hook import (
     compression_hook,
     ddp_kwargs_for,
 )
+from trainscale.compression.config import CompressionConfig
 from trainscale.errors import ConfigError
 
 FLAG_PARAMS = {"ratio": "ratio", "threshold": "threshold", "qstates": "qstates", "powersgd_rank": "rank"}
@@ -49,13 +46,13 @@ class CompressionPlan:
 
 
 def split_compress_flag(value: str) -> tuple[str | None, str | None]:
-    """``--compress X``: a granularity (seed 004's meaning) or a method (this project's); (method, granularity)."""
+    """``--compress X``: a granularity (the layer-wise study's meaning) or a method; (method, granularity)."""
     if value.strip().lower() in GRANULARITIES or value.strip().lower() == "entiremodel":
         return None, canonical_granularity(value)
     return canonical_method(value), None
 
 
-def plan_from_config(cfg: Any) -> CompressionPlan:
+def plan_from_config(cfg: CompressionConfig, seed: int) -> CompressionPlan:
     """Resolve and validate the compression flags; errors are one-line ConfigErrors naming the flag."""
     method, granularity = split_compress_flag(cfg.compress)
     method = canonical_method(cfg.method) if cfg.method else (method or "none")
@@ -64,7 +61,7 @@ def plan_from_config(cfg: Any) -> CompressionPlan:
     params = {p: getattr(cfg, flag) for flag, p in FLAG_PARAMS.items()
               if p in accepted and getattr(cfg, flag) is not None}
     if "seed" in accepted:
-        params["seed"] = cfg.seed
+        params["seed"] = seed
     unused = [f"--{flag.replace('_', '-')}" for flag, p in FLAG_PARAMS.items()
               if getattr(cfg, flag) is not None and p not in accepted]
     if unused:
@@ -84,3 +81,12 @@ def make_hook(plan: CompressionPlan, ddp: nn.Module) -> tuple[CompressionHookSta
 
 def ddp_kwargs(plan: CompressionPlan, model: nn.Module) -> dict[str, Any]:
     return ddp_kwargs_for(plan.granularity, model) if plan.enabled else {}
+
+
+def validate_compression(cfg: CompressionConfig, seed: int, epochs: int) -> CompressionPlan:
+    """The method exists and takes the given parameters with valid values; the warm-up fits the run."""
+    plan = plan_from_config(cfg, seed)
+    if not 0 <= cfg.compress_warmup_epochs < epochs:
+        raise ConfigError(f"--compress-warmup-epochs must be in [0, epochs={epochs}), "
+                          f"got {cfg.compress_warmup_epochs}")
+    return plan

@@ -1,6 +1,6 @@
 """Measured, not assumed: the bytes each rank hands to collectives, and the time spent coding.
 
-``CompressionStats`` extends the sync mode's :class:`~trainscale.parallel.comm_hooks.CommStats`
+``CompressionStats`` extends the sync mode's :class:`~trainscale.runtime.comm_hooks.CommStats`
 (``bytes_sent``, ``calls``, ``steps``), so a compressed run and the counting all-reduce hook report
 the same ``bytes_sent_per_step``. ``bytes_sent`` is the size of every tensor this rank passes to
 ``all_reduce``/``all_gather`` (size exchanges and padding included); ``dense_bytes`` is what a plain
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from trainscale.parallel.comm_hooks import CommStats
+from trainscale.runtime.comm_hooks import CommStats
 
 _LABELS = ("method", "granularity", "world_size")
 

@@ -147,6 +147,7 @@ class AirbenchNet(nn.Module):
     "airbench",
     input_size=32,
     description="airbench94-style net with frozen patch whitening (1.97 M trainable params)",
+    data_init_images=5000,
 )
 def airbench(
     num_classes: int = 10, widths: Sequence[int] = (64, 256, 256), bn_momentum: float = 0.4, whiten_eps: float = 5e-4

@@ -3,9 +3,10 @@
 A factory is ``fn(num_classes: int = 10, **kw) -> nn.Module`` registered with :func:`register_model`, which also
 records the input size the net expects and the dataset it is usually trained on.
 
-Data-dependent initialisation: a model may define ``data_init(images)``; the trainer calls it once before training
-with a normalised batch of training images (float NCHW, e.g. 5,000 images). ``airbench`` uses it to compute its frozen
-patch-whitening filters. Models without the method need nothing from the data.
+A model declares what it needs from the data when it registers: its input size (the data is cropped to a smaller
+size or upscaled to a larger one) and, with ``data_init_images=N``, a data-based initialisation: the model defines
+``data_init(images)`` and the engine calls it once before training with N normalised training images (float NCHW).
+``airbench`` uses it to fit its frozen patch-whitening filters from 5,000 images.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ class ModelInfo:
     input_size: int
     description: str
     default_dataset: str
+    data_init_images: int = 0
 
 
 def register_model(
-    name: str, *, input_size: int, description: str, default_dataset: str = "cifar10"
+    name: str, *, input_size: int, description: str, default_dataset: str = "cifar10", data_init_images: int = 0
 ) -> Callable[[ModelFactory], ModelFactory]:
-    """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net."""
-    return MODELS.register(name, input_size=input_size, description=description, default_dataset=default_dataset)
+    """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net, and
+    ``data_init_images`` (> 0) asks for ``model.data_init(images)`` with that many training images."""
+    return MODELS.register(name, input_size=input_size, description=description, default_dataset=default_dataset,
+                           data_init_images=data_init_images)
 
 
 def create_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:

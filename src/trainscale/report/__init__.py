@@ -1,3 +1,2 @@
-"""Tables and reports built from run folders: console tables (``console.py``) and `trainscale report`
-(``collect`` the runs, ``aggregate`` repeats per environment, ``tables``/``csvfile``/``plots``/``html``
-render them, ``build`` writes the report folder)."""
+"""`trainscale report`: ``collect`` the runs of grid and run folders, ``aggregate`` repeats per environment,
+render them as ``tables``, ``csvfile``, ``plots`` and ``html``; ``build`` writes the report folder."""

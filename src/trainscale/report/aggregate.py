@@ -4,7 +4,7 @@
   each with its own tables and plots; numbers from two machines are never averaged together.
 - Group: runs whose configs are equal except ``seed`` and plumbing (``GROUP_EXCLUDE``) are repeats of
   one configuration: shown as mean and spread (sample standard deviation).
-- Scaling efficiency: ``trainscale.parallel.scaling.scaling_efficiency`` of each run against the mean
+- Scaling efficiency: ``trainscale.train.scaling.scaling_efficiency`` of each run against the mean
   throughput of the 1-worker group with the same model, dataset, precision, image size and per-worker
   batch (weak scaling); when several qualify, the one whose config is closest.
 """
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainscale.bench.expand import HASH_EXCLUDE, significant
-from trainscale.parallel.scaling import SAME_CONFIG, scaling_efficiency, throughput
+from trainscale.modes.ps.config import PS_MODES
+from trainscale.train.scaling import SAME_CONFIG, scaling_efficiency, throughput
 from trainscale.report.collect import RunRecord
 
 ENV_KEYS = ("device_name", "torch")
 GROUP_EXCLUDE = HASH_EXCLUDE | {"seed", "baseline", "data_dir"}
-PS_MODES = ("async", "ps-sync", "ma")
 
 
 @dataclass

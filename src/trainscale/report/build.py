@@ -12,10 +12,12 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable
 
+from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
 from trainscale.report.aggregate import Partition, partitions
-from trainscale.report.collect import Collection, collect
+from trainscale.report.collect import Collection, RunRecord, collect
 from trainscale.report.csvfile import csv_rows, write_csv
 from trainscale.report.html import render_html
 from trainscale.report.plots import write_plots
@@ -79,22 +81,69 @@ def _prepare_out(out: Path) -> None:
 
 
 def _intro(dirs: list[Path], collection: Collection) -> list[str]:
-    grids = {}
-    for record in collection.records:
-        if record.grid:
-            meta = _grid_meta(record.folder.parent.parent)
-            scale = meta.get("scale") or "none"
-            grids[record.grid] = f"{record.grid} (scale {scale}): {meta.get('description', '')}".strip()
-    counts = {}
+    """When and from where, then per grid folder (and for the runs outside a grid) what ran, taken from
+    the runs' own configs and summaries; a grid file's descriptions come after, as its authors' words."""
+    counts: dict[str, int] = {}
     for record in collection.records:
         counts[record.status] = counts.get(record.status, 0) + 1
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"Generated {when} from {', '.join(str(d) for d in dirs)}: {len(collection.records)} run(s), "
              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "."]
-    return lines + [f"Grid {text}" for text in grids.values()]
+    by_folder: dict[Path | None, list[RunRecord]] = {}
+    for record in collection.records:
+        by_folder.setdefault(record.folder.parent.parent if record.grid else None, []).append(record)
+    for root, records in by_folder.items():
+        if root is None:
+            lines.append(f"Runs outside a grid: {describe_runs(records)}.")
+        else:
+            lines += _grid_lines(records[0].grid, _grid_meta(root), records)
+    return lines
 
 
-def _grid_meta(root: Path) -> dict:
+def _grid_lines(name: str, meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
+    sets = set_text(meta.get("set") or {})
+    lines = [f"Grid {name} (scale {meta.get('scale') or 'none'}{', ' + sets if sets else ''}): "
+             f"{describe_runs(records)}."]
+    described = [text for text in (meta.get("description"), meta.get("scale_description") and
+                                   f"scale {meta.get('scale')}: {meta['scale_description']}") if text]
+    if described:
+        lines.append(f"The grid file describes {name} as: {'; '.join(described)} (its words, not a record of the "
+                     "runs above).")
+    return lines
+
+
+def describe_runs(records: list[RunRecord]) -> str:
+    """What the runs that were made trained: models, epochs and training images, from each run's config
+    (``config.json``, else its planned config) and summary; differing values are all listed."""
+    made = [r for r in records if r.status not in ("excluded", "not run")]
+    if not made:
+        return "no run has been made yet"
+    pairs = [(r.config or r.bench.get("config") or {}, r.summary) for r in made]
+    models = _distinct(c.get("model") or s.get("model") for c, s in pairs)
+    epochs = _distinct(c.get("epochs") or s.get("epochs") for c, s in pairs)
+    subsets = _distinct(c.get("train_subset") or "all" for c, _ in pairs)
+    datasets = _distinct(c.get("dataset") or s.get("dataset") for c, s in pairs)
+    per_epoch = _distinct(s.get("train_samples_per_epoch") for _, s in pairs)
+    text = (f"{len(made)} run(s) of {_or(models)} for {_or(epochs)} epoch{'' if epochs == ['1'] else 's'} on "
+            f"{_or(subsets)} {_or(datasets)} training images")
+    return text + (f" ({_or(per_epoch)} per epoch)" if per_epoch else "")
+
+
+def _distinct(values: Iterable[Any]) -> list[str]:
+    """Each value once, numbers in order and with thousands separators, other values as they came."""
+    found = list(dict.fromkeys(v for v in values if v is not None))
+    is_number = [isinstance(v, int) and not isinstance(v, bool) for v in found]
+    numbers = sorted(v for v, number in zip(found, is_number) if number)
+    return [f"{v:,}" for v in numbers] + [str(v) for v, number in zip(found, is_number) if not number]
+
+
+def _or(values: list[str]) -> str:
+    if not values:
+        return "?"
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def _grid_meta(root: Path) -> dict[str, Any]:
     try:
         return json.loads((root / "grid.json").read_text())
     except (OSError, ValueError):
@@ -122,7 +171,7 @@ def _section(part: Partition, number: int, total: int, out: Path) -> Section:
 
 
 def render_markdown(report: Report) -> str:
-    lines = [f"# {report.title}", "", *report.intro, ""]
+    lines = [f"# {report.title}", ""] + [part for line in report.intro for part in (line, "")]
     lines += [f"> **Warning:** {w}\n" for w in report.warnings]
     for section in report.sections:
         lines += [f"## {section.title}", ""] + [t.markdown() for t in section.tables]

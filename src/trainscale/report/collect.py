@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
+from trainscale.io import read_jsonl
+from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
 
@@ -131,8 +133,7 @@ def _warn_stale(root: Path, planned: set[str], warnings: list[str]) -> None:
 def _ledger(root: Path) -> dict[str, dict[str, Any]]:
     """Last ledger line per run id."""
     path = root / "grid.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {entry["run_id"]: entry for entry in (json.loads(x) for x in lines if x.strip())}
+    return {entry["run_id"]: entry for entry in (read_jsonl(path) if path.exists() else [])}
 
 
 def _json(path: Path) -> Any:
@@ -149,7 +150,4 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def _metrics(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_history(folder)

@@ -1,11 +1,11 @@
 """The report's PNG figures (matplotlib, Agg backend: no display needed).
 
 - ``accuracy_epoch.png`` and ``accuracy_time.png``: test accuracy per run against epoch and against
-  cumulative training time (seed 000's two figures).
-- ``throughput_workers.png``: images/s and scaling efficiency against workers (seeds 001, 003), drawn
-  only when the runs span several worker counts.
-- ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (seed 004),
-  drawn only when runs report bytes per step.
+  cumulative training time (the Multiverso benchmark's two figures, grid seed000).
+- ``throughput_workers.png``: images/s and scaling efficiency against workers (MXNet multi-GPU and
+  Keras-MXNet, grids seed001 and seed003), drawn only when the runs span several worker counts.
+- ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (the
+  layer-wise compression study, grid seed004), drawn only when runs report bytes per step.
 With several environments each gets its own set (``-env2`` ...), never one plot across machines.
 """
 

@@ -1,11 +1,14 @@
-"""The report's tables, in the seeds' own columns, as one model rendered to Markdown and HTML.
+"""The report's tables, in the columns of the results pages the grids reproduce, as one model rendered to
+Markdown and HTML (the grid files under benchmarks/grids/ keep their "seedNNN" names).
 
-- Configurations (seed 000): Short Name, processes, GPUs per process, parameter server, batch size,
-  initial LR, seconds per epoch, best validation accuracy.
-- Throughput and scaling (seeds 001, 003): images/s, scaling efficiency against the 1-worker row,
-  train and test accuracy, peak memory.
-- Communication (seed 004): method, ratio, granularity, bytes per step, compression ratio.
-- Accuracy by epoch (seed 002): epoch, train accuracy, validation accuracy, time.
+- Configurations (the Multiverso benchmark, seed000): Short Name, processes, GPUs per process, parameter
+  server, batch size, initial LR, seconds per epoch, best validation accuracy.
+- Throughput and scaling (MXNet multi-GPU, seed001, and Keras-MXNet, seed003): images/s, scaling
+  efficiency against the 1-worker row, train and test accuracy, peak memory.
+- Communication (the layer-wise compression study, seed004): method, ratio, granularity, bytes per step,
+  compression ratio.
+- Accuracy by epoch (the MXNet distributed examples, seed002): epoch, train accuracy, validation accuracy,
+  time.
 A table or column appears only when some run has the data: nothing is shown that was not run.
 """
 
@@ -174,7 +177,8 @@ def _opt(value: Any) -> str:
 
 
 def epochs_table(run: RunRecord) -> Table:
-    """Seed 002's per-epoch table for one run (every epoch, or about a dozen spread over a long run)."""
+    """The MXNet distributed examples' per-epoch table for one run (every epoch, or about a dozen spread
+    over a long run)."""
     rows = run.metrics
     step = max(1, -(-len(rows) // MAX_EPOCH_ROWS))
     shown = [r for r in rows if r["epoch"] % step == 0 or r is rows[-1]]

@@ -1,6 +1,15 @@
-"""Training: config, schedules, the hot loop, the epoch loop, checkpoints and the run folder."""
+"""The training engine: the step and the epoch loop, evaluation, schedules, checkpoints and the run folder.
 
-from trainscale.train.config import TrainConfig, build_config, load_toml
-from trainscale.train.run import run_training
+It knows no mode, launcher or report: a mode reaches it as one ``Callbacks`` object, and the composition
+root (``trainscale.app``) builds the pieces. From Python::
 
-__all__ = ["TrainConfig", "build_config", "load_toml", "run_training"]
+    from trainscale.train import build_model, build_optimizer, train_step
+"""
+
+from trainscale.train.callbacks import Callbacks
+from trainscale.train.loop import PassStats, evaluate, train_one_epoch, train_step
+from trainscale.train.setup import BatchPlan, build_model, build_optimizer, load_data
+from trainscale.train.trainer import Trainer
+
+__all__ = ["BatchPlan", "Callbacks", "PassStats", "Trainer", "build_model", "build_optimizer", "evaluate",
+           "load_data", "train_one_epoch", "train_step"]

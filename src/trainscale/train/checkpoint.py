@@ -7,35 +7,15 @@ seeded from (seed, epoch), so they need no state of their own.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainscale.errors import ConfigError
+from trainscale.io import atomic_write_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
-
-
-def atomic_write_bytes(path: Path, write: Any) -> None:
-    """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
 def rng_state() -> dict[str, Any]:

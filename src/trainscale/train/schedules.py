@@ -10,13 +10,13 @@ import math
 from typing import Callable
 
 from trainscale.registry import Registry
-from trainscale.train.config import TrainConfig
+from trainscale.config import CoreConfig
 
 Schedule = Callable[[float], float]
 SCHEDULES: Registry[Schedule] = Registry("schedule")
 
 
-def create_schedule(cfg: TrainConfig) -> Schedule:
+def create_schedule(cfg: CoreConfig) -> Schedule:
     """The schedule named by ``cfg.schedule`` with the linear warm-up applied on top."""
     shape = SCHEDULES.create(cfg.schedule, cfg=cfg)
     warmup = warmup_epochs(cfg)
@@ -29,7 +29,7 @@ def list_schedules() -> list[str]:
     return SCHEDULES.names()
 
 
-def warmup_epochs(cfg: TrainConfig) -> float:
+def warmup_epochs(cfg: CoreConfig) -> float:
     """Explicit ``--warmup-epochs``, else 5/24 of the run for one-cycle (seed 004's 5 of 24), else none."""
     if cfg.warmup_epochs is not None:
         return float(cfg.warmup_epochs)
@@ -37,12 +37,12 @@ def warmup_epochs(cfg: TrainConfig) -> float:
 
 
 @SCHEDULES.register("constant")
-def constant(cfg: TrainConfig) -> Schedule:
+def constant(cfg: CoreConfig) -> Schedule:
     return lambda t: 1.0
 
 
 @SCHEDULES.register("step")
-def step(cfg: TrainConfig) -> Schedule:
+def step(cfg: CoreConfig) -> Schedule:
     """Multiply by ``gamma`` at each milestone. Milestones are 1-based epoch numbers as the seeds write
     them: seed 000's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""
     starts = [m - 1 for m in cfg.milestones]
@@ -50,7 +50,7 @@ def step(cfg: TrainConfig) -> Schedule:
 
 
 @SCHEDULES.register("onecycle")
-def onecycle(cfg: TrainConfig) -> Schedule:
+def onecycle(cfg: CoreConfig) -> Schedule:
     """Piecewise linear 0 -> 1 at the warm-up epoch -> 0 at the last epoch (cifar10-fast, seed 004)."""
     peak, end = warmup_epochs(cfg), float(cfg.epochs)
 
@@ -63,5 +63,5 @@ def onecycle(cfg: TrainConfig) -> Schedule:
 
 
 @SCHEDULES.register("cosine")
-def cosine(cfg: TrainConfig) -> Schedule:
+def cosine(cfg: CoreConfig) -> Schedule:
     return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.epochs) / cfg.epochs))

@@ -1,4 +1,7 @@
-"""Build a ready-to-run Trainer from a TrainConfig: device, data, model, optimizer, run folder."""
+"""The engine's builders: data, batch plan, model, optimizer and the run folder, from the config.
+
+Public: ``build_model`` and ``build_optimizer`` (usable on their own, e.g. to time one ``train_step``);
+the composition root (``app.run``) puts the pieces together with a mode.""" 
 
 from __future__ import annotations
 
@@ -15,16 +18,12 @@ from torch import nn
 from trainscale.data import AugmentConfig, DeviceBatches, ImageTensors, load_dataset
 from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
+from trainscale.io import read_json
 from trainscale.models import count_parameters, create_model, model_info
-from trainscale.parallel import broadcast_object, is_main_process, rank, world_size
-from trainscale.parallel.faults import with_fault_injection
-from trainscale.parallel.modes import Mode
-from trainscale.train.config import TrainConfig
+from trainscale.config import CoreConfig
+from trainscale.results import LAUNCHER_FILES, RunWriter
+from trainscale.runtime import broadcast_object, is_main_process, world_size
 from trainscale.train.environment import environment
-from trainscale.train.outputs import RunWriter
-from trainscale.train.precision import Precision, resolve_device
-from trainscale.train.schedules import create_schedule
-from trainscale.train.trainer import Trainer
 
 log = logging.getLogger("trainscale.train")
 
@@ -40,7 +39,7 @@ class BatchPlan:
     lr: float
 
     @classmethod
-    def resolve(cls, cfg: TrainConfig, workers: int) -> "BatchPlan":
+    def resolve(cls, cfg: CoreConfig, workers: int) -> "BatchPlan":
         if cfg.batch_per_worker is not None:
             per_worker = cfg.batch_per_worker
         elif cfg.batch_size % workers:
@@ -53,11 +52,11 @@ class BatchPlan:
         return cls(per_worker, global_batch, lr)
 
 
-def default_out_dir(cfg: TrainConfig) -> Path:
+def default_out_dir(cfg: CoreConfig) -> Path:
     return Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def synthetic_size(cfg: TrainConfig, subset: int | None) -> dict[str, int]:
+def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, int]:
     """Synthetic data: generate only the subset asked for (50,000 random images take seconds per process,
     and every worker makes its own); a subset larger than the set stays an error."""
     if cfg.dataset != "synthetic" or not subset or subset > SYNTHETIC_SIZE:
@@ -65,7 +64,7 @@ def synthetic_size(cfg: TrainConfig, subset: int | None) -> dict[str, int]:
     return {"synthetic_size": subset}
 
 
-def load_data(cfg: TrainConfig) -> tuple[ImageTensors, ImageTensors]:
+def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
     size = cfg.image_size if cfg.dataset == "synthetic" else None
     common = dict(data_dir=cfg.data_dir, verify=cfg.verify, download=cfg.download, image_size=size)
     train = load_dataset(cfg.dataset, train=True, **common, **synthetic_size(cfg, cfg.train_subset))
@@ -77,7 +76,7 @@ def load_data(cfg: TrainConfig) -> tuple[ImageTensors, ImageTensors]:
     return train, test
 
 
-def augment_for(cfg: TrainConfig, native: int, want: int) -> tuple[AugmentConfig, AugmentConfig]:
+def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig, AugmentConfig]:
     """Train/eval pipelines: random crops smaller than the images (MXNet's 28x28), upscaling larger."""
     crop = want if want < native else None
     resize = want if want > native else None
@@ -87,13 +86,14 @@ def augment_for(cfg: TrainConfig, native: int, want: int) -> tuple[AugmentConfig
     return train, test
 
 
-def build_model(cfg: TrainConfig, num_classes: int, device: torch.device, train: ImageTensors) -> nn.Module:
+def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: ImageTensors) -> nn.Module:
+    """The registered model, seeded by ``cfg.seed``, on ``device`` in the configured memory format; a model
+    registered with ``data_init_images=N`` is first initialised from N normalised training images."""
     torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, num_classes=num_classes)
-    if hasattr(model, "data_init"):
-        sample = train.images[:5000].to(device)
-        model.to(device).data_init(normalise(sample, train))
-    model = model.to(device)
+    model = create_model(cfg.model, num_classes=num_classes).to(device)
+    images = model_info(cfg.model).data_init_images
+    if images:
+        model.data_init(normalise(train.images[:images].to(device), train))
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -105,13 +105,14 @@ def normalise(images: torch.Tensor, data: ImageTensors) -> torch.Tensor:
     return (images.float() / 255 - mean) / std
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """SGD over the trainable parameters with the configured momentum, Nesterov and weight decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay)
 
 
-def check_fits(cfg: TrainConfig, n_train: int, n_test: int, workers: int) -> BatchPlan:
+def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> BatchPlan:
     """The shard rules of ``DeviceBatches``, checked without building it (the launcher runs this before
     starting any worker): every rank needs samples and at least one full training batch."""
     plan = BatchPlan.resolve(cfg, workers)
@@ -124,16 +125,49 @@ def check_fits(cfg: TrainConfig, n_train: int, n_test: int, workers: int) -> Bat
     return plan
 
 
-def resolve_out(cfg: TrainConfig) -> Path:
+def resolve_out(cfg: CoreConfig) -> Path:
     return Path(cfg.out) if cfg.out else default_out_dir(cfg)
 
 
-def check_run_folder(out: Path, resume: bool) -> None:
-    """Refuse to start over an existing run unless resuming, and to resume nothing."""
-    if not resume and (out / "checkpoint.pt").exists():
-        raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-    if resume and not (out / "checkpoint.pt").exists():
+RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.jsonl", "config.json")  # any of them: a trainscale run
+# Settings a resumed run may change: where things are and how the job is run, never what is trained.
+# ``epochs`` may only grow (checked apart).
+RESUME_MAY_CHANGE = frozenset({
+    "out", "resume", "progress", "checkpoint", "data_dir", "verify", "download", "threads", "epochs", "rdzv_endpoint",
+    "rdzv_id", "rdzv_timeout", "dist_timeout", "rpc_timeout", "max_restarts", "hosts", "ssh", "baseline",
+})
+
+
+def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None) -> None:
+    """Never write into a folder that holds anything unless resuming a trainscale run there with the same
+    settings (``RESUME_MAY_CHANGE`` aside); never resume nothing."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder; choose another --out")
+    if not resume:
+        if any((out / name).exists() for name in RUN_FILES):
+            raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+        if out.is_dir() and any(p.name not in LAUNCHER_FILES for p in out.iterdir()):
+            raise ConfigError(f"--out {out} is a folder that already holds files and is not a trainscale run; "
+                              "choose a new or empty folder")
+        return
+    if not (out / "checkpoint.pt").exists() and not (out / "config.json").exists():
         raise ConfigError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}; run without --resume to start fresh")
+    if cfg is not None and (out / "config.json").exists():
+        check_resume_matches(read_json(out / "config.json"), cfg)
+
+
+def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
+    """``--resume`` continues the run that ``config.json`` records: every setting must match, except where
+    things are (``RESUME_MAY_CHANGE``) and ``epochs``, which may only grow."""
+    now = cfg.to_dict()
+    differ = [f"{k} (was {recorded[k]!r}, now {now[k]!r})" for k in now
+              if k in recorded and k not in RESUME_MAY_CHANGE and recorded[k] != now[k]]
+    if differ:
+        raise ConfigError(f"--resume: the run in {cfg.out} was started with other settings: {'; '.join(differ)}; "
+                          "resume with its settings or start a new run with another --out")
+    if now["epochs"] < recorded.get("epochs", 0):
+        raise ConfigError(f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; "
+                          "epochs may only grow")
 
 
 def restart_count() -> int:
@@ -141,79 +175,31 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def wants_resume(cfg: TrainConfig, out: Path | None) -> bool:
-    """``--resume``, or a restarted worker finding the failed attempt's checkpoint (decided by the main
-    process, which owns the run folder, and shared so every rank agrees)."""
-    if cfg.resume:
-        return True
-    if restart_count() == 0:
+def wants_resume(cfg: CoreConfig, out: Path | None) -> bool:
+    """Whether to load a checkpoint: ``--resume`` or a restarted worker, and the main process (which owns
+    the run folder) finds one; shared so every rank agrees. A run killed before its first checkpoint has
+    none and starts from the beginning."""
+    if not cfg.resume and restart_count() == 0:
         return False
     found = out is not None and (out / "checkpoint.pt").exists()
     return bool(broadcast_object(found))
 
 
-def run_folder(cfg: TrainConfig) -> tuple[RunWriter | None, bool]:
+def run_folder(cfg: CoreConfig) -> tuple[RunWriter | None, bool]:
     """(the run folder on the main process, whether to resume); see ``check_run_folder``."""
     out = resolve_out(cfg) if is_main_process() else None
     resume = wants_resume(cfg, out)
     if out is None:
         return None, resume
-    if not (resume and restart_count() > 0):
-        check_run_folder(out, resume)
+    if restart_count() == 0:
+        check_run_folder(out, cfg.resume, cfg)
+    if cfg.resume and not resume:
+        log.warning("--resume: %s has no checkpoint (the run stopped before its first one); starting from the "
+                    "beginning", out)
     return RunWriter(out), resume
 
 
-def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode) -> Trainer:
-    """Everything before the first step; errors here happen before any training time is spent."""
-    precision = Precision(cfg.precision, device)
-    writer, resume = run_folder(cfg)
-    train, test = load_data(cfg)
-    workers = world_size()
-    plan = check_fits(cfg, len(train), len(test), workers)
-    want = cfg.image_size or model_info(cfg.model).input_size
-    aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
-    common = dict(device=device, rank=rank(), world_size=workers, seed=cfg.seed, channels_last=cfg.channels_last)
-    train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
-                                                       **common), rank())
-    test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
-    model = build_model(cfg, train.num_classes, device, train)
-    params = count_parameters(model)
-    if cfg.compile:
-        model.compile()
-    schedule = create_schedule(cfg)
-    optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
-    train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
-    trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
-                      train_batches=train_batches, test_batches=test_batches,
-                      lr_at=lambda t: plan.lr * schedule(t), writer=writer,
-                      train_model=mode.wrap_model(model, device), epoch_hooks=[mode.epoch_stats],
-                      before_train_hooks=[mode.before_train_epoch],
-                      after_train_hooks=[lambda: mode.after_train_epoch(model)], summary_hooks=[mode.run_stats],
-                      baseline=load_baseline(cfg) if writer is not None else None,
-                      summary_base={**summary_base(cfg, plan, params, device, want,
-                                                   train_batches.num_samples * workers, writer), **mode.describe()})
-    if resume:
-        trainer.resume()
-    if writer is not None:
-        writer.write_config({**cfg.to_dict(), "out": str(writer.out), "resolved": {
-            "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,
-            "image_size": want, "device": str(device), "world_size": workers}})
-    return trainer
-
-
-def load_baseline(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The --baseline run's summary (for scaling efficiency), or None."""
-    if not cfg.baseline:
-        return None
-    from trainscale.train.outputs import read_json
-
-    path = Path(cfg.baseline) / "summary.json"
-    if not path.is_file():
-        raise ConfigError(f"--baseline {cfg.baseline}: no summary.json there; give the folder of a finished run")
-    return read_json(path)
-
-
-def summary_base(cfg: TrainConfig, plan: BatchPlan, params: int, device: torch.device, image_size: int,
+def summary_base(cfg: CoreConfig, plan: BatchPlan, params: int, device: torch.device, image_size: int,
                  epoch_samples: int, writer: RunWriter | None) -> dict[str, Any]:
     return {
         "out": str(writer.out) if writer else None,

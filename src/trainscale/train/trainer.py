@@ -10,13 +10,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from trainscale.config import CoreConfig
+from trainscale.data import Batches
 from trainscale.errors import ConfigError
-from trainscale.parallel import all_reduce_max, barrier, broadcast_object, is_distributed, is_main_process, world_size
-from trainscale.parallel.scaling import config_mismatches, scaling_efficiency
+from trainscale.runtime import all_reduce_max, barrier, broadcast_object, is_distributed, is_main_process, world_size
+from trainscale.train.scaling import config_mismatches, scaling_efficiency
+from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainscale.train.config import TrainConfig
 from trainscale.train.loop import PassStats, evaluate, train_one_epoch
-from trainscale.train.outputs import RunWriter
+from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory
 
 log = logging.getLogger("trainscale.train")
@@ -41,20 +43,17 @@ class RunState:
 
 @dataclass
 class Trainer:
-    cfg: TrainConfig
+    cfg: CoreConfig
     model: nn.Module
     optimizer: torch.optim.Optimizer
     precision: Precision
-    train_batches: Any
-    test_batches: Any
+    train_batches: Batches
+    test_batches: Batches
     lr_at: Callable[[float], float]
     summary_base: dict[str, Any]
     writer: RunWriter | None = None
     train_model: nn.Module | None = None
-    epoch_hooks: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
-    before_train_hooks: list[Callable[[int], None]] = field(default_factory=list)
-    after_train_hooks: list[Callable[[], None]] = field(default_factory=list)
-    summary_hooks: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    callbacks: Callbacks = field(default_factory=Callbacks)
     baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
 
@@ -106,17 +105,14 @@ class Trainer:
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
-        for before in self.before_train_hooks:
-            before(epoch)
+        self.callbacks.before_train_epoch(epoch)
         train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler, self.precision,
                                 self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress)
-        for hook in self.after_train_hooks:
-            hook()
+        self.callbacks.after_train_epoch(self.model)
         test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta)
         self._account(epoch, train, test)
         row = self._row(epoch, train, test)
-        for hook in self.epoch_hooks:
-            row.update(hook())
+        row.update(self.callbacks.epoch_stats())
         log.info("epoch %d/%d: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1fs, %.0f img/s",
                  epoch + 1, self.cfg.epochs, train.loss, train.acc, test.loss, test.acc, row["epoch_seconds"],
                  row["samples_per_sec"])
@@ -154,8 +150,7 @@ class Trainer:
 
     def summary(self) -> dict[str, Any]:
         summary = self._summary()
-        for hook in self.summary_hooks:
-            summary.update(hook())
+        summary.update(self.callbacks.run_stats())
         if self.baseline is not None and summary["samples_per_sec"]:
             summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
             summary["scaling_baseline"] = {"out": self.baseline.get("out"),

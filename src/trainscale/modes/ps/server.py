@@ -28,13 +28,16 @@ import torch
 from torch import Tensor
 from torch.futures import Future
 
-from trainscale.parallel.ps.codec import CodecSpec, payload_nbytes
-from trainscale.parallel.ps.membership import Membership
-from trainscale.parallel.ps.stats import ServerStats
+from trainscale.modes.ps.codec import CodecSpec, payload_nbytes
+from trainscale.modes.ps.membership import Membership
+from trainscale.modes.ps.stats import ServerStats
 
 log = logging.getLogger("trainscale.ps")
 
-RULES = ("async", "ps-sync", "ma")
+# Per rule: does a step wait for every live worker's push (a round), and are pushes parameter changes that
+# are averaged in (model averaging) rather than gradients for the server's optimizer?
+ROUNDS = {"async": False, "ps-sync": True, "ma": True}
+AVERAGES = {"async": False, "ps-sync": False, "ma": True}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,17 @@ class Rule:
     dampening: float = 0.0
     staleness: int | None = None
     codec: CodecSpec | None = None  # compressed pushes (see codec.py); None: dense fp32
+
+    @property
+    def rounds(self) -> bool:
+        """Pushes of one step are summed until every live worker has pushed (ps-sync, ma); else each push is
+        applied at once (async, where the staleness bound applies instead)."""
+        return ROUNDS[self.name]
+
+    @property
+    def averages(self) -> bool:
+        """Pushes are parameter changes averaged straight in (ma), not gradients for an SGD step."""
+        return AVERAGES[self.name]
 
     def describe(self) -> str:
         """One line for the server's log: the update rule as a user would state it."""
@@ -101,14 +115,14 @@ class ShardServer:
 
     def initialize(self, params: Tensor, rule: Rule) -> int:
         """Take the initial slice and the rule (the main worker calls this once per run)."""
-        if rule.name not in RULES:
+        if rule.name not in ROUNDS:
             raise ValueError(f"unknown rule {rule.name!r}")
         with self.lock:
             self.rule = rule
             self.decoder = rule.codec.create() if rule.codec is not None else None
             self.params = params.detach().clone().float()
             self.optimizer = None
-            if rule.name != "ma":
+            if not rule.averages:
                 self.optimizer = torch.optim.SGD([self.params], lr=0.0, momentum=rule.momentum,
                                                  dampening=rule.dampening, nesterov=rule.nesterov,
                                                  weight_decay=rule.weight_decay)
@@ -155,7 +169,7 @@ class ShardServer:
             staleness = self.version - read_version
             self.stats.record_push(staleness, nbytes)
             self.progress[worker] = (epoch, step + 1)
-            if self.rule.name == "async":
+            if not self.rule.rounds:
                 self._apply_update(payload, lr)
             else:
                 rnd = self.rounds.get((epoch, step))
@@ -184,7 +198,7 @@ class ShardServer:
     def on_membership_change(self) -> None:
         """A worker left or died: rounds and staleness waits no longer wait for it."""
         with self.lock:
-            if self.rule is not None and self.rule.name != "async":
+            if self.rule is not None and self.rule.rounds:
                 self._close_rounds()
             ready = self._ready_waiters()
         _complete(ready)
@@ -193,7 +207,7 @@ class ShardServer:
 
     def _apply_update(self, payload: Tensor, lr: float) -> None:
         start = time.perf_counter()
-        if self.rule.name == "ma":
+        if self.rule.averages:
             self.params.add_(payload)
         else:
             self.params.grad = payload
@@ -221,7 +235,7 @@ class ShardServer:
     def _may_proceed(self, w: Waiter) -> bool:
         if w.step is None or self.rule is None:
             return True
-        if self.rule.name != "async":
+        if self.rule.rounds:
             return w.step == 0 or self.last_round >= (w.epoch, w.step - 1)
         bound = self.rule.staleness
         return bound is None or self._gap(w) <= bound
@@ -238,7 +252,7 @@ class ShardServer:
         return 0 if seen_epoch < epoch else 1 << 30
 
     def _answer(self, w: Waiter) -> tuple[Tensor, int, float]:
-        if self.rule is not None and self.rule.name == "async" and w.step is not None:
+        if self.rule is not None and not self.rule.rounds and w.step is not None:
             self.stats.clock_gap_max = max(self.stats.clock_gap_max, self._gap(w))
         self.stats.bytes_out += self.params.numel() * self.params.element_size()
         return self.params.clone(), self.version, time.perf_counter() - w.since

@@ -13,7 +13,6 @@ exception reaches the agent). On success node 0 prints the table and summary fro
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -23,18 +22,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from trainscale.app.config import TrainConfig
+from trainscale.app.run import load_baseline, run_training
+from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
 from trainscale.errors import ConfigError
 from trainscale.log import relabel
+from trainscale.modes import mode_class
+from trainscale.modes.ps.stats import summary_line as ps_summary_line
+from trainscale.results import read_history, read_json
+from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.network import LOCALHOST, check_port_free, free_port, parse_endpoint, wait_reachable
+from trainscale.runtime.worker_errors import recorded
+from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.setup import check_fits, check_run_folder, load_data, resolve_out
 
-log = logging.getLogger("trainscale.parallel")
+log = logging.getLogger("trainscale.launch")
 
 LAUNCHED_ENV = "TRAINSCALE_LAUNCHED"
 DEFAULT_MULTINODE_ID = "trainscale"
 MONITOR_INTERVAL_S = 0.1
-PEER_ERROR_MARKERS = ("DistBackendError", "DistNetworkError", "Connection closed by peer", "Connection reset by peer",
-                      "Broken pipe", "Socket Timeout", "Connection refused", "timed out",
-                      "Signal 15 (SIGTERM) received",  # stopped by the agent, with the signal recorded
-                      "lost parameter server")  # a PS worker whose server died (parallel/ps/client.py)
+CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
 
 
 @dataclass(frozen=True)
@@ -53,28 +66,11 @@ def launched_by_trainscale() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1"
 
 
-def cpu_count() -> int:
-    """Cores this process may use (the affinity mask, which containers and taskset narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_worker(cfg: Any, local_workers: int) -> int:
-    """``--threads``, else the node's cores split evenly over its workers (torchrun would set 1)."""
-    return cfg.threads or max(1, cpu_count() // max(1, local_workers))
-
-
 # ------------------------------------------------------------------------------------ the checks
 
 
-def check_devices(cfg: Any) -> None:
-    """GPUs, precision, backend and SyncBatchNorm against what this machine has."""
-    import torch
-
-    from trainscale.train.precision import Precision, resolve_device
-
+def check_devices(cfg: TrainConfig) -> None:
+    """GPUs, precision, backend and the mode's device needs against what this machine has."""
     if cfg.devices:
         if not torch.cuda.is_available():
             raise ConfigError("--devices/--gpus needs CUDA GPUs and this machine has none; use --workers N on the CPU")
@@ -85,29 +81,17 @@ def check_devices(cfg: Any) -> None:
     Precision(cfg.precision, device)
     if cfg.backend == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; use gloo (the default) on the CPU")
-    if cfg.sync_bn and device.type != "cuda":
-        raise ConfigError("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU leave it "
-                          "off: running statistics are averaged over workers at each epoch end")
+    mode_class(cfg.mode).check_device(cfg, device)
 
 
-def check_data(cfg: Any) -> None:
+def check_data(cfg: TrainConfig) -> None:
     """Load the data once here (download/verify included) and check every rank gets a usable shard."""
-    from trainscale.train.setup import check_fits, load_data
-
     train, test = load_data(cfg)
     check_fits(cfg, len(train), len(test), cfg.workers * cfg.nnodes)
 
 
-def check_baseline(cfg: Any) -> None:
-    """--baseline must be a finished run, or the efficiency would be missing only at the very end."""
-    if cfg.baseline and not (Path(cfg.baseline) / "summary.json").is_file():
-        raise ConfigError(f"--baseline {cfg.baseline}: no summary.json there; give the folder of a finished run")
-
-
-def rendezvous_address(cfg: Any) -> tuple[str, bool]:
+def rendezvous_address(cfg: TrainConfig) -> tuple[str, bool]:
     """(endpoint, is_host): node 0 hosts the c10d store, others must be able to reach it."""
-    from trainscale.parallel.network import LOCALHOST, check_port_free, free_port, parse_endpoint, wait_reachable
-
     if cfg.rdzv_endpoint is None:
         return f"{LOCALHOST}:{free_port(LOCALHOST)}", True
     host, port = parse_endpoint(cfg.rdzv_endpoint)
@@ -118,19 +102,17 @@ def rendezvous_address(cfg: Any) -> tuple[str, bool]:
     return cfg.rdzv_endpoint, False
 
 
-def prepare(cfg: Any) -> LaunchPlan:
+def prepare(cfg: TrainConfig) -> LaunchPlan:
     """Every check that can run before the workers; each failure is a ConfigError (one line, exit 2)."""
-    from trainscale.train.setup import check_run_folder, resolve_out
-
     check_devices(cfg)
     out = resolve_out(cfg) if cfg.node_rank == 0 else None
     if out is not None:  # node 0's first worker owns the run folder (and reads --baseline)
-        check_baseline(cfg)
-        check_run_folder(out, cfg.resume)
+        load_baseline(cfg)
+        check_run_folder(out, cfg.resume, cfg)
     check_data(cfg)
     endpoint, is_host = rendezvous_address(cfg)
     run_id = cfg.rdzv_id or (DEFAULT_MULTINODE_ID if cfg.nnodes > 1 else uuid.uuid4().hex)
-    return LaunchPlan(endpoint, is_host, run_id, out, threads_per_worker(cfg, cfg.workers))
+    return LaunchPlan(endpoint, is_host, run_id, out, threads_per_worker(cfg.threads, cfg.workers))
 
 
 # ------------------------------------------------------------------------------------ launching
@@ -156,7 +138,7 @@ def worker_args(flags: dict[str, Any], plan: LaunchPlan) -> list[str]:
     return ["-u", "-m", "trainscale", "train", *to_argv({**flags, **overrides})]
 
 
-def worker_env(cfg: Any, plan: LaunchPlan) -> dict[str, str]:
+def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     """Variables for the agent (this process) and the workers it starts (they inherit its environment).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default torch's agent hands its rendezvous store to the
@@ -170,30 +152,23 @@ def worker_env(cfg: Any, plan: LaunchPlan) -> dict[str, str]:
     connection that closes, a screenful at each normal exit. The PS reports dead peers itself.
     """
     env = {LAUNCHED_ENV: "1", "OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    if cfg.servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+    if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     if cfg.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
     return env
 
 
-def launch_config(cfg: Any, plan: LaunchPlan) -> Any:
+def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
     """torch's LaunchConfig: fixed node count, c10d rendezvous, a 0.1 s monitor so failures stop the job fast."""
-    from torch.distributed.launcher.api import LaunchConfig
-
     return LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.workers + cfg.servers,
                         run_id=plan.run_id, rdzv_backend="c10d", rdzv_endpoint=plan.endpoint,
                         rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.rdzv_timeout)},
                         max_restarts=cfg.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
 
 
-def launch(cfg: Any, flags: dict[str, Any]) -> int:
+def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.launcher.api import elastic_launch
-
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
     relabel(f"node {cfg.node_rank} launcher")
@@ -217,19 +192,22 @@ def launch(cfg: Any, flags: dict[str, Any]) -> int:
     return 0
 
 
-def run_worker(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_worker(cfg: TrainConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A worker's entry: train, with any exception recorded to the agent's error file (torch's ``@record``,
     written atomically: see ``worker_errors``) so the parent can name the failed rank and its error."""
-    from trainscale.parallel.worker_errors import recorded
-    from trainscale.train.run import run_training
-
     return recorded(run_training)(cfg)
 
 
 # ------------------------------------------------------------------------------------ results
 
 
-def recorded_message(failure: Any) -> str:
+def recorded_kind(failure: ProcessFailure) -> str | None:
+    """The failure kind the worker recorded (``worker_errors.kind_of``), None when it recorded none."""
+    message = failure.message
+    return message.get("kind") if isinstance(message, dict) else None
+
+
+def recorded_message(failure: ProcessFailure) -> str:
     """The exception a worker recorded through ``@record`` ("" when it died without one)."""
     message = failure.message
     if isinstance(message, dict):
@@ -237,7 +215,7 @@ def recorded_message(failure: Any) -> str:
     return "" if message.startswith("To enable traceback") else message.strip()
 
 
-def failure_text(failure: Any) -> str:
+def failure_text(failure: ProcessFailure) -> str:
     """One line for a failed worker: its exception, the signal that killed it, or its exit code."""
     message = recorded_message(failure)
     if message:
@@ -248,39 +226,43 @@ def failure_text(failure: Any) -> str:
     return f"exited with status {failure.exitcode} (no exception recorded; see its output above)"
 
 
-def is_consequence(failure: Any) -> bool:
-    """A worker the agent stopped (SIGTERM, nothing recorded) or one that lost its peer (closed
-    connection, collective timeout): an effect of the root cause, not the cause."""
-    if failure.exitcode == -signal.SIGTERM and not recorded_message(failure):
+def is_consequence(failure: ProcessFailure) -> bool:
+    """A worker the agent stopped (SIGTERM, or a recorded ``stopped``) or one that recorded losing a peer
+    (closed connection, collective timeout, dead server): an effect of the root cause, not the cause."""
+    if failure.exitcode == -signal.SIGTERM and recorded_kind(failure) is None:
         return True
-    return any(marker in failure_text(failure) for marker in PEER_ERROR_MARKERS)
+    return recorded_kind(failure) in CONSEQUENCES
 
 
-def describe_failure(failures: dict[int, Any], first_server: int | None = None) -> tuple[str, int]:
+def failure_time_ns(failure: ProcessFailure) -> int:
+    """When the failure was recorded: the worker's own nanosecond stamp (a root cause records before its
+    peers notice it), else the agent's whole-second timestamp (a process killed without a word)."""
+    message = failure.message
+    stamp = message.get("time_ns") if isinstance(message, dict) else None
+    return int(stamp) if stamp is not None else int(failure.timestamp) * 10**9
+
+
+def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:
     """(one line naming the root-cause rank and its error, exit status): the earliest failure that is
     not a consequence of another; the agent then stopped the rest. ``first_server``: in parameter-server
     modes, local ranks from this one on are servers, and are named so."""
-    rank = min(failures, key=lambda r: (is_consequence(failures[r]), failures[r].timestamp, r))
+    rank = min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
     failure = failures[rank]
     kind = "parameter server" if first_server is not None and failure.local_rank >= first_server else "worker"
     line = f"{kind} rank {rank} (local rank {failure.local_rank}) failed: {failure_text(failure)}"
     others = sorted(r for r in failures if r != rank)
     if others:
         line += f"; the other workers were stopped (rank {', '.join(map(str, others))})"
-    return line, 2 if failure.exitcode == 2 else 1
+    return line, 2 if failure.exitcode == 2 or recorded_kind(failure) == "user" else 1
 
 
-def report(cfg: Any, plan: LaunchPlan) -> None:
+def report(cfg: TrainConfig, plan: LaunchPlan) -> None:
     """Print what the run folder says, as `trainscale train` does for a local run."""
-    from trainscale.report.console import EPOCH_COLUMNS, format_summary, format_table
-    from trainscale.train.outputs import read_json
-
     if plan.out is None:
         print(f"node {cfg.node_rank}: all workers finished; the run folder is on node 0")
         return
     summary = read_json(plan.out / "summary.json")
-    lines = (plan.out / "metrics.jsonl").read_text().splitlines()
-    history = [json.loads(x) for x in lines if x.strip()]
+    history = read_history(plan.out)
     print(format_table(history, EPOCH_COLUMNS))
     print(format_summary(summary))
     print(comm_line(summary))
@@ -289,9 +271,7 @@ def report(cfg: Any, plan: LaunchPlan) -> None:
 
 def comm_line(summary: dict[str, Any]) -> str:
     if summary.get("servers"):  # parameter-server modes
-        from trainscale.parallel.ps.stats import summary_line
-
-        return summary_line(summary)
+        return ps_summary_line(summary)
     sent = summary.get("bytes_sent_per_step")
     calls = summary.get("allreduce_calls_per_step")
     text = f"sync over {summary.get('backend')}, world size {summary.get('world_size')}"

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from trainscale.errors import ConfigError
 
-log = logging.getLogger("trainscale.parallel")
+log = logging.getLogger("trainscale.runtime")
 
 ENV_VAR = "TRAINSCALE_FAULT"
 ACTIONS = ("kill", "raise")

@@ -1,6 +1,9 @@
 """Collective helpers that are safe without a process group (rank 0, world 1).
 
-The training loop calls these unconditionally, so local and data-parallel runs share one code path.
+The training loop calls these unconditionally, so local and data-parallel runs share one code path. They
+are no-ops only when the process really is alone: when the environment says it is one of several
+(WORLD_SIZE > 1, as every launcher sets) but no process group was joined, they raise instead of
+silently returning the local value (which would make each rank report its own figures as the job's).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch.distributed as dist
 
 
 # A mode's own collectives in place of torch.distributed's default group: parameter-server workers
-# use RPC ones (trainscale.parallel.ps.client.RpcCollectives) that survive dead workers. Duck-typed:
+# use RPC ones (trainscale.modes.ps.client.RpcCollectives) that survive dead workers. Duck-typed:
 # rank(), world_size(), barrier(), all_reduce(tensor, ReduceOp), broadcast_object(obj, src).
 _collectives: Any = None
 
@@ -26,10 +29,23 @@ def use_collectives(impl: Any) -> None:
     _collectives = impl
 
 
+class NoProcessGroup(RuntimeError):
+    """The launcher's environment says distributed, but this process never joined the group."""
+
+
 def is_distributed() -> bool:
+    """True inside a process group (or a mode's own collectives); False for a process that is alone.
+    Raises NoProcessGroup when WORLD_SIZE > 1 but no group exists (a missing ``process_group()``)."""
     if _collectives is not None:
         return True
-    return dist.is_available() and dist.is_initialized()
+    if dist.is_available() and dist.is_initialized():
+        return True
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1:
+        raise NoProcessGroup(f"WORLD_SIZE={launched} says this process is one of {launched}, but it has not joined "
+                             "a process group: enter trainscale.runtime.process_group() (or the mode's session) "
+                             "before calling collective helpers")
+    return False
 
 
 def rank() -> int:

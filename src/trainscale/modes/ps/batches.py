@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from trainscale.data import DeviceBatches
 from trainscale.data.sharding import train_shard_size
 from trainscale.errors import ConfigError
-from trainscale.parallel.ps.optimizer import EpochClock
+from trainscale.modes.ps.optimizer import EpochClock
 
 
 class EmptyBatches:

@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
+from trainscale.compression import ErrorFeedback, UnitContext, canonical_method, compressor_params, create_compressor
+from trainscale.compression.config import CompressionConfig
 from trainscale.errors import ConfigError
 
 
@@ -26,8 +28,6 @@ class CodecSpec:
     params: dict[str, Any] = field(default_factory=dict)
 
     def create(self) -> Any:
-        from trainscale.compression import create_compressor
-
         compressor = create_compressor(self.name, **self.params)
         if compressor.aggregation == "custom":
             raise ConfigError(f"compressor '{compressor.name}' runs its own collectives; it cannot compress "
@@ -45,8 +45,6 @@ class PushCodec:
     """Worker side: compress shard ``s``'s slice, keeping what was dropped for the next push (EF)."""
 
     def __init__(self, spec: CodecSpec, error_feedback: bool) -> None:
-        from trainscale.compression import ErrorFeedback
-
         self.spec = spec
         self.compressor = spec.create()
         use_feedback = error_feedback or self.compressor.feedback == "always"
@@ -54,8 +52,6 @@ class PushCodec:
         self.pushes = 0
 
     def encode(self, pieces: list[Tensor], epoch: int) -> list[Any]:
-        from trainscale.compression import UnitContext
-
         out = []
         for s, piece in enumerate(pieces):
             key = f"shard{s}"
@@ -76,11 +72,9 @@ def payload_nbytes(payload: Any) -> int:
     return payload.nbytes
 
 
-def codec_from_config(cfg: Any) -> tuple[CodecSpec | None, bool]:
+def codec_from_config(cfg: CompressionConfig) -> tuple[CodecSpec | None, bool]:
     """(spec, error feedback) from the compression flags of ``cfg`` when it has them (``compress`` and
     each compressor parameter under its own name, ``error_feedback``); (None, False) means dense."""
-    from trainscale.compression import canonical_method, compressor_params
-
     name = getattr(cfg, "compress", None)
     if not name or canonical_method(name) == "none":
         return None, False

@@ -6,6 +6,11 @@ between the truncating open and the dump leaves an empty file, and torch's agent
 with a JSONDecodeError instead of reporting the job's failure (seen here in a restart test). The handler
 below writes the same JSON to a temporary file and renames it into place, so the agent sees either no
 file (and reports the signal) or a complete one.
+
+The file also says what *kind* of failure it was (``kind_of``), so the launcher can tell the root cause of
+a failed job from its consequences without matching message text: ``user`` (bad input: exit 2), ``peer``
+(this process lost a peer it depends on), ``stopped`` (the agent stopped it after another failed) or
+``error`` (anything else: a root cause).
 """
 
 from __future__ import annotations
@@ -16,10 +21,33 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
 
-from trainscale.train.checkpoint import atomic_write_text
+from trainscale.errors import TrainscaleError
+from trainscale.io import atomic_write_text
+
+KINDS = ("user", "peer", "stopped", "error")
+
+
+class PeerLost(RuntimeError):
+    """This process lost a peer it depends on (a server, a coordinator): a consequence, not a root cause."""
+
+
+def kind_of(exc: BaseException) -> str:
+    """The failure kind of an exception or of the one it was raised from (see the module docstring)."""
+    if isinstance(exc, TrainscaleError):
+        return "user"
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    if any(isinstance(e, (PeerLost, dist.DistError)) for e in chain):
+        return "peer"
+    if isinstance(exc, (SignalException, KeyboardInterrupt)):
+        return "stopped"
+    return "error"
 
 T = TypeVar("T")
 
@@ -31,7 +59,7 @@ class AtomicErrorHandler(ErrorHandler):
         path = self._get_error_file_path()
         if not path:
             return
-        data = {"message": {"message": f"{type(e).__name__}: {e}",
+        data = {"message": {"message": f"{type(e).__name__}: {e}", "kind": kind_of(e), "time_ns": time.time_ns(),
                             "extraInfo": {"py_callstack": traceback.format_exc(),
                                           "timestamp": str(int(time.time()))}}}
         atomic_write_text(Path(path), json.dumps(data))

@@ -1,6 +1,6 @@
 """Collectives among parameter-server workers, over RPC through server 0, that survive dead workers.
 
-The trainer's barrier, all-reduces and broadcasts (``trainscale.parallel.dist``) run on the workers
+The trainer's barrier, all-reduces and broadcasts (``trainscale.runtime.dist``) run on the workers
 only. A gloo group among them would fail for good on the first dead peer, so instead every worker
 sends its n-th collective call to the coordinator (hosted by server 0) and gets the result back once
 every *live* worker has sent its n-th call: a dead worker's missing contributions are simply not
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.futures import Future
 
-from trainscale.parallel.ps.membership import Membership
+from trainscale.modes.ps.membership import Membership
 
 OPS = ("sum", "max", "min", "broadcast", "barrier")
 

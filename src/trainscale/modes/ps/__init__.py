@@ -22,6 +22,6 @@ collectives) hold no thread. For large models on fast links a gloo data plane un
 plane would recover the difference.
 """
 
-from trainscale.parallel.ps.mode import PS_MODES, ParameterServerMode, Role, role_from_env  # noqa: F401  (registers)
+from trainscale.modes.ps.mode import PS_MODES, ParameterServerMode, Role, role_from_env  # noqa: F401  (registers)
 
 __all__ = ["PS_MODES", "ParameterServerMode", "Role", "role_from_env"]

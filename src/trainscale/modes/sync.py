@@ -14,18 +14,22 @@ import contextlib
 import copy
 import inspect
 import logging
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import CompressionPlan, plan_from_config
 from trainscale.compression.setup import ddp_kwargs as compression_ddp_kwargs
 from trainscale.compression.setup import make_hook as make_compression_hook
+from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
-from trainscale.parallel.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
-from trainscale.parallel.dist import (
+from trainscale.modes.base import Mode, register_mode
+from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
+from trainscale.runtime.dist import (
     all_reduce_sum,
     elect_main_rank,
     is_main_process,
@@ -34,10 +38,9 @@ from trainscale.parallel.dist import (
     set_main_rank,
     world_size,
 )
-from trainscale.parallel.modes import MODES, Mode
-from trainscale.parallel.process_group import process_group, worker_device
+from trainscale.runtime.process_group import process_group, worker_device
 
-log = logging.getLogger("trainscale.parallel")
+log = logging.getLogger("trainscale.sync")
 
 EVALUATION = "sharded across ranks (contiguous blocks of the test set), loss/correct/count sums all-reduced"
 
@@ -50,23 +53,44 @@ def no_forward_buffer_sync() -> dict[str, bool]:
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
+SYNC_BN_NEEDS_CUDA = ("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU leave it off: "
+                      "running statistics are averaged over workers at each epoch end")
+
+
+@dataclass
+class SyncConfig(CompressionConfig, CoreConfig):
+    """Settings of sync mode beyond the launcher's: BatchNorm handling (and the compression section)."""
+
+    TITLE: ClassVar[str] = "data parallel (sync mode)"
+
+    sync_bn: bool = option(False, "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
+
+
+@register_mode("sync")
 class SyncMode(Mode):
     """DDP with a byte-counting all-reduce hook; see the module docstring for BatchNorm and evaluation."""
 
-    name = "sync"
     distributed = True
+    section = SyncConfig
+    accepts_compression = True
 
-    def __init__(self, backend: str | None = None, sync_bn: bool = False, timeout_s: float = 300.0,
-                 node_rank: int = 0, compression: CompressionPlan | None = None) -> None:
-        self.compression = compression
+    def __init__(self, name: str = "sync", cfg: SyncConfig | None = None) -> None:
+        cfg = cfg or SyncConfig()
+        self.name = name
+        self.compression: CompressionPlan | None = plan_from_config(cfg, cfg.seed)
         self.hook_state: Any = None
-        self.requested_backend = backend
-        self.sync_bn = sync_bn
-        self.timeout_s = timeout_s
-        self.node_rank = node_rank
+        self.requested_backend = None if cfg.backend == "auto" else cfg.backend
+        self.sync_bn = cfg.sync_bn
+        self.timeout_s = cfg.dist_timeout
+        self.node_rank = cfg.node_rank
         self.backend: str | None = None
         self.stats = CommStats()  # this epoch's, filled by the hook
         self.total = CommStats()  # the run's, epoch by epoch
+
+    @classmethod
+    def check_device(cls, cfg: SyncConfig, device: torch.device) -> None:
+        if cfg.sync_bn and device.type != "cuda":
+            raise ConfigError(SYNC_BN_NEEDS_CUDA)
 
     def worker_device(self, requested: torch.device) -> torch.device:
         return worker_device(requested)
@@ -86,9 +110,6 @@ class SyncMode(Mode):
 
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
         if self.sync_bn:
-            if device.type != "cuda":
-                raise ConfigError("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU "
-                                  "leave it off: running statistics are averaged over workers at each epoch end")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # swaps BN children in place
         # Buffers are synced once at construction (identical starting BN statistics), not before every
         # forward: per-worker statistics, averaged at epoch end (see ``after_train_epoch``).
@@ -166,12 +187,3 @@ def average_bn_statistics(model: nn.Module) -> None:
     for b in buffers:
         b.copy_(flat[offset:offset + b.numel()].view_as(b))
         offset += b.numel()
-
-
-@MODES.register("sync")
-def sync(cfg: Any = None, **_: Any) -> Mode:
-    if cfg is None:
-        return SyncMode()
-    backend = None if cfg.backend == "auto" else cfg.backend
-    return SyncMode(backend=backend, sync_bn=cfg.sync_bn, timeout_s=cfg.dist_timeout, node_rank=cfg.node_rank,
-                    compression=plan_from_config(cfg))

@@ -21,10 +21,10 @@ from typing import Any, Callable
 import torch
 
 from trainscale.errors import ConfigError
-from trainscale.parallel.dist import barrier, is_main_process
-from trainscale.parallel.ps.client import ShardClient
-from trainscale.parallel.ps.server import Rule
-from trainscale.parallel.ps.shards import assign, flatten, gradients
+from trainscale.runtime.dist import barrier, is_main_process
+from trainscale.modes.ps.client import ShardClient
+from trainscale.modes.ps.server import Rule
+from trainscale.modes.ps.shards import assign, flatten, gradients
 
 log = logging.getLogger("trainscale.ps")
 
@@ -95,7 +95,7 @@ class PSOptimizer(torch.optim.Optimizer):
 
     def end_epoch(self) -> None:
         """Model averaging folds in the steps since the last average; then all take the servers' values."""
-        if self.rule.name == "ma" and self.since_average > 0:
+        if self.rule.averages and self.since_average > 0:
             self._average()
         self.sync_from_servers()
 
@@ -110,7 +110,7 @@ class PSOptimizer(torch.optim.Optimizer):
         if self.slowdown_s:
             time.sleep(self.slowdown_s)
         self.client.stats.steps += 1
-        if self.rule.name == "ma":
+        if self.rule.averages:
             self._local_step()
         else:
             self.client.push(gradients(self.params), self.param_groups[0]["lr"])
@@ -138,7 +138,7 @@ class PSOptimizer(torch.optim.Optimizer):
         """The servers' state (called on the main worker when the trainer checkpoints)."""
         state: dict[str, Any] = {"servers": self.client.fetch_state(), "next_epoch": self.clock.next_epoch,
                                  "rule": self.rule.name}
-        if self.rule.name == "ma":
+        if self.rule.averages:
             state["local"] = self.local.state_dict()
         return state
 
@@ -149,7 +149,7 @@ class PSOptimizer(torch.optim.Optimizer):
                               f"--mode {self.rule.name}")
         if is_main_process():
             self.client.restore(state["servers"])
-        if self.rule.name == "ma" and "local" in state:
+        if self.rule.averages and "local" in state:
             self.local.load_state_dict(state["local"])
         self.clock.next_epoch = int(state["next_epoch"])
         self.sync_from_servers()

@@ -1,7 +1,7 @@
 """Everything that talks to torch.distributed lives here; the rest of trainscale calls these helpers,
 which behave as rank 0 of a world of 1 when no process group exists."""
 
-from trainscale.parallel.dist import (
+from trainscale.runtime.dist import (
     all_reduce_max,
     all_reduce_sum,
     barrier,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
-from trainscale.parallel.launch import DEFAULT_MULTINODE_ID, to_argv
+from trainscale.app.config import TrainConfig
+from trainscale.app.launch import DEFAULT_MULTINODE_ID, to_argv
 
 DEFAULT_PORT = 29400  # torch's default c10d rendezvous port
 _LINE = re.compile(r"^(?P<host>[^\s#]+)(?:\s+slots=(?P<slots>\d+))?\s*$")
@@ -49,7 +50,7 @@ def parse_hosts(path: str | Path) -> list[Host]:
     return hosts
 
 
-def node_commands(cfg: Any, flags: dict[str, Any], hosts: list[Host]) -> list[tuple[str, list[str]]]:
+def node_commands(cfg: TrainConfig, flags: dict[str, Any], hosts: list[Host]) -> list[tuple[str, list[str]]]:
     """(host, argv) for each node: the same flags plus its place in the job."""
     endpoint = cfg.rdzv_endpoint or f"{hosts[0].name}:{DEFAULT_PORT}"
     common = {k: v for k, v in flags.items() if k not in ("hosts", "ssh", "node_rank", "nnodes")}
@@ -72,7 +73,7 @@ def run_over_ssh(commands: list[tuple[str, list[str]]]) -> int:
     return max(p.wait() for p in procs)
 
 
-def hosts_main(cfg: Any, flags: dict[str, Any]) -> int:
+def hosts_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     commands = node_commands(cfg, flags, parse_hosts(cfg.hosts))
     if cfg.ssh:
         return run_over_ssh(commands)

@@ -11,11 +11,10 @@ Accuracies in the JSON files are fractions in 0..1; every file is replaced atomi
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from trainscale.train.checkpoint import atomic_write_text
+from trainscale.io import atomic_write_text, clean, dumps, read_json, read_jsonl
 
 EPOCH_FIELDS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds",
                 "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb")
@@ -23,20 +22,9 @@ SUMMARY_FIELDS = ("model", "params", "dataset", "mode", "world_size", "epochs", 
                   "final_test_acc", "mean_epoch_seconds", "samples_per_sec", "peak_memory_mb",
                   "total_train_seconds", "time_to_target_seconds", "environment")
 
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: store them as null so every reader can parse the files."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n"
+# Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
+# holding only these is still a new run's folder.
+LAUNCHER_FILES = ("bench.json", "run.toml", "train.log", "error.txt")
 
 
 class RunWriter:
@@ -46,6 +34,8 @@ class RunWriter:
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict[str, Any]] = []
+        for debris in self.out.glob(".*.tmp"):  # a write killed mid-way (see io.atomic_write_bytes)
+            debris.unlink(missing_ok=True)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -57,12 +47,12 @@ class RunWriter:
     def restore_history(self, last_epoch: int) -> None:
         """On resume keep the epochs the checkpoint covers and drop any written after it."""
         path = self.out / "metrics.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        rows = read_jsonl(path) if path.exists() else []
         self.history = [r for r in rows if r["epoch"] <= last_epoch]
         self._write_history()
 
     def add_epoch(self, row: dict[str, Any]) -> None:
-        self.history.append(_clean(row))
+        self.history.append(clean(row))
         self._write_history()
 
     def _write_history(self) -> None:
@@ -77,5 +67,10 @@ class RunWriter:
         atomic_write_text(self.out / "summary.json", dumps(summary))
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+def read_history(out: Path) -> list[dict[str, Any]]:
+    """The per-epoch rows of a run folder (a torn last line tolerated, see ``io.read_jsonl``)."""
+    path = Path(out) / "metrics.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+__all__ = ["EPOCH_FIELDS", "LAUNCHER_FILES", "SUMMARY_FIELDS", "RunWriter", "dumps", "read_history", "read_json"]

@@ -15,18 +15,23 @@ from typing import Any, Sequence
 import torch.distributed.rpc as rpc
 from torch import Tensor
 
-from trainscale.parallel.ps import handlers
-from trainscale.parallel.ps.codec import PushCodec, payload_nbytes
-from trainscale.parallel.ps.membership import first_line, server_name
-from trainscale.parallel.ps.server import Rule
-from trainscale.parallel.ps.shards import join, shard_bounds, split
-from trainscale.parallel.ps.stats import WorkerStats
+from trainscale.modes.ps import handlers
+from trainscale.modes.ps.codec import PushCodec, payload_nbytes
+from trainscale.modes.ps.membership import first_line, server_name
+from trainscale.modes.ps.server import Rule
+from trainscale.modes.ps.shards import join, shard_bounds, split
+from trainscale.modes.ps.stats import WorkerStats
+from trainscale.runtime.worker_errors import PeerLost
 
 log = logging.getLogger("trainscale.ps")
 
 
 class PSError(RuntimeError):
     """The parameter server cannot be reached or refused a request."""
+
+
+class ServerLost(PSError, PeerLost):
+    """A server (or the coordinator) stopped answering: the failure is that server's, not this worker's."""
 
 
 class ShardClient:
@@ -67,7 +72,7 @@ class ShardClient:
         return results
 
     def _error(self, shard: int, what: str, exc: BaseException) -> PSError:
-        return PSError(f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
+        return ServerLost(f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
                        f"(it died, hung past --rpc-timeout {self.timeout_s:g} s, or raised; see its log)")
 
     def initialize(self, flat: Tensor, rule: Rule) -> None:
@@ -131,7 +136,7 @@ class ShardClient:
 
 
 class RpcCollectives:
-    """``trainscale.parallel.dist``'s collectives for PS workers, through the coordinator on server 0.
+    """``trainscale.runtime.dist``'s collectives for PS workers, through the coordinator on server 0.
 
     Installed with ``dist.use_collectives`` for the worker's session: ``rank()``/``world_size()`` are
     the worker's index and the number of workers, so data sharding and the run folder follow workers,
@@ -159,7 +164,7 @@ class RpcCollectives:
         except Exception as exc:
             if "CollectiveError" in str(exc):  # raised by the coordinator, which is alive
                 raise PSError(f"collective {op} failed: {first_line(exc)}") from None
-            raise PSError(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
+            raise ServerLost(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
                           f"{first_line(exc)}") from None
 
     def barrier(self) -> None:

@@ -20,22 +20,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import multiprocessing
-import os
 import signal
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from trainscale.errors import ConfigError, TrainscaleError
-from trainscale.parallel.ps.client import PSError
+from trainscale.log import setup_logging
+from trainscale.modes.base import Result
+from trainscale.modes.ps.client import PSError, ServerLost
+from trainscale.runtime.worker_errors import kind_of
 
 log = logging.getLogger("trainscale.ps")
-
-CHILD_ENV = "TRAINSCALE_PS_TRAINER"
-
-
-def is_trainer_child() -> bool:
-    return os.environ.get(CHILD_ENV) == "1"
 
 
 def _die_with_parent() -> None:
@@ -47,30 +43,27 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(cfg: Any, conn: Any) -> None:
-    os.environ[CHILD_ENV] = "1"
+def _child_main(trainer: Callable[[], Result], conn: Any) -> None:
     _die_with_parent()
-    from trainscale.log import setup_logging
-    from trainscale.train.run import run_training
-
     setup_logging()
     try:
-        summary, history = run_training(cfg)
-    except TrainscaleError as exc:
-        conn.send(("config" if isinstance(exc, ConfigError) else "trainscale", str(exc)))
-        sys.exit(2)
+        summary, history = trainer()
     except BaseException as exc:
-        traceback.print_exc()
-        conn.send(("error", str(exc) if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"))
-        sys.exit(1)
+        kind = kind_of(exc)
+        if kind != "user":
+            traceback.print_exc()
+        plain = isinstance(exc, (TrainscaleError, PSError))
+        conn.send((kind, str(exc) if plain else f"{type(exc).__name__}: {exc}"))
+        sys.exit(2 if kind == "user" else 1)
     conn.send(("ok", summary, history))
 
 
-def supervise(cfg: Any, worker: int, is_main: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run worker ``worker``'s training in a child process; see the module docstring for the outcomes."""
+def supervise(trainer: Callable[[], Result], worker: int, is_main: bool) -> Result:
+    """Run ``trainer`` (picklable: it crosses into a spawned process) as worker ``worker``'s training
+    child; see the module docstring for the outcomes."""
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(cfg, sender), name=f"trainscale-ps-worker{worker}")
+    child = ctx.Process(target=_child_main, args=(trainer, sender), name=f"trainscale-ps-worker{worker}")
     child.start()
     sender.close()
     message = _receive(receiver)
@@ -79,7 +72,7 @@ def supervise(cfg: Any, worker: int, is_main: bool) -> tuple[dict[str, Any], lis
         return message[1], message[2]
     if message is not None:
         kind, text = message
-        raise (ConfigError if kind == "config" else PSError)(text)
+        raise {"user": ConfigError, "peer": ServerLost}.get(kind, PSError)(text)
     killed = (child.exitcode or 0) < 0
     how = f"was killed by signal {signal.Signals(-child.exitcode).name}" if killed else \
         f"exited with status {child.exitcode} without a result"

@@ -14,29 +14,30 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 from torch import nn
 
 from trainscale.errors import ConfigError
-from trainscale.parallel import dist as tsdist
-from trainscale.parallel.modes import MODES, Mode
-from trainscale.parallel.ps import handlers
-from trainscale.parallel.ps.batches import EmptyBatches, TrainBatches, unsharded
-from trainscale.parallel.ps.client import RpcCollectives, ShardClient
-from trainscale.parallel.ps.codec import PushCodec, codec_from_config
-from trainscale.parallel.ps.coordinator import Coordinator
-from trainscale.parallel.ps.membership import Membership, server_name, worker_name
-from trainscale.parallel.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
-from trainscale.parallel.ps.server import ShardServer
-from trainscale.parallel.ps.stats import WorkerStats, epoch_row, merge_server_stats
-from trainscale.parallel.ps.supervisor import is_trainer_child, supervise
+from trainscale.modes.base import SERVER, SUPERVISOR, Mode, Result, register_mode
+from trainscale.modes.ps import handlers
+from trainscale.modes.ps.batches import EmptyBatches, TrainBatches, unsharded
+from trainscale.modes.ps.client import RpcCollectives, ShardClient
+from trainscale.modes.ps.codec import PushCodec, codec_from_config
+from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PS_MODES, PSConfig, validate_ps
+from trainscale.modes.ps.coordinator import Coordinator
+from trainscale.modes.ps.membership import Membership, server_name, worker_name
+from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
+from trainscale.modes.ps.server import ShardServer
+from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
+from trainscale.modes.ps.supervisor import supervise
+from trainscale.runtime import dist as tsdist
+from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.process_group import rpc_session, worker_device
 
 log = logging.getLogger("trainscale.ps")
 
-PS_MODES = ("async", "ps-sync", "ma")
-DEFAULT_AVERAGE_EVERY = 4
 BATCHNORM = ("BatchNorm running statistics stay local while training and are averaged over the live workers "
              "at each epoch end; they are not on the servers")
 EVALUATION = "main worker, whole test set, on the servers' parameters after the epoch barrier"
@@ -88,12 +89,19 @@ def installed_collectives(collectives: Any) -> Iterator[None]:
         tsdist.set_main_rank(0)
 
 
+@register_mode(*PS_MODES)
 class ParameterServerMode(Mode):
     """``async``/``ps-sync``/``ma`` through sharded servers over torch RPC (see the package docstring)."""
 
     distributed = True
+    section: ClassVar[type[PSConfig]] = PSConfig
+    uses_servers = True
 
-    def __init__(self, name: str, cfg: Any) -> None:
+    @classmethod
+    def validate(cls, cfg: PSConfig) -> None:
+        validate_ps(cfg)
+
+    def __init__(self, name: str, cfg: PSConfig) -> None:
         self.name = name
         self.cfg = cfg
         self._role: Role | None = None
@@ -105,7 +113,7 @@ class ParameterServerMode(Mode):
                                        "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0), "worker_seconds": None}
 
     @property
-    def role(self) -> Role:
+    def role_info(self) -> Role:
         if self._role is None:
             self._role = role_from_env(self.cfg.workers, self.cfg.servers)
         return self._role
@@ -116,21 +124,21 @@ class ParameterServerMode(Mode):
 
     # ------------------------------------------------------------------------------ roles
 
-    def role_runner(self, device: torch.device) -> Callable[[], tuple[dict[str, Any], list[dict[str, Any]]]] | None:
-        """Servers serve; a worker rank supervises its training child; the child trains (None)."""
-        role = self.role
-        if role.kind == "server":
-            return lambda: serve(self.cfg, role)
-        if not is_trainer_child():
-            is_main = self.cfg.node_rank == 0 and tsdist.local_rank() == 0  # who the election will pick
-            return lambda: supervise(self.cfg, role.index, is_main=is_main)
-        return None
+    def role(self) -> str:
+        """Server shards serve; a worker rank supervises a child process that trains (see supervisor.py),
+        and that child, started with the explicit ``trainer`` role, trains."""
+        return SERVER if self.role_info.kind == "server" else SUPERVISOR
+
+    def serve(self) -> Result:
+        return serve(self.cfg, self.role_info)
+
+    def supervise(self, trainer: Callable[[], Result]) -> Result:
+        is_main = self.cfg.node_rank == 0 and tsdist.local_rank() == 0  # who the election will pick
+        return supervise(trainer, self.role_info.index, is_main=is_main)
 
     def worker_device(self, requested: torch.device) -> torch.device:
         """Workers as in sync mode (CUDA: ``cuda:LOCAL_RANK``); servers keep their shard in host memory."""
-        from trainscale.parallel.process_group import worker_device
-
-        return torch.device("cpu") if self.role.kind == "server" else worker_device(requested)
+        return torch.device("cpu") if self.role_info.kind == "server" else worker_device(requested)
 
     @contextlib.contextmanager
     def session(self, device: torch.device) -> Iterator[None]:
@@ -139,11 +147,8 @@ class ParameterServerMode(Mode):
         No gloo group among the workers: it would fail for good with the first dead worker. On a clean
         exit every worker meets the others once more, then tells the servers it is leaving.
         """
-        from trainscale.parallel.launch import threads_per_worker
-        from trainscale.parallel.process_group import rpc_session
-
-        role = self.role
-        torch.set_num_threads(threads_per_worker(self.cfg, self.cfg.workers))
+        role = self.role_info
+        torch.set_num_threads(threads_per_worker(self.cfg.threads, self.cfg.workers))
         with rpc_session(role.name, role.rank, role.world, self.cfg.rpc_timeout, threads=rpc_threads(role)):
             collectives = RpcCollectives(role.index, role.workers)
             with installed_collectives(collectives):
@@ -162,10 +167,10 @@ class ParameterServerMode(Mode):
         numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
         spec, feedback = codec_from_config(self.cfg)  # compressed pushes once the compression flags exist
         codec = PushCodec(spec, feedback) if spec is not None else None
-        self.client = ShardClient(self.role.index, self.role.servers, numel, self.cfg.rpc_timeout, codec)
+        self.client = ShardClient(self.role_info.index, self.role_info.servers, numel, self.cfg.rpc_timeout, codec)
         rule = dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness), codec=spec)
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
-                                     injected_slowdown(self.role.index))
+                                     injected_slowdown(self.role_info.index))
         self.optimizer.start()
         return self.optimizer
 
@@ -184,7 +189,7 @@ class ParameterServerMode(Mode):
 
     def epoch_stats(self) -> dict[str, Any]:
         """Per-epoch figures; the collective runs on every worker, the servers are asked by the main one."""
-        role = self.role
+        role = self.role_info
         stats = self.client.stats
         samples, seconds = self.batches.finished
         mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS), dtype=torch.float64)
@@ -200,12 +205,12 @@ class ParameterServerMode(Mode):
     def _row(self, total: torch.Tensor) -> dict[str, Any]:
         n = len(WorkerStats.FIELDS)
         workers = dict(zip(WorkerStats.FIELDS, total[:n].tolist()))
-        samples = total[n:n + self.role.workers].tolist()
-        seconds = total[n + self.role.workers:].tolist()
+        samples = total[n:n + self.role_info.workers].tolist()
+        seconds = total[n + self.role_info.workers:].tolist()
         server = merge_server_stats(self.client.take_stats())
         epoch_seconds = max(seconds) if seconds else 0.0
         self._accumulate(server, workers, samples, seconds, epoch_seconds)
-        row = epoch_row(server, workers, epoch_seconds, self.role.servers)
+        row = epoch_row(server, workers, epoch_seconds, self.role_info.servers)
         row["worker_samples_per_sec"] = [s / t if t > 0 else 0.0 for s, t in zip(samples, seconds)]
         row["workers_finished"] = sum(1 for n in samples if n > 0)  # finished this epoch's pass (warm: 1)
         return row
@@ -224,14 +229,14 @@ class ParameterServerMode(Mode):
         t = self.totals
         if t["worker_samples"] is None:
             return {}
-        run = epoch_row(t["server"], t["worker"], t["seconds"], self.role.servers)
+        run = epoch_row(t["server"], t["worker"], t["seconds"], self.role_info.servers)
         run.pop("ps_pushes")
         run["worker_samples_per_sec"] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
                                                                                    t["worker_seconds"])]
         return run
 
     def describe(self) -> dict[str, Any]:
-        role = self.role
+        role = self.role_info
         return {"backend": "rpc", "transport": "torch.distributed.rpc (TensorPipe)", "workers": role.workers,
                 "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.staleness,
                 "average_every": self.average_every if self.name == "ma" else None,
@@ -264,10 +269,8 @@ def average_bn_over_live_workers(model: nn.Module) -> None:
         offset += b.numel()
 
 
-def serve(cfg: Any, role: Role) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def serve(cfg: PSConfig, role: Role) -> Result:
     """A server shard's whole life: answer RPCs until every worker has left or died."""
-    from trainscale.parallel.process_group import rpc_session
-
     torch.set_num_threads(cfg.threads or 1)
     membership = Membership(role.workers, heartbeat_s=1.0, timeout_s=cfg.rpc_timeout)
     shard = ShardServer(role.index, membership)
@@ -287,16 +290,3 @@ def serve(cfg: Any, role: Role) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     else:
         log.info("server %d: every worker finished; %d update(s) applied", role.index, shard.version)
     return {}, []
-
-
-def _factory(name: str) -> Callable[..., Mode]:
-    def make(cfg: Any = None, **_: Any) -> Mode:
-        if cfg is None:
-            raise ConfigError(f"--mode {name} needs the training configuration (--servers, --workers)")
-        return ParameterServerMode(name, cfg)
-
-    return make
-
-
-for _name in PS_MODES:
-    MODES.register(_name)(_factory(_name))

@@ -12,9 +12,9 @@ import torch.distributed.rpc as rpc
 from torch import Tensor
 from torch.futures import Future
 
-from trainscale.parallel.ps.coordinator import Coordinator
-from trainscale.parallel.ps.membership import Membership
-from trainscale.parallel.ps.server import Rule, ShardServer
+from trainscale.modes.ps.coordinator import Coordinator
+from trainscale.modes.ps.membership import Membership
+from trainscale.modes.ps.server import Rule, ShardServer
 
 log = logging.getLogger("trainscale.ps")
 

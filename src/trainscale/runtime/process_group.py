@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from trainscale.errors import ConfigError
 
-log = logging.getLogger("trainscale.parallel")
+log = logging.getLogger("trainscale.runtime")
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 300.0

@@ -1,0 +1,110 @@
+"""One training job in this process, whatever the mode: the composition root of a run.
+
+Here, and only here, the engine (``train``), a mode (``modes``) and the data and model are put together.
+A process's role comes from its mode (``trainer``, ``server``, ``supervisor``) unless the caller names it:
+a parameter-server supervisor starts its child with the explicit ``trainer`` role.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainscale.config import CoreConfig
+from trainscale.data import DeviceBatches
+from trainscale.errors import ConfigError
+from trainscale.io import read_json
+from trainscale.models import count_parameters, model_info
+from trainscale.modes import Mode, create_mode
+from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
+from trainscale.runtime import rank, world_size
+from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.faults import with_fault_injection
+from trainscale.train import Trainer, build_model, build_optimizer
+from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.schedules import create_schedule
+from trainscale.train.setup import augment_for, check_fits, load_data, run_folder, summary_base
+
+log = logging.getLogger("trainscale.train")
+
+
+def worker_threads(cfg: CoreConfig) -> int | None:
+    """``--threads``; under a launcher, the node's cores split over its workers; otherwise None (torch's
+    default)."""
+    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if cfg.threads or not local_workers:
+        return cfg.threads
+    return threads_per_worker(cfg.threads, local_workers)
+
+
+def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
+    """Run this process's part of the job; returns the summary and the per-epoch rows (empty off the main
+    process and for servers and supervisors that report nothing)."""
+    threads = worker_threads(cfg)
+    if threads:
+        torch.set_num_threads(threads)
+    mode = create_mode(cfg)
+    role = role or mode.role()
+    if role == SERVER:
+        return mode.serve()
+    if role == SUPERVISOR:
+        return mode.supervise(functools.partial(run_training, cfg, TRAINER))
+    device = mode.worker_device(resolve_device(cfg.device))
+    mode.check_device(cfg, device)
+    with mode.session(device):
+        trainer = build_trainer(cfg, device, mode)
+        summary = trainer.fit()
+    history = trainer.writer.history if trainer.writer else []
+    return summary, history
+
+
+def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
+    """Everything before the first step; errors here happen before any training time is spent."""
+    precision = Precision(cfg.precision, device)
+    writer, resume = run_folder(cfg)
+    train, test = load_data(cfg)
+    workers = world_size()
+    plan = check_fits(cfg, len(train), len(test), workers)
+    want = cfg.image_size or model_info(cfg.model).input_size
+    aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
+    common = dict(device=device, rank=rank(), world_size=workers, seed=cfg.seed, channels_last=cfg.channels_last)
+    train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
+                                                       **common), rank())
+    test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
+    model = build_model(cfg, train.num_classes, device, train)
+    params = count_parameters(model)
+    if cfg.compile:
+        model.compile()
+    schedule = create_schedule(cfg)
+    optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
+    train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
+    trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
+                      train_batches=train_batches, test_batches=test_batches,
+                      lr_at=lambda t: plan.lr * schedule(t), writer=writer,
+                      train_model=mode.wrap_model(model, device), callbacks=mode,
+                      baseline=load_baseline(cfg) if writer is not None else None,
+                      summary_base={**summary_base(cfg, plan, params, device, want,
+                                                   train_batches.num_samples * workers, writer), **mode.describe()})
+    if resume:
+        trainer.resume()
+    if writer is not None:
+        writer.write_config({**cfg.to_dict(), "out": str(writer.out), "resolved": {
+            "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,
+            "image_size": want, "device": str(device), "world_size": workers}})
+    return trainer
+
+
+def load_baseline(cfg: CoreConfig) -> dict[str, Any] | None:
+    """The --baseline run's summary (for scaling efficiency), or None; checked before any worker starts
+    too, so a wrong folder is not found only at the very end."""
+    if not cfg.baseline:
+        return None
+    path = Path(cfg.baseline) / "summary.json"
+    if not path.is_file():
+        raise ConfigError(f"--baseline {cfg.baseline}: no summary.json there; give the folder of a finished run")
+    return read_json(path)

@@ -1,0 +1,185 @@
+"""The configuration schema: dataclass sections whose fields carry their own flag name, help and choices.
+
+A field is declared once, with ``option(...)``: its type annotation, default, help text and flag live
+together, and the CLI (``trainscale train --help``), the TOML reader and ``config.json`` are all derived
+from the fields. The core sections below are what every run has (data, optimisation, execution, the
+launcher); a plug-in with settings of its own (a compressor family, a training mode) declares its own
+section in its own package and the composition root (``app.config``) joins them into one flat
+``TrainConfig``, so ``cfg.lr`` and ``cfg.servers`` read the same way and ``config.json`` stays flat.
+
+This module is a leaf: dataclasses and metadata only, no validation (each owner validates its section)
+and no imports of the rest of trainscale.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+
+def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
+           aliases: Sequence[str] = (), choices: Sequence[str] | None = None) -> Any:
+    """A config field: ``default`` (a list is copied per instance), the help line, and how the flag is
+    spelled when it is not ``--`` plus the field name with dashes (``short``: e.g. ``-K``; ``aliases``:
+    other long spellings). ``choices`` limits a string field."""
+    meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases),
+            "choices": tuple(choices) if choices else None}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    """The long flag of a field: ``--batch-size`` for ``batch_size`` unless the field says otherwise."""
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def section_of(cls: type, name: str) -> type:
+    """The class in ``cls``'s hierarchy that declares field ``name`` (its section)."""
+    for klass in reversed(cls.__mro__):
+        if name in klass.__dict__.get("__annotations__", {}):
+            return klass
+    raise KeyError(name)
+
+
+class Section:
+    """Base of every config section; ``TITLE`` heads the section's group in ``--help``."""
+
+    TITLE: ClassVar[str] = "options"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass
+class DataConfig(Section):
+    TITLE: ClassVar[str] = "model and data"
+
+    model: str = option("resnet9", "model name (see `trainscale models`)")
+    dataset: str = option("cifar10", "cifar10, cifar100, imagefolder or synthetic")
+    data_dir: str | None = option(None, "folder holding the dataset (else $TRAINSCALE_DATA, else ~/.cache/trainscale)")
+    verify: bool = option(True, "check every data file's size and MD5 (default on)")
+    download: bool = option(True, "download the dataset when it is absent (default on)")
+    train_subset: int | None = option(None, "train on the first N training images")
+    test_subset: int | None = option(None, "evaluate on the first N test images")
+    image_size: int | None = option(None, "input size; default: the model's (CIFAR is cropped or upscaled to it)")
+    crop_padding: int = option(4, "pad-and-random-crop padding in pixels (default 4)")
+    flip: bool = option(True, "random horizontal flips (default on)")
+    cutout: int = option(0, "Cutout square size, 0 = off (cifar10-fast uses 8)")
+
+
+@dataclass
+class OptimConfig(Section):
+    TITLE: ClassVar[str] = "optimisation"
+
+    epochs: int = option(24, "number of epochs")
+    batch_size: int = option(512, "global batch size, split across workers")
+    batch_per_worker: int | None = option(None, "batch per worker instead (global = this x workers)")
+    lr: float = option(0.4, "peak/base learning rate")
+    lr_scaling: str = option("none", "'linear': lr x global batch / --base-batch-size (Goyal et al.)",
+                             choices=("none", "linear"))
+    base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
+    momentum: float = option(0.9, "SGD momentum")
+    nesterov: bool = option(False, "Nesterov momentum")
+    weight_decay: float = option(5e-4, "L2 weight decay")
+    schedule: str = option("onecycle", "onecycle, step, cosine or constant")
+    warmup_epochs: float | None = option(None, "linear warm-up length (onecycle: the peak epoch)")
+    milestones: list[int] = option([41, 61], "step schedule: 1-based epochs where lr *= gamma, e.g. 41,61")
+    gamma: float = option(0.1, "step schedule factor")
+    label_smoothing: float = option(0.0, "label smoothing")
+    tta: bool = option(False, "flip test-time augmentation at evaluation")
+
+
+@dataclass
+class RunConfig(Section):
+    TITLE: ClassVar[str] = "execution"
+
+    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA, with a grad scaler)",
+                            choices=("fp32", "bf16", "fp16"))
+    channels_last: bool = option(True, "channels_last memory format (default on)")
+    compile: bool = option(False, "torch.compile the model")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    threads: int | None = option(None, "torch intra-op threads")
+    seed: int = option(0, "random seed (model init, data order, augmentation)")
+    mode: str = option("auto", "auto (default: sync when several workers, async with --servers, else local), "
+                       "local, sync, or a parameter-server mode: async, ps-sync, ma")
+    target_acc: float | None = option(None, "test accuracy (fraction) whose first crossing gives time-to-accuracy")
+    out: str | None = option(None, "run folder (default runs/<model>-<dataset>-<time>)")
+    resume: bool = option(False, "continue the run in --out from its last checkpoint")
+    checkpoint: bool = option(True, "write a checkpoint every epoch (default on)")
+    progress: bool = option(True, "progress bar (default on)")
+
+
+@dataclass
+class LaunchConfig(Section):
+    """Several processes: local workers through torch's elastic agent, nodes over c10d (see app.launch).
+    ``workers``: processes on this node (None: one, or one per ``--devices`` entry); world = workers x nnodes."""
+
+    TITLE: ClassVar[str] = "data parallel (sync mode)"
+
+    workers: int | None = option(None, "worker processes on this node (default 1, or one per --devices GPU)")
+    nnodes: int = option(1, "number of machines (each runs the same command with its own --node-rank)")
+    node_rank: int = option(0, "this machine's index, 0..nnodes-1; node 0 hosts the rendezvous and the run folder")
+    rdzv_endpoint: str | None = option(None, "HOST:PORT of the c10d rendezvous on node 0 (single node: a free "
+                                       "local port)")
+    rdzv_id: str | None = option(None, "job id shared by all nodes (default: 'trainscale' for several nodes)")
+    rdzv_timeout: float = option(300.0, "seconds to wait for all nodes to join, and for node 0's endpoint")
+    hosts: str | None = option(None, "file with one host per line ('host' or 'host slots=N'): print the per-node "
+                               "commands")
+    ssh: bool = option(False, "with --hosts: run the per-node commands over ssh instead of printing them")
+    devices: list[int] | None = option(None, "GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets "
+                                       "CUDA_VISIBLE_DEVICES)", aliases=("--gpus",))
+    backend: str = option("auto", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=("auto", "gloo", "nccl"))
+    max_restarts: int = option(0, "let the elastic agent restart failed workers N times; they resume from the last "
+                               "finished epoch's checkpoint")
+    dist_timeout: float = option(300.0, "seconds any collective may wait for a peer before the job fails")
+    baseline: str | None = option(None, "a previous 1-worker run folder: summary.json gets scaling_efficiency "
+                                  "against it")
+
+
+@dataclass
+class CoreConfig(LaunchConfig, RunConfig, OptimConfig, DataConfig):
+    """What every run has, whatever its mode: the sections above (listed last-first, since a dataclass
+    puts the fields of its last base first)."""
+
+
+CORE_SECTIONS: tuple[type[Section], ...] = (DataConfig, OptimConfig, RunConfig, LaunchConfig)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Each field's resolved type annotation (``int | None`` etc., not the string)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def type_name(hint: Any) -> str:
+    """``int``, ``list[int]``, ``int or none``: how an expected type is named in an error."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args) + " (or absent)"
+    if typing.get_origin(hint) is list:
+        return f"a list of {type_name(args[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def coerce(hint: Any, value: Any) -> Any:
+    """``value`` as the type ``hint`` asks for, or TypeError. Strict: a string is never a number, a bool
+    never an integer; an integer is accepted where a float is expected."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return coerce(inner, value)
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(type_name(hint))
+        return [coerce(typing.get_args(hint)[0], v) for v in value]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float) and isinstance(value, bool) or not isinstance(value, hint):
+        raise TypeError(type_name(hint))
+    return value

@@ -1,0 +1,116 @@
+"""What a training mode is: how processes are organised and talk, around the same training engine.
+
+A mode is one class registered by name (``@register_mode``) in its own module, imported once in
+``modes/__init__.py``. It may declare its own config section (a dataclass of ``option`` fields: flags,
+TOML keys and ``config.json`` follow) and validate it; the engine sees it only as ``Callbacks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from trainscale.config import CoreConfig, Section
+from trainscale.registry import Registry
+from trainscale.train.callbacks import Callbacks
+
+Result = tuple[dict[str, Any], list[dict[str, Any]]]
+TRAINER, SERVER, SUPERVISOR = "trainer", "server", "supervisor"
+
+
+class Mode(Callbacks):
+    """Local training: one process, no communication. Subclasses add a process group and a wrapper.
+
+    ``distributed`` modes run in worker processes started by torch's elastic agent: `trainscale train`
+    starts it for them unless it already runs under one.
+    """
+
+    name: ClassVar[str] = "local"
+    distributed: ClassVar[bool] = False
+    section: ClassVar[type[Section] | None] = None  # this mode's own settings, if any
+    accepts_compression: ClassVar[bool] = False  # whether the compression section applies to it
+    uses_servers: ClassVar[bool] = False  # parameter-server shards beside the workers
+
+    @classmethod
+    def validate(cls, cfg: CoreConfig) -> None:
+        """Checks of this mode's settings against the rest of the config (ConfigError, one line)."""
+
+    @classmethod
+    def check_device(cls, cfg: CoreConfig, device: torch.device) -> None:
+        """Checks of this mode's settings against the device the workers will train on (run before any
+        worker starts, and again in each worker, which may have been started by an external torchrun)."""
+
+    def role(self) -> str:
+        """This process's part in the job: ``trainer`` (the default), ``server`` (answers requests and
+        never trains) or ``supervisor`` (runs a trainer in a child process it watches)."""
+        return TRAINER
+
+    def serve(self) -> Result:
+        raise NotImplementedError(f"mode {self.name} has no server role")
+
+    def supervise(self, trainer: Callable[[], Result]) -> Result:
+        raise NotImplementedError(f"mode {self.name} has no supervisor role")
+
+    def worker_device(self, requested: torch.device) -> torch.device:
+        """The device this process trains on (distributed modes map CUDA to ``cuda:LOCAL_RANK``)."""
+        return requested
+
+    @contextlib.contextmanager
+    def session(self, device: torch.device) -> Iterator[None]:
+        """Set up (and always tear down) whatever the mode needs for the run."""
+        yield
+
+    def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer the training loop steps (parameter-server modes: one that pushes and pulls)."""
+        return optimizer
+
+    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
+        """The training and test batches the trainer iterates (parameter-server modes: warm-start epochs,
+        evaluation of the whole test set on the main worker)."""
+        return train, test
+
+    def describe(self) -> dict[str, Any]:
+        """Static facts about the mode for summary.json (backend, BatchNorm handling, ...)."""
+        return {"backend": None}
+
+
+MODES: Registry[type[Mode]] = Registry("mode")
+
+
+def register_mode(*names: str) -> Callable[[type[Mode]], type[Mode]]:
+    """Register a Mode class under each of ``names`` (one class may serve several, e.g. async and ps-sync);
+    it is built as ``cls(name, cfg)``."""
+    def decorator(cls: type[Mode]) -> type[Mode]:
+        for name in names:
+            MODES.register(name, section=cls.section)(cls)
+        return cls
+
+    return decorator
+
+
+def mode_class(name: str) -> type[Mode]:
+    """The class registered under ``name`` (ConfigError with a did-you-mean when unknown)."""
+    return MODES.get(name).factory  # type: ignore[return-value]
+
+
+def create_mode(cfg: CoreConfig) -> Mode:
+    """The mode ``cfg.mode`` names, built for this run (``cfg`` must have its mode resolved)."""
+    return mode_class(cfg.mode)(cfg.mode, cfg)
+
+
+def list_modes() -> list[str]:
+    return MODES.names()
+
+
+@register_mode("local")
+class LocalMode(Mode):
+    """One process, no communication (the engine's Callbacks, all no-ops)."""
+
+    def __init__(self, name: str = "local", cfg: CoreConfig | None = None) -> None:
+        self.name = name

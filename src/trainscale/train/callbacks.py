@@ -1,0 +1,31 @@
+"""What a training mode adds around the engine's epochs, as one object the Trainer calls.
+
+The engine knows nothing about modes: a mode (``trainscale.modes``) subclasses ``Callbacks`` and the
+composition root hands it to the Trainer. Every method is a no-op here, so local training and tests
+pass ``Callbacks()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+class Callbacks:
+    """Hooks around each epoch; see ``Trainer.run_epoch`` for the order they are called in."""
+
+    def before_train_epoch(self, epoch: int) -> None:
+        """Before each epoch's training pass (e.g. to step a compression warm-up schedule)."""
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        """After each epoch's training pass, before evaluation and the checkpoint (e.g. to make per-worker
+        state such as BatchNorm running statistics identical on every rank)."""
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Figures of the epoch (e.g. bytes on the wire), merged into its metrics.jsonl row."""
+        return {}
+
+    def run_stats(self) -> dict[str, Any]:
+        """Whole-run figures, merged into summary.json."""
+        return {}

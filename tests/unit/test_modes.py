@@ -1,0 +1,100 @@
+"""Modes are plug-ins: every registered mode builds and validates, and a new mode's own config section
+reaches TrainConfig, the CLI flags and config.json without an edit outside its own file."""
+
+import argparse
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from trainscale.app import config as app_config
+from trainscale.app.config import TrainConfig, build_config
+from trainscale.cli import add_config_flags, build_parser
+from trainscale.config import CORE_SECTIONS, CoreConfig, option
+from trainscale.errors import ConfigError
+from trainscale.modes import MODES, Mode, create_mode, list_modes, mode_class, register_mode
+from trainscale.train import Callbacks
+
+
+def test_builtin_modes_are_registered():
+    assert {"local", "sync", "async", "ps-sync", "ma"} <= set(list_modes())
+
+
+@pytest.mark.parametrize("name", list_modes())
+def test_every_mode_builds_from_a_valid_config_and_is_a_callbacks_object(name, monkeypatch):
+    extra = {"servers": 1, "workers": 2} if mode_class(name).uses_servers else {}
+    extra |= {"workers": 2} if mode_class(name).distributed else {}
+    cfg = build_config({"mode": name, **extra})
+    if mode_class(name).uses_servers:  # roles come from the launcher's variables: rank 0 of 2 workers + 1 server
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}.items():
+            monkeypatch.setenv(key, value)
+    mode = create_mode(cfg)
+    assert isinstance(mode, Callbacks) and mode.name == name
+    assert mode.role() in ("trainer", "server", "supervisor")
+
+
+def test_every_config_field_has_help_and_a_flag():
+    parser = build_parser()
+    train = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith("train"))
+    dests = {a.dest for a in train._actions}
+    for name, field in app_config.FIELDS.items():
+        assert field.metadata.get("help"), f"{name} has no help text"
+        assert name in dests, f"{name} has no flag"
+
+
+def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch):
+    @dataclass
+    class GossipConfig(CoreConfig):
+        TITLE: ClassVar[str] = "gossip"
+        FOR: ClassVar[str] = "--mode gossip"
+        gossip_peers: int = option(2, "peers each worker averages with")
+
+    class GossipMode(Mode):
+        distributed = True
+        section = GossipConfig
+
+        def __init__(self, name: str, cfg: GossipConfig) -> None:
+            self.name, self.peers = name, cfg.gossip_peers
+
+    monkeypatch.setattr(MODES, "_entries", dict(MODES._entries))  # registration undone after the test
+    register_mode("gossip")(GossipMode)
+    composed = app_config._compose()
+    assert composed().gossip_peers == 2 and "gossip_peers" in composed().to_dict()
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, composed, CORE_SECTIONS)
+    assert parser.parse_args(["--gossip-peers", "5"]).gossip_peers == 5
+    assert "peers each worker averages with" in parser.format_help()
+    monkeypatch.setattr(app_config, "TrainConfig", composed)
+    monkeypatch.setattr(app_config, "FIELDS", {f: composed.__dataclass_fields__[f] for f in composed.__dataclass_fields__})
+    monkeypatch.setattr(app_config, "TYPES", app_config.field_types(composed))
+    assert create_mode(build_config({"mode": "gossip", "workers": 2, "gossip_peers": 3})).peers == 3
+    with pytest.raises(ConfigError, match="--gossip-peers is for --mode gossip, not --mode sync"):
+        build_config({"workers": 2, "gossip_peers": 3})
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"epochs": "1"}, "must be an integer, got '1' (str)"),
+    ({"epochs": True}, "must be an integer, got True (bool)"),
+    ({"lr": "0.1"}, "must be a number, got '0.1' (str)"),
+    ({"milestones": "41,61"}, "must be a list of an integer, got '41,61' (str)"),
+    ({"flip": 1}, "must be true or false, got 1 (int)"),
+])
+def test_wrong_types_are_one_line_errors(values, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        build_config(values)
+
+
+def test_toml_type_errors_name_file_line_and_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('model = "mlp"\nbatch_size = "64"\n')
+    with pytest.raises(ConfigError, match=r"c.toml:2: key 'batch_size' must be an integer, got '64' \(str\)"):
+        app_config.load_toml(path)
+    path.write_text("lr = 1\n")
+    assert app_config.load_toml(path) == {"lr": 1.0}
+
+
+def test_train_config_is_picklable_for_spawned_workers():
+    import pickle
+
+    cfg = build_config({"model": "mlp"})
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and type(cfg) is TrainConfig

@@ -1,0 +1,89 @@
+"""Nothing already written is lost: run folders are never clobbered, resumes must match, torn files are read."""
+
+import pytest
+import torch
+
+from trainscale.app.config import build_config
+from trainscale.errors import ConfigError, DataError
+from trainscale.io import atomic_write_text, read_json, read_jsonl
+from trainscale.results import RunWriter
+from trainscale.train.loop import NonFiniteGuard, NonFiniteLoss
+from trainscale.train.setup import check_run_folder
+
+
+def cfg(tmp_path, **kw):
+    return build_config({"model": "mlp", "out": str(tmp_path / "run"), **kw})
+
+
+@pytest.mark.parametrize("existing", ["summary.json", "metrics.jsonl", "config.json", "checkpoint.pt"])
+def test_an_existing_run_is_never_overwritten_even_without_a_checkpoint(tmp_path, existing):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / existing).write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        check_run_folder(out, resume=False)
+
+
+def test_a_folder_that_is_not_a_run_or_is_a_file_is_refused(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(ConfigError, match="already holds files and is not a trainscale run"):
+        check_run_folder(tmp_path / "mine", resume=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        check_run_folder(tmp_path / "afile", resume=False)
+    (tmp_path / "empty").mkdir()
+    check_run_folder(tmp_path / "empty", resume=False)  # an empty folder is fine
+
+
+def test_resume_refuses_other_settings_naming_each_key(tmp_path):
+    first = cfg(tmp_path, epochs=2, lr=0.1)
+    out = tmp_path / "run"
+    RunWriter(out).write_config(first.to_dict())
+    (out / "checkpoint.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"lr \(was 0.1, now 0.2\); momentum \(was 0.9, now 0.5\)"):
+        check_run_folder(out, True, cfg(tmp_path, epochs=2, lr=0.2, momentum=0.5, resume=True))
+    with pytest.raises(ConfigError, match="epochs may only grow"):
+        check_run_folder(out, True, cfg(tmp_path, epochs=1, lr=0.1, resume=True))
+    check_run_folder(out, True, cfg(tmp_path, epochs=4, lr=0.1, resume=True, progress=False))
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path):
+    out = tmp_path / "run"
+    RunWriter(out).write_config({"model": "mlp"})
+    check_run_folder(out, resume=True)  # config.json but no checkpoint: allowed, from the beginning
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        check_run_folder(tmp_path / "nothing", resume=True)
+
+
+def test_interrupted_writes_leave_no_debris(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".checkpoint.pt.abc123.tmp").write_bytes(b"half")
+    RunWriter(out)
+    assert not list(out.glob(".*.tmp"))
+    atomic_write_text(out / "x.json", "{}")
+    assert sorted(p.name for p in out.iterdir()) == ["x.json"]
+
+
+def test_jsonl_tolerates_a_torn_last_line_and_refuses_real_corruption(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epo')
+    assert read_jsonl(path) == [{"epoch": 1}, {"epoch": 2}]
+    path.write_text('{"epoch": 1}\n{"ep\n{"epoch": 3}\n')
+    with pytest.raises(DataError, match="m.jsonl:2 is not valid JSON"):
+        read_jsonl(path)
+    (tmp_path / "s.json").write_text("{not json")
+    with pytest.raises(DataError, match="s.json is not valid JSON"):
+        read_json(tmp_path / "s.json")
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_non_finite_loss_stops_training_naming_epoch_and_step(every):
+    guard = NonFiniteGuard(torch.device("cpu"), epoch=2, lr_at=lambda t: 0.5, steps=25)
+    guard.every = every  # 10: the GPU path, which records the first bad step on the device
+    for step in range(3):
+        guard.add(step, torch.tensor(1.0))
+    with pytest.raises(NonFiniteLoss, match=r"not finite \(NaN or inf\) at epoch 3 step 4 \(lr 0.5\)"):
+        for step in range(3, 25):
+            guard.add(step, torch.tensor(float("nan") if step in (3, 4) else 1.0))
