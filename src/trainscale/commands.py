@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError

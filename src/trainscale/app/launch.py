@@ -201,10 +201,15 @@ def run_worker(cfg: TrainConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 # ------------------------------------------------------------------------------------ results
 
 
+def recorded_field(failure: ProcessFailure, key: str) -> Any:
+    """A field of the worker's error file (``kind``, ``time_ns``: see ``worker_errors``), None without one."""
+    message = failure.message
+    return message.get(key) if isinstance(message, dict) else None
+
+
 def recorded_kind(failure: ProcessFailure) -> str | None:
     """The failure kind the worker recorded (``worker_errors.kind_of``), None when it recorded none."""
-    message = failure.message
-    return message.get("kind") if isinstance(message, dict) else None
+    return recorded_field(failure, "kind")
 
 
 def recorded_message(failure: ProcessFailure) -> str:
@@ -237,8 +242,7 @@ def is_consequence(failure: ProcessFailure) -> bool:
 def failure_time_ns(failure: ProcessFailure) -> int:
     """When the failure was recorded: the worker's own nanosecond stamp (a root cause records before its
     peers notice it), else the agent's whole-second timestamp (a process killed without a word)."""
-    message = failure.message
-    stamp = message.get("time_ns") if isinstance(message, dict) else None
+    stamp = recorded_field(failure, "time_ns")
     return int(stamp) if stamp is not None else int(failure.timestamp) * 10**9
 
 

@@ -32,7 +32,6 @@ from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_a
 from trainscale.runtime.dist import (
     all_reduce_sum,
     elect_main_rank,
-    is_main_process,
     local_rank,
     quiet_unless_main,
     set_main_rank,

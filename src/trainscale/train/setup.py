@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainscale.data import AugmentConfig, DeviceBatches, ImageTensors, load_dataset
+from trainscale.data import AugmentConfig, ImageTensors, load_dataset
 from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
 from trainscale.io import read_json
-from trainscale.models import count_parameters, create_model, model_info
+from trainscale.models import create_model, model_info
 from trainscale.config import CoreConfig
 from trainscale.results import LAUNCHER_FILES, RunWriter
 from trainscale.runtime import broadcast_object, is_main_process, world_size
