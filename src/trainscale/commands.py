@@ -41,6 +41,8 @@ def train(args: argparse.Namespace) -> int:
     from trainscale.runtime.process_group import launched_by_torchrun
 
     cfg = train_config(args)
+    if cfg.dry_run:
+        return train_dry_run(cfg)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if cfg.hosts is not None:
         from trainscale.app.hosts import hosts_main
@@ -55,9 +57,26 @@ def train(args: argparse.Namespace) -> int:
     return train_worker(cfg)
 
 
+def train_dry_run(cfg: CoreConfig) -> int:
+    """`train --dry-run`: the checks, then the resolved config as JSON on stdout; nothing is written."""
+    import json
+
+    from trainscale.app.dryrun import dry_run
+
+    print(json.dumps(dry_run(cfg), indent=2))
+    return 0
+
+
 def train_worker(cfg: CoreConfig) -> int:
-    from trainscale.app.launch import launched_by_trainscale, run_worker
+    """Train in this process. Under a launcher first tie this worker to it: it dies with the launcher and
+    ends silently when the launcher stops the job (see ``runtime.orphans``)."""
     from trainscale.runtime.process_group import launched_by_torchrun
+
+    if launched_by_torchrun():
+        from trainscale.runtime.orphans import end_with_launcher
+
+        end_with_launcher()
+    from trainscale.app.launch import launched_by_trainscale, run_worker
     from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.app.run import run_training
 

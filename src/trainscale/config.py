@@ -92,6 +92,10 @@ class OptimConfig(Section):
     gamma: float = option(0.1, "step schedule factor")
     label_smoothing: float = option(0.0, "label smoothing")
     tta: bool = option(False, "flip test-time augmentation at evaluation")
+    nonfinite: str = option("stop", "a step whose loss or gradients are NaN/inf: 'stop' training (default), or "
+                            "'skip' it (no update; counted per epoch; costs one device sync and, with several "
+                            "workers, one all-reduce per step; an epoch of only skipped steps still stops)",
+                            choices=("stop", "skip"))
 
 
 @dataclass
@@ -112,6 +116,8 @@ class RunConfig(Section):
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
     checkpoint: bool = option(True, "write a checkpoint every epoch (default on)")
     progress: bool = option(True, "progress bar (default on)")
+    dry_run: bool = option(False, "check the settings, the mode, the run folder and the data (never downloaded), "
+                           "print the resolved config as JSON and exit without training or writing anything")
 
 
 @dataclass

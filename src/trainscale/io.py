@@ -80,3 +80,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
                 break
             raise DataError(f"{path}:{number} is not valid JSON; the file is corrupt: restore or delete it") from None
     return rows
+
+
+def append_jsonl(path: Path, obj: Any) -> None:
+    """Append one object as a line. A torn last line left by an interrupted append is cut off first (with a
+    warning), so it never ends up as corruption in the middle of the file; the line goes out in one write."""
+    path = Path(path)
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+    with open(path, "ab") as f:
+        f.write((json.dumps(clean(obj)) + "\n").encode())

@@ -5,26 +5,32 @@
 - ``summary.json``: the run's result (see ``SUMMARY_FIELDS``), rewritten after every epoch.
 - ``logs.tsv``: DAWNBench format: epoch, hours of training, top-1 test accuracy in percent.
 - ``checkpoint.pt``: the last finished epoch (see ``checkpoint.py``).
+- ``.lock``: held by the job writing the folder (see ``lock_run_folder``); readers ignore it.
 Accuracies in the JSON files are fractions in 0..1; every file is replaced atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, clean, dumps, read_json, read_jsonl
 
 EPOCH_FIELDS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds",
-                "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb")
+                "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb", "skipped_steps")
 SUMMARY_FIELDS = ("model", "params", "dataset", "mode", "world_size", "epochs", "batch_size", "best_test_acc",
                   "final_test_acc", "mean_epoch_seconds", "samples_per_sec", "peak_memory_mb",
-                  "total_train_seconds", "time_to_target_seconds", "environment")
+                  "total_train_seconds", "time_to_target_seconds", "skipped_steps", "environment")
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
 # holding only these is still a new run's folder.
 LAUNCHER_FILES = ("bench.json", "run.toml", "train.log", "error.txt")
+LOCK_FILE = ".lock"  # see lock_run_folder; a folder holding only this is a new run's folder too
 
 
 class RunWriter:
@@ -67,10 +73,102 @@ class RunWriter:
         atomic_write_text(self.out / "summary.json", dumps(summary))
 
 
+def in_use_message(out: Path, pid: int) -> str:
+    """One line for a second job on ``out``: who holds it (when it recorded its pid) and what to do."""
+    holder = f" (pid {pid})" if pid else ""
+    return f"--out {out} is in use by another trainscale job{holder}; wait for it to finish or choose another --out"
+
+
+@contextlib.contextmanager
+def lock_run_folder(out: Path | None) -> Iterator[None]:
+    """Hold the run folder's lock while a job writes it, so two jobs never mix their files in one folder
+    (a second job, ``--resume`` included, gets a ConfigError naming the holder's pid).
+
+    ``flock`` on ``<out>/.lock``: the kernel drops it when the holder exits however it dies, so a killed
+    job leaves no stale lock, at most the file, which checks and readers ignore. On leaving, the file is
+    removed while still locked, and the folder too if the lock made it and the job wrote nothing.
+    ``None``: no folder (a launcher on node > 0).
+    """
+    if out is None:
+        yield
+        return
+    out = Path(out)
+    made = not out.exists()
+    fd = _take_lock(out)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            _release(out, fd, made)
+
+
+def _take_lock(out: Path) -> int | None:
+    """The locked file's descriptor; None when the folder cannot be made or locked (the run-folder checks
+    say why a folder cannot be written; a file system without locks runs unlocked)."""
+    path = out / LOCK_FILE
+    while True:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            pid = _recorded_pid(fd)
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise ConfigError(in_use_message(out, pid)) from None
+            return None
+        if _same_file(fd, path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # its holder removed it on leaving: lock the one there now
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _release(out: Path, fd: int, made: bool) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(out / LOCK_FILE)
+        if made:
+            out.rmdir()  # fails unless empty: only a job that wrote nothing leaves no folder
+    os.close(fd)
+
+
+def lock_holder(out: Path) -> int | None:
+    """The pid of the process holding ``out``'s lock (0 while it has not written it yet), None when free.
+    A shared probe, so checks running side by side do not see each other as holders."""
+    try:
+        fd = os.open(Path(out) / LOCK_FILE, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _recorded_pid(fd)
+    finally:
+        os.close(fd)
+
+
+def _recorded_pid(fd: int) -> int:
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return int(text) if text.isdigit() else 0
+
+
 def read_history(out: Path) -> list[dict[str, Any]]:
     """The per-epoch rows of a run folder (a torn last line tolerated, see ``io.read_jsonl``)."""
     path = Path(out) / "metrics.jsonl"
     return read_jsonl(path) if path.exists() else []
 
 
-__all__ = ["EPOCH_FIELDS", "LAUNCHER_FILES", "SUMMARY_FIELDS", "RunWriter", "dumps", "read_history", "read_json"]
+__all__ = ["EPOCH_FIELDS", "LAUNCHER_FILES", "LOCK_FILE", "SUMMARY_FIELDS", "RunWriter", "dumps", "lock_holder",
+           "lock_run_folder", "read_history", "read_json"]

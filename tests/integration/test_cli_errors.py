@@ -1,5 +1,7 @@
 """Bad input exits with status 2 and one line naming the problem, before any training."""
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.cli import assert_one_line_error, run_cli
@@ -48,3 +50,68 @@ def test_models_lists_every_registered_model_with_counts():
     assert sorted(rows) == sorted(list_models())
     assert rows["resnet32"][1:3] == ["464,154", "32x32"]
     assert rows["resnet9"][1] == "6,573,120"
+
+
+
+TINY = (*SYN, "--model", "mlp", "--train-subset", "64", "--test-subset", "64", "--batch-size", "32")
+NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # a download fails at once
+SYSFS = Path("/sys/kernel").is_dir()  # Linux sysfs: nobody, root included, can make files in /sys
+
+
+@pytest.mark.parametrize("where, workers, fragment", [
+    ("file.txt/run", (), "--out file.txt/run: cannot write there (file.txt is a file)"),
+    ("file.txt/run", ("--workers", "2"), "--out file.txt/run: cannot write there (file.txt is a file)"),
+    ("file.txt", ("--workers", "2"), "--out file.txt is a file, not a folder"),
+    ("/sys/trainscale-run", ("--workers", "2"), "--out /sys/trainscale-run: cannot write there ("),
+], ids=["under-a-file", "under-a-file-sync", "a-file-sync", "unwritable-even-as-root-sync"])
+def test_an_out_that_cannot_be_written_is_one_line_and_starts_no_worker(tmp_path, where, workers, fragment):
+    if where.startswith("/sys") and not SYSFS:
+        pytest.skip("needs Linux sysfs")
+    (tmp_path / "file.txt").write_text("keep")
+    proc = run_cli("train", *TINY, *workers, "--out", where, cwd=tmp_path)
+    assert_one_line_error(proc, fragment)
+    assert "starting" not in proc.stderr  # the launcher's pre-flight refused it: no worker ran
+    assert [p.name for p in tmp_path.iterdir()] == ["file.txt"] and (tmp_path / "file.txt").read_text() == "keep"
+
+
+def test_bench_and_report_refuse_an_out_that_is_a_file(tmp_path):
+    from tests.unit.test_report_tables import make_run
+
+    (tmp_path / "grid.toml").write_text('name = "g"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n')
+    (tmp_path / "file.txt").write_text("keep")
+    make_run(tmp_path / "runs" / "a")
+    assert_one_line_error(run_cli("bench", "grid.toml", "--out", "file.txt", cwd=tmp_path),
+                          "--out file.txt is a file, not a folder")
+    assert_one_line_error(run_cli("bench", "grid.toml", "--out", "file.txt/results", "--dry-run", cwd=tmp_path),
+                          "--out file.txt/results: cannot write there (file.txt is a file)")
+    assert_one_line_error(run_cli("report", "runs", "--out", "file.txt", cwd=tmp_path),
+                          "--out file.txt is a file, not a folder")
+    assert_one_line_error(run_cli("report", "runs", "--out", "file.txt/report", cwd=tmp_path),
+                          "--out file.txt/report: cannot write there (file.txt is a file)")
+    assert (tmp_path / "file.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["local", "sync"])
+def test_an_image_size_the_model_cannot_take_is_one_line_before_anything_starts(tmp_path, workers):
+    proc = run_cli("train", *TINY, *workers, "--image-size", "16", "--out", tmp_path / "run")
+    assert_one_line_error(proc, "--image-size 16: model mlp cannot take 16x16 images")
+    assert "starting" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["local", "sync"])
+def test_a_mistyped_data_dir_is_refused_not_created_and_nothing_downloaded(tmp_path, workers):
+    typo = tmp_path / "dtaa" / "cifar"
+    proc = run_cli("train", *TINY, *workers, "--dataset", "cifar10", "--data-dir", typo, "--out", tmp_path / "run",
+                   env=NO_NETWORK)
+    assert_one_line_error(proc, f"--data-dir {typo} does not exist; fix the path, or create the folder")
+    assert "downloading" not in proc.stderr and "starting" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_check_leaves_no_empty_run_folder_behind(tmp_path):
+    proc = run_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "run")
+    assert_one_line_error(proc, "60000")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays, empty as it was
+    assert_one_line_error(run_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "mine"), "60000")
+    assert (tmp_path / "mine").is_dir()

@@ -301,3 +301,65 @@ def test_set_is_checked_when_the_runs_are_planned(tmp_path, text, sets, fragment
     with pytest.raises(GridError) as info:
         plan_runs(load_grid(grid_file(tmp_path, text)), None, sets)
     assert fragment in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------ a grid may not start ssh on its own
+
+REMOTE = """
+    name = "remote"
+    [base]
+    model = "mlp"
+    hosts = "hosts.txt"
+    ssh = true
+"""
+
+
+@pytest.mark.parametrize("text, line, key", [
+    (REMOTE, 4, "hosts"),
+    ('name = "r"\n[base]\nmodel = "mlp"\n[axes]\nhosts = ["h"]\n', 5, "hosts"),
+    ('name = "r"\n[base]\nmodel = "mlp"\n[[rows]]\nshort_name = "A"\nhosts = "h"\n', 6, "hosts"),
+])
+def test_a_grid_that_sets_ssh_or_hosts_is_refused_without_allow_ssh(tmp_path, text, line, key):
+    grid = load_grid(grid_file(tmp_path, text))
+    with pytest.raises(GridError) as info:
+        plan_runs(grid, None)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'grid.toml'}:{line}: '{key}' = "), message
+    assert "--allow-ssh" in message and "\n" not in message
+    assert {r.config[key] for r in plan_runs(grid, None, allow_ssh=True)} - {None, False}
+
+
+def test_ssh_alone_is_refused_on_its_axis_line(tmp_path):
+    grid = load_grid(grid_file(tmp_path, 'name = "r"\n[base]\nmodel = "mlp"\n[axes]\nssh = [false, true]\n'))
+    with pytest.raises(GridError, match=r"grid.toml:5: 'ssh' = True would make the runs start commands"):
+        plan_runs(grid, None)
+
+
+def test_a_set_of_ssh_needs_allow_ssh_too(tmp_path):
+    grid = load_grid(grid_file(tmp_path, BASIC))
+    with pytest.raises(GridError, match=r"^--set hosts=\"h\": 'hosts' = 'h' would make the runs start commands"):
+        plan_runs(grid, None, {"hosts": "h"})
+    assert plan_runs(grid, None, {"hosts": "h", "ssh": False}, allow_ssh=True)
+
+
+def test_bench_dry_run_refuses_a_grid_with_ssh_and_names_the_flag(tmp_path, capsys):
+    from trainscale.cli import main
+
+    path = grid_file(tmp_path, REMOTE)
+    assert main(["bench", str(path), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grid.toml:4: 'hosts' = 'hosts.txt'" in err[0] and "--allow-ssh" in err[0]
+    assert main(["bench", str(path), "--out", str(tmp_path / "out"), "--dry-run", "--allow-ssh"]) == 0
+    assert "1 run(s)" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_may_not_choose_dry_run(tmp_path):
+    text = 'name = "d"\n[base]\nmodel = "mlp"\ndry_run = true\n'
+    with pytest.raises(GridError, match="grid.toml:4: key 'dry_run' is set by `trainscale bench`"):
+        load_grid(grid_file(tmp_path, text))
+
+
+def test_a_grid_of_absurdly_many_runs_is_refused_before_any_config_is_built(tmp_path):
+    with pytest.raises(GridError, match=r"grid.toml:2: the grid plans 4,000,000,000 runs .*more than 10,000"):
+        plan(tmp_path, 'name = "big"\nrepeats = 1000000000\n[axes]\nlr = [0.1, 0.2, 0.3, 0.4]\n')

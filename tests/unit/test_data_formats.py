@@ -382,6 +382,7 @@ def test_download_failure_names_folder_and_url(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(download_mod, "fetch_url", offline)
     root = tmp_path / "data"
+    root.mkdir()  # downloads go only into a folder that exists (or the default cache)
     with pytest.raises(DataError) as err:
         ensure_dataset("cifar10", root)
     message = str(err.value)

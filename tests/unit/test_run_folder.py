@@ -1,5 +1,7 @@
 """Nothing already written is lost: run folders are never clobbered, resumes must match, torn files are read."""
 
+import logging
+
 import pytest
 import torch
 
@@ -87,3 +89,76 @@ def test_a_non_finite_loss_stops_training_naming_epoch_and_step(every):
     with pytest.raises(NonFiniteLoss, match=r"not finite \(NaN or inf\) at epoch 3 step 4 \(lr 0.5\)"):
         for step in range(3, 25):
             guard.add(step, torch.tensor(float("nan") if step in (3, 4) else 1.0))
+
+
+@pytest.fixture
+def warnings_seen(caplog, monkeypatch):
+    """The trainscale log records (the CLI's logging setup stops them propagating to pytest's handler)."""
+    monkeypatch.setattr(logging.getLogger("trainscale"), "propagate", True)
+    return caplog
+
+
+def report_status(tmp_path, runs):
+    import csv
+
+    from trainscale.report.build import write_report
+
+    write_report([runs], tmp_path / "report")
+    with open(tmp_path / "report" / "results.csv", newline="") as f:
+        return {r["run_id"]: (r["status"], r["error"]) for r in csv.DictReader(f)}
+
+
+def test_report_counts_a_corrupt_summary_as_corrupt_never_ok_and_names_it_once(tmp_path, warnings_seen):
+    from tests.unit.test_report_tables import make_run
+
+    make_run(tmp_path / "runs" / "good")
+    (make_run(tmp_path / "runs" / "torn") / "summary.json").write_text('{"model": "mlp", "epo')
+    (make_run(tmp_path / "runs" / "empty") / "summary.json").write_text("{}")
+    statuses = report_status(tmp_path, tmp_path / "runs")
+    assert statuses["good"][0] == "ok" and statuses["empty"][0] == "incomplete"
+    assert statuses["torn"][0] == "corrupt" and "torn/summary.json is not valid JSON" in statuses["torn"][1]
+    named = [r for r in warnings_seen.records if "torn/summary.json" in r.getMessage()]
+    assert len(named) == 1 and named[0].levelname == "WARNING"
+    assert "torn/summary.json is not valid JSON" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_report_reads_metrics_with_a_torn_last_line_and_names_a_bad_line_inside(tmp_path, warnings_seen):
+    from tests.unit.test_report_tables import make_run
+
+    torn = make_run(tmp_path / "runs" / "torn") / "metrics.jsonl"
+    torn.write_text(torn.read_text() + '{"epoch": 4, "lr')
+    inside = make_run(tmp_path / "runs" / "inside") / "metrics.jsonl"
+    lines = inside.read_text().splitlines()
+    inside.write_text("\n".join([lines[0], '{"epoch": 2, "lr', *lines[2:]]) + "\n")
+    statuses = report_status(tmp_path, tmp_path / "runs")
+    assert statuses["torn"][0] == "ok"
+    assert statuses["inside"] == ("corrupt", f"{inside}:2 is not valid JSON; the file is corrupt: restore or delete it")
+    assert len([r for r in warnings_seen.records if "torn/metrics.jsonl: ignoring a torn last line" in r.getMessage()]) == 1
+
+
+def test_report_tolerates_a_torn_ledger_line_and_refuses_a_corrupt_ledger_or_grid_json(tmp_path):
+    from tests.unit.test_report_tables import make_grid_dir
+
+    out, specs = make_grid_dir(tmp_path)
+    ledger = out / "grid.jsonl"
+    good = ledger.read_text()
+    ledger.write_text(good + '{"run_id": "x", "sta')
+    assert report_status(tmp_path, out)[specs[2].run_id][0] == "failed"
+    ledger.write_text('{"run_id": "x", "sta\n' + good)
+    with pytest.raises(DataError, match=r"grid.jsonl:1 is not valid JSON"):
+        report_status(tmp_path, out)
+    ledger.write_text(good)
+    (out / "grid.json").write_text('{"name": "handmade", "runs": [')
+    with pytest.raises(DataError, match=r"results/grid.json is not valid JSON"):
+        report_status(tmp_path, out)
+
+
+def test_an_append_after_a_torn_line_cuts_it_off_instead_of_burying_it(tmp_path):
+    from trainscale.io import append_jsonl, read_jsonl
+
+    ledger = tmp_path / "grid.jsonl"
+    append_jsonl(ledger, {"run": 1})
+    with open(ledger, "a") as f:
+        f.write('{"run": 2, "sta')  # an append interrupted mid-line
+    append_jsonl(ledger, {"run": 3})
+    assert read_jsonl(ledger) == [{"run": 1}, {"run": 3}]

@@ -1,10 +1,21 @@
-"""The collective helpers: no-ops for a process that is alone, an error for one that should be in a group."""
+"""The collective helpers: no-ops for a process that is alone, an error for one that should be in a group.
+Processes that end with their job (``runtime.orphans``), and the run folder's lock (``results.lock_run_folder``)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from trainscale.errors import ConfigError
+from trainscale.results import LOCK_FILE, lock_holder, lock_run_folder
 from trainscale.runtime import all_reduce_sum, barrier, broadcast_object, is_main_process, rank, world_size
 from trainscale.runtime.dist import NoProcessGroup
+from trainscale.train.setup import check_run_folder
 
 
 def test_helpers_are_no_ops_at_world_size_one(monkeypatch):
@@ -21,3 +32,112 @@ def test_helpers_raise_when_the_launcher_says_distributed_but_no_group_exists(mo
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(NoProcessGroup, match="WORLD_SIZE=4 says this process is one of 4"):
         call()
+
+
+# ------------------------------------------------------------------ processes end with their job (runtime.orphans)
+
+def python(code: str, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def gone(pid: int, timeout: float) -> bool:
+    """True once ``pid`` has ended (a zombie counts: its new parent may never reap it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+ORPHAN = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", '''
+import os, sys, time
+from trainscale.runtime.orphans import die_with_parent
+die_with_parent(parent=int(sys.argv[1]))
+print(os.getpid(), flush=True)
+time.sleep(60)
+''', str(os.getpid())], stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_child_dies_with_its_parent_killed_by_sigkill():
+    parent = python(ORPHAN)
+    try:
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        assert gone(child, 5)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_child_whose_parent_died_before_it_asked_exits_at_once():
+    proc = python("from trainscale.runtime.orphans import die_with_parent\ndie_with_parent(parent=1)\nprint('alive')")
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (1, "")
+
+
+def test_a_worker_stops_silently_on_sigint():
+    proc = python("from trainscale.runtime.orphans import die_quietly_on_stop\nimport time\ndie_quietly_on_stop()\n"
+                  "print('ready', flush=True)\ntime.sleep(60)")
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert (proc.returncode, err) == (-signal.SIGINT, "")
+
+
+# ------------------------------------------------------------------ the run folder's lock (results.lock_run_folder)
+
+def test_the_run_folder_lock_refuses_a_second_holder_and_leaves_nothing(tmp_path):
+    out = tmp_path / "run"
+    with lock_run_folder(out):
+        assert lock_holder(out) == os.getpid()
+        with pytest.raises(ConfigError, match=rf"is in use by another trainscale job \(pid {os.getpid()}\); wait"):
+            with lock_run_folder(out):
+                pass
+        check_run_folder(out, resume=False)  # this process's own lock is no obstacle, its file no run file
+    assert lock_holder(out) is None
+    assert not out.exists()  # the lock made the folder and the job wrote nothing
+
+
+def test_a_lock_file_left_by_a_killed_job_is_no_obstacle(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("99999\n")
+    assert lock_holder(out) is None
+    check_run_folder(out, resume=False)
+    with pytest.raises(ConfigError, match="--resume: no checkpoint"):
+        check_run_folder(out, resume=True)
+    with lock_run_folder(out):
+        (out / "config.json").write_text("{}")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+HOLDER = "import sys\nfrom trainscale.results import lock_run_folder\nwith lock_run_folder(sys.argv[1]):\n" \
+         "    print('held', flush=True)\n    sys.stdin.read()\n"
+
+
+def test_a_folder_another_process_holds_is_refused_by_the_checks(tmp_path):
+    out = tmp_path / "run"
+    holder = python(HOLDER, str(out))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        message = rf"--out {out} is in use by another trainscale job \(pid {holder.pid}\)"
+        with pytest.raises(ConfigError, match=message):
+            check_run_folder(out, resume=True)  # said before anything about the folder's contents
+        with pytest.raises(ConfigError, match=message):
+            with lock_run_folder(out):
+                pass
+    finally:
+        holder.communicate("", timeout=10)
+    assert lock_holder(out) is None

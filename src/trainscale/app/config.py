@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import tomllib
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from trainscale.modes import list_modes, mode_class
 from trainscale.train.checks import validate_engine
 
 BACKENDS = ("auto", "gloo", "nccl")
+NONFINITE = ("stop", "skip")
+INT_LIMIT = 2**63  # TOML's integers are 64-bit; tomllib reads any size, which torch and float() refuse later
+UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control, format, surrogate and line-break characters
 
 
 def _compose() -> type[CoreConfig]:
@@ -60,27 +64,45 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} cannot be read as text ({type(exc).__name__})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except ValueError as exc:  # an integer literal too long for Python's int conversion
+        raise ConfigError(f"config file {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         line = _line_of(text, key)
         where = f"{path}:{line}" if line else str(path)
         if name not in FIELDS:
-            raise ConfigError(f"{where}: unknown key '{key}'; valid keys are the `trainscale train` flags")
-        values[name] = typed(name, value, f"{where}: key '{key}'")
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys are the `trainscale train` flags")
+        values[name] = typed(name, value, f"{where}: key {key!r}")
     return values
 
 
 def typed(name: str, value: Any, where: str) -> Any:
-    """``value`` checked against field ``name``'s type (ints widen to floats); else a ConfigError."""
+    """``value`` checked against field ``name``'s type (ints widen to floats); else a ConfigError. Text
+    must be printable and integers 64-bit, so every later message stays one line and no number overflows."""
+    problem = value_problem(value)
+    if problem:
+        raise ConfigError(f"{where} {problem}")
     try:
         return coerce(TYPES[name], value)
     except TypeError as exc:
         raise ConfigError(f"{where} must be {exc}, got {value!r} ({type(value).__name__})") from None
+
+
+def value_problem(value: Any) -> str | None:
+    """Why a setting's value is unusable whatever its type (None when it is fine): an integer beyond 64
+    bits, or text with control or line-break characters (in a list too)."""
+    if isinstance(value, list):
+        return next((p for p in map(value_problem, value) if p), None)
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT <= value < INT_LIMIT:
+        return f"must be a 64-bit integer, got one of {value.bit_length()} bits"
+    if isinstance(value, str) and any(unicodedata.category(c) in UNPRINTABLE for c in value):
+        return f"must be printable text on one line, got {ascii(value)[:80]}"
+    return None
 
 
 def build_config(*layers: dict[str, Any]) -> CoreConfig:
@@ -97,7 +119,26 @@ def build_config(*layers: dict[str, Any]) -> CoreConfig:
     validate_launch(cfg)
     cfg = resolve_parallel(cfg)
     validate_mode(cfg)
+    validate_nonfinite(cfg)
     return cfg
+
+
+STATELESS_COMPRESSION = ("none", "fp16", "bf16")  # keep nothing from one step to the next
+
+
+def validate_nonfinite(cfg: TrainConfig) -> None:
+    """``--nonfinite``: skipping needs every rank to agree on each step before it is applied; a
+    parameter-server worker pushes its gradients as its own step, with no such agreement, so those modes
+    keep the default, stop."""
+    require(cfg.nonfinite in NONFINITE, f"--nonfinite must be one of {', '.join(NONFINITE)}, got {cfg.nonfinite!r}")
+    require(cfg.nonfinite == "stop" or not mode_class(cfg.mode).uses_servers,
+            f"--nonfinite skip is for --mode local and sync, not --mode {cfg.mode} (parameter-server workers "
+            "push every step's gradients); use --nonfinite stop")
+    stateless = cfg.compress in STATELESS_COMPRESSION and not cfg.error_feedback
+    require(cfg.nonfinite == "stop" or stateless,
+            f"--nonfinite skip cannot be combined with --compress {cfg.compress}"
+            f"{' --error-feedback' if cfg.error_feedback else ''}: the compressor's state (residuals, momentum) "
+            "would carry a skipped step's NaN into every later step; use --nonfinite stop")
 
 
 def validate_launch(cfg: CoreConfig) -> None:

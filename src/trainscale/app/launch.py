@@ -35,16 +35,24 @@ from trainscale.errors import ConfigError
 from trainscale.log import relabel
 from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
-from trainscale.results import read_history, read_json
+from trainscale.results import lock_run_folder, read_history, read_json
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.network import LOCALHOST, check_port_free, free_port, parse_endpoint, wait_reachable
+from trainscale.runtime.network import (
+    LOCALHOST,
+    check_port_free,
+    free_port,
+    local_address_toward,
+    parse_endpoint,
+    wait_reachable,
+)
+from trainscale.runtime.orphans import become_launcher, launcher_pid
+from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
 from trainscale.train.precision import Precision, resolve_device
-from trainscale.train.setup import check_fits, check_run_folder, load_data, resolve_out
+from trainscale.train.setup import check_fits, check_model_input, check_run_folder, load_data, resolve_out
 
 log = logging.getLogger("trainscale.launch")
 
-LAUNCHED_ENV = "TRAINSCALE_LAUNCHED"
 DEFAULT_MULTINODE_ID = "trainscale"
 MONITOR_INTERVAL_S = 0.1
 CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
@@ -63,7 +71,7 @@ class LaunchPlan:
 
 def launched_by_trainscale() -> bool:
     """True in a worker whose parent is `trainscale train` (which prints the results itself)."""
-    return os.environ.get(LAUNCHED_ENV) == "1"
+    return launcher_pid() is not None
 
 
 # ------------------------------------------------------------------------------------ the checks
@@ -105,10 +113,11 @@ def rendezvous_address(cfg: TrainConfig) -> tuple[str, bool]:
 def prepare(cfg: TrainConfig) -> LaunchPlan:
     """Every check that can run before the workers; each failure is a ConfigError (one line, exit 2)."""
     check_devices(cfg)
+    check_model_input(cfg)
     out = resolve_out(cfg) if cfg.node_rank == 0 else None
     if out is not None:  # node 0's first worker owns the run folder (and reads --baseline)
         load_baseline(cfg)
-        check_run_folder(out, cfg.resume, cfg)
+        check_run_folder(out, cfg.resume, cfg)  # a probe file too: an unwritable --out starts no worker
     check_data(cfg)
     endpoint, is_host = rendezvous_address(cfg)
     run_id = cfg.rdzv_id or (DEFAULT_MULTINODE_ID if cfg.nnodes > 1 else uuid.uuid4().hex)
@@ -151,7 +160,7 @@ def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     (see ``process_group.rpc_session``), and TensorPipe logs a C++ warning on every peer for every
     connection that closes, a screenful at each normal exit. The PS reports dead peers itself.
     """
-    env = {LAUNCHED_ENV: "1", "OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = {"OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     if cfg.devices:
@@ -159,24 +168,35 @@ def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     return env
 
 
+def bind_address(plan: LaunchPlan) -> str:
+    """The address this node's listeners use: the rendezvous host on the node hosting it (127.0.0.1 on one
+    machine), this machine's address toward it on the others. Node 0's workers meet at this address."""
+    host, _ = parse_endpoint(plan.endpoint)
+    return host if plan.is_host else local_address_toward(host)
+
+
 def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
-    """torch's LaunchConfig: fixed node count, c10d rendezvous, a 0.1 s monitor so failures stop the job fast."""
+    """torch's LaunchConfig: fixed node count, torch's c10d rendezvous with its store bound to one address
+    (``runtime.rendezvous``), a 0.1 s monitor so failures stop the job fast."""
     return LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.workers + cfg.servers,
-                        run_id=plan.run_id, rdzv_backend="c10d", rdzv_endpoint=plan.endpoint,
+                        run_id=plan.run_id, rdzv_backend=register_backend(), rdzv_endpoint=plan.endpoint,
                         rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.rdzv_timeout)},
-                        max_restarts=cfg.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
+                        max_restarts=cfg.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn",
+                        local_addr=bind_address(plan))
 
 
 def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
+    become_launcher()  # the workers die with this process, quietly (runtime.orphans)
     relabel(f"node {cfg.node_rank} launcher")
     servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
     log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers, servers,
              cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)
     try:
-        elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
+        with lock_run_folder(plan.out):  # for the whole job, restarts included: no second job writes there
+            elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
         print(f"trainscale train: error: {message}", file=sys.stderr)

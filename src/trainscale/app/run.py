@@ -7,11 +7,13 @@ a parameter-server supervisor starts its child with the explicit ``trainer`` rol
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -22,13 +24,15 @@ from trainscale.io import read_json
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
-from trainscale.runtime import rank, world_size
+from trainscale.results import lock_run_folder
+from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
+from trainscale.runtime.orphans import launcher_pid
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device
 from trainscale.train.schedules import create_schedule
-from trainscale.train.setup import augment_for, check_fits, load_data, run_folder, summary_base
+from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
 
 log = logging.getLogger("trainscale.train")
 
@@ -56,11 +60,24 @@ def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
         return mode.supervise(functools.partial(run_training, cfg, TRAINER))
     device = mode.worker_device(resolve_device(cfg.device))
     mode.check_device(cfg, device)
-    with mode.session(device):
-        trainer = build_trainer(cfg, device, mode)
+    with mode.session(device), run_folder_held(cfg) as held:
+        trainer = build_trainer(held, device, mode)
         summary = trainer.fit()
     history = trainer.writer.history if trainer.writer else []
     return summary, history
+
+
+@contextlib.contextmanager
+def run_folder_held(cfg: CoreConfig) -> Iterator[CoreConfig]:
+    """``cfg`` with its run folder resolved once, locked while this process writes it (``results.lock_run_folder``)
+    when it owns the folder: a local run, or the main process under an external torchrun. Under `trainscale train
+    --workers N` the launcher holds the lock for the whole job, restarts included; workers never take it."""
+    if launcher_pid() is not None or not is_main_process():
+        yield cfg
+        return
+    out = resolve_out(cfg)
+    with lock_run_folder(out):
+        yield cfg if cfg.out else dataclasses.replace(cfg, out=str(out))
 
 
 def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:

@@ -31,6 +31,8 @@ def add_bench_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None, help="seconds one run may take before it is stopped "
                    "and recorded as failed (default: no limit)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit (nothing is written)")
+    p.add_argument("--allow-ssh", action="store_true", help="let the grid set `hosts`/`ssh` (its runs then start "
+                   "commands on the machines its hosts files name); refused without it")
     p.add_argument("--update", action="store_true", help="allow a results folder planned from other settings: "
                    "runs whose settings still match are kept, the others run")
 
@@ -39,9 +41,12 @@ def bench_command(args: argparse.Namespace) -> int:
     """0 when every run finished, 1 when some failed (they are recorded and the grid went on)."""
     from trainscale.bench.grid import parse_sets
     from trainscale.bench.runner import BenchOptions, plan, run_grid
+    from trainscale.train.setup import check_folder_writable
 
+    check_folder_writable(args.out, "--out")  # a file or an unwritable place: one line before any run
     options = BenchOptions(grid=args.grid, out=args.out, scale=args.scale, timeout=args.timeout,
-                           update=args.update, sets=parse_sets(args.sets), data_dir=args.data_dir)
+                           update=args.update, sets=parse_sets(args.sets), data_dir=args.data_dir,
+                           allow_ssh=args.allow_ssh)
     if args.dry_run:
         print_plan(options, *plan(options))
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,10 @@ from trainscale.train.setup import BatchPlan
 SET_SOURCE = "--set"  # the source of a key that --set chose (an error about it names --set, not a line)
 # Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.
 HASH_EXCLUDE = frozenset({"out", "resume", "progress", "checkpoint", "rdzv_endpoint", "rdzv_id", "rdzv_timeout",
-                          "node_rank", "hosts", "ssh", "dist_timeout", "max_restarts"})
+                          "node_rank", "hosts", "ssh", "dist_timeout", "max_restarts", "dry_run"})
+# Keys that make a run start commands on other machines: a grid may set them only with --allow-ssh.
+REMOTE_KEYS = ("hosts", "ssh")
+MAX_RUNS = 10_000  # more planned runs than this is a typo (repeats = 1000000), not a benchmark
 # Short labels for axis values in run names ("w2-bpw32"); other keys use their own name.
 ABBREVIATIONS = {"workers": "w", "batch_per_worker": "bpw", "batch_size": "bs", "precision": "", "model": "",
                  "mode": "", "compress": "", "granularity": "", "servers": "s", "train_subset": "n"}
@@ -135,17 +139,45 @@ def _check_conflicts(grid: Grid, plan: RowPlan) -> None:
                              f"axes.{key} = [...]")
 
 
-def plan_runs(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None) -> list[RunSpec]:
+def plan_runs(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None,
+              allow_ssh: bool = False) -> list[RunSpec]:
     """Every run of the grid at this scale, each config built and validated; errors name file and line
-    (or the --set). ``sets``: `trainscale bench --set` values, applied to every run over the grid's."""
+    (or the --set). ``sets``: `trainscale bench --set` values, applied to every run over the grid's.
+    ``allow_ssh``: `trainscale bench --allow-ssh`, without which no run may use ``hosts``/``ssh``."""
     sets = check_sets(sets or {})
     repeats = _scale_table(grid, scale).get("repeats", grid.repeats)
+    plans = row_plans(grid, scale, sets)
+    _check_plans(grid, plans, repeats, allow_ssh)
     specs = [_spec(grid, plan, dict(zip(plan.axes, combo)), repeat, repeats)
-             for plan in row_plans(grid, scale, sets)
+             for plan in plans
              for combo in itertools.product(*plan.axes.values())
              for repeat in range(repeats)]
     _check_unique(grid, specs, sets)
     return specs
+
+
+def _check_plans(grid: Grid, plans: list[RowPlan], repeats: int, allow_ssh: bool) -> None:
+    """Before any config is built: no run over ssh without ``allow_ssh``, and a number of runs that can be
+    planned at all (``repeats = 1000000`` would otherwise build configs for hours)."""
+    for plan in plans:
+        if not allow_ssh:
+            _refuse_remote(grid, plan)
+    total = repeats * sum(math.prod(len(values) for values in plan.axes.values()) for plan in plans)
+    if total > MAX_RUNS:
+        raise grid.error("repeats" if repeats > MAX_RUNS else "axes", f"the grid plans {total:,} runs (rows x axis "
+                         f"values x repeats); more than {MAX_RUNS:,} is surely a mistake")
+
+
+def _refuse_remote(grid: Grid, plan: RowPlan) -> None:
+    """A grid file is data anyone can hand over; one that sets ``ssh`` (or ``hosts``) would make
+    `trainscale bench` run commands on machines it names. That takes the user's own ``--allow-ssh``."""
+    layers = {**grid.base, **plan.fixed, **plan.overrides}
+    for key in REMOTE_KEYS:
+        values = plan.axes.get(key, [layers.get(key)])
+        chosen = next((v for v in values if v not in (None, False)), None)
+        if chosen is not None:
+            raise _error(grid, key, {key: chosen}, plan.sources, f"'{key}' = {chosen!r} would make the runs start "
+                         "commands on other machines (over ssh); pass `trainscale bench --allow-ssh` to allow it")
 
 
 def _spec(grid: Grid, plan: RowPlan, point: dict[str, Any], repeat: int, repeats: int) -> RunSpec:

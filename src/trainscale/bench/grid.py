@@ -39,7 +39,7 @@ TOP_KEYS = ("name", "description", "source", "repeats", "base", "axes", "rows", 
 ROW_KEYS = ("short_name", "axes", "scale")
 SCALE_KEYS = ("description", "repeats", "axes", "rows")
 # Set by the runner for every run: neither a grid nor --set may choose them.
-RUNNER_OWNED = ("out", "resume", "progress", "config")
+RUNNER_OWNED = ("out", "resume", "progress", "config", "dry_run")
 
 
 class GridError(ConfigError):
@@ -79,9 +79,12 @@ def load_grid(path: str | Path) -> Grid:
         raw = tomllib.loads(text)
     except FileNotFoundError:
         raise GridError(f"grid file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise GridError(f"grid file {path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GridError(f"grid file {path} cannot be read as text ({type(exc).__name__})") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for Python's int conversion
+        raise GridError(f"grid file {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
     grid = Grid(path=path, text=text, name="", locator=KeyLocator(text))
+    _check_printable(grid, raw, "")
     _check_keys(grid, raw, TOP_KEYS, "", "top-level grid keys")
     grid.name = _string(grid, raw, "name", required=True)
     grid.description = _string(grid, raw, "description")
@@ -94,6 +97,25 @@ def load_grid(path: str | Path) -> Grid:
     grid.rows = [_row_scales(grid, row, i) for i, row in enumerate(grid.rows)]
     _check_row_filters(grid)
     return grid
+
+
+def _check_printable(grid: Grid, table: dict[str, Any], prefix: str) -> None:
+    """Every key and value must be printable on one line and every integer 64-bit (``value_problem``):
+    messages quote them, and a run's config is built from them."""
+    from trainscale.app.config import value_problem
+
+    for key, value in table.items():
+        path = _join(prefix, key)
+        problem = value_problem(key)
+        if problem:
+            raise grid.error(prefix or "name", f"a key {problem}")
+        items = value if isinstance(value, list) else [value]
+        for index, item in enumerate(items):
+            where = f"{path}[{index}]" if isinstance(value, list) else path
+            if isinstance(item, dict):
+                _check_printable(grid, item, where)
+            elif problem := value_problem(item):
+                raise grid.error(path, f"'{key}' {problem}")
 
 
 def _check_keys(grid: Grid, table: dict[str, Any], allowed: tuple[str, ...], prefix: str, what: str) -> None:

@@ -36,6 +36,7 @@ from trainscale.bench import process
 from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
+from trainscale.io import append_jsonl, atomic_write_text, read_json
 
 log = logging.getLogger("trainscale.bench")
 
@@ -62,13 +63,14 @@ class BenchOptions:
     python: str = sys.executable
     sets: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE: over the grid, for every run
     data_dir: Path | None = None  # --data-dir: --set data_dir=DIR, checked to be a folder first
+    allow_ssh: bool = False  # --allow-ssh: the grid may set hosts/ssh (runs that start commands elsewhere)
 
 
 def plan(options: BenchOptions) -> tuple[Grid, list[RunSpec]]:
     """Parse and validate the grid: every error is raised here, before anything is written."""
     sets = overrides(options)
     grid = load_grid(options.grid)
-    return grid, plan_runs(grid, effective_scale(options, grid), sets)
+    return grid, plan_runs(grid, effective_scale(options, grid), sets, allow_ssh=options.allow_ssh)
 
 
 def overrides(options: BenchOptions) -> dict[str, Any]:
@@ -203,9 +205,7 @@ def _error_line(lines: list[str]) -> str:
 
 
 def append_ledger(out: Path, result: RunResult) -> None:
-    line = {"time": _now(), **asdict(result)}
-    with open(out / "grid.jsonl", "a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_jsonl(out / "grid.jsonl", {"time": _now(), **asdict(result)})
 
 
 def _now() -> str:
@@ -228,7 +228,7 @@ def _locked(out: Path) -> Iterator[None]:
 def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
     """Record what DIR holds; refuse a DIR planned from other settings unless ``--update``."""
     path = options.out / "grid.json"
-    old = json.loads(path.read_text()) if path.exists() else None
+    old = read_json(path) if path.exists() else None
     planned = [s.record() for s in specs]
     scale = effective_scale(options, grid)
     sets = overrides(options)
@@ -239,9 +239,7 @@ def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> 
               "scale_description": grid.scales.get(scale or "", {}).get("description", ""),
               "grid_file": str(options.grid), "grid_text": grid.text, "scale": scale, "set": sets,
               "timeout": options.timeout, "runs": planned, "sessions": sessions}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
 def _check_same_plan(path: Path, old: dict[str, Any], grid: Grid, scale: str | None, sets: dict[str, Any],

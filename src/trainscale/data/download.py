@@ -7,6 +7,7 @@ official sub-folders (``cifar-10-batches-bin`` ...) or be a batches folder itsel
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tarfile
@@ -18,6 +19,8 @@ from pathlib import Path, PurePosixPath
 from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.data.checksums import FORMATS, FormatSpec, md5_file, verify_files
 from trainscale.errors import ConfigError, DataError
+
+log = logging.getLogger("trainscale.data")
 
 ENV_VAR = "TRAINSCALE_DATA"
 DEFAULT_ROOT = "~/.cache/trainscale"
@@ -131,6 +134,7 @@ def download_dataset(
     archive = root / spec.archive
     if not (archive.is_file() and md5_file(archive) == md5):
         partial = root / (spec.archive + ".part")
+        log.info("downloading %s from %s into %s", name, url, root)
         try:
             fetch_url(url, partial, progress=progress)
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
@@ -178,7 +182,21 @@ def ensure_dataset(
     spec = _download_spec(name)
     if not download:
         raise DataError(
-            f"{name} files not found in {root}: put the files of {spec.url} in {root / spec.folder}, or run "
-            f"`trainscale data download`"
+            f"{name} files not found in {root}{'' if root.exists() else ' (no such folder)'}: put the files of "
+            f"{spec.url} in {root / spec.folder}, or run `trainscale data download`"
         )
+    check_download_root(name, root, data_dir)
     return download_dataset(name, root)
+
+
+def check_download_root(name: str, root: Path, data_dir: str | os.PathLike[str] | None) -> None:
+    """Download only into a folder that exists, or into the default cache: a mistyped --data-dir (or
+    $TRAINSCALE_DATA) is one line, not a new folder in the wrong place and a large download into it."""
+    if root.is_dir() or root == Path(DEFAULT_ROOT).expanduser():
+        return
+    source = "--data-dir" if data_dir is not None and str(data_dir) != "" else f"${ENV_VAR}"
+    if root.exists():
+        raise ConfigError(f"{source} {root} is a file, not a folder; give the folder that holds (or is to hold) "
+                          f"the {name} files")
+    raise ConfigError(f"{source} {root} does not exist; fix the path, or create the folder (mkdir -p {root}) to "
+                      f"download {name} into it, or run `trainscale data download --dataset {name} --data-dir {root}`")

@@ -30,6 +30,7 @@ from trainscale.report.tables import (
     problems,
     scaling,
 )
+from trainscale.train.setup import check_folder_writable
 
 log = logging.getLogger("trainscale.report")
 
@@ -73,8 +74,10 @@ def write_report(dirs: list[Path], out: Path) -> Report:
 
 
 def _prepare_out(out: Path) -> None:
-    if out.exists() and any(out.iterdir()) and not (out / "results.md").exists():
+    """A new folder or a previous report, and one that can be written (checked before anything is replaced)."""
+    if out.is_dir() and any(out.iterdir()) and not (out / "results.md").exists():
         raise ConfigError(f"--out {out} exists and is not a trainscale report folder; choose a new folder")
+    check_folder_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     for old in [*(out / n for n in OUTPUTS), *out.glob("*.png")]:
         old.unlink(missing_ok=True)

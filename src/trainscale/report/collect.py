@@ -2,19 +2,21 @@
 
 From a grid folder only the runs its ``grid.json`` plans are read, and each must still hold exactly that
 run (``bench.runfolder.folder_state``): a leftover folder from older settings is listed as excluded,
-never averaged in. Failed runs come with their error from the ledger.
+never averaged in. Failed runs come with their error from the ledger. A run whose own files cannot be read
+(a corrupt ``summary.json``, a bad line inside ``metrics.jsonl``) is listed as corrupt and named in a warning;
+a grid folder's ``grid.json`` or ledger that cannot be read is an error (which runs it holds is unknown). A
+torn last line of a JSON Lines file (an interrupted append) is dropped with a warning (``io.read_jsonl``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainscale.errors import ConfigError
-from trainscale.io import read_jsonl
+from trainscale.errors import ConfigError, DataError
+from trainscale.io import read_json, read_jsonl
 from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
@@ -22,7 +24,8 @@ log = logging.getLogger("trainscale.report")
 
 @dataclass
 class RunRecord:
-    """One run as the report sees it; ``status`` is ok, failed, timeout, incomplete, not run or excluded."""
+    """One run as the report sees it; ``status`` is ok, failed, timeout, incomplete, not run, excluded or
+    corrupt."""
 
     folder: Path
     status: str
@@ -78,36 +81,59 @@ def _walk(top: Path, warnings: list[str]) -> list[RunRecord]:
     records = [r for g in grids for r in grid_records(g, warnings)]
     for summary in sorted(top.rglob("summary.json")):
         if not any(g in summary.parents for g in grids):
-            records.append(plain_record(summary.parent))
+            records.append(plain_record(summary.parent, warnings))
     return records
 
 
-def plain_record(folder: Path) -> RunRecord:
-    """A run folder made by `trainscale train` directly."""
-    summary = _json(folder / "summary.json") or {}
-    record = RunRecord(folder, "ok", summary, _config(folder), _metrics(folder))
-    if summary.get("epochs_completed") != summary.get("epochs"):
+def plain_record(folder: Path, warnings: list[str] | None = None) -> RunRecord:
+    """A run folder made by `trainscale train` directly: ok only when its summary covers every epoch."""
+    record = read_run(RunRecord(folder, "ok"), warnings)
+    summary = record.summary
+    if record.ok and (summary.get("epochs_completed") is None
+                      or summary.get("epochs_completed") != summary.get("epochs")):
         record.status = "incomplete"
         record.error = f"{summary.get('epochs_completed')} of {summary.get('epochs')} epochs finished"
     return record
 
 
+def read_run(record: RunRecord, warnings: list[str] | None) -> RunRecord:
+    """Fill ``record`` from its folder's files; one that cannot be read makes the run corrupt (never ok),
+    said in one warning naming the file."""
+    try:
+        record.summary = _object(record.folder / "summary.json")
+        record.config = _config(record.folder)
+        record.metrics = read_history(record.folder)
+    except DataError as exc:
+        record.status, record.error = "corrupt", str(exc)
+        _warn(f"run {record.folder} is left out of the tables: {exc}", warnings)
+    return record
+
+
+def _warn(message: str, warnings: list[str] | None) -> None:
+    log.warning(message)
+    if warnings is not None:
+        warnings.append(message)
+
+
 def grid_records(root: Path, warnings: list[str]) -> list[RunRecord]:
     """The runs ``root/grid.json`` plans, each checked to still hold that run."""
-    grid = _json(root / "grid.json") or {}
+    grid = _object(root / "grid.json")
     ledger = _ledger(root)
     planned = grid.get("runs", [])
     _warn_stale(root, {r["run_id"] for r in planned}, warnings)
-    return [_grid_record(root, grid.get("name", root.name), run, ledger.get(run["run_id"], {})) for run in planned]
+    name = grid.get("name", root.name)
+    return [_grid_record(root, name, run, ledger.get(run["run_id"], {}), warnings) for run in planned]
 
 
-def _grid_record(root: Path, name: str, run: dict[str, Any], last: dict[str, Any]) -> RunRecord:
+def _grid_record(root: Path, name: str, run: dict[str, Any], last: dict[str, Any],
+                 warnings: list[str] | None = None) -> RunRecord:
     from trainscale.bench.expand import RunSpec
     from trainscale.bench.runfolder import State, folder_state
 
-    folder = root / "runs" / run["run_id"]
-    record = RunRecord(folder, "ok", _json(folder / "summary.json") or {}, _config(folder), _metrics(folder),
-                       dict(run), name)
+    record = read_run(RunRecord(root / "runs" / run["run_id"], "ok", bench=dict(run), grid=name), warnings)
+    if not record.ok:
+        return record
+    folder = record.folder
     spec = RunSpec(run["run_id"], run["name"], run["label"], run["repeat"], run["config"], run["config_hash"])
     try:
         state = folder_state(folder, spec)
@@ -126,28 +152,31 @@ def _warn_stale(root: Path, planned: set[str], warnings: list[str]) -> None:
     if stale:
         message = (f"{root}: {len(stale)} run folder(s) not planned by its grid.json (older settings) are left "
                    f"out: {', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}")
-        log.warning(message)
-        warnings.append(message)
+        _warn(message, warnings)
 
 
 def _ledger(root: Path) -> dict[str, dict[str, Any]]:
     """Last ledger line per run id."""
     path = root / "grid.jsonl"
-    return {entry["run_id"]: entry for entry in (read_jsonl(path) if path.exists() else [])}
+    entries = read_jsonl(path) if path.exists() else []
+    return {entry.get("run_id"): entry for entry in entries if isinstance(entry, dict)}
 
 
-def _json(path: Path) -> Any:
+def _object(path: Path) -> dict[str, Any]:
+    """A JSON object file ({} when absent); unreadable, corrupt or not an object: a DataError naming it."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        value = read_json(path)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc}); restore or delete it") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path} holds a JSON {type(value).__name__}, not an object; the file is corrupt: "
+                        "restore or delete it")
+    return value
 
 
 def _config(folder: Path) -> dict[str, Any]:
-    config = _json(folder / "config.json") or {}
+    config = _object(folder / "config.json")
     config.pop("resolved", None)
     return config
-
-
-def _metrics(folder: Path) -> list[dict[str, Any]]:
-    return read_history(folder)

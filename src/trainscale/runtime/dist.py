@@ -118,6 +118,12 @@ def all_reduce_min(values: torch.Tensor) -> torch.Tensor:
     return _reduce(values, dist.ReduceOp.MIN if is_distributed() else None)
 
 
+def any_rank(flag: torch.Tensor) -> bool:
+    """Whether ``flag`` (a one-element bool tensor) is set on any rank, so all ranks take the same branch:
+    one all-reduce of one number when distributed, and a read to the host (a sync on a GPU) always."""
+    return bool(all_reduce_max(flag.detach().reshape(1).float()).item())
+
+
 def broadcast_object(obj: Any, src: int | None = None) -> Any:
     """Rank ``src``'s ``obj`` (default: the main rank's) on every rank; ``obj`` itself when not distributed."""
     if not is_distributed():

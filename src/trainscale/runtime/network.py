@@ -1,15 +1,26 @@
-"""Checks on the rendezvous address made before any worker starts, so mistakes are one clear line
-instead of a rendezvous timeout minutes later."""
+"""Where a job listens, and checks on the rendezvous address made before any worker starts, so mistakes
+are one clear line instead of a rendezvous timeout minutes later.
+
+Every listener of a job (the rendezvous store, the workers' store, gloo, TensorPipe) is bound to one
+address: 127.0.0.1 for a job on one machine, and for a job over several machines the address of this
+machine's interface toward the rendezvous host. torch's own stores bind every interface (``[::]``), so
+trainscale hands them a socket it bound itself (``listening_socket``).
+"""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import socket
+import struct
 import time
+from pathlib import Path
 
 from trainscale.errors import ConfigError
 
 LOCALHOST = "127.0.0.1"
+LISTEN_BACKLOG = 512  # every worker of a large job connects to the stores at once
+_SIOCGIFADDR = 0x8915
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -68,3 +79,50 @@ def wait_reachable(host: str, port: int, timeout_s: float) -> None:
                                   f"({reason}); start node 0 first, check the address and firewall, or raise "
                                   "--rdzv-timeout") from None
             time.sleep(0.5)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` only (``port`` 0: any free port), for a store to serve on."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def local_address_toward(host: str) -> str:
+    """This machine's address on the route to ``host`` (a UDP connect sends nothing; it only picks the route)."""
+    family, _, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(address)
+        return probe.getsockname()[0]
+
+
+def interface_of(address: str) -> str:
+    """The name of the network interface that holds ``address`` (gloo and TensorPipe bind by interface name)."""
+    for _, name in socket.if_nameindex():
+        if address in _addresses_of(name):
+            return name
+    raise ConfigError(f"no network interface of this machine has the address {address}; give an address of "
+                      "this machine in --rdzv-endpoint (node 0) or check the routes to it")
+
+
+def _addresses_of(name: str) -> set[str]:
+    found = set()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            found.add(socket.inet_ntoa(packed[20:24]))
+        except OSError:  # an interface with no IPv4 address
+            pass
+    inet6 = Path("/proc/net/if_inet6")
+    for line in inet6.read_text().splitlines() if inet6.exists() else []:
+        fields = line.split()
+        if fields[-1] == name:
+            found.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
+    return found

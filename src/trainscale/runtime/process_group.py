@@ -2,7 +2,9 @@
 
 Workers are started by torch.distributed.run (torchrun), which sets RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT; ``process_group()`` joins that group and always tears it down, so a
-failing worker never leaves a half-open group behind.
+failing worker never leaves a half-open group behind. Every listener it opens is bound to MASTER_ADDR's
+side of the network: the store through a socket bound here, gloo and TensorPipe through their interface
+variables (see ``runtime.network``).
 """
 
 from __future__ import annotations
@@ -12,17 +14,22 @@ import datetime
 import gc
 import logging
 import os
+import urllib.parse
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from trainscale.errors import ConfigError
+from trainscale.runtime.network import interface_of, local_address_toward
+from trainscale.runtime.rendezvous import bound_store
 
 log = logging.getLogger("trainscale.runtime")
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 300.0
+INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")  # where gloo and TensorPipe listen
+RPC_SCHEME = "trainscale"
 
 
 def launched_by_torchrun() -> bool:
@@ -63,6 +70,43 @@ def attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"trainscale/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+def worker_store(timeout: datetime.timedelta, rank: int, world: int) -> dist.Store:
+    """The store the workers meet in: the agent's shared one (an external torchrun's default), or one that
+    rank 0 serves on MASTER_ADDR only (torch's env:// store would listen on every interface)."""
+    shared = attempt_store(timeout)
+    if shared is not None:
+        return shared
+    return bound_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank == 0, timeout, world)
+
+
+def bind_interfaces() -> None:
+    """Point gloo and TensorPipe at the interface this worker reaches MASTER_ADDR through (``lo`` on one
+    machine), unless the user chose one; left alone, they bind the address the host name resolves to."""
+    if all(name in os.environ for name in INTERFACE_VARS):
+        return
+    interface = interface_of(local_address_toward(os.environ["MASTER_ADDR"]))
+    for name in INTERFACE_VARS:
+        os.environ.setdefault(name, interface)
+
+
+def _rpc_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S),
+                    **_: object) -> Iterator[tuple[dist.Store, int, int]]:
+    """torch.distributed.rendezvous handler for RPC: ``worker_store`` under the rank and world RPC asks for."""
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    rank, world = int(query["rank"][0]), int(query["world_size"][0])
+    yield worker_store(timeout, rank, world), rank, world
+    raise RuntimeError("trainscale's RPC rendezvous runs once per process")
+
+
+def register_rpc_rendezvous() -> str:
+    """Make ``RPC_SCHEME://`` an init_method of torch.distributed.rpc (idempotent); returns the URL."""
+    try:
+        dist.register_rendezvous_handler(RPC_SCHEME, _rpc_rendezvous)
+    except RuntimeError:  # registered earlier in this process
+        pass
+    return f"{RPC_SCHEME}://"
+
+
 @contextlib.contextmanager
 def process_group(device: torch.device, backend: str | None = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[str]:
@@ -82,10 +126,10 @@ def process_group(device: torch.device, backend: str | None = None,
         raise ConfigError("--backend nccl needs CUDA devices; use gloo on the CPU")
     kwargs = {"device_id": device} if backend == "nccl" else {}
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = attempt_store(timeout)
-    if store is not None:
-        kwargs.update(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    bind_interfaces()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend=backend, timeout=timeout, store=worker_store(timeout, rank, world), rank=rank,
+                            world_size=world, **kwargs)
     log.debug("joined process group: backend %s, rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
     try:
         yield backend
@@ -107,7 +151,9 @@ def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads
 
     import torch.distributed.rpc as rpc
 
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s)
+    bind_interfaces()
+    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s,
+                                              init_method=register_rpc_rendezvous())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="torch.distributed")  # RPC's maintenance-mode notice
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)

@@ -1,4 +1,5 @@
-"""One training epoch and one evaluation pass: the hot loop, kept free of I/O and host syncs.
+"""One training epoch and one evaluation pass: the hot loop, kept free of I/O and host syncs (but for
+``--nonfinite skip``, which must read every step's verdict before applying it: see ``NonFiniteSkipper``).
 
 Loss and accuracy are accumulated on the device and read once per epoch (or every few steps for the
 progress bar), then summed over ranks, so the same code serves one process and many.
@@ -18,6 +19,7 @@ from tqdm import tqdm
 from trainscale.data import Batches
 from trainscale.errors import TrainscaleError
 from trainscale.runtime import all_reduce_sum, is_main_process
+from trainscale.runtime.dist import any_rank
 from trainscale.train.precision import Precision, synchronize
 
 
@@ -27,17 +29,20 @@ class PassStats:
     acc: float
     samples: int
     seconds: float
+    skipped_steps: int = 0
 
 
 class Accumulator:
     """Running sums of loss and correct predictions, kept on the device (two in-place adds per step, no
     sync); the sample count stays on the host, since building it on a GPU each step would be a
-    host-to-device copy that waits for the GPU."""
+    host-to-device copy that waits for the GPU. Samples of skipped steps (``--nonfinite skip``) count for
+    throughput only: they were computed, but their loss is no figure to average."""
 
     def __init__(self, device: torch.device) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.correct = torch.zeros((), dtype=torch.float64, device=device)
         self.count = 0
+        self.skipped = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
         n = labels.numel()
@@ -45,11 +50,14 @@ class Accumulator:
         self.correct.add_((logits.argmax(dim=1) == labels).sum())
         self.count += n
 
+    def skip(self, n: int) -> None:
+        self.skipped += n
+
     def reduce(self, seconds: float) -> PassStats:
-        totals = torch.stack([self.loss_sum, self.correct, self.loss_sum.new_tensor(float(self.count))])
-        loss_sum, correct, count = all_reduce_sum(totals).tolist()
-        count = max(count, 1.0)
-        return PassStats(loss_sum / count, correct / count, int(count), seconds)
+        counts = self.loss_sum.new_tensor([float(self.count), float(self.skipped)])
+        loss_sum, correct, count, skipped = all_reduce_sum(torch.cat([self.loss_sum.view(1), self.correct.view(1),
+                                                                      counts])).tolist()
+        return PassStats(loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count + skipped), seconds)
 
 
 class NonFiniteLoss(TrainscaleError):
@@ -62,11 +70,20 @@ class NonFiniteGuard:
     ``GPU_CHECK_EVERY`` steps on a GPU, recording the first bad step on the device meanwhile (no per-step sync)."""
 
     GPU_CHECK_EVERY = 10
+    skipped = 0  # it never skips: the first bad step ends training
 
     def __init__(self, device: torch.device, epoch: int, lr_at: Callable[[float], float], steps: int) -> None:
         self.epoch, self.lr_at, self.steps = epoch, lr_at, steps
         self.every = 1 if device.type == "cpu" else self.GPU_CHECK_EVERY
         self.first = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def admit(self, step: int, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
+        """Every step is applied; a bad one stops training (at once on the CPU, within 10 steps on a GPU)."""
+        self.add(step, loss)
+        return True
+
+    def finish(self) -> None:
+        """Nothing left to check: the last step always reads the device."""
 
     def add(self, step: int, loss: torch.Tensor) -> None:
         bad = ~torch.isfinite(loss.detach())
@@ -89,6 +106,35 @@ class NonFiniteGuard:
                             f"(lr {lr:g}): training stopped; lower --lr (or raise --warmup-epochs) and start again")
 
 
+class NonFiniteSkipper:
+    """``--nonfinite skip``: a step whose loss or gradients are NaN/inf is not applied, on every rank alike
+    (``any_rank``: one all-reduce of one flag). Unlike the stop guard this must decide before each update,
+    so it reads the device every step (one sync per step on a GPU). Under fp16's grad scaler the gradients
+    are the scaler's business (it skips overflowing steps itself and lowers its scale); the loss is still
+    checked here. An epoch in which every step is skipped stops training all the same."""
+
+    def __init__(self, epoch: int, lr_at: Callable[[float], float], steps: int, check_gradients: bool) -> None:
+        self.epoch, self.lr_at, self.steps, self.check_gradients = epoch, lr_at, steps, check_gradients
+        self.skipped = 0
+
+    def admit(self, step: int, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
+        bad = ~torch.isfinite(loss.detach())
+        if self.check_gradients:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if grads:
+                bad = bad | ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        if any_rank(bad):
+            self.skipped += 1
+            return False
+        return True
+
+    def finish(self) -> None:
+        if self.skipped == self.steps:
+            raise NonFiniteLoss(f"every step of epoch {self.epoch + 1} ({self.steps}) had a non-finite loss or "
+                                f"gradients and was skipped (--nonfinite skip; lr {self.lr_at(self.epoch):g} at its "
+                                "start): training stopped; lower --lr (or raise --warmup-epochs) and start again")
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -100,38 +146,60 @@ def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, opt
     """One optimizer step on one batch: forward under the precision's autocast, loss in fp32, backward
     through the grad scaler, step. Returns (logits, loss) without a host sync, so it can be timed alone
     (synchronise the device around it) or called in a loop."""
+    logits, loss = compute_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing)
+    apply_gradients(optimizer, scaler)
+    return logits, loss
+
+
+def compute_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, optimizer: torch.optim.Optimizer,
+                      scaler: torch.amp.GradScaler, precision: Precision,
+                      label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first half of ``train_step``: forward and backward, gradients left in ``.grad`` (scaled by
+    ``scaler``), so the caller can decide whether to apply them."""
     with precision.autocast():
         logits = model(images)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    return logits, loss
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    """The second half of ``train_step``: the optimizer step through the grad scaler."""
     scaler.step(optimizer)
     scaler.update()
-    return logits, loss
 
 
 def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                     precision: Precision, lr_at: Callable[[float], float], epoch: int, label_smoothing: float = 0.0,
-                    progress: bool = True) -> PassStats:
-    """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced."""
+                    progress: bool = True, nonfinite: str = "stop") -> PassStats:
+    """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
+    ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``)."""
     model.train()
     acc = Accumulator(precision.device)
     steps = len(batches)
-    guard = NonFiniteGuard(precision.device, epoch, lr_at, steps)
+    guard: NonFiniteGuard | NonFiniteSkipper = NonFiniteGuard(precision.device, epoch, lr_at, steps) \
+        if nonfinite == "stop" else NonFiniteSkipper(epoch, lr_at, steps, check_gradients=not scaler.is_enabled())
     bar = tqdm(total=steps, desc=f"epoch {epoch + 1}", leave=False, disable=not (progress and is_main_process()),
                unit="batch", dynamic_ncols=True)
     synchronize(precision.device)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
         set_lr(optimizer, lr_at(epoch + step / steps))
-        logits, loss = train_step(model, images, labels, optimizer, scaler, precision, label_smoothing)
-        guard.add(step, loss)
-        acc.add(logits, labels, loss)
+        logits, loss = compute_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing)
+        if guard.admit(step, loss, optimizer):
+            apply_gradients(optimizer, scaler)
+            acc.add(logits, labels, loss)
+        else:
+            acc.skip(labels.numel())
         _tick(bar, step, labels.numel(), start, loss)
+    guard.finish()
     synchronize(precision.device)
     seconds = time.perf_counter() - start
     bar.close()
-    return acc.reduce(seconds)
+    stats = acc.reduce(seconds)
+    stats.skipped_steps = guard.skipped
+    return stats
 
 
 def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) -> None:

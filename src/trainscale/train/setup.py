@@ -5,8 +5,10 @@ the composition root (``app.run``) puts the pieces together with a mode."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,9 @@ from trainscale.errors import ConfigError
 from trainscale.io import read_json
 from trainscale.models import create_model, model_info
 from trainscale.config import CoreConfig
-from trainscale.results import LAUNCHER_FILES, RunWriter
+from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, is_main_process, world_size
+from trainscale.runtime.orphans import launcher_pid
 from trainscale.train.environment import environment
 
 log = logging.getLogger("trainscale.train")
@@ -138,15 +141,18 @@ RESUME_MAY_CHANGE = frozenset({
 })
 
 
-def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None) -> None:
+def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, probe: bool = True) -> None:
     """Never write into a folder that holds anything unless resuming a trainscale run there with the same
-    settings (``RESUME_MAY_CHANGE`` aside); never resume nothing."""
+    settings (``RESUME_MAY_CHANGE`` aside); never resume nothing. ``probe=False`` (a dry run, which writes
+    nothing) judges writability from the nearest existing folder's permissions instead of a probe file."""
+    check_not_in_use(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose another --out")
+    (check_folder_writable if probe else check_folder_permissions)(out, "--out")
     if not resume:
         if any((out / name).exists() for name in RUN_FILES):
             raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        if out.is_dir() and any(p.name not in LAUNCHER_FILES for p in out.iterdir()):
+        if out.is_dir() and any(p.name not in (*LAUNCHER_FILES, LOCK_FILE) for p in out.iterdir()):
             raise ConfigError(f"--out {out} is a folder that already holds files and is not a trainscale run; "
                               "choose a new or empty folder")
         return
@@ -154,6 +160,92 @@ def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None) -> 
         raise ConfigError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}; run without --resume to start fresh")
     if cfg is not None and (out / "config.json").exists():
         check_resume_matches(read_json(out / "config.json"), cfg)
+
+
+def check_not_in_use(out: Path) -> None:
+    """Another job holding the folder's lock (``results.lock_run_folder``) is said first: its files say
+    nothing yet about this job. This process's own lock, or its launcher's, is no obstacle."""
+    holder = lock_holder(out)
+    if holder is not None and holder not in (os.getpid(), launcher_pid()):
+        raise ConfigError(in_use_message(out, holder))
+
+
+def check_folder_writable(folder: Path, flag: str = "--out") -> None:
+    """Make ``folder`` (parents too) and a probe file in it, then remove what was made: a path that cannot
+    be written (a parent that is a file, a read-only or special file system, no permission) is one line
+    now, checked the way the run will write (so also as root), not a traceback once the work is done."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
+    made: list[Path] = []
+    try:
+        made = missing_folders(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag} {folder}: cannot write there ({unwritable_reason(folder, exc)}); "
+                          f"choose another {flag}") from None
+    finally:
+        remove_empty(made)
+
+
+def check_folder_permissions(folder: Path, flag: str = "--out") -> None:
+    """``check_folder_writable`` without writing: the nearest existing ancestor must be a folder this
+    process may write into (root passes on a read-only file system; only the probe sees that)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {folder}: cannot write there ({existing} is a file); choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {folder}: cannot write there (no permission in {existing}); choose another {flag}")
+
+
+def unwritable_reason(folder: Path, exc: OSError) -> str:
+    """Why ``folder`` cannot be written: the ancestor that is a file, else the OS's words and path."""
+    with contextlib.suppress(OSError):
+        existing = next((p for p in folder.parents if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            return f"{existing} is a file"
+    return f"{exc.strerror or exc}: {exc.filename or folder}"
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first (what a mkdir would make)."""
+    missing: list[Path] = []
+    for path in (folder, *folder.parents):
+        try:
+            if path.exists():
+                break
+        except OSError:
+            break
+        missing.append(path)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each folder (deepest first) that is still empty; a folder with anything in it stays."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def check_model_input(cfg: CoreConfig) -> None:
+    """The model takes ``--image-size`` images: a forward of two images on the meta device (shapes only, no
+    memory or compute), so a size its downsampling or fixed dense layers cannot take is one line before
+    any data is loaded or worker started, not a shape error in the first step."""
+    if cfg.image_size is None:  # the model's own input size
+        return
+    size, info = cfg.image_size, model_info(cfg.model)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            create_model(cfg.model)(torch.empty(2, 3, size, size))
+    except NotImplementedError:  # an operation without a meta kernel: shapes cannot be checked here
+        return
+    except (RuntimeError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0][:200]
+        raise ConfigError(f"--image-size {size}: model {cfg.model} cannot take {size}x{size} images ({reason}); "
+                          f"leave --image-size out for its {info.input_size}x{info.input_size} or choose a size "
+                          "it takes") from None
 
 
 def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
@@ -186,7 +278,10 @@ def wants_resume(cfg: CoreConfig, out: Path | None) -> bool:
 
 
 def run_folder(cfg: CoreConfig) -> tuple[RunWriter | None, bool]:
-    """(the run folder on the main process, whether to resume); see ``check_run_folder``."""
+    """(the run folder on the main process, whether to resume); see ``check_run_folder``. The checks that
+    need only the config come first (see also ``results.lock_run_folder``, which removes a folder it made
+    that a failed check left empty)."""
+    check_model_input(cfg)
     out = resolve_out(cfg) if is_main_process() else None
     resume = wants_resume(cfg, out)
     if out is None:

@@ -107,7 +107,10 @@ class Trainer:
         reset_peak_memory(self.precision.device)
         self.callbacks.before_train_epoch(epoch)
         train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler, self.precision,
-                                self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress)
+                                self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress, self.cfg.nonfinite)
+        if train.skipped_steps and is_main_process():
+            log.warning("epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
+                        epoch + 1, train.skipped_steps)
         self.callbacks.after_train_epoch(self.model)
         test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta)
         self._account(epoch, train, test)
@@ -139,6 +142,7 @@ class Trainer:
             "elapsed_seconds": self.state.elapsed_seconds,
             "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
             "train_samples": train.samples, "peak_memory_mb": memory, "world_size": world_size(),
+            "skipped_steps": train.skipped_steps,
         }
 
     def _checkpoint(self) -> None:
@@ -173,6 +177,7 @@ class Trainer:
             "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=None),
             "total_train_seconds": self.state.elapsed_seconds,
             "total_eval_seconds": sum(r["eval_seconds"] for r in rows),
+            "skipped_steps": sum(r.get("skipped_steps", 0) for r in rows),
             "target_acc": self.cfg.target_acc,
             "time_to_target_seconds": self.state.time_to_target_seconds,
             "epoch_to_target": self.state.epoch_to_target,

@@ -17,9 +17,9 @@ Killing the supervisor itself (not its child) still ends the job: the agent only
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 import traceback
@@ -29,22 +29,20 @@ from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.log import setup_logging
 from trainscale.modes.base import Result
 from trainscale.modes.ps.client import PSError, ServerLost
+from trainscale.runtime.orphans import die_quietly_on_stop, die_with_parent
 from trainscale.runtime.worker_errors import kind_of
 
 log = logging.getLogger("trainscale.ps")
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGKILL if its supervisor dies first (no orphaned trainers)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _child_main(trainer: Callable[[], Result], conn: Any) -> None:
-    _die_with_parent()
+def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> None:
+    """The training child: dies with its supervisor (SIGKILL, also if it died while this one started), and
+    silently when the agent stops the job (see ``runtime.orphans``). It starts no processes, but spawning
+    made spawn its default: locks made here (tqdm's) would be named semaphores that the supervisor's
+    resource tracker warns about when the child is stopped; fork's are unlinked at once."""
+    die_quietly_on_stop()
+    die_with_parent(signal.SIGKILL, supervisor)
+    multiprocessing.set_start_method("fork", force=True)
     setup_logging()
     try:
         summary, history = trainer()
@@ -63,7 +61,7 @@ def supervise(trainer: Callable[[], Result], worker: int, is_main: bool) -> Resu
     child; see the module docstring for the outcomes."""
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(trainer, sender), name=f"trainscale-ps-worker{worker}")
+    child = ctx.Process(target=_child_main, args=(trainer, sender, os.getpid()), name=f"trainscale-ps-worker{worker}")
     child.start()
     sender.close()
     message = _receive(receiver)

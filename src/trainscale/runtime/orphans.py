@@ -1,0 +1,96 @@
+"""How a trainscale process ends when its job ends: with the process that started it, and without a word.
+
+Orphans: torch's elastic agent runs inside `trainscale train --workers N` (the launcher) and starts the
+workers as its children, each in a session of its own; a parameter-server worker starts its training
+child the same way. When the launcher dies by SIGKILL nothing stops the workers: they go on training
+and writing into a run folder whose lock died with the launcher. ``die_with_parent`` asks Linux for the
+parent-death signal (``prctl(PR_SET_PDEATHSIG)``), so the kernel kills the child when its parent dies.
+That covers a parent that dies after the request; a child whose parent died during its start-up
+(importing torch takes seconds) was already re-parented, so it compares its parent with the one the
+parent recorded (``LAUNCHER_PID_ENV``, or a pid passed to it) and leaves at once.
+
+Quiet stops: on Ctrl-C or a scheduler's SIGTERM the agent sends the same signal to every worker's
+process group. Python would turn SIGINT into KeyboardInterrupt, which unwinds through RPC calls,
+checkpoint writes and pipes and prints a traceback from every process, while the launcher already says
+once that the job was interrupted. ``die_quietly_on_stop`` gives SIGINT and SIGTERM back their default
+action: the process ends at once, even inside C code (a collective, an RPC wait), without unwinding.
+Run-folder files are replaced atomically, so what is left is at most ``.*.tmp`` debris, which the
+next writer of the folder removes. The agent's own warnings about that stop are left out of the
+launcher's output too (``become_launcher``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+log = logging.getLogger("trainscale.runtime")
+
+LAUNCHER_PID_ENV = "TRAINSCALE_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+DEATH_SIGNAL_NOTICE = "Received %s death signal, shutting down workers"  # their templates in torch 2.13
+CLOSING_SIGNAL_NOTICE = "Sending process %s closing signal %s"
+
+
+def become_launcher() -> None:
+    """In the launcher, before the agent starts workers: they inherit its pid through the environment, and
+    the agent's notices about stopping them on a signal are left out (the launcher says so in one line)."""
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    notices = AgentStopNotices()
+    for name in AGENT_LOGGERS:
+        logging.getLogger(name).addFilter(notices)
+
+
+class AgentStopNotices(logging.Filter):
+    """Drops torch's agent's warnings "Received SIGINT death signal, shutting down workers" and the
+    "Sending process N closing signal" that follow it; those after a worker failed stay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == DEATH_SIGNAL_NOTICE:
+            self.stopping = True
+            return False
+        return not (self.stopping and record.msg == CLOSING_SIGNAL_NOTICE)
+
+
+def launcher_pid() -> int | None:
+    """The pid of this job's `trainscale train` launcher; None outside one (a local run, an external torchrun)."""
+    value = os.environ.get(LAUNCHER_PID_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def end_with_launcher() -> None:
+    """A worker's first call under a launcher (trainscale's, or an external torchrun, whose pid is not recorded):
+    die with it, and silently when it stops the job."""
+    die_quietly_on_stop()
+    die_with_parent(signal.SIGKILL, launcher_pid())
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies; exit at once if the parent is
+    already gone (``parent``: the pid the parent recorded; None skips that check). A no-op off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (%s): this process may outlive its parent",
+                    os.strerror(ctypes.get_errno()))
+        return
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # orphaned before the request: nobody is left to report to
+
+
+def die_quietly_on_stop() -> None:
+    """SIGINT and SIGTERM end this process at once and silently (see the module docstring); call it from
+    the main thread at a worker's start."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+

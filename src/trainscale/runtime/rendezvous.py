@@ -1,0 +1,54 @@
+"""The elastic agent's rendezvous, bound to one address.
+
+torch's c10d rendezvous backend starts its TCPStore on every interface (``[::]``) with no way to name
+one. This registers the same backend under the name ``BACKEND``, with the hosting node's store served on
+a socket bound to the endpoint's address only (127.0.0.1 for a job on one machine). Everything else is
+torch's: the dynamic rendezvous, its state in the store, the agent that uses it.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from trainscale.runtime.network import listening_socket
+
+BACKEND = "trainscale-c10d"
+DEFAULT_PORT = 29400
+
+
+def bound_store(host: str, port: int, is_host: bool, timeout: datetime.timedelta,
+                world_size: int | None = None) -> dist.TCPStore:
+    """A TCPStore whose server (when ``is_host``) listens on ``host:port`` only; a client otherwise."""
+    if not is_host:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    sock = listening_socket(host, port)
+    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                         master_listen_fd=sock.detach())
+
+
+class BoundC10dBackend(C10dRendezvousBackend):
+    """torch's c10d rendezvous state, under this backend's name (the registry checks the two agree)."""
+
+    @property
+    def name(self) -> str:
+        return BACKEND
+
+
+def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    timeout = datetime.timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+    store = bound_store(host, port, bool(params.get_as_bool("is_host")), timeout)
+    return create_handler(store, BoundC10dBackend(store, params.run_id), params)
+
+
+def register_backend() -> str:
+    """Make ``BACKEND`` known to torch's rendezvous registry (idempotent); returns its name for LaunchConfig."""
+    rendezvous_handler_registry.register(BACKEND, _create_handler)
+    return BACKEND

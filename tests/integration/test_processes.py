@@ -1,0 +1,112 @@
+"""Processes end with their job: workers die with a killed launcher, Ctrl-C is one line, and no two jobs write
+one run folder. Each test starts a real `trainscale train` that would run for minutes and stops it itself."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.integration.cli import assert_one_line_error, run_cli
+from trainscale.bench.process import descendants
+
+LONG = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
+        "--batch-size", "64", "--epochs", "500", "--no-progress", "--threads", "1")
+INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
+
+
+def start(tmp_path: Path, *args: object) -> subprocess.Popen:
+    """`trainscale train ARGS` in a session of its own (like a terminal's job), output to files in tmp_path."""
+    with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "trainscale", "train", *map(str, args)], stdout=out,
+                                stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_until(done: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+            return done()
+        time.sleep(0.1)
+    return True
+
+
+def wait_running(proc: subprocess.Popen, path: Path, tmp_path: Path) -> list[int]:
+    """Wait until the job has written ``path``; its processes then."""
+    if not wait_until(path.exists, 120, proc):
+        pytest.fail(f"{path.name} never appeared: {(tmp_path / 'stderr').read_text()[-3000:]}")
+    return descendants(proc.pid)
+
+
+def alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"  # a zombie has ended; its new parent may never reap it
+
+
+def kill_leftovers(proc: subprocess.Popen, pids: list[int]) -> None:
+    for pid in [proc.pid, *pids]:
+        with contextlib.suppress(OSError):
+            if alive(pid) and "trainscale" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.dist
+def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    out = tmp_path / "run"
+    proc = start(tmp_path, *LONG, "--workers", "2", "--out", out)
+    workers: list[int] = []
+    try:
+        workers = wait_running(proc, out / "config.json", tmp_path)
+        assert len(workers) >= 2, workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert wait_until(lambda: not any(map(alive, workers)), 5), [p for p in workers if alive(p)]
+    finally:
+        kill_leftovers(proc, workers)
+
+
+@pytest.mark.dist
+def test_a_second_job_on_a_folder_in_use_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    first = start(tmp_path, *LONG, "--workers", "2", "--out", out)
+    workers: list[int] = []
+    try:
+        workers = wait_running(first, out / "config.json", tmp_path)
+        in_use = f"--out {out} is in use by another trainscale job (pid {first.pid})"
+        assert_one_line_error(run_cli("train", *LONG, "--out", out, timeout=120), in_use)  # the lock
+        assert_one_line_error(run_cli("train", *LONG, "--workers", "2", "--resume", "--out", out, timeout=120),
+                              in_use)  # the launcher's checks
+        assert first.poll() is None
+    finally:
+        kill_leftovers(first, workers)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", [("--mode", "sync"), ("--mode", "async", "--servers", "1")], ids=["sync", "async"])
+def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
+    out = tmp_path / "run"
+    proc = start(tmp_path, *LONG, "--workers", "2", *mode, "--out", out)
+    tree: list[int] = []
+    try:
+        tree = wait_running(proc, out / "metrics.jsonl", tmp_path)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert proc.wait(timeout=60) == 130
+        stderr = (tmp_path / "stderr").read_text()
+        assert "Traceback" not in stderr
+        assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
+        assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
+        assert not (out / ".lock").exists()
+    finally:
+        kill_leftovers(proc, tree)
