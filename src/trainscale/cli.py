@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import logging
 import sys
 import types
@@ -93,12 +94,18 @@ def build_parser() -> Parser:
         d = data_sub.add_parser(name, help=text)
         d.add_argument("--dataset", default="cifar10", choices=["cifar10", "cifar100"])
         d.add_argument("--data-dir", default=None, help="target folder (else $TRAINSCALE_DATA, else ~/.cache)")
+    from trainscale.app.cluster import add_cluster_parser
     from trainscale.bench.cli import add_bench_parser
     from trainscale.report.cli import add_report_parser
 
     add_bench_parser(sub.add_parser("bench", help="run a benchmark grid (each run a `trainscale train`), resumably"))
     add_report_parser(sub.add_parser("report", help="tables, plots and an HTML page from grid or run folders"))
+    add_cluster_parser(sub.add_parser("cluster", help="emulated clusters on this machine: namespaces + tc"))
     return parser
+
+
+# A path the user gave that the file system refuses outright, wherever it is first touched.
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,6 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trainscale: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in PATH_ERRNOS:
+            raise
+        where = f"{str(exc.filename)[:120]}: " if exc.filename else ""
+        print(f"trainscale {args.command}: error: {where}{exc.strerror}; check the paths given", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

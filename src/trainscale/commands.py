@@ -9,7 +9,8 @@ from trainscale.errors import ConfigError
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report}[args.command]
+    handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report,
+               "cluster": cluster}[args.command]
     return handler(args)
 
 
@@ -17,6 +18,12 @@ def bench(args: argparse.Namespace) -> int:
     from trainscale.bench.cli import bench_command
 
     return bench_command(args)
+
+
+def cluster(args: argparse.Namespace) -> int:
+    from trainscale.app.cluster import cluster_command
+
+    return cluster_command(args)
 
 
 def report(args: argparse.Namespace) -> int:

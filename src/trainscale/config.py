@@ -168,8 +168,11 @@ def type_name(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(type_name(a) for a in args) + " (or absent)"
     if typing.get_origin(hint) is list:
-        return f"a list of {type_name(args[0])}"
+        return f"a list of {PLURALS.get(args[0], type_name(args[0]))}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+PLURALS = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
 
 
 def coerce(hint: Any, value: Any) -> Any:

@@ -13,10 +13,11 @@ import logging
 import math
 import os
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from trainscale.errors import DataError
+from trainscale.errors import ConfigError, DataError
 
 log = logging.getLogger("trainscale.io")
 
@@ -94,3 +95,17 @@ def append_jsonl(path: Path, obj: Any) -> None:
                 f.truncate(data.rfind(b"\n") + 1)
     with open(path, "ab") as f:
         f.write((json.dumps(clean(obj)) + "\n").encode())
+
+
+def read_toml(path: Path, kind: str, error: type[ConfigError] = ConfigError) -> tuple[str, dict[str, Any]]:
+    """(text, table) of a TOML file; a missing, unreadable or invalid one is ``error`` in one line naming
+    the ``kind`` of file ("config file", "grid file") and the path."""
+    try:
+        text = Path(path).read_text()
+        return text, tomllib.loads(text)
+    except FileNotFoundError:
+        raise error(f"{kind} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{kind} {path} cannot be read as text ({type(exc).__name__})") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for Python's int conversion
+        raise error(f"{kind} {path} is not valid TOML: {str(exc).splitlines()[0]}") from None

@@ -115,3 +115,13 @@ def test_a_failed_check_leaves_no_empty_run_folder_behind(tmp_path):
     (tmp_path / "mine").mkdir()  # a folder the user made stays, empty as it was
     assert_one_line_error(run_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "mine"), "60000")
     assert (tmp_path / "mine").is_dir()
+
+
+@pytest.mark.parametrize("flag", ["--out", "--data-dir"])
+def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
+    too_long = tmp_path / ("a" * 300)
+    args = {"--out": ("--out", too_long), "--data-dir": ("--dataset", "cifar10", "--data-dir", too_long, "--out",
+                                                        tmp_path / "run")}[flag]
+    proc = run_cli("train", *TINY, *args, env=NO_NETWORK)
+    assert_one_line_error(proc, "File name too long")
+    assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import validate_compression
 from trainscale.config import CoreConfig, Section, coerce, field_types, flag_name, section_of
 from trainscale.errors import ConfigError, require
+from trainscale.io import read_toml
 from trainscale.modes import list_modes, mode_class
 from trainscale.train.checks import validate_engine
 
@@ -59,17 +59,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config; an unknown key or a value of the wrong type is an error naming the file, line,
     key, the expected type and the value as written."""
     path = Path(path)
-    try:
-        text = path.read_text()
-        raw = tomllib.loads(text)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} cannot be read as text ({type(exc).__name__})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except ValueError as exc:  # an integer literal too long for Python's int conversion
-        raise ConfigError(f"config file {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
+    text, raw = read_toml(path, "config file")
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")

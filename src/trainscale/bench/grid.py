@@ -34,6 +34,7 @@ from typing import Any
 
 from trainscale.bench.locate import KeyLocator
 from trainscale.errors import ConfigError
+from trainscale.io import read_toml
 
 TOP_KEYS = ("name", "description", "source", "repeats", "base", "axes", "rows", "scale")
 ROW_KEYS = ("short_name", "axes", "scale")
@@ -74,15 +75,7 @@ class Grid:
 def load_grid(path: str | Path) -> Grid:
     """Read and check the structure of a grid file (values are checked when the runs are planned)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-        raw = tomllib.loads(text)
-    except FileNotFoundError:
-        raise GridError(f"grid file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GridError(f"grid file {path} cannot be read as text ({type(exc).__name__})") from None
-    except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for Python's int conversion
-        raise GridError(f"grid file {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
+    text, raw = read_toml(path, "grid file", GridError)
     grid = Grid(path=path, text=text, name="", locator=KeyLocator(text))
     _check_printable(grid, raw, "")
     _check_keys(grid, raw, TOP_KEYS, "", "top-level grid keys")

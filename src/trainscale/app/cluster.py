@@ -1,0 +1,189 @@
+"""`trainscale cluster`: bring emulated clusters up and down, inspect them, cut or slow one host's link, probe.
+
+Each cluster's configuration is kept as JSON in a state folder (``$TRAINSCALE_CLUSTER_STATE``, else
+/run/trainscale/clusters: /run is a tmpfs, gone after a reboot just like the namespaces it describes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+from trainscale.console import format_table
+from trainscale.errors import ConfigError
+from trainscale.io import atomic_write_text, dumps, read_json
+from trainscale.runtime import cluster as net
+
+log = logging.getLogger("trainscale.cluster")
+
+DEFAULT_STATE = "/run/trainscale/clusters"
+PROBE_BYTES = 4_000_000
+PROBE_PINGS = 50
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("TRAINSCALE_CLUSTER_STATE", DEFAULT_STATE))
+
+
+def state_path(name: str) -> Path:
+    return state_dir() / f"{name}.json"
+
+
+def load(name: str) -> dict:
+    """The recorded configuration of cluster ``name``; an unknown name is a one-line error."""
+    path = state_path(net.validate_name(name))
+    if not path.exists():
+        raise ConfigError(f"no cluster named '{name}' (trainscale cluster status lists them)")
+    return read_json(path)
+
+
+def save(record: dict) -> None:
+    path = state_path(record["name"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, dumps(record))
+
+
+def record_of(cluster: net.Cluster) -> dict:
+    return {"name": cluster.name, "hosts": cluster.hosts, "switch": cluster.switch,
+            "namespaces": [net.host_ns(cluster.name, i) for i in range(cluster.hosts)],
+            "addresses": [net.address(i) for i in range(cluster.hosts)],
+            "rates_bps": list(cluster.rates), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def host_index(record: dict, text: str) -> int:
+    """HOST is an index (``1``) or a namespace-style name (``h1``)."""
+    digits = text[1:] if text.startswith("h") else text
+    if not digits.isdigit() or int(digits) >= record["hosts"]:
+        raise ConfigError(f"HOST must be 0-{record['hosts'] - 1} (or h0-h{record['hosts'] - 1}) for cluster "
+                          f"'{record['name']}', got '{text}'")
+    return int(digits)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    return format_table([dict(zip(headers, row)) for row in rows], [(h, h, str) for h in headers])
+
+
+def up(args: argparse.Namespace) -> int:
+    name = net.validate_name(args.name)
+    hosts = net.check_hosts(args.hosts)
+    cluster = net.Cluster(name, tuple(net.parse_rates(args.bandwidth, hosts)))
+    net.check_tools()
+    if state_path(name).exists() or name in net.trainscale_namespaces():
+        raise ConfigError(f"cluster '{name}' exists already (trainscale cluster down {name} removes it)")
+    try:
+        net.create(cluster)
+        save(record_of(cluster))
+    except BaseException:
+        net.destroy(name)
+        raise
+    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {cluster.switch}; "
+          f"run commands on a host with: ip netns exec {net.host_ns(name, 0)} COMMAND")
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    if args.all == bool(args.name):
+        raise ConfigError("give either a cluster NAME or --all")
+    net.check_tools()
+    names = sorted(set(net.trainscale_namespaces()) | {p.stem for p in _state_files()}) if args.all else [
+        load(args.name)["name"]]
+    for name in names:
+        removed = net.destroy(name)
+        state_path(name).unlink(missing_ok=True)
+        print(f"cluster {name}: removed {len(removed)} namespaces")
+    return 0
+
+
+def _state_files() -> list[Path]:
+    return sorted(state_dir().glob("*.json")) if state_dir().is_dir() else []
+
+
+def status(args: argparse.Namespace) -> int:
+    net.check_tools()
+    records = [load(args.name)] if args.name else [read_json(p) for p in _state_files()]
+    live = net.trainscale_namespaces()
+    rows = [row for record in records for row in _status_rows(record, live)]
+    if rows:
+        print(_table(["cluster", "namespace", "address", "rate", "link", "tx_bytes", "rx_bytes"], rows))
+    elif not args.name:
+        print("no clusters (trainscale cluster up NAME --hosts N --bandwidth RATE makes one)")
+    debris = sorted(set(live) - {r["name"] for r in records}) if not args.name else []
+    if debris:
+        print(f"namespaces with no state file (debris): {', '.join(ns for n in debris for ns in live[n])}; "
+              f"remove them with: trainscale cluster down --all")
+    return 0
+
+
+def _status_rows(record: dict, live: dict[str, list[str]]) -> list[list[str]]:
+    rows = []
+    for i in range(record["hosts"]):
+        ns = net.host_ns(record["name"], i)
+        if ns in live.get(record["name"], []):
+            stats = net.host_stats(record["name"], i)
+            state, tx, rx = stats.state, str(stats.tx_bytes), str(stats.rx_bytes)
+        else:
+            state, tx, rx = "missing", "-", "-"
+        rows.append([record["name"], ns, record["addresses"][i], net.format_rate(record["rates_bps"][i]),
+                     state, tx, rx])
+    return rows
+
+
+def link(args: argparse.Namespace) -> int:
+    if (args.state is None) == (args.bandwidth is None):
+        raise ConfigError("give either up/down or --bandwidth RATE")
+    net.check_tools()
+    record = load(args.name)
+    index = host_index(record, args.host)
+    if args.state is not None:
+        net.set_link(record["name"], index, args.state == "up")
+        print(f"cluster {record['name']}: host {index} link {args.state}")
+        return 0
+    rate = net.parse_rate(args.bandwidth)
+    net.set_rate(record["name"], index, rate)
+    record["rates_bps"][index] = rate
+    save(record)
+    print(f"cluster {record['name']}: host {index} rate {net.format_rate(rate)}")
+    return 0
+
+
+def probe(args: argparse.Namespace) -> int:
+    net.check_tools()
+    record = load(args.name)
+    rows = []
+    for dst in range(1, record["hosts"]):
+        result = net.measure(record["name"], 0, dst, args.bytes, PROBE_PINGS)
+        rate = min(record["rates_bps"][0], record["rates_bps"][dst])
+        rows.append([f"h0 -> h{dst}", record["addresses"][dst], f"{result['rtt_seconds'] * 1e3:.3f}",
+                     f"{result['bits_per_second'] / 1e6:.1f}", f"{rate / 1e6:g}"])
+    print(_table(["path", "address", "rtt_ms (median)", "measured_mbit", "configured_mbit"], rows))
+    return 0
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    handler = {"up": up, "down": down, "status": status, "link": link, "probe": probe}[args.cluster_command]
+    return handler(args)
+
+
+def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
+    """``trainscale cluster up|status|down|link|probe``."""
+    sub = parser.add_subparsers(dest="cluster_command", required=True, parser_class=type(parser))
+    p = sub.add_parser("up", help="create NAME: N host namespaces wired to a switch, each link shaped")
+    p.add_argument("name")
+    p.add_argument("--hosts", type=int, required=True, help=f"{net.MIN_HOSTS}-{net.MAX_HOSTS}")
+    p.add_argument("--bandwidth", required=True, help="e.g. 1gbit, or one rate per host: 1gbit,1gbit,100mbit")
+    p = sub.add_parser("status", help="hosts, addresses, rates, link states and byte counters")
+    p.add_argument("name", nargs="?")
+    p = sub.add_parser("down", help="delete NAME (or --all trainscale clusters and debris)")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--all", action="store_true")
+    p = sub.add_parser("link", help="cut/restore one host's link (down|up) or change its rate (--bandwidth)")
+    p.add_argument("name")
+    p.add_argument("host", help="host index (0..N-1) or h0..")
+    p.add_argument("state", nargs="?", choices=["up", "down"])
+    p.add_argument("--bandwidth")
+    p = sub.add_parser("probe", help="latency and throughput from host 0 to every other host")
+    p.add_argument("name")
+    p.add_argument("--bytes", type=int, default=PROBE_BYTES, help="bulk transfer size (default 4 MB)")

@@ -1,0 +1,304 @@
+"""Emulated clusters on one machine: one Linux network namespace per host, all wired to a bridge that lives in
+a switch namespace of its own, every link shaped in both directions with ``tc tbf``.
+
+The ``*_argv`` / ``plan_*`` functions only build ``ip``/``tc`` command lines (unit-testable without root);
+``create``/``destroy``/``set_link``/``set_rate`` run them. ``create`` tears down whatever it made when it fails
+or is interrupted, so a half-built cluster never outlives the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from trainscale.errors import ConfigError, TrainscaleError
+
+log = logging.getLogger("trainscale.cluster")
+
+PREFIX = "tsc-"
+SUBNET = "10.77.0"  # one private /24, reused by every cluster: their namespaces have no route to each other
+MIN_HOSTS, MAX_HOSTS = 2, 64
+MAX_NAME = 16
+BRIDGE = "br0"
+HOST_DEV = "eth0"
+MIN_RATE, MAX_RATE = 8_000, 100_000_000_000
+# tbf must hold at least one kernel tick of tokens (rate/HZ) or it never reaches its rate; HZ is 100 at the
+# least, so 10 ms of the rate works on every kernel. The floor keeps a few full-size frames in the bucket at
+# low rates (GSO packets larger than the bucket are segmented by tbf itself).
+BURST_SECONDS = 0.010
+MIN_BURST_BYTES = 16 * 1024
+QUEUE_LATENCY = "100ms"  # how long a packet may wait in the tbf queue before it is dropped
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+_NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_UNITS = {"bit": 1, "kbit": 1_000, "mbit": 1_000_000, "gbit": 1_000_000_000}
+
+
+class CommandError(TrainscaleError):
+    """An ``ip``/``tc`` command failed; the message names the command and its stderr on one line."""
+
+
+def validate_name(name: str) -> str:
+    """Cluster names become namespace names and file names: letters, digits and '-', at most 16 characters."""
+    if not (_NAME_RE.match(name) and len(name) <= MAX_NAME):
+        raise ConfigError(f"cluster name must be 1-{MAX_NAME} letters, digits or '-' (not starting with '-'), "
+                          f"got {name!r}")
+    return name
+
+
+def parse_rate(text: str) -> int:
+    """``100mbit``/``1gbit``/``500kbit`` (tc's decimal units) -> bit/s. Byte units (tc's ``mbps``) are refused
+    on purpose: they are a classic factor-8 mistake."""
+    match = _RATE_RE.match(text.strip().lower())
+    if not match:
+        raise ConfigError(f"--bandwidth must look like 500kbit, 100mbit or 1gbit, got '{text}'")
+    bits = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if not MIN_RATE <= bits <= MAX_RATE:
+        raise ConfigError(f"--bandwidth must be between 8kbit and 100gbit, got '{text}'")
+    return bits
+
+
+def parse_rates(text: str, hosts: int) -> list[int]:
+    """One rate for every host, or a comma-separated rate per host."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if len(parts) not in (1, hosts):
+        raise ConfigError(f"--bandwidth takes one rate or {hosts} (one per host), got {len(parts)}: '{text}'")
+    rates = [parse_rate(p) for p in parts]
+    return rates * hosts if len(rates) == 1 else rates
+
+
+def format_rate(bits: int) -> str:
+    """bit/s -> the shortest exact tc-style text (``100mbit``)."""
+    for unit in ("gbit", "mbit", "kbit"):
+        if bits % _UNITS[unit] == 0:
+            return f"{bits // _UNITS[unit]}{unit}"
+    return f"{bits}bit"
+
+
+def check_hosts(hosts: int) -> int:
+    if not MIN_HOSTS <= hosts <= MAX_HOSTS:
+        raise ConfigError(f"--hosts must be between {MIN_HOSTS} and {MAX_HOSTS}, got {hosts}")
+    return hosts
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a cluster is made of; every name and address is derived from ``name`` and the host index."""
+
+    name: str
+    rates: tuple[int, ...]
+
+    @property
+    def hosts(self) -> int:
+        return len(self.rates)
+
+    @property
+    def switch(self) -> str:
+        return switch_ns(self.name)
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.switch, *(host_ns(self.name, i) for i in range(self.hosts))]
+
+
+def switch_ns(name: str) -> str:
+    return f"{PREFIX}{name}-sw"
+
+
+def host_ns(name: str, index: int) -> str:
+    return f"{PREFIX}{name}-h{index}"
+
+
+def address(index: int) -> str:
+    return f"{SUBNET}.{index + 1}"
+
+
+def port_dev(index: int) -> str:
+    """The switch-side end of host ``index``'s cable."""
+    return f"p{index}"
+
+
+def burst_bytes(rate: int) -> int:
+    return max(int(rate / 8 * BURST_SECONDS), MIN_BURST_BYTES)
+
+
+def shape_argv(ns: str, dev: str, rate: int) -> list[str]:
+    """``tc qdisc replace`` so the same command both installs a shaper and changes its rate."""
+    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate}bit",
+            "burst", str(burst_bytes(rate)), "latency", QUEUE_LATENCY]
+
+
+def plan_switch(cluster: Cluster) -> list[list[str]]:
+    sw = cluster.switch
+    return [["ip", "netns", "add", sw],
+            ["ip", "-n", sw, "link", "set", "lo", "up"],
+            ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
+            ["ip", "-n", sw, "link", "set", BRIDGE, "up"]]
+
+
+def plan_host(cluster: Cluster, index: int) -> list[list[str]]:
+    """Namespace, cable (a veth created directly in both namespaces), address, and a shaper on each end."""
+    ns, sw, port, rate = host_ns(cluster.name, index), cluster.switch, port_dev(index), cluster.rates[index]
+    return [["ip", "netns", "add", ns],
+            ["ip", "link", "add", HOST_DEV, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw],
+            ["ip", "-n", sw, "link", "set", port, "master", BRIDGE],
+            ["ip", "-n", sw, "link", "set", port, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ["ip", "-n", ns, "addr", "add", f"{address(index)}/24", "dev", HOST_DEV],
+            ["ip", "-n", ns, "link", "set", HOST_DEV, "up"],
+            shape_argv(ns, HOST_DEV, rate),
+            shape_argv(sw, port, rate)]
+
+
+def link_argv(name: str, index: int, up: bool) -> list[str]:
+    """A partition pulls the cable at the switch: the host keeps its address but its eth0 loses carrier."""
+    return ["ip", "-n", switch_ns(name), "link", "set", port_dev(index), "up" if up else "down"]
+
+
+def rate_plan(name: str, index: int, rate: int) -> list[list[str]]:
+    return [shape_argv(host_ns(name, index), HOST_DEV, rate), shape_argv(switch_ns(name), port_dev(index), rate)]
+
+
+def run(argv: Sequence[str]) -> str:
+    """Run one ``ip``/``tc`` command; a failure is one line naming the command and its stderr."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
+        raise CommandError(f"'{' '.join(argv)}' failed: {detail}")
+    return proc.stdout
+
+
+def check_tools() -> None:
+    """Creating namespaces and qdiscs needs root and iproute2's ``ip`` and ``tc``."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"trainscale cluster needs iproute2's {' and '.join(missing)} on PATH")
+    if os.geteuid() != 0:
+        raise ConfigError("trainscale cluster needs root (network namespaces and tc qdiscs): run it with sudo")
+
+
+def list_namespaces() -> list[str]:
+    """Every network namespace name (``ip netns list`` prints ``NAME (id: N)``)."""
+    return [line.split()[0] for line in run(["ip", "netns", "list"]).splitlines() if line.strip()]
+
+
+def trainscale_namespaces() -> dict[str, list[str]]:
+    """Namespaces trainscale made, by cluster name; nothing else is ever touched."""
+    found: dict[str, list[str]] = {}
+    for ns in list_namespaces():
+        match = _NS_RE.match(ns)
+        if match:
+            found.setdefault(match.group(1), []).append(ns)
+    return found
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM while tearing down, so the teardown itself always completes."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def destroy(name: str) -> list[str]:
+    """Delete every namespace of cluster ``name`` (their veth ends and qdiscs go with them); returns them."""
+    with _shielded():
+        namespaces = trainscale_namespaces().get(name, [])
+        for ns in namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    return namespaces
+
+
+def create(cluster: Cluster) -> None:
+    """Build the cluster. Any failure, Ctrl-C or SIGTERM deletes what was made before it propagates."""
+    if cluster.name in trainscale_namespaces():
+        raise ConfigError(f"cluster '{cluster.name}' exists already (trainscale cluster status {cluster.name})")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for argv in plan_switch(cluster):
+            run(argv)
+        for index in range(cluster.hosts):
+            for argv in plan_host(cluster, index):
+                run(argv)
+    except BaseException:
+        destroy(cluster.name)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def set_link(name: str, index: int, up: bool) -> None:
+    run(link_argv(name, index, up))
+
+
+def set_rate(name: str, index: int, rate: int) -> None:
+    for argv in rate_plan(name, index, rate):
+        run(argv)
+
+
+@dataclass(frozen=True)
+class HostStats:
+    state: str
+    tx_bytes: int
+    rx_bytes: int
+
+
+def host_stats(name: str, index: int) -> HostStats:
+    """Link state of the host's cable (the switch port) and the bytes its eth0 has sent and received."""
+    import json
+
+    port = json.loads(run(["ip", "-j", "-n", switch_ns(name), "link", "show", "dev", port_dev(index)]))[0]
+    dev = json.loads(run(["ip", "-j", "-s", "-n", host_ns(name, index), "link", "show", "dev", HOST_DEV]))[0]
+    state = "up" if "UP" in port.get("flags", []) else "down"
+    return HostStats(state, dev["stats64"]["tx"]["bytes"], dev["stats64"]["rx"]["bytes"])
+
+
+def probe_helper() -> list[str]:
+    """The probe helper runs by file path: importing the ``trainscale.runtime`` package would pull in torch,
+    seconds per process on a small machine, for a stdlib-only helper."""
+    return [sys.executable, str(Path(__file__).with_name("netprobe.py"))]
+
+
+def in_namespace(name: str, index: int, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", host_ns(name, index), *argv]
+
+
+def measure(name: str, src: int, dst: int, nbytes: int, pings: int, timeout: float = 120) -> dict:
+    """Ping-pong latency and one-way TCP throughput from host ``src`` to host ``dst`` of cluster ``name``;
+    only the cluster's own addresses are contacted."""
+    import json
+
+    server = subprocess.Popen(in_namespace(name, dst, [*probe_helper(), "serve", address(dst)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()  # type: ignore[union-attr]
+        if not port.isdigit():
+            raise CommandError(f"probe server in {host_ns(name, dst)} did not start: "
+                               f"{' '.join(server.stderr.read().split())}")  # type: ignore[union-attr]
+        client = subprocess.run(in_namespace(name, src, [*probe_helper(), "client", address(dst), port,
+                                                         str(nbytes), str(pings)]),
+                                capture_output=True, text=True, timeout=timeout)
+        if client.returncode != 0:
+            raise CommandError(f"probe {host_ns(name, src)} -> {address(dst)} failed: "
+                               f"{' '.join(client.stderr.split()[-20:])}")
+        return json.loads(client.stdout)
+    finally:
+        server.kill()
+        server.wait()

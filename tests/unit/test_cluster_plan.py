@@ -1,0 +1,106 @@
+"""`trainscale cluster` without root: name validation, rate parsing and the ip/tc command lines it would run."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.errors import ConfigError
+from trainscale.runtime import cluster as net
+
+
+@pytest.mark.parametrize("name", ["a", "demo", "Lab-2", "x" * 16])
+def test_valid_names(name: str) -> None:
+    assert net.validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-a", "a b", "a_b", "a/b", "a.b", "x" * 17, "é", "a\nb"])
+def test_invalid_names_are_one_line(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        net.validate_name(name)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text, bits", [("500kbit", 500_000), ("100mbit", 100_000_000), ("1gbit", 10**9),
+                                        ("1.5mbit", 1_500_000), ("8000bit", 8000), (" 20MBit ", 20_000_000)])
+def test_parse_rate(text: str, bits: int) -> None:
+    assert net.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["", "100", "1gbps", "100mb", "fast", "-1mbit", "1kbit", "200gbit", "1e3mbit"])
+def test_bad_rates(text: str) -> None:
+    with pytest.raises(ConfigError, match="--bandwidth"):
+        net.parse_rate(text)
+
+
+def test_parse_rates_one_or_one_per_host() -> None:
+    assert net.parse_rates("1gbit", 3) == [10**9] * 3
+    assert net.parse_rates("1gbit,1gbit,100mbit", 3) == [10**9, 10**9, 10**8]
+    with pytest.raises(ConfigError, match="one per host"):
+        net.parse_rates("1gbit,100mbit", 3)
+
+
+@pytest.mark.parametrize("hosts", [0, 1, 65])
+def test_host_count_bounds(hosts: int) -> None:
+    with pytest.raises(ConfigError, match="--hosts"):
+        net.check_hosts(hosts)
+
+
+def test_format_rate_round_trips() -> None:
+    for text in ("500kbit", "100mbit", "1gbit", "1500kbit", "8001bit"):
+        assert net.format_rate(net.parse_rate(text)) == text
+
+
+def test_names_and_addresses() -> None:
+    c = net.Cluster("lab", (10**9,) * 3)
+    assert c.namespaces == ["tsc-lab-sw", "tsc-lab-h0", "tsc-lab-h1", "tsc-lab-h2"]
+    assert [net.address(i) for i in range(3)] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+    assert net.address(63) == "10.77.0.64"
+
+
+def test_burst_covers_one_tick_at_hz_100() -> None:
+    for rate in (500_000, 20_000_000, 10**9, 10 * 10**9):
+        assert net.burst_bytes(rate) >= rate / 8 / 100
+    assert net.burst_bytes(500_000) == net.MIN_BURST_BYTES
+
+
+def test_host_plan_shapes_both_directions() -> None:
+    plan = net.plan_host(net.Cluster("lab", (10**9, 10**8)), 1)
+    assert ["ip", "netns", "add", "tsc-lab-h1"] == plan[0]
+    assert ["ip", "link", "add", "eth0", "netns", "tsc-lab-h1", "type", "veth", "peer", "name", "p1", "netns",
+            "tsc-lab-sw"] in plan
+    assert ["ip", "-n", "tsc-lab-h1", "addr", "add", "10.77.0.2/24", "dev", "eth0"] in plan
+    shapers = [argv for argv in plan if argv[0] == "tc"]
+    assert [(a[2], a[6]) for a in shapers] == [("tsc-lab-h1", "eth0"), ("tsc-lab-sw", "p1")]
+    assert all(a[a.index("rate") + 1] == "100000000bit" and "tbf" in a for a in shapers)
+
+
+def test_switch_plan_and_link_commands() -> None:
+    plan = net.plan_switch(net.Cluster("lab", (10**9, 10**9)))
+    assert plan[0] == ["ip", "netns", "add", "tsc-lab-sw"]
+    assert ["ip", "-n", "tsc-lab-sw", "link", "add", "br0", "type", "bridge"] in plan
+    assert net.link_argv("lab", 2, up=False) == ["ip", "-n", "tsc-lab-sw", "link", "set", "p2", "down"]
+    assert [a[2] for a in net.rate_plan("lab", 0, 10**6)] == ["tsc-lab-h0", "tsc-lab-sw"]
+
+
+def test_namespaces_map_back_to_their_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    listing = "tsc-a-sw (id: 1)\ntsc-a-h0\ntsc-a-b-sw\ntsc-a-b-h10\nts-l0-abc123\nother\ntsc-a-h1-h0\n"
+    monkeypatch.setattr(net, "run", lambda argv: listing)
+    assert net.trainscale_namespaces() == {"a": ["tsc-a-sw", "tsc-a-h0"], "a-b": ["tsc-a-b-sw", "tsc-a-b-h10"],
+                                           "a-h1": ["tsc-a-h1-h0"]}
+
+
+def test_failed_command_is_one_line() -> None:
+    with pytest.raises(net.CommandError) as info:
+        net.run(["sh", "-c", r"printf 'first\nsecond\n' >&2; exit 3"])
+    message = str(info.value)
+    assert "\n" not in message and "sh -c" in message and "first second" in message
+
+
+def test_needs_root_and_tools_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(net.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    with pytest.raises(ConfigError, match="needs iproute2's tc"):
+        net.check_tools()
+    monkeypatch.setattr(net.shutil, "which", lambda tool: "/usr/sbin/" + tool)
+    monkeypatch.setattr(net.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="needs root"):
+        net.check_tools()
