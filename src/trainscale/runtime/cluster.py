@@ -9,6 +9,7 @@ or is interrupted, so a half-built cluster never outlives the command.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -262,8 +263,6 @@ class HostStats:
 
 def host_stats(name: str, index: int) -> HostStats:
     """Link state of the host's cable (the switch port) and the bytes its eth0 has sent and received."""
-    import json
-
     port = json.loads(run(["ip", "-j", "-n", switch_ns(name), "link", "show", "dev", port_dev(index)]))[0]
     dev = json.loads(run(["ip", "-j", "-s", "-n", host_ns(name, index), "link", "show", "dev", HOST_DEV]))[0]
     state = "up" if "UP" in port.get("flags", []) else "down"
@@ -283,8 +282,6 @@ def in_namespace(name: str, index: int, argv: Sequence[str]) -> list[str]:
 def measure(name: str, src: int, dst: int, nbytes: int, pings: int, timeout: float = 120) -> dict:
     """Ping-pong latency and one-way TCP throughput from host ``src`` to host ``dst`` of cluster ``name``;
     only the cluster's own addresses are contacted."""
-    import json
-
     server = subprocess.Popen(in_namespace(name, dst, [*probe_helper(), "serve", address(dst)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
