@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.app.config import build_config
 from trainscale.errors import ConfigError
+from trainscale.runtime.network import free_port
+from trainscale.runtime.process_group import process_group
 from trainscale.train.loop import NonFiniteLoss, train_one_epoch
 from trainscale.train.precision import Precision
 
@@ -89,23 +90,22 @@ def test_an_epoch_of_only_skipped_steps_stops_training():
     assert all(torch.equal(batches.before[0], b) for b in batches.before)
 
 
-def _rank(rank: int, store: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
+def _rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    with process_group(torch.device("cpu"), "gloo", timeout_s=60):
         torch.manual_seed(0)
         model = nn.Linear(6, 3)
         batches = Batches(model, bad={1} if rank == 1 else set())  # only rank 1 sees the NaN
         stats = epoch(model, batches, "skip")
         same = [torch.equal(batches.before[i], batches.before[i + 1]) for i in range(3)]
         Path(out, f"{rank}.json").write_text(json.dumps({"skipped": stats.skipped_steps, "same": same}))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.dist
 def test_ranks_agree_a_step_is_skipped_when_any_rank_saw_a_non_finite_value(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         result = json.loads((tmp_path / f"{rank}.json").read_text())
         assert result == {"skipped": 1, "same": [False, True, False]}, (rank, result)

@@ -1,6 +1,7 @@
 """The collective helpers: no-ops for a process that is alone, an error for one that should be in a group.
 Processes that end with their job (``runtime.orphans``), and the run folder's lock (``results.lock_run_folder``)."""
 
+import ast
 import os
 import signal
 import subprocess
@@ -33,6 +34,35 @@ def test_helpers_raise_when_the_launcher_says_distributed_but_no_group_exists(mo
     with pytest.raises(NoProcessGroup, match="WORLD_SIZE=4 says this process is one of 4"):
         call()
 
+
+
+GROUP_LIFETIME = """
+import os, torch
+from torch import nn
+from trainscale.runtime.network import free_port
+from trainscale.runtime.process_group import process_group
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+with process_group(torch.device("cpu"), "gloo", timeout_s=30):
+    net = nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    print(threads())
+print(threads())
+"""
+
+
+def test_leaving_the_process_group_frees_it_after_an_optimizer_step():
+    """A group that outlives its ``with`` is freed at interpreter exit, where gloo's threads abort the worker
+    (SIGABRT). A fresh interpreter, because the first optimizer step is what used to pin it (torch._dynamo's
+    first import)."""
+    result = subprocess.run([sys.executable, "-c", GROUP_LIFETIME], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    inside, after = (ast.literal_eval(line) for line in result.stdout.splitlines()[-2:])
+    assert "pt_gloo_runloop" in inside and "gloo_tcp_loop" in inside
+    assert not {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"} & set(after), after
 
 # ------------------------------------------------------------------ processes end with their job (runtime.orphans)
 

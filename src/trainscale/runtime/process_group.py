@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import importlib
 import logging
 import os
 import urllib.parse
@@ -113,10 +114,14 @@ def process_group(device: torch.device, backend: str | None = None,
     """Join the launcher's process group for the body of the ``with``; yields the backend name.
 
     ``timeout_s`` bounds every collective, so a dead peer ends the job with an error instead of a hang.
-    Without launcher variables this is a no-op (world of 1), so callers need no branch. Before the group
-    is destroyed, garbage left in reference cycles (DDP wrappers and their comm hooks hold the group) is
-    collected: freed later, at interpreter exit, gloo's threads can abort the finished worker (SIGABRT,
-    "terminate called without an active exception"), about one run in four on a loaded machine.
+    Without launcher variables this is a no-op (world of 1), so callers need no branch.
+
+    Leaving the ``with`` must really free the group: one that outlives ``destroy_process_group`` is freed
+    at interpreter exit, where gloo's threads can abort the finished worker (SIGABRT, "terminate called
+    without an active exception"), one run in four on a loaded machine. Two things keep it alive: garbage
+    in reference cycles (DDP wrappers and their comm hooks), collected before the group is destroyed, and
+    torch._dynamo when it is first imported while a group exists (the first optimizer step imports it;
+    torch 2.13 then holds the group for good), so it is imported before the group is made.
     """
     if not launched_by_torchrun() or dist.is_initialized():
         yield backend or default_backend(device)
@@ -127,6 +132,7 @@ def process_group(device: torch.device, backend: str | None = None,
     kwargs = {"device_id": device} if backend == "nccl" else {}
     timeout = datetime.timedelta(seconds=timeout_s)
     bind_interfaces()
+    importlib.import_module("torch._dynamo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(backend=backend, timeout=timeout, store=worker_store(timeout, rank, world), rank=rank,
                             world_size=world, **kwargs)
