@@ -100,7 +100,11 @@ def build_parser() -> Parser:
 
     add_bench_parser(sub.add_parser("bench", help="run a benchmark grid (each run a `trainscale train`), resumably"))
     add_report_parser(sub.add_parser("report", help="tables, plots and an HTML page from grid or run folders"))
-    add_cluster_parser(sub.add_parser("cluster", help="emulated clusters on this machine: namespaces + tc"))
+    add_cluster_parser(sub.add_parser(
+        "cluster", help="emulated clusters on this machine: namespaces + tc",
+        description="Emulated hosts (network namespaces) on a switch (a bridge), each link shaped in bandwidth with "
+                    "tc tbf both ways. Bandwidth only: the kernel has no netem here, so no delay or loss is added; "
+                    "the base round trip is measured at 'up' (and by 'probe') and recorded with every run."))
     return parser
 
 

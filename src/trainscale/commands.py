@@ -43,7 +43,7 @@ def train_config(args: argparse.Namespace) -> CoreConfig:
 
 def train(args: argparse.Namespace) -> int:
     """One command for every scale: a local run; the parent of a sync job (starts the workers through
-    torch's elastic agent); a worker (under that agent or an external torchrun); or --hosts."""
+    torch's elastic agent); a worker (under that agent or an external torchrun); --hosts; or --cluster."""
     from trainscale.modes import mode_class
     from trainscale.runtime.process_group import launched_by_torchrun
 
@@ -55,6 +55,10 @@ def train(args: argparse.Namespace) -> int:
         from trainscale.app.hosts import hosts_main
 
         return hosts_main(cfg, flags)
+    if cfg.cluster is not None:
+        from trainscale.app.cluster_run import cluster_main
+
+        return cluster_main(cfg, flags)
     if launched_by_torchrun():
         return train_worker(cfg)
     if mode_class(cfg.mode).distributed:

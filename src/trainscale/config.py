@@ -137,6 +137,8 @@ class LaunchConfig(Section):
     hosts: str | None = option(None, "file with one host per line ('host' or 'host slots=N'): print the per-node "
                                "commands")
     ssh: bool = option(False, "with --hosts: run the per-node commands over ssh instead of printing them")
+    cluster: str | None = option(None, "an emulated cluster (trainscale cluster up NAME): one node of --workers "
+                                 "(and --servers) on each of its hosts, rendezvous at host 0")
     devices: list[int] | None = option(None, "GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets "
                                        "CUDA_VISIBLE_DEVICES)", aliases=("--gpus",))
     backend: str = option("auto", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=("auto", "gloo", "nccl"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ log = logging.getLogger("trainscale.cluster")
 DEFAULT_STATE = "/run/trainscale/clusters"
 PROBE_BYTES = 4_000_000
 PROBE_PINGS = 50
+UP_PINGS = 20  # `up` measures the base round trip once (h0 -> h1) for runs to record
 
 
 def state_dir() -> Path:
@@ -75,12 +77,15 @@ def up(args: argparse.Namespace) -> int:
         raise ConfigError(f"cluster '{name}' exists already (trainscale cluster down {name} removes it)")
     try:
         net.create(cluster)
-        save(record_of(cluster))
+        record = record_of(cluster)
+        record["rtt_seconds"] = net.measure(name, 0, 1, net.MIN_BURST_BYTES, UP_PINGS)["rtt_seconds"]
+        save(record)
     except BaseException:
         net.destroy(name)
         raise
-    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {cluster.switch}; "
-          f"run commands on a host with: ip netns exec {net.host_ns(name, 0)} COMMAND")
+    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {cluster.switch}, "
+          f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
+          f"ip netns exec {net.host_ns(name, 0)} COMMAND")
     return 0
 
 
@@ -152,13 +157,16 @@ def link(args: argparse.Namespace) -> int:
 def probe(args: argparse.Namespace) -> int:
     net.check_tools()
     record = load(args.name)
-    rows = []
+    rows, rtts = [], []
     for dst in range(1, record["hosts"]):
         result = net.measure(record["name"], 0, dst, args.bytes, PROBE_PINGS)
+        rtts.append(result["rtt_seconds"])
         rate = min(record["rates_bps"][0], record["rates_bps"][dst])
         rows.append([f"h0 -> h{dst}", record["addresses"][dst], f"{result['rtt_seconds'] * 1e3:.3f}",
                      f"{result['bits_per_second'] / 1e6:.1f}", f"{rate / 1e6:g}"])
     print(_table(["path", "address", "rtt_ms (median)", "measured_mbit", "configured_mbit"], rows))
+    record["rtt_seconds"] = statistics.median(rtts)
+    save(record)
     return 0
 
 

@@ -149,6 +149,9 @@ def validate_launch(cfg: CoreConfig) -> None:
     require(cfg.nnodes == 1 or cfg.rdzv_endpoint is not None,
             "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
     require(not cfg.ssh or cfg.hosts is not None, "--ssh runs the per-node commands of --hosts FILE; give --hosts")
+    require(cfg.cluster is None or (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.hosts) == (1, 0, None, None),
+            "--cluster places one node on each emulated host itself: leave out --nnodes, --node-rank, "
+            "--rdzv-endpoint and --hosts")
 
 
 def _endpoint_ok(text: str) -> bool:
@@ -162,7 +165,7 @@ def resolve_parallel(cfg: CoreConfig) -> CoreConfig:
     parameter-server shards (``--servers``) imply ``async``."""
     workers = cfg.workers or (len(cfg.devices) if cfg.devices else 1)
     launched_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    several = workers > 1 or cfg.nnodes > 1 or launched_world > 1 or cfg.hosts is not None
+    several = workers > 1 or cfg.nnodes > 1 or launched_world > 1 or cfg.hosts is not None or cfg.cluster is not None
     mode = cfg.mode
     if mode == "auto" and getattr(cfg, "servers", 0):
         mode = "async"
@@ -170,7 +173,7 @@ def resolve_parallel(cfg: CoreConfig) -> CoreConfig:
         mode = "sync" if several else "local"
     elif mode == "local" and several:
         what = f"WORLD_SIZE={launched_world} from the launcher" if launched_world > 1 else \
-            f"--workers {workers}" if workers > 1 else "--nnodes/--hosts"
+            f"--workers {workers}" if workers > 1 else "--nnodes/--hosts/--cluster"
         raise ConfigError(f"--mode local trains in one process but {what} asks for several; "
                           "use --mode sync (or leave --mode out)")
     return dataclasses.replace(cfg, workers=workers, mode=mode)

@@ -1,7 +1,7 @@
 """`trainscale train --dry-run`: every check that needs no training, then the resolved config; nothing is written.
 
 Beyond ``build_config`` (types, values, the mode's own checks) it checks what the launcher's ``prepare``
-checks, minus what would act on the world: the hosts file, the devices and precision, the model's input
+checks, minus what would act on the world: the hosts file, the ``--cluster`` (up, its namespaces there), the devices and precision, the model's input
 size, the ``--baseline``, the run folder (checked, never created: no probe file) and the data, which must already be there (never downloaded)
 and give every rank a full batch. Left out: the rendezvous (it binds a port or waits for node 0) and,
 with ``--hosts``, the other machines' devices, data and run folder.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainscale.app.cluster_run import check_cluster
 from trainscale.app.config import TrainConfig
 from trainscale.app.hosts import parse_hosts
 from trainscale.app.launch import check_devices
@@ -40,6 +41,7 @@ def _checked(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.hosts is not None:
         hosts = parse_hosts(cfg.hosts)
         return {**cfg.to_dict(), "resolved": {"nodes": [h.name for h in hosts], "checked": "settings, hosts file"}}
+    nodes = check_cluster(cfg.cluster)["hosts"] if cfg.cluster is not None else cfg.nnodes
     check_devices(cfg)
     check_model_input(cfg)
     out = resolve_out(cfg) if cfg.node_rank == 0 else None
@@ -47,12 +49,13 @@ def _checked(cfg: TrainConfig) -> dict[str, Any]:
         load_baseline(cfg)
         check_run_folder(out, cfg.resume, dataclasses.replace(cfg, dry_run=False), probe=False)
     n_train, n_test = sample_counts(cfg)
-    world = cfg.workers * cfg.nnodes
+    world = cfg.workers * nodes
     plan = check_fits(cfg, n_train, n_test, world)
     resolved = {"out": str(out) if out is not None else None, "world_size": world,
                 "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,
                 "train_samples": n_train, "test_samples": n_test,
-                "checked": "settings, devices, run folder, data" + (", baseline" if cfg.baseline else "")}
+                "checked": "settings, devices, run folder, data" + (", baseline" if cfg.baseline else "") +
+                (", cluster" if cfg.cluster else "")}
     return {**cfg.to_dict(), "resolved": resolved}
 
 

@@ -92,7 +92,7 @@ def node_commands(cfg: TrainConfig, flags: dict[str, Any], hosts: list[Host]) ->
     """(host, argv) for each node: the same flags plus its place in the job."""
     first = hosts[0].address
     endpoint = cfg.rdzv_endpoint or (f"[{first}]:{DEFAULT_PORT}" if ":" in first else f"{first}:{DEFAULT_PORT}")
-    common = {k: v for k, v in flags.items() if k not in ("hosts", "ssh", "node_rank", "nnodes")}
+    common = {k: v for k, v in flags.items() if k not in ("hosts", "ssh", "cluster", "node_rank", "nnodes")}
     out = []
     for rank, host in enumerate(hosts):
         node = {**common, "workers": host.slots or cfg.workers, "nnodes": len(hosts), "node_rank": rank,

@@ -32,6 +32,7 @@ from trainscale.app.config import TrainConfig
 from trainscale.app.run import load_baseline, run_training
 from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
 from trainscale.errors import ConfigError
+from trainscale.io import atomic_write_text, dumps
 from trainscale.log import relabel
 from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
@@ -55,6 +56,7 @@ log = logging.getLogger("trainscale.launch")
 
 DEFAULT_MULTINODE_ID = "trainscale"
 MONITOR_INTERVAL_S = 0.1
+NODE_REPORT_ENV = "TRAINSCALE_NODE_REPORT"  # where a node writes its failure for `train --cluster`
 CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
 
 
@@ -199,6 +201,7 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
             elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
+        write_node_report(exc.failures, message, status)
         print(f"trainscale train: error: {message}", file=sys.stderr)
         return status
     except RendezvousError as exc:
@@ -266,11 +269,27 @@ def failure_time_ns(failure: ProcessFailure) -> int:
     return int(stamp) if stamp is not None else int(failure.timestamp) * 10**9
 
 
+def root_cause(failures: dict[int, ProcessFailure]) -> int:
+    """The rank whose failure caused the others: the earliest that is not a consequence of another."""
+    return min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
+
+
+def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int) -> None:
+    """For a parent that runs several nodes (``train --cluster``) and must name the root cause among
+    them: this node's failure line, whether it is a consequence, and when it was recorded."""
+    path = os.environ.get(NODE_REPORT_ENV)
+    if path:
+        failure = failures[root_cause(failures)]
+        atomic_write_text(Path(path), dumps({"message": message, "status": status,
+                                             "consequence": is_consequence(failure),
+                                             "time_ns": failure_time_ns(failure)}))
+
+
 def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:
     """(one line naming the root-cause rank and its error, exit status): the earliest failure that is
     not a consequence of another; the agent then stopped the rest. ``first_server``: in parameter-server
     modes, local ranks from this one on are servers, and are named so."""
-    rank = min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
+    rank = root_cause(failures)
     failure = failures[rank]
     kind = "parameter server" if first_server is not None and failure.local_rank >= first_server else "worker"
     line = f"{kind} rank {rank} (local rank {failure.local_rank}) failed: {failure_text(failure)}"

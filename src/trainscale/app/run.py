@@ -26,12 +26,14 @@ from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
 from trainscale.results import lock_run_folder
 from trainscale.runtime import is_main_process, rank, world_size
+from trainscale.runtime.cluster import facts_from_env
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device
 from trainscale.train.schedules import create_schedule
+from trainscale.train.wire import WireCounter
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
 
 log = logging.getLogger("trainscale.train")
@@ -100,10 +102,12 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     schedule = create_schedule(cfg)
     optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
+    facts = facts_from_env()  # on an emulated cluster: count the bytes its interfaces send
+    callbacks = WireCounter(mode, len(train_batches), facts) if facts else mode
     trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
                       train_batches=train_batches, test_batches=test_batches,
                       lr_at=lambda t: plan.lr * schedule(t), writer=writer,
-                      train_model=mode.wrap_model(model, device), callbacks=mode,
+                      train_model=mode.wrap_model(model, device), callbacks=callbacks,
                       baseline=load_baseline(cfg) if writer is not None else None,
                       summary_base={**summary_base(cfg, plan, params, device, want,
                                                    train_batches.num_samples * workers, writer), **mode.describe()})

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -38,6 +39,9 @@ MIN_RATE, MAX_RATE = 8_000, 100_000_000_000
 BURST_SECONDS = 0.010
 MIN_BURST_BYTES = 16 * 1024
 QUEUE_LATENCY = "100ms"  # how long a packet may wait in the tbf queue before it is dropped
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
+CFS_PERIOD_US = 100_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
@@ -219,12 +223,33 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def destroy(name: str) -> list[str]:
-    """Delete every namespace of cluster ``name`` (their veth ends and qdiscs go with them); returns them."""
+    """Delete every namespace of cluster ``name`` (their veth ends and qdiscs go with them) and any CPU group a
+    killed run left; returns the namespaces."""
     with _shielded():
         namespaces = trainscale_namespaces().get(name, [])
         for ns in namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        _remove_groups(sorted(CGROUP_CPU.glob(f"{PREFIX}{name}-h*")) if CGROUP_CPU.is_dir() else [], wait_s=0)
+        for folder in NETNS_ETC.glob(f"{PREFIX}{name}-h*"):
+            shutil.rmtree(folder, ignore_errors=True)
     return namespaces
+
+
+def hosts_text(cluster: Cluster) -> str:
+    """Names for every host of the cluster (``h0``.., and the namespace name). The c10d store looks up the
+    name of each client, as the IPv4-mapped IPv6 address its dual-stack socket sees; with no name there the
+    lookup goes to a DNS server the namespace cannot reach and every store logs a warning. The mapped
+    addresses get names of their own, so a lookup of ``h0`` still returns only the IPv4 address."""
+    lines = ["127.0.0.1 localhost", "::1 localhost"]
+    lines += [f"{address(i)} h{i} {host_ns(cluster.name, i)}" for i in range(cluster.hosts)]
+    lines += [f"::ffff:{address(i)} h{i}.mapped" for i in range(cluster.hosts)]
+    return "\n".join(lines) + "\n"
+
+
+def write_hosts_file(cluster: Cluster, index: int) -> None:
+    folder = NETNS_ETC / host_ns(cluster.name, index)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(hosts_text(cluster))
 
 
 def create(cluster: Cluster) -> None:
@@ -238,6 +263,7 @@ def create(cluster: Cluster) -> None:
         for index in range(cluster.hosts):
             for argv in plan_host(cluster, index):
                 run(argv)
+            write_hosts_file(cluster, index)
     except BaseException:
         destroy(cluster.name)
         raise
@@ -299,3 +325,75 @@ def measure(name: str, src: int, dst: int, nbytes: int, pings: int, timeout: flo
     finally:
         server.kill()
         server.wait()
+
+
+# ---------------------------------------------------------------------------------------- CPU shares
+
+
+def cpu_group(name: str, index: int) -> Path:
+    return CGROUP_CPU / f"{PREFIX}{name}-h{index}"
+
+
+@contextlib.contextmanager
+def cpu_quotas(name: str, hosts: int, cpus: float) -> Iterator[list[Path] | None]:
+    """One cgroup-v1 cpu group per host, each capped at ``cpus`` CPUs (a CFS quota), removed afterwards.
+    Real hosts do not lend each other cores while one waits on the network; without a cap an emulated host
+    that waits hands its share to the others, and step times depend on who waits when. Yields None where
+    the cpu controller is not mounted or not writable (the run goes on uncapped)."""
+    groups = _make_groups(name, hosts, cpus)
+    try:
+        yield groups
+    finally:
+        _remove_groups(groups or [], wait_s=10.0)
+
+
+def _make_groups(name: str, hosts: int, cpus: float) -> list[Path] | None:
+    if not (CGROUP_CPU / "cgroup.procs").is_file():
+        return None
+    groups: list[Path] = []
+    try:
+        for index in range(hosts):
+            group = cpu_group(name, index)
+            group.mkdir(exist_ok=True)
+            groups.append(group)
+            (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(CFS_PERIOD_US * cpus))))
+    except OSError as exc:
+        log.warning("no CPU quota per host (%s): hosts share the cores freely", exc)
+        _remove_groups(groups, wait_s=0)
+        return None
+    return groups
+
+
+def join_cpu_group(group: Path) -> None:
+    """Move this process (and so everything it starts) into ``group``; for a child's ``preexec_fn``."""
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def _remove_groups(groups: list[Path], wait_s: float) -> None:
+    """rmdir each group; a group empties only once its last process has exited, so retry up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    for group in groups:
+        while True:
+            try:
+                group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    log.warning("CPU group %s still has processes; remove it with: rmdir %s", group, group)
+                    break
+                time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------------------------- runs on a cluster
+
+CLUSTER_ENV = "TRAINSCALE_CLUSTER"  # the facts of the cluster a job runs on, as JSON, for its workers
+
+
+def facts_from_env() -> dict | None:
+    """What `train --cluster` told this job's processes about the cluster (None off a cluster): name, hosts,
+    rates, measured round trip, the interface whose counters give the bytes on the wire, CPU share."""
+    text = os.environ.get(CLUSTER_ENV)
+    return json.loads(text) if text else None

@@ -126,3 +126,13 @@ def _addresses_of(name: str) -> set[str]:
         if fields[-1] == name:
             found.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
     return found
+
+
+def interface_counters(interface: str) -> tuple[int, int]:
+    """(bytes sent, bytes received) by ``interface`` since it came up, as the kernel counts them: every
+    frame, headers and retransmissions included. Inside ``ip netns exec`` /sys shows that namespace's devices."""
+    stats = Path("/sys/class/net") / interface / "statistics"
+    try:
+        return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+    except OSError as exc:
+        raise ConfigError(f"no counters for network interface {interface} ({exc.strerror})") from None

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.errors import ConfigError
+from trainscale.runtime.cluster import facts_from_env
 from trainscale.runtime.network import interface_of, local_address_toward
 from trainscale.runtime.rendezvous import bound_store
 
@@ -144,6 +145,13 @@ def process_group(device: torch.device, backend: str | None = None,
         dist.destroy_process_group()
 
 
+def network_only() -> dict[str, list[str]]:
+    """TensorPipe options that keep every byte on the network on an emulated cluster. Its hosts are one
+    machine, so TensorPipe would otherwise move tensors by cross-memory attach (``cma``), past the shaped
+    links and the interface counters: TCP (``uv``) for the connection and the ``basic`` channel over it."""
+    return {"_transports": ["uv"], "_channels": ["basic"]} if facts_from_env() else {}
+
+
 @contextlib.contextmanager
 def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads: int = 16) -> Iterator[None]:
     """The only place trainscale starts and stops torch.distributed.rpc (parameter-server modes).
@@ -159,7 +167,7 @@ def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads
 
     bind_interfaces()
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s,
-                                              init_method=register_rpc_rendezvous())
+                                              init_method=register_rpc_rendezvous(), **network_only())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="torch.distributed")  # RPC's maintenance-mode notice
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)

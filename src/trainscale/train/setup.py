@@ -137,7 +137,7 @@ RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.jsonl", "config.json")  #
 # ``epochs`` may only grow (checked apart).
 RESUME_MAY_CHANGE = frozenset({
     "out", "resume", "progress", "checkpoint", "data_dir", "verify", "download", "threads", "epochs", "rdzv_endpoint",
-    "rdzv_id", "rdzv_timeout", "dist_timeout", "rpc_timeout", "max_restarts", "hosts", "ssh", "baseline",
+    "rdzv_id", "rdzv_timeout", "dist_timeout", "rpc_timeout", "max_restarts", "hosts", "ssh", "cluster", "baseline",
 })
 
 

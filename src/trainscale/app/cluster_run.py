@@ -1,0 +1,229 @@
+"""`trainscale train --cluster NAME`: the same job as on real machines, one node per emulated host.
+
+The parent (what the user ran) checks what it can before any node starts (the cluster is up, the devices,
+the model's input, the run folder, the data), then starts on host i, inside its network namespace,
+``python -m trainscale train <the same flags> --nnodes N --node-rank i --rdzv-endpoint 10.77.0.1:29400
+--out OUT``: each node is an ordinary node of a multi-machine job (``app.launch``), so the rendezvous is at
+host 0's address and every listener is bound to the host's own interface, exactly as across real machines.
+
+Cores: the hosts share this machine's, so each host gets an equal share: ``--threads`` per worker from it,
+and where the cgroup-v1 cpu controller is there, a CFS quota of that many CPUs per host
+(``runtime.cluster.cpu_quotas``). Both are recorded in summary.json's ``cluster`` with the rates and the
+measured round trip; the workers add the kernel's bytes on the wire (``train.wire``).
+
+Nodes run in sessions of their own and die with this process (parent-death signal). When one fails, the
+others are stopped and only the failed node's messages are shown; Ctrl-C stops them all with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from trainscale.app.cluster import load
+from trainscale.app.config import TrainConfig
+from trainscale.app.hosts import Host, node_commands
+from trainscale.app.launch import NODE_REPORT_ENV, check_data, check_devices
+from trainscale.app.run import load_baseline
+from trainscale.errors import ConfigError
+from trainscale.io import read_json
+from trainscale.runtime import cluster as net
+from trainscale.runtime.cpus import cpu_count
+from trainscale.runtime.orphans import die_with_parent
+from trainscale.train.setup import check_model_input, check_run_folder, resolve_out
+
+STOP_GRACE_S = 15.0
+FAILURE_SETTLE_S = 3.0
+POLL_S = 0.2
+ERROR_PREFIX = "trainscale train: error: "
+
+
+def check_cluster(name: str) -> dict[str, Any]:
+    """The cluster's record, once its namespaces are known to be there."""
+    net.check_tools()
+    record = load(name)
+    live = set(net.trainscale_namespaces().get(record["name"], []))
+    gone = [ns for ns in record["namespaces"] if ns not in live]
+    if gone:
+        raise ConfigError(f"cluster '{name}' is recorded but {', '.join(gone)} is gone (a reboot?): "
+                          f"trainscale cluster down {name}, then up again")
+    return record
+
+
+def host_share(record: dict[str, Any], cfg: TrainConfig) -> tuple[float, int]:
+    """(CPUs per host, threads per process): this machine's cores split evenly over the hosts, and each
+    host's share over its processes (``--threads`` wins when given)."""
+    cpus = cpu_count() / record["hosts"]
+    processes = cfg.workers + getattr(cfg, "servers", 0)
+    return cpus, cfg.threads or max(1, int(cpus // processes))
+
+
+def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str, Any]:
+    """The cluster as summary.json records it (``cpus_per_host`` None: no quota could be set)."""
+    return {"name": record["name"], "hosts": record["hosts"], "rate_bps": min(record["rates_bps"]),
+            "rates_bps": record["rates_bps"], "rtt_seconds": record.get("rtt_seconds"),
+            "interface": net.HOST_DEV, "threads_per_process": threads, "cpus_per_host": cpus}
+
+
+def precheck(cfg: TrainConfig, out: Path) -> None:
+    """What node 0 would refuse, refused here before any node starts (node 0 checks again)."""
+    check_devices(cfg)
+    check_model_input(cfg)
+    load_baseline(cfg)
+    check_run_folder(out, cfg.resume, cfg)
+    check_data(cfg)
+
+
+def cluster_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+    record = check_cluster(cfg.cluster)
+    out = resolve_out(cfg)
+    precheck(dataclasses.replace(cfg, nnodes=record["hosts"]), out)  # shards are checked for the whole world
+    cpus, threads = host_share(record, cfg)
+    hosts = [Host(address) for address in record["addresses"]]
+    commands = node_commands(dataclasses.replace(cfg, rdzv_endpoint=None), {**flags, "out": str(out),
+                                                                            "threads": threads}, hosts)
+    with net.cpu_quotas(record["name"], record["hosts"], cpus) as groups, tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, net.CLUSTER_ENV: json.dumps(facts(record, threads, cpus if groups else None))}
+        argvs = [net.in_namespace(record["name"], i, [sys.executable, "-m", "trainscale", *argv[1:]])
+                 for i, (_, argv) in enumerate(commands)]
+        status = Nodes(argvs, env, groups, Path(tmp)).run()
+    if status == 0:
+        print(wire_line(read_json(out / "summary.json")))
+    return status
+
+
+def wire_line(summary: dict[str, Any]) -> str:
+    c = summary["cluster"]
+    rtt = f"{c['rtt_seconds'] * 1e3:.3f} ms" if c.get("rtt_seconds") is not None else "not measured"
+    text = f"cluster {c['name']}: {c['hosts']} hosts at {net.format_rate(c['rate_bps'])}, round trip {rtt}"
+    wire, counted = summary.get("wire_bytes_sent_per_step"), summary.get("bytes_sent_per_step")
+    if wire is not None:
+        text += f"; each host's interface sent {wire / 2**20:.3f} MiB per step"
+        if counted:
+            text += f" ({wire / counted:.2f}x the {counted / 2**20:.3f} MiB handed to collectives)"
+    return text
+
+
+class Nodes:
+    """The node processes of one job: started, watched, and always stopped. Each node's own error line is
+    held back: when several fail, the parent names the root cause once (``root_cause``)."""
+
+    def __init__(self, argvs: list[list[str]], env: dict[str, str], groups: list[Path] | None,
+                 reports: Path) -> None:
+        self.argvs, self.env, self.groups, self.reports = argvs, env, groups, reports
+        self.procs: list[subprocess.Popen] = []
+        self.relays: list[threading.Thread] = []
+        self.held: dict[int, str] = {}
+        self.shown: set[int] | None = None  # None: every node's messages; else only these nodes'
+
+    def run(self) -> int:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for index, argv in enumerate(self.argvs):
+                self.start(index, argv)
+            return self.wait()
+        except KeyboardInterrupt:
+            self.shown = set()
+            print("trainscale train: interrupted; every node of the cluster job was stopped", file=sys.stderr)
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.stop()
+
+    def start(self, index: int, argv: list[str]) -> None:
+        group = self.groups[index] if self.groups else None
+        env = {**self.env, NODE_REPORT_ENV: str(self.report_path(index))}
+        proc = subprocess.Popen(argv, env=env, stdout=None if index == 0 else subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_node_setup(group))
+        self.procs.append(proc)
+        relay = threading.Thread(target=self.relay, args=(index, proc.stderr), daemon=True)
+        relay.start()
+        self.relays.append(relay)
+
+    def report_path(self, index: int) -> Path:
+        return self.reports / f"node{index}.json"
+
+    def relay(self, index: int, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            if line.startswith(ERROR_PREFIX):
+                self.held[index] = line[len(ERROR_PREFIX):].strip()
+            elif self.shown is None or index in self.shown:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    def wait(self) -> int:
+        """0 once node 0 (which owns the run folder) exited 0; else the root cause's status, named once.
+        From then on the other nodes' messages are muted: after a failure they only echo it, and after
+        node 0 finished they can only complain that its rendezvous store is gone."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if codes[0] == 0:
+                self.shown = {0}
+                self.relays[0].join(timeout=STOP_GRACE_S)
+                self.settle(STOP_GRACE_S)
+                return 0
+            if any(code not in (None, 0) for code in codes):
+                self.shown = set()
+                self.settle(FAILURE_SETTLE_S)  # the others fail too, moments later: then all can be compared
+                message, status = self.root_cause()
+                print(f"{ERROR_PREFIX}{message}", file=sys.stderr)
+                return status
+            time.sleep(POLL_S)
+
+    def root_cause(self) -> tuple[str, int]:
+        """(line, status) of the node whose failure caused the others': the nodes' own triage (each writes
+        whether its failure was a consequence, and when), else the first node that failed."""
+        for relay in self.relays:
+            relay.join(timeout=1.0)
+        reports = {i: read_json(self.report_path(i)) for i in range(len(self.procs)) if self.report_path(i).is_file()}
+        if reports:
+            index = min(reports, key=lambda i: (reports[i]["consequence"], reports[i]["time_ns"], i))
+            return f"node {index}: {reports[index]['message']}", int(reports[index]["status"])
+        index = next(i for i, p in enumerate(self.procs) if p.poll() not in (None, 0))
+        code = self.procs[index].returncode
+        return f"node {index}: {self.held.get(index) or f'exited with status {code}'}", code if code > 0 else 1
+
+    def settle(self, seconds: float) -> None:
+        """Give the other nodes ``seconds`` to end by themselves before ``stop`` ends them."""
+        deadline = time.monotonic() + seconds
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        """SIGTERM to every node still running (its agent stops its workers), SIGKILL after a grace period."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.procs if p.poll() is None]
+            for proc in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        for relay in self.relays:
+            relay.join(timeout=1.0)
+
+
+def _node_setup(group: Path | None) -> Callable[[], None]:
+    """Run in each node's process before it execs: die with this process; join its host's CPU group."""
+    def setup() -> None:
+        die_with_parent(signal.SIGTERM)
+        if group is not None:
+            net.join_cpu_group(group)
+
+    return setup
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+

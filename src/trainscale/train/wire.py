@@ -1,0 +1,56 @@
+"""Bytes on the wire as the kernel counts them, for runs on an emulated cluster (``train --cluster``).
+
+trainscale's own ``bytes_sent_per_step`` is what a worker hands to its collectives; what a host's network
+interface really sends is larger (TCP/IP headers, gloo's framing, acknowledgements, the size exchanges of
+variable-size methods) or a multiple of it (a ring all-reduce sends 2(W-1)/W of the buffer). On an
+emulated host every process of the host shares one interface, so its counters are exactly the host's
+traffic. ``WireCounter`` reads them around each epoch's training pass only (not evaluation, checkpoints
+or start-up) and records, per step, the mean over hosts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainscale.runtime import all_reduce_sum, world_size
+from trainscale.runtime.network import interface_counters
+from trainscale.train.callbacks import Callbacks
+
+
+class WireCounter(Callbacks):
+    """Wraps a mode's callbacks: the interface counters are read right before the mode's epoch set-up
+    returns and right after the pass, before the mode's own end-of-epoch exchange."""
+
+    def __init__(self, inner: Callbacks, steps_per_epoch: int, facts: dict[str, Any]) -> None:
+        self.inner, self.steps, self.facts = inner, max(1, steps_per_epoch), facts
+        self.start = (0, 0)
+        self.epochs: list[tuple[float, float]] = []
+
+    def before_train_epoch(self, epoch: int) -> None:
+        self.inner.before_train_epoch(epoch)
+        self.start = interface_counters(self.facts["interface"])
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        sent, received = interface_counters(self.facts["interface"])
+        mine = torch.tensor([(sent - self.start[0]) / self.steps, (received - self.start[1]) / self.steps],
+                            dtype=torch.float64)
+        mean = all_reduce_sum(mine) / world_size()  # every host has the same number of workers
+        self.epochs.append((float(mean[0]), float(mean[1])))
+        self.inner.after_train_epoch(model)
+
+    def epoch_stats(self) -> dict[str, Any]:
+        stats = self.inner.epoch_stats()
+        if self.epochs:
+            stats["wire_bytes_sent_per_step"], stats["wire_bytes_received_per_step"] = self.epochs[-1]
+        return stats
+
+    def run_stats(self) -> dict[str, Any]:
+        stats = {**self.inner.run_stats(), "cluster": self.facts}
+        if self.epochs:
+            stats["wire_bytes_sent_per_step"] = statistics.fmean(e[0] for e in self.epochs)
+            stats["wire_bytes_received_per_step"] = statistics.fmean(e[1] for e in self.epochs)
+        return stats
