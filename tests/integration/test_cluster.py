@@ -224,3 +224,20 @@ def node_processes(name: str) -> list[int]:
     """Processes still inside one of the cluster's host namespaces."""
     return [int(pid) for ns in net.trainscale_namespaces().get(name, []) if "-h" in ns
             for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+
+
+def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(cluster_names: Callable[[], str],
+                                                                         tmp_path: Path) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text('name = "links"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\ntrain_subset = 256\n'
+                    'test_subset = 128\nepochs = 1\nbatch_size = 64\n[axes]\ncluster_hosts = [2]\n'
+                    'bandwidth = ["1gbit"]\nlr = [0.1, 0.2]\n')
+    try:
+        run = run_cli("bench", grid, "--out", tmp_path / "bench", timeout=600)
+        assert run.returncode == 0, run.stderr
+        summaries = [json.loads(p.read_text()) for p in (tmp_path / "bench" / "runs").glob("*/summary.json")]
+        assert len(summaries) == 2 and {s["cluster"]["name"] for s in summaries} == {"b2h1gbit"}
+        assert all(s["wire_bytes_sent_per_step"] > 0 for s in summaries)
+    finally:
+        leftovers = net.destroy("b2h1gbit")
+    assert not leftovers and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / "b2h1gbit.json").exists()

@@ -10,6 +10,7 @@ import pytest
 from trainscale.bench.expand import config_hash, plan_runs
 from trainscale.bench.grid import GridError, load_grid, parse_sets
 from trainscale.bench.locate import KeyLocator
+from trainscale.errors import ConfigError
 
 GRIDS = sorted((Path(__file__).parents[2] / "benchmarks" / "grids").glob("*.toml"))
 
@@ -363,3 +364,23 @@ def test_a_grid_may_not_choose_dry_run(tmp_path):
 def test_a_grid_of_absurdly_many_runs_is_refused_before_any_config_is_built(tmp_path):
     with pytest.raises(GridError, match=r"grid.toml:2: the grid plans 4,000,000,000 runs .*more than 10,000"):
         plan(tmp_path, 'name = "big"\nrepeats = 1000000000\n[axes]\nlr = [0.1, 0.2, 0.3, 0.4]\n')
+
+
+def test_cluster_hosts_and_bandwidth_name_a_cluster_the_bench_makes(tmp_path):
+    from trainscale.bench.clusters import bench_cluster, take_cluster_keys
+
+    path = tmp_path / "g.toml"
+    path.write_text('name = "c"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n'
+                    '[axes]\ncluster_hosts = [2, 4]\nbandwidth = ["100mbit", "1gbit"]\n')
+    specs = plan_runs(load_grid(path), None)
+    assert sorted(s.config["cluster"] for s in specs) == ["b2h100mbit", "b2h1gbit", "b4h100mbit", "b4h1gbit"]
+    assert bench_cluster("b4h100mbit") == (4, 100_000_000) and bench_cluster("lab") is None
+    assert take_cluster_keys({"lr": 0.1}) == {"lr": 0.1}
+    for values, fragment in (({"cluster_hosts": 2}, "go together"), ({"cluster_hosts": 1, "bandwidth": "1gbit"},
+                             "--hosts must be between"), ({"cluster_hosts": 2, "bandwidth": "1gbps"}, "--bandwidth"),
+                             ({"cluster_hosts": 2, "bandwidth": "1gbit", "cluster": "lab"}, "not both")):
+        with pytest.raises(ConfigError, match=fragment):
+            take_cluster_keys(values)
+    path.write_text('name = "c"\n[base]\nmodel = "mlp"\ncluster_hosts = "two"\nbandwidth = "1gbit"\n')
+    with pytest.raises(GridError, match=r"g.toml:4: 'cluster_hosts' must be int"):
+        plan_runs(load_grid(path), None)

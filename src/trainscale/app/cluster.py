@@ -71,7 +71,17 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def up(args: argparse.Namespace) -> int:
     name = net.validate_name(args.name)
     hosts = net.check_hosts(args.hosts)
-    cluster = net.Cluster(name, tuple(net.parse_rates(args.bandwidth, hosts)))
+    record = bring_up(name, net.parse_rates(args.bandwidth, hosts))
+    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {net.switch_ns(name)}, "
+          f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
+          f"ip netns exec {net.host_ns(name, 0)} COMMAND")
+    return 0
+
+
+def bring_up(name: str, rates: list[int]) -> dict:
+    """Create cluster ``name`` (one host per rate), measure its round trip and record it; returns the record.
+    Whatever fails or is interrupted, nothing of it is left."""
+    cluster = net.Cluster(net.validate_name(name), tuple(rates))
     net.check_tools()
     if state_path(name).exists() or name in net.trainscale_namespaces():
         raise ConfigError(f"cluster '{name}' exists already (trainscale cluster down {name} removes it)")
@@ -83,10 +93,14 @@ def up(args: argparse.Namespace) -> int:
     except BaseException:
         net.destroy(name)
         raise
-    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {cluster.switch}, "
-          f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
-          f"ip netns exec {net.host_ns(name, 0)} COMMAND")
-    return 0
+    return record
+
+
+def bring_down(name: str) -> list[str]:
+    """Delete cluster ``name``'s namespaces and its state file; returns the namespaces removed."""
+    removed = net.destroy(name)
+    state_path(name).unlink(missing_ok=True)
+    return removed
 
 
 def down(args: argparse.Namespace) -> int:
@@ -96,8 +110,7 @@ def down(args: argparse.Namespace) -> int:
     names = sorted(set(net.trainscale_namespaces()) | {p.stem for p in _state_files()}) if args.all else [
         load(args.name)["name"]]
     for name in names:
-        removed = net.destroy(name)
-        state_path(name).unlink(missing_ok=True)
+        removed = bring_down(name)
         print(f"cluster {name}: removed {len(removed)} namespaces")
     return 0
 

@@ -84,14 +84,23 @@ def precheck(cfg: TrainConfig, out: Path) -> None:
     check_data(cfg)
 
 
+def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
+    """Every setting that differs from its default, as flags: a node must not read ``--config`` again, where
+    ``cluster`` (or a bench's ``cluster_hosts``) would send it back here."""
+    defaults = TrainConfig().to_dict()
+    return {k: v for k, v in cfg.to_dict().items()
+            if v is not None and v != defaults[k] and k not in ("config", "cluster")}
+
+
 def cluster_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+    """Run the job with one node per host of ``cfg.cluster``; ``flags`` are unused: the nodes get the resolved
+    settings (``resolved_flags``)."""
     record = check_cluster(cfg.cluster)
     out = resolve_out(cfg)
     precheck(dataclasses.replace(cfg, nnodes=record["hosts"]), out)  # shards are checked for the whole world
     cpus, threads = host_share(record, cfg)
     hosts = [Host(address) for address in record["addresses"]]
-    commands = node_commands(dataclasses.replace(cfg, rdzv_endpoint=None), {**flags, "out": str(out),
-                                                                            "threads": threads}, hosts)
+    commands = node_commands(cfg, {**resolved_flags(cfg), "out": str(out), "threads": threads}, hosts)
     with net.cpu_quotas(record["name"], record["hosts"], cpus) as groups, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, net.CLUSTER_ENV: json.dumps(facts(record, threads, cpus if groups else None))}
         argvs = [net.in_namespace(record["name"], i, [sys.executable, "-m", "trainscale", *argv[1:]])

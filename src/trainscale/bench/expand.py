@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainscale.bench.clusters import take_cluster_keys
 from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
@@ -197,7 +198,7 @@ def build_run_config(grid: Grid, values: dict[str, Any], sources: dict[str, str]
 
     _check_mode(grid, values.get("mode"), sources.get("mode", "base"), values)
     try:
-        cfg = build_config(values)
+        cfg = build_config(take_cluster_keys(values))
         _check_batch(cfg)
     except (ConfigError, TypeError, ValueError) as exc:
         key = _key_in_message(str(exc), values)

@@ -41,6 +41,8 @@ ROW_KEYS = ("short_name", "axes", "scale")
 SCALE_KEYS = ("description", "repeats", "axes", "rows")
 # Set by the runner for every run: neither a grid nor --set may choose them.
 RUNNER_OWNED = ("out", "resume", "progress", "config", "dry_run")
+# Grid keys that are no `trainscale train` flag: an emulated cluster the bench makes (bench.clusters).
+CLUSTER_KEY_TYPES = {"cluster_hosts": "int", "bandwidth": "str"}
 
 
 class GridError(ConfigError):
@@ -261,7 +263,7 @@ def key_problem(key: str, owned_hint: str, unknown_hint: str, extra: tuple[str, 
     name = key.replace("-", "_")
     if name in RUNNER_OWNED:
         return f"key '{key}' is set by `trainscale bench` for each run; {owned_hint}"
-    if name in FIELDS:
+    if name in FIELDS or name in CLUSTER_KEY_TYPES:
         return None
     return (f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; {unknown_hint} "
             "(see `trainscale train --help`)")
@@ -285,6 +287,8 @@ def type_problem(name: str, value: Any) -> str | None:
 def _kinds(name: str) -> list[str]:
     from trainscale.app.config import FIELDS
 
+    if name in CLUSTER_KEY_TYPES:
+        return [CLUSTER_KEY_TYPES[name]]
     return str(FIELDS[name].type).replace(" ", "").split("|")
 
 

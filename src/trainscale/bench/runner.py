@@ -33,6 +33,7 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from trainscale.bench import process
+from trainscale.bench.clusters import cluster_for
 from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
@@ -117,17 +118,25 @@ def _skipped(spec: RunSpec) -> RunResult:
 
 
 def _run_all(options: BenchOptions, todo: list[RunSpec], states: dict[str, State]) -> list[RunResult]:
+    """Run ``todo`` grouped by emulated cluster (``bench.clusters``), so each is made once and deleted after
+    its last run."""
     results: list[RunResult] = []
+    groups: dict[str | None, list[RunSpec]] = {}
+    for spec in todo:
+        groups.setdefault(spec.config.get("cluster"), []).append(spec)
     with tqdm(total=len(todo), desc=f"bench {options.grid.stem}", unit="run", dynamic_ncols=True,
               disable=None) as bar:
-        for index, spec in enumerate(todo):
-            bar.set_postfix_str(spec.name)
-            result = run_one(options, spec, states[spec.run_id] is State.RESUME, bar)
-            results.append(result)
-            append_ledger(options.out, result)
-            bar.update(1)
-            log.info("[%d/%d] %s: %s in %.1f s%s (%s left)", index + 1, len(todo), spec.run_id, result.status,
-                     result.seconds, f": {result.error}" if result.error else "", _eta(results, len(todo)))
+        for cluster, specs in groups.items():
+            with cluster_for(cluster):
+                for spec in specs:
+                    bar.set_postfix_str(spec.name)
+                    result = run_one(options, spec, states[spec.run_id] is State.RESUME, bar)
+                    results.append(result)
+                    append_ledger(options.out, result)
+                    bar.update(1)
+                    log.info("[%d/%d] %s: %s in %.1f s%s (%s left)", len(results), len(todo), spec.run_id,
+                             result.status, result.seconds, f": {result.error}" if result.error else "",
+                             _eta(results, len(todo)))
     return results
 
 
