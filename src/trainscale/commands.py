@@ -58,7 +58,7 @@ def train(args: argparse.Namespace) -> int:
     if cfg.cluster is not None:
         from trainscale.app.cluster_run import cluster_main
 
-        return cluster_main(cfg, flags)
+        return cluster_main(cfg)
     if launched_by_torchrun():
         return train_worker(cfg)
     if mode_class(cfg.mode).distributed:

@@ -92,9 +92,8 @@ def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
             if v is not None and v != defaults[k] and k not in ("config", "cluster")}
 
 
-def cluster_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
-    """Run the job with one node per host of ``cfg.cluster``; ``flags`` are unused: the nodes get the resolved
-    settings (``resolved_flags``)."""
+def cluster_main(cfg: TrainConfig) -> int:
+    """Run the job with one node per host of ``cfg.cluster``; the nodes get the resolved settings as flags."""
     record = check_cluster(cfg.cluster)
     out = resolve_out(cfg)
     precheck(dataclasses.replace(cfg, nnodes=record["hosts"]), out)  # shards are checked for the whole world
