@@ -204,9 +204,7 @@ class Nodes:
 
     def settle(self, seconds: float) -> None:
         """Give the other nodes ``seconds`` to end by themselves before ``stop`` ends them."""
-        deadline = time.monotonic() + seconds
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+        _wait_for(self.procs, seconds)
 
     def stop(self) -> None:
         """SIGTERM to every node still running (its agent stops its workers), SIGKILL after a grace period."""
@@ -215,11 +213,16 @@ class Nodes:
             for proc in alive:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
-            deadline = time.monotonic() + STOP_GRACE_S
-            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+            _wait_for(alive, STOP_GRACE_S)
         for relay in self.relays:
             relay.join(timeout=1.0)
+
+
+def _wait_for(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Until every one of ``procs`` has exited, or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def _node_setup(group: Path | None) -> Callable[[], None]:
