@@ -4,6 +4,7 @@ import pytest
 
 from trainscale.io import atomic_write_text
 from trainscale.results import RunWriter
+from trainscale.train.trainer import step_split
 
 
 def row(epoch, acc):
@@ -46,3 +47,12 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left behind
+
+
+def test_step_split_uses_the_same_steady_epochs_for_both_halves():
+    rows = [{"step_seconds": 9.0, "comm_seconds_per_step": 5.0}, {"step_seconds": 1.0, "comm_seconds_per_step": 0.25},
+            {"step_seconds": 2.0, "comm_seconds_per_step": 0.75}]
+    assert step_split(rows) == {"step_seconds": 1.5, "comm_seconds_per_step": 0.5, "compute_seconds_per_step": 1.0}
+    assert step_split(rows[:1]) == {"step_seconds": 9.0, "comm_seconds_per_step": 5.0, "compute_seconds_per_step": 4.0}
+    assert step_split([{"step_seconds": 1.0}, {"step_seconds": 3.0}]) == {"step_seconds": 3.0}  # local: no split
+    assert step_split([]) == {} and step_split([{"step_seconds": None}]) == {}

@@ -100,6 +100,7 @@ class CompressionStats(CommStats):
             "encode_ms_per_step": per(self.encode_seconds, 1e3),
             "decode_ms_per_step": per(self.decode_seconds, 1e3),
             "comm_ms_per_step": per(self.comm_seconds, 1e3),
+            "comm_seconds_per_step": per(self.exchange_seconds),
             "density": self.selected / self.candidates if self.candidates else None,
         }
 

@@ -29,6 +29,7 @@ from trainscale.report.tables import (
     epochs_table,
     problems,
     scaling,
+    step_split,
 )
 from trainscale.train.setup import check_folder_writable
 
@@ -167,8 +168,7 @@ def _section(part: Partition, number: int, total: int, out: Path) -> Section:
     if total > 1:
         title = f"Environment {number}: {title}"
     tables = [environment_table(part), configurations(part), scaling(part)]
-    comm = communication(part)
-    tables += [comm] if comm else []
+    tables += [t for t in (communication(part), step_split(part)) if t is not None]
     plots = write_plots(part, out, f"-env{number}" if number > 1 else "")
     return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
 

@@ -172,6 +172,46 @@ def communication(part: Partition) -> Table | None:
                   "what (bytes_sent_scope, bytes_scope)", "compression ratio: dense bytes / bytes sent"])
 
 
+def step_split(part: Partition) -> Table | None:
+    """Where a step's time goes (runs that measured it: sync and parameter-server modes), beside the network
+    it ran on and, on an emulated cluster, what each host's interface really sent."""
+    groups = [g for g in part.groups if any(r.summary.get("compute_seconds_per_step") is not None for r in g.runs)]
+    if not groups:
+        return None
+    rows = [[g.label, str(g.summary("mode")), str(g.world_size), _network(g.first),
+             *(g.stat(_scaled(name, 1e3)).text(".1f") for name in ("step_seconds", "compute_seconds_per_step",
+                                                                  "comm_seconds_per_step")),
+             g.stat(_comm_share).text(".0%"), g.stat(_scaled("wire_bytes_sent_per_step", 2**-20)).text(".2f"),
+             g.stat(run_throughput).text(".0f")] for g in groups]
+    return Table("Step time: compute and communication", ["Short Name", "mode", "workers", "network", "step (ms)",
+                 "compute (ms)", "communication (ms)", "communication share", "wire MiB sent per host per step",
+                 "images/s"], rows,
+                 ["step: a worker's training step over the epochs after the first (as seconds per epoch); "
+                  "communication: what the step waited for its exchange (sync: inside the DDP comm hooks plus "
+                  "from the last gradient bucket to the end of the last collective, so all-reduce time hidden "
+                  "behind the backward pass is compute; parameter server: push, pull and staleness wait); "
+                  "compute: the rest", "wire: the kernel's count of bytes each emulated host's interface sent per "
+                  "step (mean over hosts); - on one machine"])
+
+
+def _network(r: RunRecord) -> str:
+    cluster = r.summary.get("cluster")
+    if not cluster:
+        return "one machine"
+    rates = sorted(set(cluster.get("rates_bps") or [cluster["rate_bps"]]))
+    text = "/".join(f"{b / 1e9:g} Gbit/s" if b >= 1e9 else f"{b / 1e6:g} Mbit/s" for b in rates)
+    return f"{cluster['hosts']} hosts at {text}"
+
+
+def _comm_share(r: RunRecord) -> float | None:
+    step, comm = r.summary.get("step_seconds"), r.summary.get("comm_seconds_per_step")
+    return comm / step if step and comm is not None else None
+
+
+def _scaled(name: str, scale: float) -> Any:
+    return lambda r: None if r.summary.get(name) is None else scale * r.summary[name]
+
+
 def _opt(value: Any) -> str:
     return "-" if value is None else format(value, "g") if isinstance(value, float) else str(value)
 

@@ -30,6 +30,7 @@ class PassStats:
     samples: int
     seconds: float
     skipped_steps: int = 0
+    steps: int = 0
 
 
 class Accumulator:
@@ -198,7 +199,7 @@ def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.O
     seconds = time.perf_counter() - start
     bar.close()
     stats = acc.reduce(seconds)
-    stats.skipped_steps = guard.skipped
+    stats.skipped_steps, stats.steps = guard.skipped, steps
     return stats
 
 

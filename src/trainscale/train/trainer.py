@@ -139,6 +139,7 @@ class Trainer:
             "lr": self.optimizer.param_groups[0]["lr"],
             "train_loss": train.loss, "train_acc": train.acc, "test_loss": test.loss, "test_acc": test.acc,
             "epoch_seconds": train.seconds, "eval_seconds": test.seconds,
+            "step_seconds": train.seconds / train.steps if train.steps else None,
             "elapsed_seconds": self.state.elapsed_seconds,
             "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
             "train_samples": train.samples, "peak_memory_mb": memory, "world_size": world_size(),
@@ -155,6 +156,7 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         summary = self._summary()
         summary.update(self.callbacks.run_stats())
+        summary.update(step_split(self.writer.history if self.writer else []))
         if self.baseline is not None and summary["samples_per_sec"]:
             summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
             summary["scaling_baseline"] = {"out": self.baseline.get("out"),
@@ -183,3 +185,19 @@ class Trainer:
             "epoch_to_target": self.state.epoch_to_target,
             "timer_scope": TIMER_SCOPE,
         }
+
+
+def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The steady epochs' (all after the first, when there are several) mean step time and, where the mode
+    measures it per epoch (``comm_seconds_per_step``), its split into communication and compute, so that
+    both halves come from the same epochs."""
+    steady = rows[1:] if len(rows) > 1 else rows
+    steps = [r["step_seconds"] for r in steady if r.get("step_seconds")]
+    if not steps or len(steps) != len(steady):
+        return {}
+    out: dict[str, Any] = {"step_seconds": statistics.fmean(steps)}
+    comm = [r.get("comm_seconds_per_step") for r in steady]
+    if all(c is not None for c in comm):
+        out["comm_seconds_per_step"] = statistics.fmean(comm)
+        out["compute_seconds_per_step"] = max(0.0, out["step_seconds"] - out["comm_seconds_per_step"])
+    return out

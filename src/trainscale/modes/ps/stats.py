@@ -104,6 +104,7 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
         "push_seconds_per_step": workers["push_seconds"] / steps,
         "pull_seconds_per_step": workers["pull_seconds"] / steps,
         "wait_seconds_per_step": workers["wait_seconds"] / steps,
+        "comm_seconds_per_step": (workers["push_seconds"] + workers["pull_seconds"] + workers["wait_seconds"]) / steps,
     }
 
 
