@@ -266,3 +266,21 @@ def test_stat_text_shows_spread_only_for_repeats():
     assert Stat([0.5]).text(".2f", 100, " %") == "50.00 %"
     assert Stat([1.0, 3.0]).text(".1f") == "2.0 ± 1.4"
     assert Stat([]).text() == "-"
+
+
+def test_bsp_and_async_on_a_cluster_get_the_step_split_table_and_the_side_by_side_figure(tmp_path):
+    cluster = {"name": "b5h1gbit", "hosts": 5, "rate_bps": 10**9, "rates_bps": [10**9] * 5}
+    split = {"step_seconds": 0.5, "wire_bytes_sent_per_step": 2**21, "cluster": cluster}
+    make_run(tmp_path / "runs" / "bsp", workers=5, extra={**split, "comm_seconds_per_step": 0.125,
+                                                        "compute_seconds_per_step": 0.375})
+    async_run = make_run(tmp_path / "runs" / "async", workers=5, extra={
+        **split, "mode": "async", "servers": 5, "comm_seconds_per_step": 0.25, "compute_seconds_per_step": 0.25})
+    config = json.loads((async_run / "config.json").read_text())
+    (async_run / "config.json").write_text(json.dumps({**config, "mode": "async", "servers": 1}))
+    write_report([tmp_path / "runs"], tmp_path / "report")
+    text = (tmp_path / "report" / "results.md").read_text()
+    table = text.split("### Step time: compute and communication")[1].split("\n\n")[1].splitlines()
+    assert "| bsp | sync | 5 | 5 hosts at 1 Gbit/s | 500.0 | 375.0 | 125.0 | 25% | 2.00 | 100 |" in table[2:]
+    assert "| async | async | 5 | 5 hosts at 1 Gbit/s | 500.0 | 250.0 | 250.0 | 50% | 2.00 | 100 |" in table[2:]
+    with Image.open(tmp_path / "report" / "accuracy_bsp_async.png") as image:
+        assert image.size[0] > 2 * 400  # two panels

@@ -68,7 +68,7 @@ def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
 
     shown = [k for s in specs for k in s.point if k not in ("batch_size", "batch_per_worker")]
     keys = list(dict.fromkeys(shown + ["model", "mode", "workers", "batch", "epochs", "seed"]))
-    rows = [{"run": s.run_id, **{k: s.config.get(k) for k in keys}, "batch": _batch(s.config),
+    rows = [{"run": s.run_id, **{k: s.config.get(k, s.point.get(k)) for k in keys}, "batch": _batch(s.config),
              "state": _state(options, s)} for s in specs]
     sets = set_text(overrides(options))
     print(f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}{', ' + sets if sets else ''}): "

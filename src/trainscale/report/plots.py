@@ -4,6 +4,9 @@
   cumulative training time (the Multiverso benchmark's two figures, grid seed000).
 - ``throughput_workers.png``: images/s and scaling efficiency against workers (MXNet multi-GPU and
   Keras-MXNet, grids seed001 and seed003), drawn only when the runs span several worker counts.
+- ``accuracy_bsp_async.png``: the same two curves side by side, drawn when the runs hold both
+  synchronous (BSP) and parameter-server (async, SSP, ps-sync, model averaging) training: the MXNet
+  distributed examples' BSP against Async (grid seed002, at its emulated scale on 5 hosts).
 - ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (the
   layer-wise compression study, grid seed004), drawn only when runs report bytes per step.
 With several environments each gets its own set (``-env2`` ...), never one plot across machines.
@@ -45,6 +48,9 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
                                                                      "training time (s)")),
     }
     written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
+    if len({uses_parameter_server(g) for g in part.groups if g.world_size > 1}) == 2:
+        written["BSP and parameter-server training: test accuracy against epoch and against time"] = _save_pair(
+            out / f"accuracy_bsp_async{suffix}.png", lambda axes: _side_by_side(axes, part))
     if len({g.world_size for g in part.groups}) > 1:
         written["Images/s and scaling efficiency against workers"] = _save_pair(
             out / f"throughput_workers{suffix}.png", lambda axes: _scaling(axes, part))
@@ -90,6 +96,11 @@ def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     _legend(ax)
+
+
+def _side_by_side(axes: Any, part: Partition) -> None:
+    _accuracy(axes[0], part, "epoch", "epoch")
+    _accuracy(axes[1], part, "elapsed_seconds", "training time (s)")
 
 
 def _legend(ax: Any) -> None:

@@ -16,14 +16,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainscale.runtime import all_reduce_sum, world_size
+from trainscale.runtime import all_reduce_sum, barrier, world_size
 from trainscale.runtime.network import interface_counters
 from trainscale.train.callbacks import Callbacks
 
 
 class WireCounter(Callbacks):
-    """Wraps a mode's callbacks: the interface counters are read right before the mode's epoch set-up
-    returns and right after the pass, before the mode's own end-of-epoch exchange."""
+    """Wraps a mode's callbacks: the interface counters are read right after the mode's epoch set-up and
+    right after the pass, before the mode's own end-of-epoch exchange, each time behind a barrier. A
+    sender's collective can return while its last bytes still wait in the socket and the shaper (the
+    initial parameter broadcast from rank 0: a whole model); once every rank has reached the barrier they
+    have all been received, so they are counted in the window they belong to, on both sides."""
 
     def __init__(self, inner: Callbacks, steps_per_epoch: int, facts: dict[str, Any]) -> None:
         self.inner, self.steps, self.facts = inner, max(1, steps_per_epoch), facts
@@ -32,9 +35,11 @@ class WireCounter(Callbacks):
 
     def before_train_epoch(self, epoch: int) -> None:
         self.inner.before_train_epoch(epoch)
+        barrier()
         self.start = interface_counters(self.facts["interface"])
 
     def after_train_epoch(self, model: nn.Module) -> None:
+        barrier()
         sent, received = interface_counters(self.facts["interface"])
         mine = torch.tensor([(sent - self.start[0]) / self.steps, (received - self.start[1]) / self.steps],
                             dtype=torch.float64)
