@@ -384,3 +384,15 @@ def test_cluster_hosts_and_bandwidth_name_a_cluster_the_bench_makes(tmp_path):
     path.write_text('name = "c"\n[base]\nmodel = "mlp"\ncluster_hosts = "two"\nbandwidth = "1gbit"\n')
     with pytest.raises(GridError, match=r"g.toml:4: 'cluster_hosts' must be int"):
         plan_runs(load_grid(path), None)
+
+
+def test_the_ps_lite_grid_has_emulated_cluster_scales():
+    """seed002's BSP against Async on 5 emulated hosts at 1 Gbit/s (the page's cluster), and on 4 hosts at
+    two rates for the step-time split; the single-worker row stays on this machine."""
+    grid = load_grid(next(p for p in GRIDS if p.stem == "seed002_mxnet_dist"))
+    emulated = {r.short_name: r.config for r in plan_runs(grid, "emulated")}
+    assert emulated["1GPU"].get("cluster") is None
+    assert {emulated[n]["cluster"] for n in ("BSP", "Async")} == {"b5h1gbit"} and emulated["Async"]["servers"] == 1
+    links = plan_runs(grid, "links")
+    assert sorted((r.config["mode"], r.config["cluster"]) for r in links) == [
+        ("async", "b4h100mbit"), ("async", "b4h1gbit"), ("sync", "b4h100mbit"), ("sync", "b4h1gbit")]
