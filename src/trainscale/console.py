@@ -54,8 +54,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{_num('.0f')(summary.get('peak_memory_mb'))} MB",
     ]
     if summary.get("compute_seconds_per_step") is not None:
-        lines.append(f"step {1e3 * summary['step_seconds']:.1f} ms = compute {1e3 * summary['compute_seconds_per_step']:.1f}"
-                     f" + communication {1e3 * summary['comm_seconds_per_step']:.1f} (steady epochs)")
+        step, compute, comm = (1e3 * summary[k] for k in ("step_seconds", "compute_seconds_per_step",
+                                                          "comm_seconds_per_step"))
+        lines.append(f"step {step:.1f} ms = compute {compute:.1f} + communication {comm:.1f} (steady epochs)")
     if target is not None:
         reached = f"{ttt:.1f} s (epoch {summary.get('epoch_to_target')})" if ttt is not None else "not reached"
         lines.append(f"time to {_pct(target)}: {reached}")
