@@ -57,6 +57,16 @@ def test_names_and_addresses() -> None:
     assert net.address(63) == "10.77.0.64"
 
 
+def test_each_host_resolves_the_machine_name_to_its_own_address() -> None:
+    """As on real machines, where torchrun's c10d rendezvous compares the endpoint with the name's address."""
+    lab = net.Cluster("lab", (10**9,) * 2)
+    lines = [net.hosts_text(lab, i, "node-a.example").splitlines() for i in range(2)]
+    assert [x[-1] for x in lines] == ["10.77.0.1 node-a.example", "10.77.0.2 node-a.example"]
+    assert "10.77.0.1 h0 tsc-lab-h0" in lines[1]
+    for odd in (None, "", "localhost", "h1", "a b", "#x"):
+        assert net.hosts_text(lab, 0, odd) == net.hosts_text(lab, 0)
+
+
 def test_burst_covers_one_tick_at_hz_100() -> None:
     for rate in (500_000, 20_000_000, 10**9, 10 * 10**9):
         assert net.burst_bytes(rate) >= rate / 8 / 100

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ CFS_PERIOD_US = 100_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
+_OWN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _UNITS = {"bit": 1, "kbit": 1_000, "mbit": 1_000_000, "gbit": 1_000_000_000}
 
@@ -235,21 +237,27 @@ def destroy(name: str) -> list[str]:
     return namespaces
 
 
-def hosts_text(cluster: Cluster) -> str:
-    """Names for every host of the cluster (``h0``.., and the namespace name). The c10d store looks up the
-    name of each client, as the IPv4-mapped IPv6 address its dual-stack socket sees; with no name there the
-    lookup goes to a DNS server the namespace cannot reach and every store logs a warning. The mapped
-    addresses get names of their own, so a lookup of ``h0`` still returns only the IPv4 address."""
+def hosts_text(cluster: Cluster, index: int, own_name: str | None = None) -> str:
+    """Names for every host of the cluster (``h0``.., and the namespace name), as host ``index`` sees them.
+    The c10d store looks up the name of each client, as the IPv4-mapped IPv6 address its dual-stack socket
+    sees; with no name there the lookup goes to a DNS server the namespace cannot reach and every store logs a
+    warning. The mapped addresses get names of their own, so a lookup of ``h0`` still returns only the IPv4
+    address. ``own_name`` (this machine's host name, which every host shares) resolves to host ``index``'s
+    own address, as a real machine's name does: torchrun's c10d rendezvous looks it up to decide whether a
+    node hosts the store (its address is the endpoint's), and ``socket.getfqdn()`` maps it back to ``hI``,
+    which every host resolves, for the workers' MASTER_ADDR."""
     lines = ["127.0.0.1 localhost", "::1 localhost"]
     lines += [f"{address(i)} h{i} {host_ns(cluster.name, i)}" for i in range(cluster.hosts)]
     lines += [f"::ffff:{address(i)} h{i}.mapped" for i in range(cluster.hosts)]
+    if own_name and _OWN_NAME_RE.match(own_name) and own_name not in " ".join(lines).split():
+        lines.append(f"{address(index)} {own_name}")
     return "\n".join(lines) + "\n"
 
 
 def write_hosts_file(cluster: Cluster, index: int) -> None:
     folder = NETNS_ETC / host_ns(cluster.name, index)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts").write_text(hosts_text(cluster))
+    (folder / "hosts").write_text(hosts_text(cluster, index, socket.gethostname()))
 
 
 def create(cluster: Cluster) -> None:
