@@ -267,6 +267,11 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(cluster
         summaries = [json.loads(p.read_text()) for p in (tmp_path / "bench" / "runs").glob("*/summary.json")]
         assert len(summaries) == 2 and {s["cluster"]["name"] for s in summaries} == {"b2h1gbit"}
         assert all(s["wire_bytes_sent_per_step"] > 0 for s in summaries)
+        again = run_cli("bench", grid, "--out", tmp_path / "bench", timeout=120)  # finished: nothing to run
+        assert again.returncode == 0 and "2 skipped" in again.stdout, again.stdout + again.stderr
+        assert run_cli("report", tmp_path / "bench", "--out", tmp_path / "report").returncode == 0
+        text = (tmp_path / "report" / "results.md").read_text()
+        assert "excluded" not in text and "| 2 hosts at 1 Gbit/s |" in text
     finally:
         leftovers = net.destroy("b2h1gbit")
     assert not leftovers and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / "b2h1gbit.json").exists()

@@ -114,7 +114,8 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     if resume:
         trainer.resume()
     if writer is not None:
-        writer.write_config({**cfg.to_dict(), "out": str(writer.out), "resolved": {
+        on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
+        writer.write_config({**cfg.to_dict(), **on_cluster, "out": str(writer.out), "resolved": {
             "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,
             "image_size": want, "device": str(device), "world_size": workers}})
     return trainer

@@ -31,6 +31,11 @@ class State(Enum):
     DONE = "done"
 
 
+# What `train --cluster` sets on each node, recorded in its config.json: one node per host and the threads
+# of the host's CPU share.
+CLUSTER_SETS = frozenset({"nnodes", "threads"})
+
+
 def folder_state(folder: Path, spec: RunSpec) -> State:
     """Where this run stands; raises when the folder holds anything but this run."""
     if not folder.exists():
@@ -68,7 +73,8 @@ def _check_config(folder: Path, spec: RunSpec) -> None:
     if written is None:
         return
     known = defaults()
-    differ = sorted(k for k, v in spec.config.items() if k not in HASH_EXCLUDE
+    ignored = HASH_EXCLUDE | (CLUSTER_SETS if spec.config.get("cluster") else frozenset())
+    differ = sorted(k for k, v in spec.config.items() if k not in ignored
                     and not _same(written.get(k, known.get(k, _MISSING)), v))
     if differ:
         shown = ", ".join(f"{k}: {written.get(k, 'absent')!r} vs {spec.config[k]!r}" for k in differ[:4])
