@@ -48,7 +48,8 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
                                                                      "training time (s)")),
     }
     written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
-    if len({uses_parameter_server(g) for g in part.groups if g.world_size > 1}) == 2:
+    if len({uses_parameter_server(g) for g in part.groups
+            if g.world_size > 1 and g.summary("dataset") != "synthetic"}) == 2:
         written["BSP and parameter-server training: test accuracy against epoch and against time"] = _save_pair(
             out / f"accuracy_bsp_async{suffix}.png", lambda axes: _side_by_side(axes, part))
     if len({g.world_size for g in part.groups}) > 1:
@@ -83,7 +84,8 @@ def _save_pair(path: Path, draw: Any) -> Path:
 
 
 def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
-    runs = [(group, run) for group in part.groups for run in group.runs]
+    runs = [(group, run) for group in part.groups for run in group.runs
+            if run.summary.get("dataset") != "synthetic"]  # random images: speed only, no accuracy curve
     for index, (group, run) in enumerate(runs):
         xs = [m.get(x_key) for m in run.metrics]
         ys = [100 * m["test_acc"] for m in run.metrics if m.get("test_acc") is not None]
