@@ -37,6 +37,7 @@ def _compose() -> type[CoreConfig]:
         section = mode_class(name).section
         if section is not None and section not in sections:
             sections.append(section)
+    sections = [s for s in sections if not any(t is not s and issubclass(t, s) for t in sections)]  # MRO
     extra = [b for b in (CompressionConfig, CoreConfig) if not any(issubclass(s, b) for s in sections)]
     cls = dataclasses.make_dataclass("TrainConfig", [], bases=(*sections, *extra))
     cls.__module__, cls.__qualname__ = __name__, "TrainConfig"  # picklable: workers receive it

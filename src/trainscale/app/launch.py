@@ -317,9 +317,11 @@ def comm_line(summary: dict[str, Any]) -> str:
         return ps_summary_line(summary)
     sent = summary.get("bytes_sent_per_step")
     calls = summary.get("allreduce_calls_per_step")
-    text = f"sync over {summary.get('backend')}, world size {summary.get('world_size')}"
+    text = f"{summary.get('mode')} over {summary.get('backend')}, world size {summary.get('world_size')}"
+    if summary.get("sync_every"):
+        text += f", averaging every {summary['sync_every']} steps (outer lr {summary.get('outer_lr'):g})"
     if sent is not None:
-        text += f": {sent / 2**20:.2f} MiB handed to collectives per worker per step in {calls:.0f} call(s)"
+        text += f": {sent / 2**20:.2f} MiB handed to collectives per worker per step in {calls:.3g} call(s)"
     if summary.get("scaling_efficiency") is not None:
         text += f"; scaling efficiency {100 * summary['scaling_efficiency']:.1f}% vs --baseline"
     return text

@@ -1,4 +1,5 @@
-"""Training modes by name: local, sync (DDP), and the parameter-server modes (async, ps-sync, ma).
+"""Training modes by name: local, sync (DDP), periodic averaging (localsgd, diloco) and the parameter-server
+modes (async, ps-sync, ma).
 
 Adding a mode: write its module (a ``Mode`` subclass decorated with ``@register_mode("name")``, with its
 own config section and checks if it has settings) and add one import line below.
@@ -6,6 +7,7 @@ own config section and checks if it has settings) and add one import line below.
 
 from trainscale.modes.base import MODES, Mode, create_mode, list_modes, mode_class, register_mode
 from trainscale.modes import sync  # noqa: F401  (registers sync)
+from trainscale.modes import localsgd  # noqa: F401  (registers localsgd, diloco)
 from trainscale.modes import ps  # noqa: F401  (registers async, ps-sync, ma)
 
 __all__ = ["MODES", "Mode", "create_mode", "list_modes", "mode_class", "register_mode"]

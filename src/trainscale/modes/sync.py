@@ -101,7 +101,8 @@ class SyncMode(Mode):
             self.backend = backend
             main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
             with quiet_unless_main():
-                log.info("sync mode: %d workers over %s; rank %d writes the run folder", world_size(), backend, main)
+                log.info("%s mode: %d workers over %s; rank %d writes the run folder", self.name, world_size(), backend,
+                         main)
                 try:
                     yield
                 finally:

@@ -135,6 +135,16 @@ def broadcast_object(obj: Any, src: int | None = None) -> Any:
     return box[0]
 
 
+def broadcast_tensors(tensors: list[torch.Tensor], src: int | None = None) -> None:
+    """Overwrite ``tensors`` in place with rank ``src``'s (default: the main rank's); a no-op when not
+    distributed. For modes without DDP, whose replicas must start from the same weights."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t.data, src=main_rank() if src is None else src)
+
+
 def elect_main_rank(candidate: bool) -> int:
     """Make the lowest-ranked candidate the main process, and return its rank.
 

@@ -29,3 +29,11 @@ class Callbacks:
     def run_stats(self) -> dict[str, Any]:
         """Whole-run figures, merged into summary.json."""
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the mode needs to resume bit for bit besides the model and optimizer (e.g. an outer
+        optimizer's momentum); stored in each checkpoint as ``mode``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s value; called after the model and optimizer are restored."""

@@ -73,6 +73,7 @@ class Trainer:
         self.scaler.load_state_dict(ckpt["scaler"])
         set_rng_state(ckpt["rng"])
         self.state = RunState(**ckpt["state"])
+        self.callbacks.load_state_dict(ckpt.get("mode") or {})
         if self.writer is not None:
             self.writer.restore_history(self.state.next_epoch)
             log.info("resumed from %s after epoch %d", self.writer.checkpoint_path, self.state.next_epoch)
@@ -150,7 +151,8 @@ class Trainer:
         if not self.cfg.checkpoint:
             return
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scaler": self.scaler.state_dict(), "rng": rng_state(), "state": self.state.to_dict()}
+                 "scaler": self.scaler.state_dict(), "rng": rng_state(), "state": self.state.to_dict(),
+                 "mode": self.callbacks.state_dict()}
         save_checkpoint(self.writer.checkpoint_path, state)
 
     def summary(self) -> dict[str, Any]:

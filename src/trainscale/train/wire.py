@@ -59,3 +59,9 @@ class WireCounter(Callbacks):
             stats["wire_bytes_sent_per_step"] = statistics.fmean(e[0] for e in self.epochs)
             stats["wire_bytes_received_per_step"] = statistics.fmean(e[1] for e in self.epochs)
         return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

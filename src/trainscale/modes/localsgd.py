@@ -1,0 +1,223 @@
+"""Periodic averaging: local SGD (``--mode localsgd``) and DiLoCo (``--mode diloco``).
+
+Each worker trains on its own shard with the run's optimizer (the inner one) and talks to the others only
+every ``--sync-every`` H steps. A round averages the pseudo-gradient, the change of each parameter since
+the last round (anchor - local), over workers, through the run's compressor (``--compress``: dense fp32
+by default; bf16, Top-k with error feedback... work as for gradients), and an outer SGD step on the
+anchor applies it; every worker then continues from the new anchor. DiLoCo's outer step is Nesterov
+SGD (``--outer-lr``, ``--outer-momentum``; Douillard et al. 2023 use 0.7 and 0.9); local SGD is the same
+with outer lr 1 and no momentum, i.e. the workers' parameters averaged. With H = 1 local SGD is
+synchronous SGD (the optimizer's update is linear in the gradient). ``--local-after-epochs E`` is
+post-local SGD (Lin et al. 2020): H = 1 for the first E epochs.
+
+Each epoch ends with a round (so evaluation and the checkpoint see one model), with the BatchNorm running
+statistics and the inner optimizer's momentum averaged over workers: every rank then holds the same
+state, and the checkpoint (rank 0's, plus the outer momentum) resumes the run bit for bit.
+Error-feedback residuals stay per worker and are not checkpointed, as in sync mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from trainscale.compression.ddp_hook import CompressionHookState
+from trainscale.compression.setup import CompressionPlan
+from trainscale.config import CoreConfig, option
+from trainscale.errors import ConfigError
+from trainscale.modes.base import register_mode
+from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics
+from trainscale.runtime.dist import all_reduce_sum, broadcast_tensors, world_size
+
+log = logging.getLogger("trainscale.localsgd")
+
+DEFAULT_SYNC_EVERY = 8
+DILOCO_OUTER = (0.7, 0.9)  # outer lr, Nesterov momentum
+
+
+@dataclass
+class PeriodicConfig(SyncConfig):
+    """Settings of local SGD and DiLoCo (and, inherited, sync mode's and the compression section)."""
+
+    TITLE: ClassVar[str] = "local SGD and DiLoCo (--mode localsgd | diloco)"
+
+    sync_every: int | None = option(None, f"local steps between averaging rounds, H (default {DEFAULT_SYNC_EVERY})")
+    local_after_epochs: int = option(0, "post-local SGD: average after every step for this many epochs first")
+    outer_lr: float | None = option(None, f"diloco: the outer Nesterov SGD's learning rate (default {DILOCO_OUTER[0]})")
+    outer_momentum: float | None = option(None, f"diloco: the outer momentum (default {DILOCO_OUTER[1]})")
+
+
+@register_mode("localsgd", "diloco")
+class PeriodicMode(SyncMode):
+    """See the module docstring."""
+
+    section = PeriodicConfig
+
+    @classmethod
+    def validate(cls, cfg: CoreConfig) -> None:
+        assert isinstance(cfg, PeriodicConfig)
+        if cfg.sync_every is not None and cfg.sync_every < 1:
+            raise ConfigError(f"--sync-every must be a positive number of steps, got {cfg.sync_every}")
+        if not 0 <= cfg.local_after_epochs < cfg.epochs:
+            raise ConfigError(f"--local-after-epochs must be in [0, epochs={cfg.epochs}), got {cfg.local_after_epochs}")
+        if cfg.mode == "localsgd" and (cfg.outer_lr is not None or cfg.outer_momentum is not None):
+            raise ConfigError("--outer-lr and --outer-momentum are for --mode diloco (local SGD averages: outer lr 1, "
+                              "no momentum)")
+        if cfg.outer_lr is not None and cfg.outer_lr <= 0:
+            raise ConfigError(f"--outer-lr must be positive, got {cfg.outer_lr}")
+        if cfg.outer_momentum is not None and not 0 <= cfg.outer_momentum < 1:
+            raise ConfigError(f"--outer-momentum must be in [0, 1), got {cfg.outer_momentum}")
+        if cfg.sync_bn:
+            raise ConfigError(f"--sync-bn needs DDP; --mode {cfg.mode} averages the BatchNorm statistics each epoch")
+        if cfg.precision == "fp16":
+            raise ConfigError(f"--mode {cfg.mode} needs every worker to take every step; fp16's grad scaler skips "
+                              "steps per worker: use --precision bf16")
+
+    def __init__(self, name: str = "localsgd", cfg: PeriodicConfig | None = None) -> None:
+        cfg = cfg or PeriodicConfig()
+        super().__init__(name, cfg)
+        self.sync_every = cfg.sync_every or DEFAULT_SYNC_EVERY
+        self.local_after_epochs = cfg.local_after_epochs
+        diloco = name == "diloco"
+        self.outer_lr = (cfg.outer_lr or DILOCO_OUTER[0]) if diloco else 1.0
+        self.outer_momentum = (DILOCO_OUTER[1] if cfg.outer_momentum is None else cfg.outer_momentum) if diloco else 0.0
+        self.epoch = 0
+        self.since_round = 0
+        self.rounds = 0
+        self.model: nn.Module | None = None
+        self.inner: torch.optim.Optimizer | None = None
+        self.anchor: list[torch.Tensor] = []
+        self.outer: torch.optim.Optimizer | None = None
+        self.exchange: CompressionHookState | None = None
+        self.steps = {"epoch": 0, "run": 0}
+        self.rounds_of = {"epoch": 0, "run": 0}
+
+    # ------------------------------------------------------------------------------ set-up
+
+    def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """No DDP: the model itself, with rank 0's parameters and buffers on every worker."""
+        broadcast_tensors([*model.parameters(), *model.buffers()])
+        self.model = model
+        self.anchor = [p.detach().clone().float() for p in model.parameters()]
+        self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
+                                     nesterov=self.outer_momentum > 0)
+        plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
+        self.exchange = CompressionHookState(plan.compressor(), plan.granularity, model=model,
+                                             error_feedback=plan.error_feedback, warmup_epochs=plan.warmup_epochs)
+        self.stats = self.exchange.stats
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        self.inner = optimizer
+        optimizer.register_step_post_hook(lambda *_: self._after_step())
+        return optimizer
+
+    # ------------------------------------------------------------------------------ training
+
+    def period(self) -> int:
+        return 1 if self.epoch < self.local_after_epochs else self.sync_every
+
+    def before_train_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self.exchange is not None:
+            self.exchange.set_epoch(epoch)
+
+    def _after_step(self) -> None:
+        self.steps["epoch"] += 1
+        self.since_round += 1
+        if self.since_round >= self.period():
+            self.average()
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """One round: average the pseudo-gradients, step the anchor, continue every worker from it."""
+        assert self.model is not None and self.exchange is not None and self.outer is not None
+        start = time.perf_counter()
+        params = list(self.model.parameters())
+        deltas = [(a - p.float()) for a, p in zip(self.anchor, params)]
+        if self.exchange.granularity == "entire":
+            averaged = self.exchange.reduce_entire(list(zip(params, deltas)))
+        else:
+            averaged = self.exchange.reduce([(self.exchange.keys.name(p), d) for p, d in zip(params, deltas)])
+        self.exchange.end_step()
+        for a, g in zip(self.anchor, averaged):
+            a.grad = g.to(a.dtype)
+        self.outer.step()
+        for a, p in zip(self.anchor, params):
+            p.copy_(a)
+        self.since_round = 0
+        self.rounds_of["epoch"] += 1
+        self.stats.exchange_seconds += time.perf_counter() - start
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        """A round if steps are pending, then BN statistics and the inner momentum averaged (see above)."""
+        if self.since_round:
+            self.average()
+        average_bn_statistics(model)
+        self._average_inner_state()
+
+    @torch.no_grad()
+    def _average_inner_state(self) -> None:
+        assert self.inner is not None
+        tensors = [v for state in self.inner.state.values() for v in state.values()
+                   if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
+        if not tensors or world_size() == 1:
+            return
+        flat = all_reduce_sum(torch.cat([t.reshape(-1).double() for t in tensors])) / world_size()
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    # ------------------------------------------------------------------------------ figures and state
+
+    def epoch_stats(self) -> dict[str, Any]:
+        row = self._per_step(self.stats, self.steps["epoch"], self.rounds_of["epoch"])
+        if not self.total.steps and type(self.total) is not type(self.stats):
+            self.total = copy.deepcopy(self.stats)
+            self.total.reset()
+        self.total.add(self.stats)
+        self.stats.reset()
+        for key in ("steps", "rounds_of"):
+            counts = getattr(self, key)
+            counts["run"] += counts["epoch"]
+            counts["epoch"] = 0
+        return row
+
+    def run_stats(self) -> dict[str, Any]:
+        return self._per_step(self.total, self.steps["run"], self.rounds_of["run"])
+
+    def _per_step(self, stats: Any, steps: int, rounds: int) -> dict[str, Any]:
+        """The compressor's per-round figures turned into per-training-step ones (a round every H steps)."""
+        row = stats.summary()
+        scale = rounds / steps if steps else 0.0
+        for key in ("bytes_sent_per_step", "dense_bytes_per_step", "wire_bytes_per_step", "allreduce_calls_per_step",
+                    "encode_ms_per_step", "decode_ms_per_step", "comm_ms_per_step", "comm_seconds_per_step"):
+            if row.get(key) is not None:
+                row[key] *= scale
+        return {**row, "rounds": rounds, "steps_per_round": steps / rounds if rounds else None}
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.outer is not None
+        return {"outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """After the trainer restored the model: the anchor is the model (every epoch ends with a round)."""
+        assert self.outer is not None and self.model is not None
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.model.parameters()):
+                a.copy_(p)
+        if state.get("outer"):
+            self.outer.load_state_dict(state["outer"])
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "sync_every": self.sync_every, "local_after_epochs": self.local_after_epochs,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                "bytes_sent_scope": "payload each worker hands to the collectives per training step: one "
+                                    "pseudo-gradient every sync_every steps, averaged over the steps"}
