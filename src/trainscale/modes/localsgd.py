@@ -33,7 +33,7 @@ from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
 from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics
-from trainscale.runtime.dist import all_reduce_sum, broadcast_tensors, world_size
+from trainscale.runtime.dist import average_in_place, broadcast_tensors
 
 log = logging.getLogger("trainscale.localsgd")
 
@@ -162,18 +162,10 @@ class PeriodicMode(SyncMode):
         average_bn_statistics(model)
         self._average_inner_state()
 
-    @torch.no_grad()
     def _average_inner_state(self) -> None:
         assert self.inner is not None
-        tensors = [v for state in self.inner.state.values() for v in state.values()
-                   if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
-        if not tensors or world_size() == 1:
-            return
-        flat = all_reduce_sum(torch.cat([t.reshape(-1).double() for t in tensors])) / world_size()
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        average_in_place([v for state in self.inner.state.values() for v in state.values()
+                          if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0])
 
     # ------------------------------------------------------------------------------ figures and state
 

@@ -30,7 +30,7 @@ from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
 from trainscale.runtime.dist import (
-    all_reduce_sum,
+    average_in_place,
     elect_main_rank,
     local_rank,
     quiet_unless_main,
@@ -178,12 +178,4 @@ def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:
 @torch.no_grad()
 def average_bn_statistics(model: nn.Module) -> None:
     """Replace each worker's BN running statistics by their mean over workers (one all-reduce)."""
-    buffers = bn_running_stats(model)
-    if not buffers or world_size() == 1:
-        return
-    flat = torch.cat([b.detach().reshape(-1).double() for b in buffers])
-    flat = all_reduce_sum(flat) / world_size()
-    offset = 0
-    for b in buffers:
-        b.copy_(flat[offset:offset + b.numel()].view_as(b))
-        offset += b.numel()
+    average_in_place(bn_running_stats(model))

@@ -135,6 +135,19 @@ def broadcast_object(obj: Any, src: int | None = None) -> Any:
     return box[0]
 
 
+def average_in_place(tensors: list[torch.Tensor]) -> None:
+    """Replace each tensor by its mean over ranks, with one all-reduce of them all (in float64, so every
+    rank rounds alike); a no-op when not distributed or when ``tensors`` is empty."""
+    if not tensors or world_size() == 1:
+        return
+    flat = all_reduce_sum(torch.cat([t.detach().reshape(-1).double() for t in tensors])) / world_size()
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def broadcast_tensors(tensors: list[torch.Tensor], src: int | None = None) -> None:
     """Overwrite ``tensors`` in place with rank ``src``'s (default: the main rank's); a no-op when not
     distributed. For modes without DDP, whose replicas must start from the same weights."""
