@@ -64,6 +64,32 @@ def test_leaving_the_process_group_frees_it_after_an_optimizer_step():
     assert "pt_gloo_runloop" in inside and "gloo_tcp_loop" in inside
     assert not {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"} & set(after), after
 
+AVERAGE = """
+import os, sys, torch
+from trainscale.runtime.dist import average_in_place, broadcast_tensors
+from trainscale.runtime.process_group import process_group
+rank = int(sys.argv[1])
+os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+with process_group(torch.device("cpu"), "gloo", timeout_s=60):
+    a, b = torch.full((2, 2), float(rank)), torch.tensor([3.0 * rank, 1.0], dtype=torch.float64)
+    average_in_place([a, b])
+    c = torch.tensor([float(rank + 1)])
+    broadcast_tensors([c], src=1)
+    print(a.tolist(), b.tolist(), c.tolist())
+"""
+
+
+def test_average_in_place_and_broadcast_tensors_across_two_ranks():
+    from trainscale.runtime.network import free_port
+
+    port = str(free_port())
+    procs = [python(AVERAGE, str(r), port) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for out, _ in outs:
+        assert out.strip().splitlines()[-1] == "[[0.5, 0.5], [0.5, 0.5]] [1.5, 1.0] [2.0]"
+
+
 # ------------------------------------------------------------------ processes end with their job (runtime.orphans)
 
 def python(code: str, *args: str, **kw) -> subprocess.Popen:
