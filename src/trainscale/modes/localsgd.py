@@ -90,7 +90,7 @@ class PeriodicMode(SyncMode):
         self.epoch = 0
         self.since_round = 0
         self.rounds = 0
-        self.model: nn.Module | None = None
+        self.params: list[nn.Parameter] = []
         self.inner: torch.optim.Optimizer | None = None
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
@@ -101,10 +101,11 @@ class PeriodicMode(SyncMode):
     # ------------------------------------------------------------------------------ set-up
 
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
-        """No DDP: the model itself, with rank 0's parameters and buffers on every worker."""
+        """No DDP: the model itself, with the main rank's parameters and buffers on every worker. Frozen
+        parameters (airbench's whitening) are never exchanged."""
         broadcast_tensors([*model.parameters(), *model.buffers()])
-        self.model = model
-        self.anchor = [p.detach().clone().float() for p in model.parameters()]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.anchor = [p.detach().clone().float() for p in self.params]
         self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
                                      nesterov=self.outer_momentum > 0)
         plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
@@ -137,9 +138,9 @@ class PeriodicMode(SyncMode):
     @torch.no_grad()
     def average(self) -> None:
         """One round: average the pseudo-gradients, step the anchor, continue every worker from it."""
-        assert self.model is not None and self.exchange is not None and self.outer is not None
+        assert self.exchange is not None and self.outer is not None
         start = time.perf_counter()
-        params = list(self.model.parameters())
+        params = self.params
         deltas = [(a - p.float()) for a, p in zip(self.anchor, params)]
         if self.exchange.granularity == "entire":
             averaged = self.exchange.reduce_entire(list(zip(params, deltas)))
@@ -201,9 +202,9 @@ class PeriodicMode(SyncMode):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the trainer restored the model: the anchor is the model (every epoch ends with a round)."""
-        assert self.outer is not None and self.model is not None
+        assert self.outer is not None
         with torch.no_grad():
-            for a, p in zip(self.anchor, self.model.parameters()):
+            for a, p in zip(self.anchor, self.params):
                 a.copy_(p)
         if state.get("outer"):
             self.outer.load_state_dict(state["outer"])
