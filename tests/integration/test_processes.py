@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -62,45 +62,45 @@ def kill_leftovers(proc: subprocess.Popen, pids: list[int]) -> None:
     proc.wait()
 
 
+@contextlib.contextmanager
+def running_job(tmp_path: Path, out: Path, *args: str, until: str = "config.json"
+                ) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """A 2-worker job on ``out``, once it has written ``until``: (launcher, its processes); whatever of it
+    is still alive afterwards is killed, also when the test fails."""
+    proc = start(tmp_path, *LONG, "--workers", "2", *args, "--out", out)
+    pids: list[int] = []
+    try:
+        pids = wait_running(proc, out / until, tmp_path)
+        yield proc, pids
+    finally:
+        kill_leftovers(proc, pids)
+
+
 @pytest.mark.dist
 def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
-    out = tmp_path / "run"
-    proc = start(tmp_path, *LONG, "--workers", "2", "--out", out)
-    workers: list[int] = []
-    try:
-        workers = wait_running(proc, out / "config.json", tmp_path)
+    with running_job(tmp_path, tmp_path / "run") as (proc, workers):
         assert len(workers) >= 2, workers
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert wait_until(lambda: not any(map(alive, workers)), 5), [p for p in workers if alive(p)]
-    finally:
-        kill_leftovers(proc, workers)
 
 
 @pytest.mark.dist
 def test_a_second_job_on_a_folder_in_use_is_refused_in_one_line(tmp_path):
     out = tmp_path / "run"
-    first = start(tmp_path, *LONG, "--workers", "2", "--out", out)
-    workers: list[int] = []
-    try:
-        workers = wait_running(first, out / "config.json", tmp_path)
+    with running_job(tmp_path, out) as (first, _):
         in_use = f"--out {out} is in use by another trainscale job (pid {first.pid})"
         assert_one_line_error(run_cli("train", *LONG, "--out", out, timeout=120), in_use)  # the lock
         assert_one_line_error(run_cli("train", *LONG, "--workers", "2", "--resume", "--out", out, timeout=120),
                               in_use)  # the launcher's checks
         assert first.poll() is None
-    finally:
-        kill_leftovers(first, workers)
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("mode", [("--mode", "sync"), ("--mode", "async", "--servers", "1")], ids=["sync", "async"])
 def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
     out = tmp_path / "run"
-    proc = start(tmp_path, *LONG, "--workers", "2", *mode, "--out", out)
-    tree: list[int] = []
-    try:
-        tree = wait_running(proc, out / "metrics.jsonl", tmp_path)
+    with running_job(tmp_path, out, *mode, until="metrics.jsonl") as (proc, tree):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         assert proc.wait(timeout=60) == 130
         stderr = (tmp_path / "stderr").read_text()
@@ -108,5 +108,3 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
         assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
         assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
-    finally:
-        kill_leftovers(proc, tree)
