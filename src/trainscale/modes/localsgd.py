@@ -18,7 +18,6 @@ Error-feedback residuals stay per worker and are not checkpointed, as in sync mo
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -89,14 +88,12 @@ class PeriodicMode(SyncMode):
         self.outer_momentum = (DILOCO_OUTER[1] if cfg.outer_momentum is None else cfg.outer_momentum) if diloco else 0.0
         self.epoch = 0
         self.since_round = 0
-        self.rounds = 0
         self.params: list[nn.Parameter] = []
         self.inner: torch.optim.Optimizer | None = None
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.exchange: CompressionHookState | None = None
         self.steps = {"epoch": 0, "run": 0}
-        self.rounds_of = {"epoch": 0, "run": 0}
 
     # ------------------------------------------------------------------------------ set-up
 
@@ -153,7 +150,6 @@ class PeriodicMode(SyncMode):
         for a, p in zip(self.anchor, params):
             p.copy_(a)
         self.since_round = 0
-        self.rounds_of["epoch"] += 1
         self.stats.exchange_seconds += time.perf_counter() - start
 
     def after_train_epoch(self, model: nn.Module) -> None:
@@ -171,24 +167,16 @@ class PeriodicMode(SyncMode):
     # ------------------------------------------------------------------------------ figures and state
 
     def epoch_stats(self) -> dict[str, Any]:
-        row = self._per_step(self.stats, self.steps["epoch"], self.rounds_of["epoch"])
-        if not self.total.steps and type(self.total) is not type(self.stats):
-            self.total = copy.deepcopy(self.stats)
-            self.total.reset()
-        self.total.add(self.stats)
-        self.stats.reset()
-        for key in ("steps", "rounds_of"):
-            counts = getattr(self, key)
-            counts["run"] += counts["epoch"]
-            counts["epoch"] = 0
+        row = super().epoch_stats()
+        self.steps["run"] += self.steps["epoch"]
+        self.steps["epoch"] = 0
         return row
 
-    def run_stats(self) -> dict[str, Any]:
-        return self._per_step(self.total, self.steps["run"], self.rounds_of["run"])
-
-    def _per_step(self, stats: Any, steps: int, rounds: int) -> dict[str, Any]:
-        """The compressor's per-round figures turned into per-training-step ones (a round every H steps)."""
-        row = stats.summary()
+    def per_step(self, stats: Any, period: str) -> dict[str, Any]:
+        """The compressor's per-round figures turned into per-training-step ones (a round every H steps;
+        ``stats.steps`` counts rounds)."""
+        row = stats.per_step()
+        steps, rounds = self.steps[period], stats.steps
         scale = rounds / steps if steps else 0.0
         for key in ("bytes_sent_per_step", "dense_bytes_per_step", "wire_bytes_per_step", "allreduce_calls_per_step",
                     "encode_ms_per_step", "decode_ms_per_step", "comm_ms_per_step", "comm_seconds_per_step"):

@@ -147,7 +147,7 @@ class SyncMode(Mode):
             average_bn_statistics(model)
 
     def epoch_stats(self) -> dict[str, Any]:
-        row = self.stats.per_step()
+        row = self.per_step(self.stats, "epoch")
         if not self.total.steps and type(self.total) is not type(self.stats):
             self.total = copy.deepcopy(self.stats)  # same kind of stats as the hook's (labels kept)
             self.total.reset()
@@ -156,7 +156,12 @@ class SyncMode(Mode):
         return row
 
     def run_stats(self) -> dict[str, Any]:
-        return self.total.per_step()
+        return self.per_step(self.total, "run")
+
+    def per_step(self, stats: CommStats, period: str) -> dict[str, Any]:
+        """The per-step figures of ``stats`` (this ``period``'s: ``epoch`` or ``run``); a mode that does not
+        exchange every step turns per-exchange figures into per-step ones here."""
+        return stats.per_step()
 
     def describe(self) -> dict[str, Any]:
         bn = "SyncBatchNorm (global batch statistics)" if self.sync_bn else \
