@@ -28,7 +28,8 @@ from trainscale.compression import (
     make_reducer,
 )
 from trainscale.compression.bitpack import bits_for, pack_bits, packed_nbytes, unpack_bits
-from trainscale.compression.methods.sparse import count_for
+from trainscale.compression.base import COMPRESSORS
+from trainscale.compression.methods.sparse import _Sparse, count_for, format_nbytes, kept_indices, top_magnitudes
 from trainscale.errors import ConfigError
 
 PARAMS = {"randomk": {"ratio": 0.1}, "topk": {"ratio": 0.1}, "threshold": {"threshold": 0.5},
@@ -133,14 +134,14 @@ def test_topk_keeps_exactly_the_largest_magnitudes(x, ratio):
     c = create_compressor("topk", ratio=ratio)
     p = c.encode(t, UnitContext())
     k = count_for(t.numel(), ratio)
-    kept = p.tensors["indices"].long()
+    kept = kept_indices(p)
     assert kept.numel() == k == len(set(kept.tolist()))
     dropped = torch.ones(t.numel(), dtype=torch.bool)
     dropped[kept] = False
     if dropped.any():
         assert t[kept].abs().min() >= t[dropped].abs().max()
     assert torch.equal(c.decode(p)[kept], t[kept])
-    assert p.nbytes == 8 * k
+    assert p.nbytes == min(format_nbytes(t.numel(), k, 4).values())
 
 
 @FAST
@@ -182,9 +183,82 @@ def test_threshold_keeps_at_or_above_v_and_reports_density():
     c = create_compressor("threshold", threshold=0.5)
     p = c.encode(x, UnitContext())
     assert torch.equal(c.decode(p), torch.tensor([0.0, -0.5, 0.0, 2.0, -3.0]))
-    assert p.selected == 3 and p.nbytes == 3 * 8
+    assert p.selected == 3 and p.nbytes == 3 * 4 + 1  # values + a 1-byte bitmap beat 3 * 8 (values + indices)
     empty = c.encode(torch.full((4,), 0.1), UnitContext())
     assert empty.selected == 0 and empty.nbytes == 0 and not c.decode(empty).any()
+
+
+@pytest.mark.parametrize("shape", ["normal", "heavy", "spikes", "ties"])
+def test_top_magnitudes_finds_the_same_set_as_a_full_topk(shape):
+    """The sampled threshold only narrows where torch.topk looks; the kept set never changes."""
+    gen = torch.Generator().manual_seed(1)
+    n = 200_003
+    x = {"normal": lambda: torch.randn(n, generator=gen),
+         "heavy": lambda: torch.randn(n, generator=gen) ** 5,
+         "spikes": lambda: torch.zeros(n).index_fill_(0, torch.randint(n, (500,), generator=gen), 3.0) +
+         1e-3 * torch.randn(n, generator=gen),
+         "ties": lambda: torch.randint(-3, 4, (n,), generator=gen).float()}[shape]()
+    for k in (1, 37, 2_000, 20_000):
+        got = top_magnitudes(x, k)
+        assert got.numel() == k == got.unique().numel()
+        want = x.abs().topk(k).values
+        assert torch.equal(x.abs()[got].sort(descending=True).values, want)
+
+
+SPARSIFIERS = [n for n in list_compressors() if issubclass(COMPRESSORS.get(n).meta["cls"], _Sparse)]
+
+
+def keeping(name: str, k: int, x: torch.Tensor):
+    """A fresh ``name`` that keeps exactly the ``k`` largest of ``x``'s (distinct) magnitudes."""
+    if name == "threshold":
+        return create_compressor(name, threshold=float(x.abs().sort(descending=True).values[k - 1]) if k else math.inf)
+    extra = {"momentum": 0.0, "sparsity_warmup_epochs": 0} if name == "dgc" else {}
+    return create_compressor(name, ratio=k / x.numel(), **extra)
+
+
+def test_the_registry_has_the_sparsifiers_the_fallback_covers():
+    assert {"topk", "threshold", "dgc"} <= set(SPARSIFIERS)
+
+
+@pytest.mark.parametrize("name", SPARSIFIERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparsifiers_fall_back_exactly_above_break_even_and_never_send_more_than_dense(name, dtype, caplog):
+    """Values + int32 indices up to density 1/32, then values + a bitmap, then dense values; the
+    payload is the cheapest of the three, never above dense, and decodes to the same kept set."""
+    n = 256
+    gen = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (n,), generator=gen) * 2 - 1
+    x = (1.01 ** torch.randperm(n, generator=gen).double() * signs).to(dtype)  # distinct even in bf16
+    b = x.element_size()
+    seen = {}
+    for k in range(0 if name == "threshold" else 1, n + 1):
+        p = keeping(name, k, x).encode(x, UnitContext("w", 0, 0))
+        expected = "indices" if 4 * k <= n / 8 else "bitmap" if b * k + n / 8 <= b * n else "dense"
+        assert (p.meta["format"], p.selected) == (expected, k)
+        cost = {"indices": k * (b + 4), "bitmap": k * b + n // 8, "dense": n * b}[expected]
+        assert p.nbytes == cost <= n * b
+        top = x.abs().topk(k).indices
+        want = torch.zeros_like(x)
+        want[top] = x[top]
+        assert torch.equal(keeping(name, k, x).decode(p), want)
+        seen[k] = expected
+    assert max(k for k, f in seen.items() if f == "indices") == n // 32
+    assert min(k for k, f in seen.items() if f == "dense") == {4: 249, 2: 241}[b]
+    c = keeping(name, n // 2, x)
+    with caplog.at_level("INFO", logger="trainscale.compression"):
+        for step in range(3):
+            c.encode(x, UnitContext("w", step, 0))
+    assert sum("sending a bitmap" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_dense_threshold_payload_costs_no_more_than_dense_at_the_collective():
+    """Threshold-v at ~95% density (1.9x dense as values + indices) goes out as a bitmap."""
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    stats = CompressionStats()
+    ex = Exchange(create_compressor("threshold", threshold=float(x.abs().quantile(0.05))), stats=stats)
+    ex.reduce([("w", x)])
+    assert stats.fallback_units == 1 and stats.bytes_sent <= stats.dense_bytes
+    assert stats.summary()["fallback_units_per_step"] is None  # per step once a step has ended
 
 
 # --- quantisers ------------------------------------------------------------------------------------
@@ -269,7 +343,8 @@ def test_powersgd_factors_and_dense_small_tensors():
     assert p.nbytes == 4 * (64 + 288) * 2
     bias = c.encode(torch.randn(64), UnitContext("bias"))
     assert bias.nbytes == 64 * 4
-    low_rank = torch.randn(40, 2) @ torch.randn(2, 30)
+    gen = torch.Generator().manual_seed(0)  # the global RNG's state depends on the tests run before
+    low_rank = torch.randn(40, 2, generator=gen) @ torch.randn(2, 30, generator=gen)
     assert torch.allclose(c.decode(c.encode(low_rank, UnitContext("lr"))), low_rank, atol=1e-4)
 
 
@@ -282,7 +357,8 @@ def test_dgc_sparsity_warmup_and_momentum_masking():
     x = torch.randn(1000)
     p = c.encode(x, UnitContext("w", 0, 0))
     assert p.selected == 250
-    sent = p.tensors["indices"].long()
+    sent = kept_indices(p)
+    assert p.meta["format"] == "bitmap" and sent.numel() == 250
     assert not c._v["w"][sent].any() and not c._u["w"][sent].any()
     restored = create_compressor("dgc", ratio=0.001)
     restored.load_state_dict(c.state_dict())
@@ -341,8 +417,9 @@ def test_variable_size_exchange_counts_its_size_exchange():
     stats = CompressionStats()
     x = torch.tensor([0.0, 1.0, 0.0, -2.0])
     Exchange(create_compressor("threshold", threshold=0.5), stats=stats).reduce([("a", x), ("b", torch.zeros(3))])
-    # sizes: 4 slots x int64 = 32 bytes; payload: 2 values + 2 indices = 16 bytes
-    assert stats.bytes_sent == 32 + 16 and stats.calls == 2
+    # sizes: 2 units x 3 slots (values, indices, bitmap) x int64 = 48 bytes; the 2 kept of 4 values go
+    # as 2 values + a 1-byte bitmap (9 bytes, not 16 with indices); nothing of the all-zero unit
+    assert stats.bytes_sent == 48 + 9 and stats.calls == 2
     assert stats.summary()["density"] == pytest.approx(2 / 7)
 
 

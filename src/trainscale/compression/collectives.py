@@ -41,14 +41,16 @@ class Communicator:
             self._all_reduce_group(group)
 
     def _all_reduce_group(self, tensors: list[Tensor]) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if nbytes == 0:
+            return  # every rank has the same layout, so every rank skips alike
+        self.stats.add_collective("all_reduce", nbytes, self.world_size)
+        if self.world_size == 1:
+            return  # the sum over one rank: counted, nothing to copy
         single = len(tensors) == 1 and tensors[0].is_contiguous()
         flat = tensors[0].view(-1) if single else torch.cat([t.reshape(-1) for t in tensors])
-        if flat.numel() == 0:
-            return  # every rank has the same layout, so every rank skips alike
-        self.stats.add_collective("all_reduce", flat.numel() * flat.element_size(), self.world_size)
-        if self.world_size > 1:
-            with self.stats.timer("comm"):
-                dist.all_reduce(flat, group=self.group)
+        with self.stats.timer("comm"):
+            dist.all_reduce(flat, group=self.group)
         if not single:
             for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                 t.copy_(part.view_as(t))

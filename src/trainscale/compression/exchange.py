@@ -119,6 +119,8 @@ class Exchange:
         for p in payloads:
             if p.selected is not None:
                 self.stats.add_density(p.selected, p.numel)
+            if p.meta.get("format", "indices") != "indices":
+                self.stats.fallback_units += 1
         return payloads
 
     def _remember(self, ctxs: list[UnitContext], inputs: list[Tensor], payloads: list[Payload],
@@ -136,7 +138,8 @@ class Exchange:
         scaled = [x.div(world) for x in inputs] if world > 1 else inputs
         payloads = self._encode(scaled, ctxs)
         self._remember(ctxs, inputs, payloads, float(world))
-        owned = [p.replace({k: _owned(t, x) for k, t in p.tensors.items()}) for p, x in zip(payloads, inputs)]
+        owned = payloads if world == 1 else [p.replace({k: _owned(t, x) for k, t in p.tensors.items()})
+                                             for p, x in zip(payloads, inputs)]
         self.comm.all_reduce_([t for p in owned for t in p.tensors.values()])
         with self.stats.timer("decode", self._device(inputs)):
             return [self.compressor.decode(p) for p in owned]

@@ -42,6 +42,7 @@ class CompressionStats(CommStats):
     comm_seconds: float = 0.0
     selected: int = 0
     candidates: int = 0
+    fallback_units: int = 0
 
     def add_collective(self, kind: str, nbytes: int, world_size: int) -> None:
         """Count one collective of ``nbytes`` handed over by this rank (``kind``: all_reduce/all_gather)."""
@@ -102,6 +103,7 @@ class CompressionStats(CommStats):
             "comm_ms_per_step": per(self.comm_seconds, 1e3),
             "comm_seconds_per_step": per(self.exchange_seconds),
             "density": self.selected / self.candidates if self.candidates else None,
+            "fallback_units_per_step": per(self.fallback_units),
         }
 
     def as_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from trainscale.compression.base import Payload, UnitContext, check_ratio, register_compressor
-from trainscale.compression.methods.sparse import _Sparse, count_for, sparse_payload
+from trainscale.compression.methods.sparse import _Sparse, count_for, top_magnitudes
 from trainscale.errors import ConfigError
 
 
@@ -63,8 +63,8 @@ class DGC(_Sparse):
         u.mul_(self.momentum).add_(flat)
         v.add_(u)
         k = count_for(flat.numel(), self.density(ctx.epoch))
-        indices = v.abs().topk(k, sorted=False).indices if k else flat.new_zeros(0, dtype=torch.long)
-        payload = sparse_payload(v.view(x.shape), indices)  # values are copied out of v here
+        indices = top_magnitudes(v, k)
+        payload = self.sparse_payload(v.view(x.shape), indices, ctx)  # values are copied out of v here
         v[indices] = 0
         u[indices] = 0
         return payload

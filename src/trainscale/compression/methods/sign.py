@@ -22,15 +22,18 @@ class _Sign(Compressor):
     def encode(self, x: Tensor, ctx: UnitContext) -> Payload:
         f = x.reshape(-1)
         scale = f.abs().float().mean().reshape(1) if f.numel() else f.new_zeros(1, dtype=torch.float32)
-        return Payload({"scale": scale, "signs": pack_bits((f >= 0).to(torch.uint8), 1)}, tuple(x.shape), x.dtype)
+        return Payload({"scale": scale, "signs": pack_bits((f >= 0).view(torch.uint8), 1)}, tuple(x.shape), x.dtype)
+
+    def _positive(self, payload: Payload) -> Tensor:
+        return unpack_bits(payload.tensors["signs"], 1, payload.numel).view(torch.bool)
 
     def _signs(self, payload: Payload) -> Tensor:
         """+1/-1 as float32."""
-        return unpack_bits(payload.tensors["signs"], 1, payload.numel).to(torch.float32) * 2.0 - 1.0
+        return self._positive(payload).to(torch.float32) * 2.0 - 1.0
 
     def decode(self, payload: Payload) -> Tensor:
-        out = self._signs(payload) * payload.tensors["scale"]
-        return out.to(payload.dtype).reshape(payload.shape)
+        scale = payload.tensors["scale"].to(payload.dtype)
+        return torch.where(self._positive(payload), scale, -scale).reshape(payload.shape)
 
     def theoretical_nbytes(self, numel: int, shape: tuple[int, ...] | None = None) -> float:
         return numel / 8
