@@ -39,6 +39,17 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> s
     return "\n".join(lines)
 
 
+def exchange_line(summary: dict[str, Any]) -> str:
+    """Per step: encode, collectives in flight (and how much of that the backward pass hid), decode."""
+    ms = _num(".1f")
+    parts = [f"in flight {ms(summary['comm_ms_per_step'])}"]
+    if summary.get("hidden_ms_per_step") is not None:
+        parts[0] += f" ({ms(summary['hidden_ms_per_step'])} hidden under backward)"
+    if summary.get("encode_ms_per_step") is not None:
+        parts = [f"encode {ms(summary['encode_ms_per_step'])}", *parts, f"decode {ms(summary.get('decode_ms_per_step'))}"]
+    return "exchange per step (ms): " + ", ".join(parts)
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     env = summary.get("environment") or {}
     ttt = summary.get("time_to_target_seconds")
@@ -57,6 +68,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         step, compute, comm = (1e3 * summary[k] for k in ("step_seconds", "compute_seconds_per_step",
                                                           "comm_seconds_per_step"))
         lines.append(f"step {step:.1f} ms = compute {compute:.1f} + communication {comm:.1f} (steady epochs)")
+    if summary.get("comm_ms_per_step") is not None:
+        lines.append(exchange_line(summary))
     if target is not None:
         reached = f"{ttt:.1f} s (epoch {summary.get('epoch_to_target')})" if ttt is not None else "not reached"
         lines.append(f"time to {_pct(target)}: {reached}")

@@ -104,7 +104,7 @@ def check_report(report_dir: Path) -> None:
     for header in ("| Short Name | model | processes | GPUs per process | parameter server | batch size | "
                    "initial LR | seconds per epoch | best validation accuracy | runs |",
                    "| Short Name | model | workers | batch size | images/s | scaling efficiency |",
-                   "| Short Name | method | ratio | granularity | workers | bytes per step | compression ratio |",
+                   "| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 |",
                    "| run | status | error |"):
         assert header in md, header
     assert "| mlp-w2 | mlp | 2 | 0 | off | 100x2=200 |" in md

@@ -42,19 +42,19 @@ def train(net: nn.Module, steps: int) -> None:
 
 def test_commstats_per_step_and_reset():
     stats = CommStats()
-    assert stats.per_step() == {"bytes_sent_per_step": None, "allreduce_calls_per_step": None,
-                                "comm_seconds_per_step": None}
+    assert set(stats.per_step().values()) == {None}
     stats.record(100, last_bucket=False)
     stats.record(60, last_bucket=True)
     stats.record(160, last_bucket=True, calls=2)
-    stats.exchange_seconds = 0.5
+    stats.exchange_seconds, stats.comm_seconds, stats.hidden_seconds = 0.5, 0.8, 0.4
     assert stats.per_step() == {"bytes_sent_per_step": 160.0, "allreduce_calls_per_step": 2.0,
-                                "comm_seconds_per_step": 0.25}
+                                "comm_seconds_per_step": 0.25, "comm_ms_per_step": 400.0,
+                                "hidden_ms_per_step": 200.0}
     total = CommStats()
     total.add(stats)
     stats.reset()
-    assert (total.bytes_sent, total.steps, total.exchange_seconds, stats.steps, stats.exchange_seconds) == \
-        (320, 2, 0.5, 0, 0.0)
+    assert (total.bytes_sent, total.steps, total.exchange_seconds, total.hidden_seconds, stats.steps,
+            stats.exchange_seconds, stats.hidden_seconds) == (320, 2, 0.5, 0.4, 0, 0.0, 0.0)
 
 
 class FakeClock:
@@ -65,26 +65,43 @@ class FakeClock:
         return self.now
 
 
-def test_exchange_clock_counts_blocking_calls_and_the_tail_after_the_last_bucket(monkeypatch):
-    """Step 1: two overlapped buckets, the last handed over at t=1 and the collectives done at t=1.5 and
-    1.25: 0.5 s exposed, plus 0.1 s spent inside the calls. Step 2: a blocking hook whose future is
-    already done when it returns: only its 0.3 s inside the call."""
+def test_overlap_clock_splits_held_up_in_flight_and_hidden_time(monkeypatch):
+    """Step 1: bucket A's hook runs 0-0.05 and launches a collective at 0.04 that lands at 0.8, during
+    backward; the last bucket's hook runs 1.0-1.05, its collective lands at 1.5. Held up: 0.1 inside
+    hooks + 0.45 tail; in flight 0.76 + 0.46; hidden: A's flight outside the hook, 0.05-0.8. Step 2: a
+    blocking hook (collective 3.1-3.3 inside a 3.0-3.4 call): 0.4 held up, nothing hidden. Then a
+    collective outside any hook: only in flight (its caller times how long it held the step up)."""
     fake = FakeClock()
     monkeypatch.setattr(comm_hooks.time, "perf_counter", fake)
-    stats, clock = CommStats(), comm_hooks.ExchangeClock()
-    clock.returned(stats, 0.05, last_bucket=False)
-    fake.now = 1.0
-    clock.returned(stats, 0.05, last_bucket=True)
-    fake.now = 1.5
-    clock.completed(stats)
-    assert stats.exchange_seconds == pytest.approx(0.1)  # one collective still pending
-    fake.now = 1.25
-    clock.completed(stats)
-    assert stats.exchange_seconds == pytest.approx(0.6)
-    fake.now = 3.0
-    clock.returned(stats, 0.3, last_bucket=True)
-    clock.completed(stats)
-    assert stats.exchange_seconds == pytest.approx(0.9)
+    stats = CommStats()
+    clock = comm_hooks.OverlapClock(stats)
+
+    def at(t: float) -> None:
+        fake.now = t
+
+    a = clock.hook_called(last_bucket=False)
+    at(0.04), (launched_a := clock.launched()), at(0.05), clock.hook_returned(a, last_bucket=False)
+    at(0.8), clock.landed(launched_a), clock.hook_done()
+    at(1.0), (b := clock.hook_called(last_bucket=True))
+    at(1.04), (launched_b := clock.launched()), at(1.05), clock.hook_returned(b, last_bucket=True)
+    assert stats.exchange_seconds == 0.0  # the step is still open
+    at(1.5), clock.landed(launched_b), clock.hook_done()
+    assert stats.exchange_seconds == pytest.approx(0.1 + 0.45)
+    assert stats.comm_seconds == pytest.approx(0.76 + 0.46)
+    assert stats.hidden_seconds == pytest.approx(0.75)
+    at(3.0), (c := clock.hook_called(last_bucket=True))
+    at(3.1), (launched_c := clock.launched()), at(3.3), clock.landed(launched_c)
+    at(3.4), clock.hook_returned(c, last_bucket=True), clock.hook_done()
+    assert stats.exchange_seconds == pytest.approx(0.55 + 0.4)
+    assert (stats.comm_seconds, stats.hidden_seconds) == pytest.approx((1.22 + 0.2, 0.75))
+    at(5.0), (launched_d := clock.launched()), at(5.5), clock.landed(launched_d)
+    assert (stats.exchange_seconds, stats.comm_seconds) == pytest.approx((0.95, 1.92))
+
+
+def test_interval_arithmetic():
+    assert comm_hooks.merged([(2, 3), (0, 1), (0.5, 2.5), (4, 4)]) == [(0, 3)]
+    assert comm_hooks.minus([(0, 10)], [(1, 2), (5, 20)]) == [(0, 1), (2, 5)]
+    assert comm_hooks.measure([(0, 1), (0.5, 2), (3, 4)]) == 3
 
 
 def test_a_slow_hook_is_counted_as_communication(world_of_one):

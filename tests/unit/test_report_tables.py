@@ -129,11 +129,19 @@ def test_communication_table_and_plot_only_when_bytes_were_measured(tmp_path):
     make_run(tmp_path / "runs" / "topk", workers=2, lr=0.2, acc=0.45,
              extra={"bytes_sent_per_step": 80_000.0, "dense_bytes_per_step": 4_000_000.0,
                     "compress_method": "topk", "compress_granularity": "layerwise"})
+    make_run(tmp_path / "runs" / "bf16", workers=2, rate=50.0, lr=0.3,
+             extra={"bytes_sent_per_step": 2_000_000.0, "dense_bytes_per_step": 4_000_000.0,
+                    "compress_method": "bf16", "compress_granularity": "layerwise"})
     write_report([tmp_path / "runs"], tmp_path / "report")
     md = (tmp_path / "report" / "results.md").read_text()
-    assert "| Short Name | method | ratio | granularity | workers | bytes per step | compression ratio |" in md
-    assert "| topk | topk | - | layerwise | 2 | 80,000 | 50.0 |" in md
-    assert "| dense | none | - | - | 2 | 4,000,000 | 1.0 |" in md
+    assert ("| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 | "
+            "compression vs bf16 |") in md
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in md.splitlines() if line.startswith("| ")}
+    assert rows["| topk"][1:8] == ["topk", "-", "layerwise", "2", "80,000", "50.0", "25.0"]
+    assert rows["| dense"][1:8] == ["none", "-", "-", "2", "4,000,000", "1.0", "0.5"]
+    assert rows["| bf16"][1:8] == ["bf16", "-", "layerwise", "2", "2,000,000", "2.0", "1.0"]
+    # time vs fp32 and vs bf16: the bf16 run is half as fast (50 img/s against 100)
+    assert rows["| topk"][-2:] == ["1.00", "0.50 |"] and rows["| bf16"][-2:] == ["2.00", "1.00 |"]
     with Image.open(tmp_path / "report" / "accuracy_bytes.png") as image:
         image.load()
 
@@ -272,7 +280,8 @@ def test_bsp_and_async_on_a_cluster_get_the_step_split_table_and_the_side_by_sid
     cluster = {"name": "b5h1gbit", "hosts": 5, "rate_bps": 10**9, "rates_bps": [10**9] * 5}
     split = {"step_seconds": 0.5, "wire_bytes_sent_per_step": 2**21, "cluster": cluster}
     make_run(tmp_path / "runs" / "bsp", workers=5, extra={**split, "comm_seconds_per_step": 0.125,
-                                                        "compute_seconds_per_step": 0.375})
+                                                        "compute_seconds_per_step": 0.375, "comm_ms_per_step": 200.0,
+                                                        "hidden_ms_per_step": 80.0})
     async_run = make_run(tmp_path / "runs" / "async", workers=5, extra={
         **split, "mode": "async", "servers": 5, "comm_seconds_per_step": 0.25, "compute_seconds_per_step": 0.25})
     config = json.loads((async_run / "config.json").read_text())
@@ -280,7 +289,9 @@ def test_bsp_and_async_on_a_cluster_get_the_step_split_table_and_the_side_by_sid
     write_report([tmp_path / "runs"], tmp_path / "report")
     text = (tmp_path / "report" / "results.md").read_text()
     table = text.split("### Step time: compute and communication")[1].split("\n\n")[1].splitlines()
-    assert "| bsp | sync | 5 | 5 hosts at 1 Gbit/s | 500.0 | 375.0 | 125.0 | 25% | 2.00 | 100 |" in table[2:]
-    assert "| async | async | 5 | 5 hosts at 1 Gbit/s | 500.0 | 250.0 | 250.0 | 50% | 2.00 | 100 |" in table[2:]
+    assert ("| bsp | sync | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 375.0 | 125.0 | 25% | - | 200.0 | 80.0 | - | "
+            "2.00 | 100 |") in table[2:]
+    assert ("| async | async | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 250.0 | 250.0 | 50% | - | - | - | - | 2.00 | "
+            "100 |") in table[2:]
     with Image.open(tmp_path / "report" / "accuracy_bsp_async.png") as image:
         assert image.size[0] > 2 * 400  # two panels

@@ -7,22 +7,40 @@ all-reduce, so tensors are coalesced into one flat buffer per dtype.
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from trainscale.compression.stats import CompressionStats
+from trainscale.runtime.comm_hooks import OverlapClock
 from trainscale.runtime.dist import is_distributed
 
 
-class Communicator:
-    """Counts what this rank hands to each collective into ``stats``; ``group`` defaults to WORLD."""
+Future = torch.futures.Future
 
-    def __init__(self, stats: CompressionStats, group: Any = None) -> None:
+
+def done(value: Any) -> Future:
+    """A future that already holds ``value`` (a world of one, or a method that cannot overlap)."""
+    future: Future = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+class Communicator:
+    """Counts what this rank hands to each collective into ``stats``; ``group`` defaults to WORLD.
+
+    Collectives are launched asynchronously and return futures, so a DDP hook can hand DDP the future
+    and let the exchange overlap the rest of the backward pass; ``clock`` (the hook's) records when each
+    was in flight. Without a clock the time in flight is added to ``stats.comm_seconds`` directly.
+    """
+
+    def __init__(self, stats: CompressionStats, group: Any = None, clock: OverlapClock | None = None) -> None:
         self.stats = stats
         self.group = group
+        self.clock = clock
 
     @property
     def world_size(self) -> int:
@@ -34,35 +52,57 @@ class Communicator:
 
     def all_reduce_(self, tensors: list[Tensor]) -> None:
         """Sum ``tensors`` over ranks in place, one collective per dtype (contiguous tensors only)."""
+        self.all_reduce_async_(tensors).wait()
+
+    def all_reduce_async_(self, tensors: list[Tensor]) -> Future:
+        """:meth:`all_reduce_`, launched; the future completes when every tensor holds its sum."""
         by_dtype: dict[torch.dtype, list[Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
-        for group in by_dtype.values():
-            self._all_reduce_group(group)
+        futures = [self._all_reduce_group(group) for group in by_dtype.values()]
+        return futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
 
-    def _all_reduce_group(self, tensors: list[Tensor]) -> None:
+    def _all_reduce_group(self, tensors: list[Tensor]) -> Future:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if nbytes == 0:
-            return  # every rank has the same layout, so every rank skips alike
+            return done(None)  # every rank has the same layout, so every rank skips alike
         self.stats.add_collective("all_reduce", nbytes, self.world_size)
         if self.world_size == 1:
-            return  # the sum over one rank: counted, nothing to copy
+            return done(None)  # the sum over one rank: counted, nothing to copy
         single = len(tensors) == 1 and tensors[0].is_contiguous()
         flat = tensors[0].view(-1) if single else torch.cat([t.reshape(-1) for t in tensors])
-        with self.stats.timer("comm"):
-            dist.all_reduce(flat, group=self.group)
-        if not single:
-            for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
-                t.copy_(part.view_as(t))
+
+        def unpack() -> None:
+            if not single:
+                for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+                    t.copy_(part.view_as(t))
+        return self._launch(lambda: dist.all_reduce(flat, group=self.group, async_op=True), unpack)
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's ``tensor`` (same shape on all ranks), in rank order; padded to >= 1 element."""
+        return self.all_gather_async(tensor).wait()
+
+    def all_gather_async(self, tensor: Tensor) -> Future:
+        """:meth:`all_gather`, launched; the future yields the list."""
         if tensor.numel() == 0:
             tensor = tensor.new_zeros(1)
         self.stats.add_collective("all_gather", tensor.numel() * tensor.element_size(), self.world_size)
         if self.world_size == 1:
-            return [tensor]
+            return done([tensor])
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        with self.stats.timer("comm"):
-            dist.all_gather(out, tensor.contiguous(), group=self.group)
-        return out
+        source = tensor.contiguous()
+        return self._launch(lambda: dist.all_gather(out, source, group=self.group, async_op=True), lambda: out)
+
+    def _launch(self, start: Callable[[], Any], finish: Callable[[], Any]) -> Future:
+        """Run ``start()`` (an async collective), time it until it lands, then yield ``finish()``."""
+        launched = time.perf_counter()
+        work = start()
+
+        def landed(_: Future) -> Any:
+            _.value()  # raises here, in the future, if the collective failed
+            if self.clock is not None:
+                self.clock.landed(launched)
+            else:
+                self.stats.comm_seconds += time.perf_counter() - launched
+            return finish()
+        return work.get_future().then(landed)

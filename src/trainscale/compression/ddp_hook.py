@@ -7,7 +7,10 @@
 DDP calls the hook once per gradient bucket with the *local* gradients; the hook returns a future of
 the bucket-sized averaged tensor. Layerwise: each parameter of the bucket is a unit with its own k,
 scale or norm (``bucket.parameters()``/``bucket.gradients()``), keyed by parameter name because
-``bucket.index()`` changes when DDP rebuilds its buckets after the first iteration.
+``bucket.index()`` changes when DDP rebuilds its buckets after the first iteration. The hook encodes
+at once and returns the collective's future, decoding when it lands, so a bucket's exchange overlaps
+the backward pass of the buckets after it, as DDP's own all-reduce does (PowerSGD, whose second
+all-reduce needs the first one's result, completes inside the hook).
 
 Entire model: every gradient must be one vector, but DDP may split the model into several buckets
 (25 MiB each by default, plus a 1 MiB first bucket). The hook therefore does not rely on one bucket:
@@ -32,6 +35,7 @@ from trainscale.compression.base import Compressor
 from trainscale.compression.exchange import Exchange
 from trainscale.compression.stats import CompressionStats
 from trainscale.errors import ConfigError
+from trainscale.runtime.comm_hooks import OverlapClock
 
 GRANULARITIES = ("layerwise", "entire")
 GRANULARITY_ALIASES = {"entiremodel": "entire", "entire-model": "entire", "entire_model": "entire",
@@ -109,9 +113,11 @@ class CompressionHookState:
                  stats: CompressionStats | None = None, group: Any = None) -> None:
         self.granularity = canonical_granularity(granularity)
         stats = stats or CompressionStats(method=compressor.name, granularity=self.granularity)
-        self.exchange = Exchange(compressor, error_feedback=error_feedback, stats=stats, group=group)
+        self.clock = OverlapClock(stats)
+        self.exchange = Exchange(compressor, error_feedback=error_feedback, stats=stats, group=group,
+                                 clock=self.clock)
         self.keys = ParamKeys(model)
-        self.clock = StepClock(int(warmup_steps), int(warmup_epochs))
+        self.steps = StepClock(int(warmup_steps), int(warmup_epochs))
         self.pending: list[_Pending] = []
         self.buckets_this_step = 0
         self.buckets_last_step = 0  # how many buckets DDP handed over in the last full step
@@ -125,17 +131,21 @@ class CompressionHookState:
         return self.exchange.compressor
 
     def set_epoch(self, epoch: int) -> None:
-        self.clock.epoch = int(epoch)
+        self.steps.epoch = int(epoch)
 
     def reduce(self, units: list[tuple[str, Tensor]]) -> list[Tensor]:
         """Average ``(key, gradient)`` units over ranks at the current step (compressed or warm-up dense)."""
-        return self.exchange.reduce(units, self.clock.step, self.clock.epoch, dense=self.clock.dense())
+        return self.reduce_async(units).wait()
+
+    def reduce_async(self, units: list[tuple[str, Tensor]]) -> torch.futures.Future:
+        """:meth:`reduce`, launched: encoded now, a future of the averages (see ``Exchange.reduce_async``)."""
+        return self.exchange.reduce_async(units, self.steps.step, self.steps.epoch, dense=self.steps.dense())
 
     def end_step(self) -> None:
         self.buckets_last_step, self.buckets_this_step = self.buckets_this_step, 0
         self.stats.steps += 1
-        self.stats.dense_steps += int(self.clock.dense())
-        self.clock.step += 1
+        self.stats.dense_steps += int(self.steps.dense())
+        self.steps.step += 1
 
     def reduce_entire(self, items: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
         """Average (parameter, gradient) pairs as ONE vector in canonical parameter order; results come
@@ -150,10 +160,10 @@ class CompressionHookState:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.clock.step, "epoch": self.clock.epoch, "exchange": self.exchange.state_dict()}
+        return {"step": self.steps.step, "epoch": self.steps.epoch, "exchange": self.exchange.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.clock.step, self.clock.epoch = int(state["step"]), int(state["epoch"])
+        self.steps.step, self.steps.epoch = int(state["step"]), int(state["epoch"])
         self.exchange.load_state_dict(state["exchange"])
 
 
@@ -163,12 +173,11 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     if state.granularity == "entire":
         return _entire_hook(state, bucket)
     params, grads = bucket.parameters(), bucket.gradients()
-    out = state.reduce([(state.keys.name(p), g) for p, g in zip(params, grads)])
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(_bucket_tensor(out, bucket.buffer().dtype))
+    future = state.reduce_async([(state.keys.name(p), g) for p, g in zip(params, grads)])
     if bucket.is_last():
         state.end_step()
-    return future
+    dtype = bucket.buffer().dtype
+    return future.then(lambda averaged: _bucket_tensor(averaged.value(), dtype))
 
 
 def _entire_hook(state: CompressionHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

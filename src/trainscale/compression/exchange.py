@@ -25,9 +25,10 @@ import torch
 from torch import Tensor
 
 from trainscale.compression.base import Compressor, Payload, UnitContext
-from trainscale.compression.collectives import Communicator
+from trainscale.compression.collectives import Communicator, Future, done
 from trainscale.compression.feedback import ErrorFeedback
 from trainscale.compression.stats import CompressionStats
+from trainscale.runtime.comm_hooks import OverlapClock
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,18 @@ class Exchange:
     """The collective layer shared by the DDP hook and the manual reducer (and usable on its own).
 
     ``reduce(units, step, epoch)`` takes ``(key, gradient)`` pairs in the same order on every rank and
-    returns the averaged gradients, shaped like the inputs. Without a process group it is the identity
-    (still counting the bytes it would hand over).
+    returns the averaged gradients, shaped like the inputs. ``reduce_async`` is the same, launched: it
+    encodes (and keeps error-feedback residuals) now, and returns a future that decodes once the
+    collective lands, so a DDP hook overlaps the exchange with the rest of the backward pass. Methods
+    that drive their own collectives (PowerSGD) complete before the future is returned. Without a
+    process group it is the identity (still counting the bytes it would hand over).
     """
 
     def __init__(self, compressor: Compressor, *, error_feedback: bool = False,
-                 stats: CompressionStats | None = None, group: Any = None) -> None:
+                 stats: CompressionStats | None = None, group: Any = None, clock: OverlapClock | None = None) -> None:
         self.compressor = compressor
         self.stats = stats or CompressionStats(method=compressor.name)
-        self.comm = Communicator(self.stats, group)
+        self.comm = Communicator(self.stats, group, clock)
         wants_feedback = compressor.feedback == "always" or (error_feedback and compressor.feedback == "optional")
         self.feedback = ErrorFeedback() if wants_feedback else None
         self.stats.world_size = self.comm.world_size
@@ -91,6 +95,11 @@ class Exchange:
     def reduce(self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0,
                dense: bool = False) -> list[Tensor]:
         """Average ``units`` over ranks: compressed, or plain all-reduce when ``dense`` (warm-up)."""
+        return self.reduce_async(units, step, epoch, dense).wait()
+
+    def reduce_async(self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0,
+                     dense: bool = False) -> Future:
+        """:meth:`reduce`, launched: a future of the averaged gradients."""
         grads = [g for _, g in units]
         self.stats.world_size = self.comm.world_size
         self.stats.dense_bytes += sum(g.numel() * g.element_size() for g in grads)
@@ -107,11 +116,10 @@ class Exchange:
     def _device(self, tensors: list[Tensor]) -> torch.device | None:
         return tensors[0].device if tensors else None
 
-    def _dense(self, grads: list[Tensor]) -> list[Tensor]:
+    def _dense(self, grads: list[Tensor]) -> Future:
         world = self.comm.world_size
         out = [g.div(world) if world > 1 else g.clone() for g in grads]
-        self.comm.all_reduce_(out)
-        return out
+        return self.comm.all_reduce_async_(out).then(lambda _: out)
 
     def _encode(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> list[Payload]:
         with self.stats.timer("encode", self._device(inputs)):
@@ -133,43 +141,56 @@ class Exchange:
                 sent = self.compressor.decode(p)
                 self.feedback.update(ctx.key, x, sent * scale if scale != 1.0 else sent)
 
-    def _allreduce(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> list[Tensor]:
+    def _allreduce(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> Future:
         world = self.comm.world_size
         scaled = [x.div(world) for x in inputs] if world > 1 else inputs
         payloads = self._encode(scaled, ctxs)
         self._remember(ctxs, inputs, payloads, float(world))
         owned = payloads if world == 1 else [p.replace({k: _owned(t, x) for k, t in p.tensors.items()})
                                              for p, x in zip(payloads, inputs)]
-        self.comm.all_reduce_([t for p in owned for t in p.tensors.values()])
-        with self.stats.timer("decode", self._device(inputs)):
-            return [self.compressor.decode(p) for p in owned]
+        device = self._device(inputs)
 
-    def _allgather(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> list[Tensor]:
+        def decode(_: Future) -> list[Tensor]:
+            with self.stats.timer("decode", device):
+                return [self.compressor.decode(p) for p in owned]
+        return self.comm.all_reduce_async_([t for p in owned for t in p.tensors.values()]).then(decode)
+
+    def _allgather(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> Future:
         payloads = self._encode(inputs, ctxs)
         self._remember(ctxs, inputs, payloads)
-        per_rank = self.gather_payloads(payloads)
-        with self.stats.timer("decode", self._device(inputs)):
-            return [self.compressor.combine([ranked[u] for ranked in per_rank]) for u in range(len(payloads))]
+        device = self._device(inputs)
 
-    def _custom(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> list[Tensor]:
+        def combine(gathered: Future) -> list[Tensor]:
+            per_rank = gathered.value()
+            with self.stats.timer("decode", device):
+                return [self.compressor.combine([ranked[u] for ranked in per_rank]) for u in range(len(payloads))]
+        return self.gather_payloads_async(payloads).then(combine)
+
+    def _custom(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> Future:
         out, sent = self.compressor.reduce(inputs, ctxs, self.comm)  # type: ignore[attr-defined]
         if self.feedback is not None:
             for ctx, x, s in zip(ctxs, inputs, sent):
                 self.feedback.update(ctx.key, x, s)
-        return out
+        return done(out)
 
     def gather_payloads(self, payloads: list[Payload]) -> list[list[Payload]]:
         """Every rank's payloads (rank order), through one all-gather of serialised bytes."""
+        return self.gather_payloads_async(payloads).wait()
+
+    def gather_payloads_async(self, payloads: list[Payload]) -> Future:
+        """:meth:`gather_payloads`, launched (a variable-size method's size exchange runs first, blocking)."""
         slots, device = layout(payloads), _device_of(payloads)
         per_rank = self._gather_layouts(slots, device) if self.compressor.variable_size else None
         buffer = serialize(payloads, slots).to(device)
         size = max(total_nbytes(s) for s in per_rank) if per_rank else buffer.numel()
         if buffer.numel() < size:
             buffer = torch.cat([buffer, buffer.new_zeros(size - buffer.numel())])
-        gathered = self.comm.all_gather(buffer)
         me = self.comm.rank
-        return [payloads if r == me else deserialize(buf, per_rank[r] if per_rank else slots, payloads)
-                for r, buf in enumerate(gathered)]
+
+        def unpack(gathered: Future) -> list[list[Payload]]:
+            return [payloads if r == me else deserialize(buf, per_rank[r] if per_rank else slots, payloads)
+                    for r, buf in enumerate(gathered.value())]
+        return self.comm.all_gather_async(buffer).then(unpack)
 
     def _gather_layouts(self, slots: list[Slot], device: torch.device) -> list[list[Slot]]:
         """Each rank's slots, from an all-gather of every payload tensor's element count."""

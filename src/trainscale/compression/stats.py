@@ -13,6 +13,7 @@ as workers are added.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator
@@ -22,6 +23,7 @@ import torch
 from trainscale.runtime.comm_hooks import CommStats
 
 _LABELS = ("method", "granularity", "world_size")
+_TIMER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -39,7 +41,6 @@ class CompressionStats(CommStats):
     wire_bytes: float = 0.0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
-    comm_seconds: float = 0.0
     selected: int = 0
     candidates: int = 0
     fallback_units: int = 0
@@ -57,7 +58,8 @@ class CompressionStats(CommStats):
 
     @contextlib.contextmanager
     def timer(self, name: str, device: torch.device | None = None) -> Iterator[None]:
-        """Add the wall time of the body to ``<name>_seconds`` (device-synchronised on CUDA)."""
+        """Add the wall time of the body to ``<name>_seconds`` (device-synchronised on CUDA). Decoding
+        may run on the backend's threads (overlapped exchanges), hence the lock."""
         _sync(device)
         start = time.perf_counter()
         try:
@@ -65,7 +67,8 @@ class CompressionStats(CommStats):
         finally:
             _sync(device)
             attr = f"{name}_seconds"
-            setattr(self, attr, getattr(self, attr) + time.perf_counter() - start)
+            with _TIMER_LOCK:
+                setattr(self, attr, getattr(self, attr) + time.perf_counter() - start)
 
     def reset(self) -> None:
         for f in fields(self):
@@ -101,6 +104,7 @@ class CompressionStats(CommStats):
             "encode_ms_per_step": per(self.encode_seconds, 1e3),
             "decode_ms_per_step": per(self.decode_seconds, 1e3),
             "comm_ms_per_step": per(self.comm_seconds, 1e3),
+            "hidden_ms_per_step": per(self.hidden_seconds, 1e3),
             "comm_seconds_per_step": per(self.exchange_seconds),
             "density": self.selected / self.candidates if self.candidates else None,
             "fallback_units_per_step": per(self.fallback_units),

@@ -179,7 +179,8 @@ class PeriodicMode(SyncMode):
         steps, rounds = self.steps[period], stats.steps
         scale = rounds / steps if steps else 0.0
         for key in ("bytes_sent_per_step", "dense_bytes_per_step", "wire_bytes_per_step", "allreduce_calls_per_step",
-                    "encode_ms_per_step", "decode_ms_per_step", "comm_ms_per_step", "comm_seconds_per_step"):
+                    "encode_ms_per_step", "decode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step",
+                    "comm_seconds_per_step"):
             if row.get(key) is not None:
                 row[key] *= scale
         return {**row, "rounds": rounds, "steps_per_round": steps / rounds if rounds else None}

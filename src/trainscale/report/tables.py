@@ -20,6 +20,7 @@ from typing import Any
 
 from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
 from trainscale.report.collect import RunRecord
+from trainscale.train.trainer import EXCHANGE_SPLIT
 
 MAX_EPOCH_ROWS = 12
 
@@ -158,39 +159,74 @@ def _efficiency(g: Group) -> str:
 
 
 def communication(part: Partition) -> Table | None:
+    """Bytes and time of each method against both dense baselines: fp32 and bf16 all-reduce."""
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     if not groups:
         return None
     rows = [[g.label, _method(g.first), _opt(g.config("ratio")), str(g.summary("compress_granularity")
              or g.config("granularity") or "-"), str(g.world_size),
              g.stat(bytes_per_step).text(",.0f"), g.stat(compression_ratio).text(".1f"),
-             _pct(g.stat(_summary("best_test_acc"))), g.stat(epoch_seconds).text(".1f")] for g in groups]
+             g.stat(lambda r: _half(compression_ratio(r))).text(".1f"),
+             _pct(g.stat(_summary("best_test_acc"))), g.stat(epoch_seconds).text(".1f"),
+             _relative(g, _peer(part, g, "none")), _relative(g, _peer(part, g, "bf16"))] for g in groups]
     return Table("Communication", ["Short Name", "method", "ratio", "granularity", "workers", "bytes per step",
-                                   "compression ratio", "best validation accuracy", "seconds per epoch"], rows,
+                                   "compression vs fp32", "compression vs bf16", "best validation accuracy",
+                                   "seconds per epoch", "time vs fp32", "time vs bf16"], rows,
                  ["bytes per step: what each worker hands to its collectives per training step (synchronous "
                   "modes) or pushes plus pulls (parameter-server modes); each run's summary.json says exactly "
-                  "what (bytes_sent_scope, bytes_scope)", "compression ratio: dense bytes / bytes sent"])
+                  "what (bytes_sent_scope, bytes_scope)",
+                  "compression vs fp32: dense fp32 bytes / bytes sent; vs bf16: the same against a bf16 "
+                  "all-reduce (half the dense bytes), the cheapest baseline a method has to beat",
+                  "time vs fp32 / bf16: seconds per epoch over those of the uncompressed (fp32) and bf16 runs "
+                  "with the same model, mode, workers, precision and network; - where that run is not in the "
+                  "report"])
+
+
+def _half(ratio: float | None) -> float | None:
+    return None if ratio is None else ratio / 2
+
+
+def _peer(part: Partition, g: Group, method: str) -> Group | None:
+    """The group that differs from ``g`` only in sending ``method`` (its dense fp32 or bf16 baseline)."""
+    def setting(h: Group) -> tuple[Any, ...]:
+        return (h.summary("model"), h.summary("mode"), h.world_size, h.summary("precision"), _network(h.first),
+                h.summary("batch_size"))
+    return next((h for h in part.groups if _method(h.first) == method and setting(h) == setting(g)), None)
+
+
+def _relative(g: Group, base: Group | None) -> str:
+    if base is None or base is g:
+        return "-" if base is None else "1.00"
+    ours, theirs = g.stat(epoch_seconds).mean, base.stat(epoch_seconds).mean
+    return f"{ours / theirs:.2f}" if ours and theirs else "-"
 
 
 def step_split(part: Partition) -> Table | None:
     """Where a step's time goes (runs that measured it: sync and parameter-server modes), beside the network
-    it ran on and, on an emulated cluster, what each host's interface really sent."""
+    it ran on and, on an emulated cluster, what each host's interface really sent; the exchange itself
+    split into encode, time in flight (and how much of it the backward pass hid) and decode."""
     groups = [g for g in part.groups if any(r.summary.get("compute_seconds_per_step") is not None for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, str(g.summary("mode")), str(g.world_size), _network(g.first),
+    rows = [[g.label, str(g.summary("mode")), _method(g.first), str(g.world_size), _network(g.first),
              *(g.stat(_scaled(name, 1e3)).text(".1f") for name in ("step_seconds", "compute_seconds_per_step",
                                                                   "comm_seconds_per_step")),
-             g.stat(_comm_share).text(".0%"), g.stat(_scaled("wire_bytes_sent_per_step", 2**-20)).text(".2f"),
+             g.stat(_comm_share).text(".0%"),
+             *(g.stat(_summary(name)).text(".1f") for name in EXCHANGE_SPLIT),
+             g.stat(_scaled("wire_bytes_sent_per_step", 2**-20)).text(".2f"),
              g.stat(run_throughput).text(".0f")] for g in groups]
-    return Table("Step time: compute and communication", ["Short Name", "mode", "workers", "network", "step (ms)",
-                 "compute (ms)", "communication (ms)", "communication share", "wire MiB sent per host per step",
-                 "images/s"], rows,
+    return Table("Step time: compute and communication", ["Short Name", "mode", "method", "workers", "network",
+                 "step (ms)", "compute (ms)", "communication (ms)", "communication share", "encode (ms)",
+                 "in flight (ms)", "hidden (ms)", "decode (ms)", "wire MiB sent per host per step", "images/s"], rows,
                  ["step: a worker's training step over the epochs after the first (as seconds per epoch); "
                   "communication: what the step waited for its exchange (sync: inside the DDP comm hooks plus "
                   "from the last gradient bucket to the end of the last collective, so all-reduce time hidden "
                   "behind the backward pass is compute; parameter server: push, pull and staleness wait); "
-                  "compute: the rest", "wire: the kernel's count of bytes each emulated host's interface sent per "
+                  "compute: the rest",
+                  "encode / decode: compressing and decompressing the step's gradients (compressed methods); in "
+                  "flight: wall time with a collective running; hidden: the part of it that ran while the "
+                  "backward pass was still computing, which the step did not wait for",
+                  "wire: the kernel's count of bytes each emulated host's interface sent per "
                   "step (mean over hosts); - on one machine"])
 
 

@@ -192,7 +192,8 @@ class Trainer:
 def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The steady epochs' (all after the first, when there are several) mean step time and, where the mode
     measures it per epoch (``comm_seconds_per_step``), its split into communication and compute, so that
-    both halves come from the same epochs."""
+    both halves come from the same epochs; likewise the exchange's own split (encode, in flight, hidden
+    under backward, decode) where the mode reports it."""
     steady = rows[1:] if len(rows) > 1 else rows
     steps = [r["step_seconds"] for r in steady if r.get("step_seconds")]
     if not steps or len(steps) != len(steady):
@@ -202,4 +203,11 @@ def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if all(c is not None for c in comm):
         out["comm_seconds_per_step"] = statistics.fmean(comm)
         out["compute_seconds_per_step"] = max(0.0, out["step_seconds"] - out["comm_seconds_per_step"])
+    for key in EXCHANGE_SPLIT:
+        values = [r.get(key) for r in steady]
+        if all(v is not None for v in values):
+            out[key] = statistics.fmean(values)
     return out
+
+
+EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")
