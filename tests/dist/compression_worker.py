@@ -138,8 +138,50 @@ def run_case(method: str, granularity: str, reference: list[list[torch.Tensor]])
     return result
 
 
+def reference_topk_ef(grads: list[torch.Tensor], residuals: list[torch.Tensor], ratio: float) -> list[torch.Tensor]:
+    """Layerwise Top-k with error feedback from its definition: each rank sends the top
+    max(1, ceil(n * ratio)) of gradient + residual per tensor, keeps the rest; the step is the mean."""
+    out = []
+    for i, g in enumerate(grads):
+        corrected = (g + residuals[i]).reshape(-1)
+        k = min(corrected.numel(), max(1, math.ceil(corrected.numel() * ratio - 1e-9)))
+        sent = torch.zeros_like(corrected)
+        keep = corrected.abs().topk(k).indices
+        sent[keep] = corrected[keep]
+        residuals[i] = (corrected - sent).view_as(g)
+        dist.all_reduce(sent)
+        out.append(sent.div_(dist.get_world_size()).view_as(g))
+    return out
+
+
+def topk_layerwise_against_reference() -> dict[str, Any]:
+    """The DDP hook (tiny buckets, rebuilt after step 0; momentum and weight decay) against
+    ``reference_topk_ef`` on an unwrapped copy, step by step from the same parameters."""
+    ratio = PARAMS["topk"]["ratio"]
+    hooked, plain = tiny_model(), tiny_model()
+    ddp = DDP(hooked, bucket_cap_mb=0.01)
+    state = CompressionHookState(create_compressor("topk", ratio=ratio), "layerwise", model=ddp,
+                                 error_feedback=True)
+    ddp.register_comm_hook(state, compression_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4) for m in (ddp, plain)]
+    residuals = [torch.zeros_like(p) for p in plain.parameters()]
+    equal = []
+    for step in range(STEPS):
+        x, y = batch(step, dist.get_rank())
+        for net, opt in zip((ddp, plain), opts):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x), y).backward()
+        want = reference_topk_ef([p.grad for p in plain.parameters()], residuals, ratio)
+        equal.append(all(torch.equal(p.grad, w) for p, w in zip(hooked.parameters(), want)))
+        for p, w in zip(plain.parameters(), want):
+            p.grad = w
+        for opt in opts:
+            opt.step()
+    return {"equal_per_step": equal, "buckets_last_step": state.buckets_last_step}
+
+
 def run_extra_cases() -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"topk_reference/layerwise": topk_layerwise_against_reference()}
     # every |g| below the threshold: nothing is selected, nothing may hang, the step is zero
     for granularity in ("layerwise", "entire"):
         model = tiny_model()

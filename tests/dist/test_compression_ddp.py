@@ -82,3 +82,11 @@ def test_compress_warmup_runs_dense_first(results):
 def test_sparsifiers_report_density(results):
     for r in case(results, "topk/layerwise") + case(results, "randomk/entire"):
         assert r["stats"]["density"] == pytest.approx(0.05, abs=0.01)
+
+
+def test_layerwise_topk_with_feedback_is_the_method_over_two_ranks(results):
+    """Hook == layerwise Top-k + per-rank error feedback written from its definition, every step,
+    across DDP's bucket rebuild (no residual lost or mis-keyed, no scale applied twice or never)."""
+    for r in case(results, "topk_reference/layerwise"):
+        assert r["buckets_last_step"] > 1
+        assert all(r["equal_per_step"]), r["equal_per_step"]

@@ -213,15 +213,28 @@ def test_shipped_grids_validate(path, scale):
     assert grid.scales.keys() >= {"quick", "full"} and grid.source
     runs = plan_runs(grid, scale)
     assert runs
-    if scale == "quick":  # minutes on a 2-core CPU
-        assert len(runs) <= 6
+    if scale == "quick":  # minutes on a 2-core CPU (the slow-links grid: under 20 minutes for 18 short runs)
+        assert len(runs) <= (18 if path.stem == "slow_links" else 6)
         assert all(r.config["epochs"] <= 3 and (r.config["train_subset"] or 50_000) <= 5000 for r in runs)
         assert all(r.config["model"] in ("mlp", "resnet20", "airbench") for r in runs)
 
 
 def test_every_results_page_has_its_grid():
     assert [p.stem for p in GRIDS] == ["seed000_multiverso", "seed001_mxnet_multigpu", "seed002_mxnet_dist",
-                                       "seed003_keras_scaling", "seed004_compression"]
+                                       "seed003_keras_scaling", "seed004_compression", "slow_links"]
+
+
+def test_the_slow_links_grid_runs_every_method_at_three_bandwidths_on_four_hosts():
+    grid = load_grid(next(p for p in GRIDS if p.stem == "slow_links"))
+    full = plan_runs(grid, "full")
+    assert len(full) == 11 * 3 and {r.config["cluster"] for r in full} == {"b4h300mbit", "b4h60mbit", "b4h12mbit"}
+    cells = {(r.short_name, r.config["cluster"]) for r in full}
+    assert len(cells) == 33 and all(r.config["workers"] == 1 and r.config["target_acc"] == 0.7 for r in full)
+    modes = {r.short_name: (r.config["mode"], r.config.get("compress")) for r in full}
+    assert modes["diloco-q4"] == ("diloco", "qsgd") and modes["async"][0] == "async"
+    assert modes["fp32"] == ("sync", "none") and modes["bf16"] == ("sync", "bf16")
+    quick = plan_runs(grid, "quick")
+    assert len(quick) == 18 and {r.short_name for r in quick} >= {"fp32", "bf16", "diloco"}
 
 
 # ------------------------------------------------------------------ `trainscale bench --set KEY=VALUE`

@@ -29,11 +29,13 @@ SCOPE = "training steps only (test)"
 
 
 def make_run(folder: Path, *, workers: int = 1, seed: int = 0, rate: float = 100.0, acc: float = 0.5,
-             env: dict | None = None, lr: float = 0.1, extra: dict | None = None, epochs: int = 3) -> Path:
+             env: dict | None = None, lr: float = 0.1, extra: dict | None = None, epochs: int = 3,
+             config: dict | None = None) -> Path:
     """A finished run folder as `trainscale train` writes it; ``rate`` is its steady images/s."""
     folder.mkdir(parents=True)
     config = {**TrainConfig().to_dict(), "model": "mlp", "epochs": epochs, "workers": workers, "seed": seed, "lr": lr,
-              "batch_per_worker": 100, "mode": "sync" if workers > 1 else "local", "out": str(folder)}
+              "batch_per_worker": 100, "mode": "sync" if workers > 1 else "local", "out": str(folder),
+              **(config or {})}
     per_epoch = 1000 * workers
     steady = per_epoch / rate
     metrics = [{"epoch": e, "lr": lr, "train_acc": acc - 0.1, "test_acc": acc * e / epochs, "epoch_seconds": steady,
@@ -295,3 +297,30 @@ def test_bsp_and_async_on_a_cluster_get_the_step_split_table_and_the_side_by_sid
             "100 |") in table[2:]
     with Image.open(tmp_path / "report" / "accuracy_bsp_async.png") as image:
         assert image.size[0] > 2 * 400  # two panels
+
+
+def test_slow_links_report_times_each_method_to_target_against_fp32_and_bf16_per_network(tmp_path):
+    """fp32, bf16 and Top-k on three networks: the time-to-target table relates each to both dense
+    baselines on its own network, the crossover table interpolates where Top-k starts to win, and the
+    accuracy-against-time figure gets one panel per network."""
+    times = {"fp32": (100.0, 200.0, 800.0), "bf16": (100.0, 150.0, 420.0), "topk": (150.0, 150.0, 160.0)}
+    for method, per_rate in times.items():
+        for rate, seconds in zip((10**9, 10**8, 10**7), per_rate):
+            cluster = {"name": f"b4h{rate}", "hosts": 4, "rate_bps": rate, "rates_bps": [rate] * 4}
+            compress = {"fp32": "none", "bf16": "bf16", "topk": "topk"}[method]
+            make_run(tmp_path / "runs" / f"{method}-{rate}", workers=4, config={"compress": compress,
+                     "cluster": cluster["name"]}, extra={"cluster": cluster, "target_acc": 0.4,
+                     "time_to_target_seconds": seconds, "compress_method": compress,
+                     "bytes_sent_per_step": 1000.0})
+    write_report([tmp_path / "runs"], tmp_path / "report")
+    text = (tmp_path / "report" / "results.md").read_text()
+    table = text.split("### Time to 40.00 % test accuracy")[1].split("\n\n")[1].splitlines()
+    rows = {r.split(" | ")[0][2:]: r.split(" | ") for r in table[2:]}
+    assert rows["topk-10000000"][4:7] == ["160.0", "0.20", "0.38"]
+    assert rows["bf16-1000000000"][4:7] == ["100.0", "1.00", "1.00"]
+    assert rows["topk-1000000000"][3] == "4 hosts at 1 Gbit/s"
+    cross = text.split("### Crossover bandwidth against dense fp32")[1].split("\n\n")[1].splitlines()[2:]
+    by_method = {r.split(" | ")[1]: r for r in cross}
+    assert "about 215 Mbit/s (wins below)" in by_method["topk"]  # 0.75 at 100 Mbit/s, 1.5 at 1 Gbit/s
+    assert "about 1 Gbit/s (wins below)" in by_method["bf16"]  # level with fp32 at 1 Gbit/s
+    assert (tmp_path / "report" / "accuracy_time_networks.png").exists()

@@ -25,11 +25,13 @@ from trainscale.report.tables import (
     Table,
     communication,
     configurations,
+    crossover,
     environment_table,
     epochs_table,
     problems,
     scaling,
     step_split,
+    time_to_target,
 )
 from trainscale.train.setup import check_folder_writable
 
@@ -168,7 +170,8 @@ def _section(part: Partition, number: int, total: int, out: Path) -> Section:
     if total > 1:
         title = f"Environment {number}: {title}"
     tables = [environment_table(part), configurations(part), scaling(part)]
-    tables += [t for t in (communication(part), step_split(part)) if t is not None]
+    tables += [t for t in (communication(part), step_split(part), time_to_target(part), crossover(part))
+               if t is not None]
     plots = write_plots(part, out, f"-env{number}" if number > 1 else "")
     return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
 

@@ -7,6 +7,8 @@
 - ``accuracy_bsp_async.png``: the same two curves side by side, drawn when the runs hold both
   synchronous (BSP) and parameter-server (async, SSP, ps-sync, model averaging) training: the MXNet
   distributed examples' BSP against Async (grid seed002, at its emulated scale on 5 hosts).
+- ``accuracy_time_networks.png``: test accuracy against training time, one panel per network, when
+  runs on emulated clusters span several bandwidths (the slow-links grid).
 - ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (the
   layer-wise compression study, grid seed004), drawn only when runs report bytes per step.
 With several environments each gets its own set (``-env2`` ...), never one plot across machines.
@@ -31,7 +33,7 @@ from trainscale.report.aggregate import (  # noqa: E402
     run_throughput,
     uses_parameter_server,
 )
-from trainscale.report.tables import bytes_per_step, compression_ratio  # noqa: E402
+from trainscale.report.tables import bytes_per_step, compression_ratio, network_text  # noqa: E402
 
 DPI = 100
 STYLES = ("-", "--", ":", "-.")
@@ -55,6 +57,10 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
     if len({g.world_size for g in part.groups}) > 1:
         written["Images/s and scaling efficiency against workers"] = _save_pair(
             out / f"throughput_workers{suffix}.png", lambda axes: _scaling(axes, part))
+    networks = _by_network(part)
+    if len(networks) > 1:
+        written["Test accuracy against training time on each network"] = _save_row(
+            out / f"accuracy_time_networks{suffix}.png", len(networks), lambda axes: _networks(axes, networks))
     if any(bytes_per_step(r) for r in part.runs):
         written["Accuracy against bytes per step and compression ratio"] = _save_pair(
             out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part))
@@ -81,6 +87,34 @@ def _save_pair(path: Path, draw: Any) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def _save_row(path: Path, panels: int, draw: Any) -> Path:
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.5), dpi=DPI, sharey=True, squeeze=False)
+    try:
+        draw(list(axes[0]))
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _by_network(part: Partition) -> dict[str, list[Group]]:
+    """Real-data runs on emulated clusters, by network, fastest first."""
+    found: dict[float, list[Group]] = {}
+    for g in part.groups:
+        cluster = g.summary("cluster")
+        if cluster and g.summary("dataset") != "synthetic":
+            found.setdefault(min(cluster.get("rates_bps") or [cluster["rate_bps"]]), []).append(g)
+    return {network_text(groups[0].first): groups for _, groups in sorted(found.items(), reverse=True)}
+
+
+def _networks(axes: list[Any], networks: dict[str, list[Group]]) -> None:
+    for ax, (network, groups) in zip(axes, networks.items()):
+        _accuracy(ax, Partition({}, groups, [r for g in groups for r in g.runs]), "elapsed_seconds",
+                  "training time (s)")
+        ax.set_title(network)
 
 
 def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:

@@ -15,6 +15,7 @@ A table or column appears only when some run has the data: nothing is shown that
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,108 @@ def communication(part: Partition) -> Table | None:
                   "report"])
 
 
+def time_to_target(part: Partition) -> Table | None:
+    """Time to the target accuracy of each method on each network, against dense fp32 and bf16 all-reduce
+    on the same network (the slow-links grid's table)."""
+    groups = [g for g in part.groups if g.summary("target_acc") is not None and g.summary("cluster")]
+    if not groups:
+        return None
+    groups.sort(key=lambda g: (-_rate(g), str(g.label)))
+    rows = [[g.label, str(g.summary("mode")), _method(g.first), network_text(g.first), _ttt_text(g),
+             _ttt_relative(g, _peer(part, g, "none")), _ttt_relative(g, _peer(part, g, "bf16")),
+             _pct(g.stat(_summary("final_test_acc"))), g.stat(bytes_per_step).text(",.0f")] for g in groups]
+    target = _pct(groups[0].stat(_summary("target_acc")))
+    return Table(f"Time to {target} test accuracy", ["Short Name", "mode", "method", "network",
+                 "time to target (s)", "vs fp32", "vs bf16", "final test accuracy", "bytes per step"], rows,
+                 ["time to target: training time (evaluation excluded) until the end of the first epoch whose test "
+                  "accuracy reached the target; 'not reached' if none did",
+                  "vs fp32 / vs bf16: that time over the time of synchronous dense fp32 / bf16 all-reduce on the "
+                  "same network (below 1.00: faster); a run that did not reach the target counts as its whole "
+                  "training time and is marked '>'"])
+
+
+def crossover(part: Partition) -> Table | None:
+    """For each method measured on several networks: the bandwidth below which it reaches the target
+    sooner than dense fp32 all-reduce, interpolated in log-bandwidth between the measured networks."""
+    families: dict[str, list[Group]] = {}
+    for g in part.groups:
+        if g.summary("target_acc") is not None and g.summary("cluster") and _method_key(g) != ("sync", "none"):
+            families.setdefault(" ".join(map(str, _method_key(g))), []).append(g)
+    rows = []
+    for groups in families.values():
+        points = [(_rate(g), _ttt_ratio(g, _peer(part, g, "none"))) for g in groups]
+        points = sorted((rate, ratio) for rate, ratio in points if ratio is not None)
+        if len(points) > 1:
+            rows.append([groups[0].first.bench.get("short_name") or groups[0].label, _method(groups[0].first),
+                         str(groups[0].summary("mode")),
+                         ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points), _crossing(points)])
+    if not rows:
+        return None
+    return Table("Crossover bandwidth against dense fp32", ["method", "compressor", "mode",
+                 "time to target vs fp32, per network", "measured crossover"], rows,
+                 ["crossover: where the method's time to target equals dense fp32's, interpolated linearly in "
+                  "log-bandwidth between the two measured networks around it; the method wins below it",
+                  "the planner's prediction of the same point belongs beside it once the planner exists (planner "
+                  "issue); it is not shown rather than guessed"])
+
+
+def _method_key(g: Group) -> tuple[str, ...]:
+    config = g.first.config or {}
+    knobs = ("compress", "ratio", "granularity", "powersgd_rank", "qstates", "sync_every", "outer_lr",
+             "outer_momentum", "servers", "error_feedback")
+    return (str(g.summary("mode")), _method(g.first), *(str(config.get(k)) for k in knobs if config.get(k)))
+
+
+def _rate(g: Group) -> float:
+    cluster = g.summary("cluster") or {}
+    return float(min(cluster.get("rates_bps") or [cluster.get("rate_bps") or 0]))
+
+
+def _rate_text(rate: float) -> str:
+    rate = float(f"{rate:.3g}")
+    return f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
+
+
+def _ttt(r: RunRecord) -> tuple[float | None, bool]:
+    """(seconds, reached): the time to target, or the whole training time when it was not reached."""
+    reached = r.summary.get("time_to_target_seconds")
+    return (reached, True) if reached is not None else (r.summary.get("total_train_seconds"), False)
+
+
+def _ttt_text(g: Group) -> str:
+    reached = g.stat(lambda r: _ttt(r)[0] if _ttt(r)[1] else None)
+    return reached.text(".1f") if len(reached.values) == len(g.runs) else "not reached"
+
+
+def _ttt_ratio(g: Group, base: Group | None) -> float | None:
+    if base is None:
+        return None
+    ours, theirs = g.stat(lambda r: _ttt(r)[0]).mean, base.stat(lambda r: _ttt(r)[0]).mean
+    return ours / theirs if ours and theirs else None
+
+
+def _ttt_relative(g: Group, base: Group | None) -> str:
+    ratio = _ttt_ratio(g, base)
+    if ratio is None:
+        return "-"
+    censored = any(not _ttt(r)[1] for r in g.runs)
+    return f"{'>' if censored else ''}{ratio:.2f}"
+
+
+def _crossing(points: list[tuple[float, float]]) -> str:
+    """Where ``ratio`` (ascending bandwidth) crosses 1, as text."""
+    if all(q < 1 for _, q in points):
+        return f"wins on every network measured (up to {_rate_text(points[-1][0])})"
+    if all(q >= 1 for _, q in points):
+        return f"never wins (down to {_rate_text(points[0][0])})"
+    for (r0, q0), (r1, q1) in zip(points, points[1:]):
+        if (q0 - 1) * (q1 - 1) <= 0 and q0 != q1:
+            at = math.exp(math.log(r0) + (1 - q0) / (q1 - q0) * (math.log(r1) - math.log(r0)))
+            side = "below" if q0 < 1 else "above"
+            return f"about {_rate_text(at)} (wins {side})"
+    return "-"
+
+
 def _half(ratio: float | None) -> float | None:
     return None if ratio is None else ratio / 2
 
@@ -189,9 +292,9 @@ def _half(ratio: float | None) -> float | None:
 def _peer(part: Partition, g: Group, method: str) -> Group | None:
     """The group that differs from ``g`` only in sending ``method`` (its dense fp32 or bf16 baseline)."""
     def setting(h: Group) -> tuple[Any, ...]:
-        return (h.summary("model"), h.summary("mode"), h.world_size, h.summary("precision"), _network(h.first),
-                h.summary("batch_size"))
-    return next((h for h in part.groups if _method(h.first) == method and setting(h) == setting(g)), None)
+        return (h.summary("model"), h.world_size, h.summary("precision"), network_text(h.first), h.summary("batch_size"))
+    return next((h for h in part.groups if _method(h.first) == method and setting(h) == setting(g)
+                 and h.summary("mode") in ("sync", "local", g.summary("mode"))), None)
 
 
 def _relative(g: Group, base: Group | None) -> str:
@@ -208,7 +311,7 @@ def step_split(part: Partition) -> Table | None:
     groups = [g for g in part.groups if any(r.summary.get("compute_seconds_per_step") is not None for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, str(g.summary("mode")), _method(g.first), str(g.world_size), _network(g.first),
+    rows = [[g.label, str(g.summary("mode")), _method(g.first), str(g.world_size), network_text(g.first),
              *(g.stat(_scaled(name, 1e3)).text(".1f") for name in ("step_seconds", "compute_seconds_per_step",
                                                                   "comm_seconds_per_step")),
              g.stat(_comm_share).text(".0%"),
@@ -230,7 +333,7 @@ def step_split(part: Partition) -> Table | None:
                   "step (mean over hosts); - on one machine"])
 
 
-def _network(r: RunRecord) -> str:
+def network_text(r: RunRecord) -> str:
     cluster = r.summary.get("cluster")
     if not cluster:
         return "one machine"
