@@ -77,7 +77,23 @@ def test_model_averaging_with_a_warm_start(tmp_path):
     assert (summary["ps_rule"], summary["average_every"], summary["warm_start_epochs"]) == ("ma", 3, 1)
 
 
+@pytest.mark.dist
+def test_async_defaults_to_reduced_momentum_and_staleness_aware_lr(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", *SYN, "--mode", "async", "--workers", "2", "--servers", "1", "--epochs", "1",
+                   "--momentum", "0.9", "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("async: server momentum 0.4 (--momentum 0.9 less 1 - 1/2 for 2 asynchronous worker(s)), "
+            "staleness-aware lr on") in proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["async_momentum"], summary["staleness_lr"]) == (pytest.approx(0.4), True)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["async_momentum"], config["staleness_lr"]) == ("auto", True)
+
+
 @pytest.mark.parametrize("flags, fragment", [
+    (("--mode", "async", "--workers", "2", "--servers", "1", "--async-momentum", "high"),
+     "--async-momentum must be 'auto' or a number in [0, 1), got 'high'"),
     (("--mode", "async", "--workers", "2"), "--mode async needs --servers S >= 1"),
     (("--mode", "sync", "--workers", "2", "--servers", "1"), "--servers is for the parameter-server modes"),
     (("--mode", "ps-sync", "--servers", "1", "--staleness", "2"), "--staleness bounds ASGD"),

@@ -215,7 +215,8 @@ def test_shipped_grids_validate(path, scale):
     assert runs
     if scale == "quick":  # minutes on a 2-core CPU (the slow-links grid: under 20 minutes for 18 short runs)
         assert len(runs) <= (18 if path.stem == "slow_links" else 6)
-        assert all(r.config["epochs"] <= 3 and (r.config["train_subset"] or 50_000) <= 5000 for r in runs)
+        most = 8000 if path.stem == "slow_links" else 5000
+        assert all(r.config["epochs"] <= 3 and (r.config["train_subset"] or 50_000) <= most for r in runs)
         assert all(r.config["model"] in ("mlp", "resnet20", "airbench") for r in runs)
 
 
@@ -227,7 +228,7 @@ def test_every_results_page_has_its_grid():
 def test_the_slow_links_grid_runs_every_method_at_three_bandwidths_on_four_hosts():
     grid = load_grid(next(p for p in GRIDS if p.stem == "slow_links"))
     full = plan_runs(grid, "full")
-    assert len(full) == 11 * 3 and {r.config["cluster"] for r in full} == {"b4h300mbit", "b4h60mbit", "b4h12mbit"}
+    assert len(full) == 11 * 3 and {r.config["cluster"] for r in full} == {"b4h1gbit", "b4h200mbit", "b4h40mbit"}
     cells = {(r.short_name, r.config["cluster"]) for r in full}
     assert len(cells) == 33 and all(r.config["workers"] == 1 and r.config["target_acc"] == 0.7 for r in full)
     modes = {r.short_name: (r.config["mode"], r.config.get("compress")) for r in full}

@@ -8,7 +8,10 @@ import torch
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
 from trainscale.modes.ps.batches import TrainBatches, unsharded
-from trainscale.modes.ps.mode import role_from_env
+from trainscale.modes.ps.config import resolve_async_momentum
+from trainscale.modes.ps.mode import ParameterServerMode, Role, role_from_env
+from trainscale.modes.ps.server import Rule, ShardServer
+from trainscale.modes.ps.membership import Membership
 from trainscale.modes.ps.optimizer import EpochClock, injected_slowdown
 from trainscale.app.config import build_config
 
@@ -32,10 +35,54 @@ def test_servers_alone_select_async_and_modes_register():
     ({"warm_start_epochs": 1}, "--warm-start-epochs is for the parameter-server modes"),
     ({"mode": "async", "servers": 1, "rpc_timeout": 0}, "--rpc-timeout must be > 0"),
     ({"mode": "async", "servers": 1, "max_restarts": 1}, "--max-restarts is not supported"),
+    ({"mode": "async", "servers": 1, "async_momentum": "fast"},
+     "--async-momentum must be 'auto' or a number in [0, 1), got 'fast'"),
+    ({"mode": "async", "servers": 1, "async_momentum": "1"}, "--async-momentum must be 'auto' or a number in [0, 1)"),
+    ({"mode": "async", "servers": 1, "async_momentum": "-0.1"}, "got '-0.1'"),
+    ({"mode": "async", "servers": 1, "async_momentum": "nan"}, "got 'nan'"),
+    ({"mode": "ps-sync", "servers": 1, "async_momentum": "0.5"}, "--async-momentum sets ASGD's server momentum"),
+    ({"mode": "ma", "servers": 1, "staleness_lr": False}, "--no-staleness-lr applies to --mode async"),
 ])
 def test_bad_settings_name_the_flag(bad, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         build_config(BASE, bad)
+
+
+def test_async_remedies_are_on_by_default():
+    cfg = build_config(BASE, {"servers": 1, "workers": 2})
+    assert (cfg.async_momentum, cfg.staleness_lr) == ("auto", True)
+    assert build_config(BASE, {"servers": 1, "async_momentum": "0.25", "staleness_lr": False}).async_momentum == "0.25"
+
+
+@pytest.mark.parametrize("workers, expected", [(1, 0.9), (2, 0.4), (4, 0.15), (5, 0.1), (10, 0.0), (64, 0.0)])
+def test_auto_async_momentum_takes_off_the_implicit_one_minus_one_over_w(workers, expected):
+    explicit = resolve_async_momentum("auto", 0.9, workers)
+    assert explicit == pytest.approx(expected, abs=1e-12)
+    # Mitliagkas et al.: explicit + implicit (1 - 1/W) is the momentum asked for, until explicit reaches 0
+    if expected > 0:
+        assert explicit + (1 - 1 / workers) == pytest.approx(0.9)
+    assert resolve_async_momentum("AUTO", 0.0, workers) == 0.0
+    assert resolve_async_momentum("0.3", 0.9, workers) == 0.3  # a number is used as is
+
+
+def ps_mode(name: str, workers: int, **flags) -> ParameterServerMode:
+    mode = ParameterServerMode(name, build_config(BASE, {"mode": name, "servers": 1, "workers": workers, **flags}))
+    mode._role = Role("worker", 0, workers, 1, 0, workers + 1)
+    return mode
+
+
+def test_async_rule_gets_the_resolved_momentum_and_staleness_lr_other_rules_do_not():
+    asked = Rule("async", momentum=0.9, nesterov=True, weight_decay=5e-4)
+    rule = ps_mode("async", 2).async_remedies(asked)
+    assert (rule.momentum, rule.nesterov, rule.weight_decay, rule.staleness_lr) == (pytest.approx(0.4), True, 5e-4,
+                                                                                    True)
+    assert ps_mode("async", 2, async_momentum="0.9", staleness_lr=False).async_remedies(asked) == asked
+    # 10 workers bring 0.9 themselves: no explicit momentum is left, so no Nesterov (torch's SGD would refuse it)
+    none_left = ps_mode("async", 10).async_remedies(asked)
+    assert (none_left.momentum, none_left.nesterov) == (0.0, False)
+    ShardServer(0, Membership(10)).initialize(torch.zeros(3), none_left)
+    synced = Rule("ps-sync", momentum=0.9)
+    assert ps_mode("ps-sync", 2).async_remedies(synced) is synced
 
 
 def env(rank, local, group, world=8, per_node=4):

@@ -7,7 +7,7 @@ import torch
 
 from trainscale.modes.ps.coordinator import CollectiveError, Coordinator
 from trainscale.modes.ps.membership import Membership
-from trainscale.modes.ps.server import Rule, ShardServer
+from trainscale.modes.ps.server import Rule, ShardServer, staleness_scale
 from trainscale.modes.ps.stats import epoch_row, merge_server_stats
 
 
@@ -33,6 +33,25 @@ def test_async_push_is_the_sgd_step_and_counts_staleness():
     assert stats["staleness_hist"] == {0: 1, 1: 1, 2: 1} and stats["staleness_max"] == 2
     state = server.state()
     assert state["version"] == 3 and torch.equal(state["momentum"], opt.state[twin]["momentum_buffer"])
+
+
+def test_staleness_scale_is_one_over_one_plus_the_updates_in_between():
+    assert [staleness_scale(s) for s in (0, 1, 2, 3, 9)] == [1.0, 0.5, 1 / 3, 0.25, 0.1]
+    assert staleness_scale(-1) == 1.0  # never amplifies
+
+
+def test_staleness_aware_push_scales_the_gradient_not_the_momentum_or_the_decay():
+    server, _ = shard(Rule("async", momentum=0.4, weight_decay=1e-2, staleness_lr=True))
+    twin = torch.zeros(4)
+    opt = torch.optim.SGD([twin], lr=0.0, momentum=0.4, weight_decay=1e-2)
+    for step, lr in enumerate([0.1, 0.05, 0.2]):  # all read version 0: staleness 0, 1, 2
+        grad = torch.arange(4.0) + 1 + step
+        server.push(step % 2, 0, step, grad, lr, read_version=0, active=None)
+        twin.grad, opt.param_groups[0]["lr"] = grad / (1 + step), lr  # lr / (1 + staleness) on this gradient only
+        opt.step()
+    params, version, _ = server.pull(0, 0, None, None).wait()
+    assert version == 3 and torch.allclose(params, twin, rtol=1e-6, atol=1e-7)
+    assert server.take_stats()["staleness_hist"] == {0: 1, 1: 1, 2: 1}
 
 
 def test_bounded_staleness_holds_the_fast_worker_until_the_slow_one_pushes():

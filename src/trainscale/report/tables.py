@@ -208,7 +208,7 @@ def crossover(part: Partition) -> Table | None:
     sooner than dense fp32 all-reduce, interpolated in log-bandwidth between the measured networks."""
     families: dict[str, list[Group]] = {}
     for g in part.groups:
-        if g.summary("target_acc") is not None and g.summary("cluster") and _method_key(g) != ("sync", "none"):
+        if g.summary("target_acc") is not None and g.summary("cluster") and _peer(part, g, "none") is not g:
             families.setdefault(" ".join(map(str, _method_key(g))), []).append(g)
     rows = []
     for groups in families.values():

@@ -11,12 +11,15 @@ from trainscale.errors import ConfigError
 
 PS_MODES = ("async", "ps-sync", "ma")
 DEFAULT_AVERAGE_EVERY = 4
+AUTO = "auto"
 
 
 @dataclass
 class PSConfig(CompressionConfig, CoreConfig):
     """Server shards per node beside ``--workers``; ``staleness`` bounds ASGD (None: unbounded);
-    ``average_every``: ma's period in steps (None: 4)."""
+    ``average_every``: ma's period in steps (None: 4); ``async_momentum`` and ``staleness_lr``: ASGD's
+    remedies for the momentum asynchrony adds and for stale gradients (see ``resolve_async_momentum``
+    and ``server.staleness_scale``)."""
 
     TITLE: ClassVar[str] = "parameter server (--mode async, ps-sync, ma)"
     FOR: ClassVar[str] = "the parameter-server modes (--mode async, ps-sync or ma)"
@@ -25,8 +28,41 @@ class PSConfig(CompressionConfig, CoreConfig):
     staleness: int | None = option(None, "async: a worker more than K steps ahead of the slowest waits (default: "
                                    "unbounded)")
     average_every: int | None = option(None, "ma: average the workers' parameters every STEPS steps (default 4)")
+    async_momentum: str = option(AUTO, "async: the servers' SGD momentum. 'auto' (default): --momentum less the "
+                                 "momentum W asynchronous workers add themselves, max(0, momentum - (1 - 1/W)) "
+                                 "(Mitliagkas et al. 2016); a number in [0, 1) sets it as is")
+    staleness_lr: bool = option(True, "async: scale each pushed gradient by 1/(1 + its staleness), the updates "
+                                "applied since its worker pulled (Zhang et al. 2016; default on)")
     warm_start_epochs: int = option(0, "train on the main worker alone for the first E epochs (default 0)")
     rpc_timeout: float = option(300.0, "seconds a push or pull may take before the worker stops with an error")
+
+
+def parse_async_momentum(text: str) -> float | None:
+    """``--async-momentum``: None for 'auto', else the number; a ConfigError unless a number in [0, 1)."""
+    if text.strip().lower() == AUTO:
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0.0 <= value < 1.0:  # also false for nan
+        raise ConfigError(f"--async-momentum must be 'auto' or a number in [0, 1), got '{text}'")
+    return value
+
+
+def resolve_async_momentum(setting: str, momentum: float, workers: int) -> float:
+    """The servers' momentum for ASGD with ``workers`` asynchronous workers.
+
+    W workers applying gradients asynchronously behave like SGD with an implicit momentum of about
+    1 - 1/W (Mitliagkas et al. 2016, "Asynchrony begets momentum"); 'auto' takes it off the explicit
+    one, ``max(0, momentum - (1 - 1/W))``, so the total stays near ``momentum`` (0.9 with 2 workers:
+    0.4; with 10 or more: 0). A number is used as is; one worker has no asynchrony (``momentum``).
+    """
+    value = parse_async_momentum(setting)
+    if value is not None:
+        return value
+    implicit = 1.0 - 1.0 / max(workers, 1)
+    return round(max(0.0, momentum - implicit), 12)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -43,6 +79,11 @@ def validate_ps(cfg: PSConfig) -> None:
     _require(cfg.average_every is None or cfg.average_every >= 1,
              f"--average-every must be a positive number of steps, got {cfg.average_every}")
     _require(cfg.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
+    explicit = parse_async_momentum(cfg.async_momentum)
+    _require(explicit is None or mode == "async", "--async-momentum sets ASGD's server momentum; use it with "
+                                                  "--mode async (ps-sync and ma use --momentum)")
+    _require(cfg.staleness_lr or mode == "async", "--no-staleness-lr applies to --mode async (ps-sync and ma have "
+                                                  "no stale gradients)")
     _require(0 <= cfg.warm_start_epochs < cfg.epochs,
              f"--warm-start-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warm_start_epochs}")
     _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")

@@ -25,11 +25,12 @@ from trainscale.modes.ps import handlers
 from trainscale.modes.ps.batches import EmptyBatches, TrainBatches, unsharded
 from trainscale.modes.ps.client import RpcCollectives, ShardClient
 from trainscale.modes.ps.codec import PushCodec, codec_from_config
-from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PS_MODES, PSConfig, validate_ps
+from trainscale.modes.ps.config import (DEFAULT_AVERAGE_EVERY, PS_MODES, PSConfig, parse_async_momentum,
+                                        resolve_async_momentum, validate_ps)
 from trainscale.modes.ps.coordinator import Coordinator
 from trainscale.modes.ps.membership import Membership, server_name, worker_name
 from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
-from trainscale.modes.ps.server import ShardServer
+from trainscale.modes.ps.server import Rule, ShardServer
 from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
 from trainscale.modes.ps.supervisor import supervise
 from trainscale.runtime import dist as tsdist
@@ -168,11 +169,27 @@ class ParameterServerMode(Mode):
         spec, feedback = codec_from_config(self.cfg)  # compressed pushes once the compression flags exist
         codec = PushCodec(spec, feedback) if spec is not None else None
         self.client = ShardClient(self.role_info.index, self.role_info.servers, numel, self.cfg.rpc_timeout, codec)
-        rule = dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness), codec=spec)
+        rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness),
+                                                       codec=spec))
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
                                      injected_slowdown(self.role_info.index))
         self.optimizer.start()
         return self.optimizer
+
+    def async_remedies(self, rule: Rule) -> Rule:
+        """ASGD's server momentum (``--async-momentum``, resolved for the job's workers) and staleness-aware lr
+        (``--staleness-lr``), logged once; other rules are returned unchanged."""
+        if self.name != "async":
+            return rule
+        workers = self.role_info.workers
+        momentum = resolve_async_momentum(self.cfg.async_momentum, rule.momentum, workers)
+        how = (f"--momentum {rule.momentum:g} less 1 - 1/{workers} for {workers} asynchronous worker(s)"
+               if parse_async_momentum(self.cfg.async_momentum) is None else "--async-momentum")
+        log.info("async: server momentum %g (%s), staleness-aware lr %s", momentum, how,
+                 "on (each gradient x 1/(1 + staleness))" if self.cfg.staleness_lr else "off")
+        # torch's SGD refuses Nesterov without momentum; with none left there is nothing to look ahead with
+        return dataclasses.replace(rule, momentum=momentum, nesterov=rule.nesterov and momentum > 0,
+                                   staleness_lr=self.cfg.staleness_lr)
 
     def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
         """Warm-start epochs for training; the whole test set on the main worker only (see batches.py)."""
@@ -239,6 +256,8 @@ class ParameterServerMode(Mode):
         role = self.role_info
         return {"backend": "rpc", "transport": "torch.distributed.rpc (TensorPipe)", "workers": role.workers,
                 "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.staleness,
+                "async_momentum": self.optimizer.rule.momentum if self.name == "async" and self.optimizer else None,
+                "staleness_lr": bool(self.cfg.staleness_lr) if self.name == "async" else None,
                 "average_every": self.average_every if self.name == "ma" else None,
                 "warm_start_epochs": self.cfg.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
                 "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec

@@ -3,9 +3,13 @@
 Rules (``Rule.name``):
 
 * ``async`` (ASGD): every push is applied at once by the shard's own SGD (momentum lives here, on
-  the server). With ``staleness`` K, a pull is answered only when the pulling worker is at most K
-  steps ahead of the slowest active worker in this epoch (stale synchronous parallel); otherwise it
-  waits, without holding an RPC thread (the answer is a Future completed by a later push).
+  the server; by default reduced for the workers' implicit momentum, see
+  ``config.resolve_async_momentum``). With ``staleness_lr`` the gradient is first scaled by
+  ``staleness_scale`` of the staleness this shard measured for it (staleness-aware ASGD; shards count
+  their own versions, so the shards of one push may scale it differently). With ``staleness`` K, a
+  pull is answered only when the pulling worker is at most K steps ahead of the slowest active worker
+  in this epoch (stale synchronous parallel); otherwise it waits, without holding an RPC thread (the
+  answer is a Future completed by a later push).
 * ``ps-sync`` (BSP, like ps-lite's dist_sync): pushes of a step are summed until every active live
   worker has pushed; then the mean is applied once, and the pulls of that step are answered.
 * ``ma`` (model averaging): workers push the change of their parameters since their last pull; when
@@ -51,6 +55,7 @@ class Rule:
     dampening: float = 0.0
     staleness: int | None = None
     codec: CodecSpec | None = None  # compressed pushes (see codec.py); None: dense fp32
+    staleness_lr: bool = False  # async: each gradient x staleness_scale(its staleness)
 
     @property
     def rounds(self) -> bool:
@@ -68,8 +73,22 @@ class Rule:
         nesterov = " (Nesterov)" if self.nesterov else ""
         sgd = f"SGD momentum {self.momentum:g}{nesterov}, weight decay {self.weight_decay:g}"
         bound = f", staleness bound {self.staleness}" if self.staleness is not None else ""
+        if self.staleness_lr:
+            bound += ", staleness-aware lr (gradient x 1/(1 + staleness))"
         pushes = f", {self.codec.name} pushes" if self.codec is not None else ", dense fp32 pushes"
         return f"{self.name} ({sgd}{bound}{pushes})"
+
+
+def staleness_scale(staleness: int) -> float:
+    """The factor on a gradient that arrives ``staleness`` updates after its worker's pull.
+
+    Staleness-aware ASGD (Zhang et al. 2016) divides the learning rate by the gradient's staleness
+    counted as they do, from 1 for a gradient computed on the current parameters; here staleness
+    counts the updates in between (0 for a fresh gradient), hence ``1 / (1 + staleness)``. With W
+    workers of equal speed staleness is about W - 1, so the mean factor is about 1/W and each worker's
+    gradient moves the parameters about as much per sample as in synchronous SGD at the same lr.
+    """
+    return 1.0 / (1 + max(0, staleness))
 
 
 @dataclass
@@ -170,6 +189,8 @@ class ShardServer:
             self.stats.record_push(staleness, nbytes)
             self.progress[worker] = (epoch, step + 1)
             if not self.rule.rounds:
+                if self.rule.staleness_lr and staleness > 0:
+                    payload = payload * staleness_scale(staleness)
                 self._apply_update(payload, lr)
             else:
                 rnd = self.rounds.get((epoch, step))
