@@ -11,6 +11,15 @@ round; 0 in plain ASGD), from the client's own timers. Timer scope: whole steps,
 data is one synthetic batch already in memory (no loading, no augmentation).
 
     python benchmarks/ps_overhead.py --model resnet32 --batch 128 --steps 10 --repeats 5
+
+``--cli`` times the path users run instead: ``trainscale train`` as the Multiverso grid's quick scale runs
+its 1P1G0M (one process) and 1P1G1M (the same process training through one server) rows, alternating,
+each a fresh command with the grid's settings (ResNet-20, 2,000 training images, 2 epochs, bf16, batch
+128); the figure is seconds per epoch after the first (the epoch that carries warm-up), the seed's
+target the Multiverso page's own +11%. Timer scope: the run's training steps (evaluation and start-up
+excluded), as every run's summary reports it.
+
+    python benchmarks/ps_overhead.py --cli --repeats 3
 """
 
 from __future__ import annotations
@@ -192,8 +201,55 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
           f"payload {4 * result['params'] / 2**20:.2f} MiB pushed + the same pulled per step")
 
 
+SEED_OVERHEAD = 0.11  # Multiverso's 1P1G1M against 1P1G0M
+
+
+def cli_flags(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The Multiverso grid's quick-scale 1P1G0M and 1P1G1M rows as `trainscale train` flags."""
+    common = ["--model", args.cli_model, "--dataset", args.dataset, "--train-subset", "2000", "--test-subset", "1000",
+              "--epochs", "2", "--schedule", "step", "--milestones", "2", "--momentum", "0.9", "--weight-decay",
+              "1e-4", "--precision", "bf16", "--batch-size", "128", "--lr", "0.1", "--no-progress"]
+    return {"1P1G0M": common + ["--mode", "local"],
+            "1P1G1M": common + ["--mode", "async", "--workers", "1", "--servers", "1"]}
+
+
+def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Steady seconds per epoch of each row, ``--repeats`` fresh runs each, alternating."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    out: dict[str, list[float]] = {name: [] for name in cli_flags(args)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for name, flags in cli_flags(args).items():
+                folder = Path(tmp) / f"{name}-{repeat}"
+                subprocess.run([sys.executable, "-m", "trainscale", "train", *flags, "--out", str(folder)],
+                               check=True, stdout=subprocess.DEVNULL)
+                summary = json.loads((folder / "summary.json").read_text())
+                out[name].append(summary["steady_epoch_seconds"] or summary["mean_epoch_seconds"])
+    return out
+
+
+def report_cli(args: argparse.Namespace, result: dict[str, list[float]]) -> None:
+    local, ps = Timing(result["1P1G0M"]), Timing(result["1P1G1M"])
+    ratio = statistics.median(p / q for p, q in zip(ps.seconds, local.seconds))
+    print(f"`trainscale train`, the Multiverso grid's quick scale ({args.cli_model}, {args.dataset}, 2,000 images, "
+          f"bf16, batch 128), {args.repeats} alternating runs each; seconds per epoch after the first "
+          f"(mean ± stdev):")
+    print(f"  1P1G0M (one process)                 {local.mean:7.2f} ± {local.stdev:.2f}")
+    print(f"  1P1G1M (through one server)          {ps.mean:7.2f} ± {ps.stdev:.2f}")
+    verdict = "PASS" if ratio - 1 <= SEED_OVERHEAD else "FAIL"
+    print(f"  overhead: {100 * (ratio - 1):+.1f}% (median of paired runs); {verdict} against the seed's "
+          f"+{100 * SEED_OVERHEAD:.0f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cli", action="store_true", help="time `trainscale train` runs of the grid's rows instead")
+    parser.add_argument("--cli-model", default="resnet20")
+    parser.add_argument("--dataset", default="cifar10", help="--cli: cifar10 (needs $TRAINSCALE_DATA) or synthetic")
     parser.add_argument("--model", default="resnet32")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
@@ -205,8 +261,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="runs/bench/ps_overhead.json")
     args = parser.parse_args()
-    result = measure(args)
-    report(args, result)
+    if args.cli:
+        result: Any = measure_cli(args)
+        report_cli(args, result)
+    else:
+        result = measure(args)
+        report(args, result)
     save_result(Path(args.out), {"config": vars(args), "result": result,
                                  "timer_scope": "whole steps (forward, backward, update or push+pull), warm-up "
                                                 "excluded, one in-memory synthetic batch",

@@ -193,7 +193,7 @@ def test_parameter_server_traffic_crosses_the_links(cluster_names: Callable[[], 
                                                     capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """Async SGD with one shard per host: each host pushes half the gradients to the other host's shard
     and that shard sends half the parameters back, so a host's interface sends one model's bytes per step.
-    Without network_only() TensorPipe would copy them through memory (cma), past the links."""
+    Without tensorpipe_options() TensorPipe would copy them through memory (cma), past the links."""
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
     run = run_cli("train", "--cluster", name, "--servers", "1", *TRAIN, "--out", tmp_path / "ps", timeout=300)

@@ -10,19 +10,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainscale.runtime import comm_hooks
 from trainscale.runtime.comm_hooks import CommStats, HookState, counting_allreduce_hook, register_hook
-from trainscale.runtime.network import free_port
-from trainscale.runtime.process_group import process_group
-
-
-@pytest.fixture
-def world_of_one(monkeypatch):
-    """A real gloo process group of one rank (through trainscale's only group factory)."""
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with process_group(torch.device("cpu"), "gloo", timeout_s=30):
-        yield
 
 
 def model() -> nn.Module:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,20 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainscale.compression import CompressionHookState, compression_hook, create_compressor
 from trainscale.runtime.comm_hooks import register_hook
-from trainscale.runtime.network import free_port
-from trainscale.runtime.process_group import process_group
 
 STEPS = 4
-
-
-@pytest.fixture
-def world_of_one(monkeypatch):
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with process_group(torch.device("cpu"), "gloo", timeout_s=30):
-        yield
 
 
 def tiny_resnet_like() -> nn.Module:

@@ -145,11 +145,17 @@ def process_group(device: torch.device, backend: str | None = None,
         dist.destroy_process_group()
 
 
-def network_only() -> dict[str, list[str]]:
-    """TensorPipe options that keep every byte on the network on an emulated cluster. Its hosts are one
-    machine, so TensorPipe would otherwise move tensors by cross-memory attach (``cma``), past the shaped
-    links and the interface counters: TCP (``uv``) for the connection and the ``basic`` channel over it."""
-    return {"_transports": ["uv"], "_channels": ["basic"]} if facts_from_env() else {}
+def tensorpipe_options() -> dict[str, list[str]]:
+    """TensorPipe's transports and channels for trainscale's RPC (every tensor it sends is on the CPU).
+
+    Never the shared-memory transport (``shm``), TensorPipe's default between processes of one machine:
+    its reactor thread (``TP_SHM_reactor``) busy-polls a whole core in every process, beside workers that
+    were given every core, and a 1-worker, 1-server run took 22x as long per epoch as training alone.
+    TCP (``uv``, driven by epoll) instead. On one machine tensors then move by cross-memory attach
+    (``cma``: one copy, a thread that sleeps when idle), or over the connection (``basic``) where the
+    kernel forbids it. On an emulated cluster the hosts are one machine too, but every byte must cross
+    the shaped links and their interface counters: ``basic`` only."""
+    return {"_transports": ["uv"], "_channels": ["basic"] if facts_from_env() else ["cma", "basic"]}
 
 
 @contextlib.contextmanager
@@ -167,7 +173,7 @@ def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads
 
     bind_interfaces()
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s,
-                                              init_method=register_rpc_rendezvous(), **network_only())
+                                              init_method=register_rpc_rendezvous(), **tensorpipe_options())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="torch.distributed")  # RPC's maintenance-mode notice
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
