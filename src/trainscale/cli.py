@@ -66,7 +66,7 @@ def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:
     if base is bool:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(base) is list:
-        return {"type": _ints}
+        return {"nargs": "+"} if typing.get_args(base) == (str,) else {"type": _ints}
     kind: dict[str, Any] = {"type": base} if base in (int, float) else {}
     return {**kind, "choices": list(choices)} if choices else kind
 
@@ -98,6 +98,13 @@ def build_parser() -> Parser:
     from trainscale.bench.cli import add_bench_parser
     from trainscale.report.cli import add_report_parser
 
+    from trainscale.plan.plan import PlanConfig
+    from trainscale.plan.profile import ProfileConfig
+
+    add_config_flags(sub.add_parser("profile", help="measure a model's step on this machine for the planner"),
+                     ProfileConfig, (ProfileConfig,))
+    add_config_flags(sub.add_parser("plan", help="predict step time and scaling on a cluster from a profile"),
+                     PlanConfig, (PlanConfig,))
     add_bench_parser(sub.add_parser("bench", help="run a benchmark grid (each run a `trainscale train`), resumably"))
     add_report_parser(sub.add_parser("report", help="tables, plots and an HTML page from grid or run folders"))
     add_cluster_parser(sub.add_parser(

@@ -10,7 +10,7 @@ from trainscale.errors import ConfigError
 
 def dispatch(args: argparse.Namespace) -> int:
     handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report,
-               "cluster": cluster}[args.command]
+               "cluster": cluster, "profile": profile, "plan": plan}[args.command]
     return handler(args)
 
 
@@ -18,6 +18,20 @@ def bench(args: argparse.Namespace) -> int:
     from trainscale.bench.cli import bench_command
 
     return bench_command(args)
+
+
+def profile(args: argparse.Namespace) -> int:
+    from trainscale.plan.cli import run_profile
+    from trainscale.plan.profile import ProfileConfig
+
+    return run_profile(ProfileConfig(**{k: v for k, v in vars(args).items() if k != "command"}))
+
+
+def plan(args: argparse.Namespace) -> int:
+    from trainscale.plan.cli import run_plan
+    from trainscale.plan.plan import PlanConfig
+
+    return run_plan(PlanConfig(**{k: v for k, v in vars(args).items() if k != "command"}))
 
 
 def cluster(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ them, a failure under CI=true. Every test deletes what it created, also when it 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -275,3 +276,30 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(cluster
     finally:
         leftovers = net.destroy("b2h1gbit")
     assert not leftovers and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / "b2h1gbit.json").exists()
+
+
+def test_dilated_cluster_slows_its_links_and_projects_the_run_back(cluster_names: Callable[[], str],
+                                                                   capsys: pytest.CaptureFixture,
+                                                                   tmp_path: Path) -> None:
+    """A target whose device steps 30x faster than this machine's profile: every link runs 30x slower, and the
+    run's summary carries its times divided by 30."""
+    from tests.unit.test_plan import make_profile
+    from trainscale.runtime.cpus import cpu_count
+
+    (tmp_path / "dev.toml").write_text('name = "fast"\n[[throughput]]\nmodel = "mlp"\nbatch_size = 32\n'
+                                       'images_per_sec = 3200.0\nsource = "test"\n')
+    (tmp_path / "target.toml").write_text(f'hosts = 2\ndevice = "{tmp_path / "dev.toml"}"\n'
+                                          '[link.inter]\nbandwidth = "1gbit"\n')
+    profile = dataclasses.replace(make_profile(), model="mlp", batch_size=32, cpus=cpu_count() / 2)
+    (tmp_path / "p.json").write_text(profile.to_json())
+    name = cluster_names()
+    code, out, err = cli(capsys, "up", name, "--dilate-to", str(tmp_path / "target.toml"), "--profile",
+                         str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert "every link runs 30x slower: 1gbit -> 33333333bit" in out
+    run = run_cli("train", "--cluster", name, *TRAIN, "--out", tmp_path / "run", timeout=300)
+    assert run.returncode == 0, run.stderr
+    summary = summary_of(tmp_path / "run")
+    assert summary["cluster"]["dilation"]["factor"] == pytest.approx(30.0)
+    assert summary["projected"]["step_seconds"] == pytest.approx(summary["step_seconds"] / 30.0)
+    assert "projected to target (times / 30)" in run.stdout

@@ -156,6 +156,20 @@ def test_randomk_same_indices_on_every_rank(n, ratio, step, key):
     assert 0 <= int(a.min()) and int(a.max()) < n
 
 
+def test_randomk_indices_are_uniform_over_positions():
+    """Every position is kept with probability k/n (the sort-free draw is the same distribution as sorting
+    uniform draws): 4,000 draws of 3 of 40, each position's count within 5 standard deviations of 300."""
+    from trainscale.compression.methods.sparse import sample_indices
+
+    counts = torch.zeros(40)
+    for seed in range(4000):
+        idx = sample_indices(40, 3, torch.Generator().manual_seed(seed), torch.device("cpu"))
+        assert idx.numel() == 3 and torch.equal(idx, idx.unique())  # distinct and ascending
+        counts[idx] += 1
+    expected = 4000 * 3 / 40
+    assert (counts - expected).abs().max() < 5 * (expected * (1 - 3 / 40)) ** 0.5
+
+
 def test_randomk_indices_change_with_step_and_leave_the_global_rng_alone():
     c = create_compressor("randomk", ratio=0.01)
     state = torch.get_rng_state()
@@ -495,3 +509,18 @@ def test_ddp_kwargs_ask_for_one_bucket_for_entire_model():
     model = torch.nn.Linear(4000, 4000)  # 64 MB of fp32 gradients
     assert ddp_kwargs_for("layerwise", model) == {}
     assert ddp_kwargs_for("entire", model)["bucket_cap_mb"] >= 64 * 1e6 / 2**20
+
+
+def test_error_feedback_with_a_noisy_quantiser_is_warned(caplog):
+    """Fed back, QSGD's error (larger than its input at few levels) grows: the run is warned, not refused."""
+    from trainscale.compression.config import CompressionConfig
+    from trainscale.compression.setup import plan_from_config
+
+    with caplog.at_level("WARNING", logger="trainscale.compression"):
+        plan = plan_from_config(CompressionConfig(compress="qsgd", qstates=7, qsgd_bucket=128, error_feedback=True), 0)
+    assert plan.params == {"qstates": 7, "bucket_size": 128, "seed": 0}
+    assert "--error-feedback with qsgd" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trainscale.compression"):
+        plan_from_config(CompressionConfig(compress="topk", ratio=0.01, error_feedback=True), 0)
+    assert caplog.text == ""

@@ -31,6 +31,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("data+models", ("data", "models")),
     Layer("compression+train", ("compression", "train")),
     Layer("modes", ("modes",)),
+    Layer("plan", ("plan",)),
     Layer("app", ("app",)),
     Layer("bench", ("bench",)),
     Layer("report", ("report",)),

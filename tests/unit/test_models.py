@@ -26,6 +26,8 @@ EXPECTED_PARAMS = {
     "resnet110": 1_727_962,
     "resnet50": 23_520_842,
     "resnet50_imagenet": 23_528_522,
+    "resnet50_mxnet": 758_621,
+    "resnet110_mxnet": 1_730_781,
 }
 
 LARGE_INPUT = 224  # nets at or above this input side get a batch-1, forward-only check (CPU time)

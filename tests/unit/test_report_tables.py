@@ -5,6 +5,7 @@ folders never mixed."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 import textwrap
@@ -324,3 +325,32 @@ def test_slow_links_report_times_each_method_to_target_against_fp32_and_bf16_per
     assert "about 215 Mbit/s (wins below)" in by_method["topk"]  # 0.75 at 100 Mbit/s, 1.5 at 1 Gbit/s
     assert "about 1 Gbit/s (wins below)" in by_method["bf16"]  # level with fp32 at 1 Gbit/s
     assert (tmp_path / "report" / "accuracy_time_networks.png").exists()
+
+
+def test_profile_puts_the_planner_beside_cluster_runs(tmp_path):
+    """Runs on an emulated cluster with a matching profile get planned step times, a scatter and the planned
+    crossover; a run the profile does not match (another batch) is left out, not predicted."""
+    from tests.unit.test_plan import make_profile
+
+    profile = dataclasses.replace(make_profile(), model="mlp", batch_size=100, threads=1, cpus=0.5)
+    (tmp_path / "p.json").write_text(profile.to_json())
+    cluster = {"hosts": 4, "rate_bps": 8e8, "rates_bps": [8e8] * 4, "threads_per_process": 1, "cpus_per_host": 0.5}
+    for name, rate, compress, step in (("fp32-fast", 8e8, "none", 0.75), ("fp32-slow", 8e7, "none", 6.0),
+                                       ("bf16-fast", 8e8, "bf16", 0.55), ("bf16-slow", 8e7, "bf16", 3.2)):
+        make_run(tmp_path / "runs" / name, workers=1, extra={
+            "world_size": 4, "batch_size": 400, "target_acc": 0.3, "time_to_target_seconds": step * 10,
+            "step_seconds": step, "comm_seconds_per_step": step - 0.3,
+            "cluster": {**cluster, "rate_bps": rate, "rates_bps": [rate] * 4}},
+            config={"mode": "sync", "compress": compress, "cluster": name.split("-")[1]})
+    make_run(tmp_path / "runs" / "other-batch", workers=1, extra={
+        "world_size": 4, "batch_per_worker": 64, "step_seconds": 1.0, "cluster": cluster},
+        config={"mode": "sync", "cluster": "c"})
+    report = write_report([tmp_path / "runs"], tmp_path / "report", [tmp_path / "p.json"])
+    md = (tmp_path / "report" / "results.md").read_text()
+    table = md.split("### Planned against measured step time")[1].split("###")[0]
+    assert "| fp32-fast |" in table and "| bf16-slow |" in table and "other-batch" not in table
+    assert "4 run(s): mean absolute error" in table
+    assert (tmp_path / "report" / "planned_measured.png").is_file()
+    assert "Planned against measured step time" in report.sections[0].plots
+    crossover_table = md.split("### Crossover bandwidth against dense fp32")[1].split("###")[0]
+    assert "planned crossover" in crossover_table

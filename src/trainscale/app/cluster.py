@@ -70,17 +70,28 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 def up(args: argparse.Namespace) -> int:
     name = net.validate_name(args.name)
-    hosts = net.check_hosts(args.hosts)
-    record = bring_up(name, net.parse_rates(args.bandwidth, hosts))
+    if args.dilate_to:
+        from trainscale.app.dilation import dilated_rates
+
+        rates, dilation = dilated_rates(args.dilate_to, args.profile, args.hosts, args.bandwidth)
+    else:
+        if args.hosts is None or args.bandwidth is None:
+            raise ConfigError("cluster up needs --hosts N and --bandwidth RATE (or --dilate-to CLUSTER --profile P)")
+        rates, dilation = net.parse_rates(args.bandwidth, net.check_hosts(args.hosts)), None
+    record = bring_up(name, rates, dilation)
+    hosts = record["hosts"]
     print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {net.switch_ns(name)}, "
           f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
           f"ip netns exec {net.host_ns(name, 0)} COMMAND")
+    if dilation:
+        print(dilation["text"])
     return 0
 
 
-def bring_up(name: str, rates: list[int]) -> dict:
-    """Create cluster ``name`` (one host per rate), measure its round trip and record it; returns the record.
-    Whatever fails or is interrupted, nothing of it is left."""
+def bring_up(name: str, rates: list[int], dilation: dict | None = None) -> dict:
+    """Create cluster ``name`` (one host per rate), measure its round trip and record it (with the time
+    dilation its rates carry, if any); returns the record. Whatever fails or is interrupted, nothing of it
+    is left."""
     cluster = net.Cluster(net.validate_name(name), tuple(rates))
     net.check_tools()
     if state_path(name).exists() or name in net.trainscale_namespaces():
@@ -88,6 +99,8 @@ def bring_up(name: str, rates: list[int]) -> dict:
     try:
         net.create(cluster)
         record = record_of(cluster)
+        if dilation:
+            record["dilation"] = dilation
         record["rtt_seconds"] = net.measure(name, 0, 1, net.MIN_BURST_BYTES, UP_PINGS)["rtt_seconds"]
         save(record)
     except BaseException:
@@ -193,8 +206,13 @@ def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cluster_command", required=True, parser_class=type(parser))
     p = sub.add_parser("up", help="create NAME: N host namespaces wired to a switch, each link shaped")
     p.add_argument("name")
-    p.add_argument("--hosts", type=int, required=True, help=f"{net.MIN_HOSTS}-{net.MAX_HOSTS}")
-    p.add_argument("--bandwidth", required=True, help="e.g. 1gbit, or one rate per host: 1gbit,1gbit,100mbit")
+    p.add_argument("--hosts", type=int, help=f"{net.MIN_HOSTS}-{net.MAX_HOSTS}")
+    p.add_argument("--bandwidth", help="e.g. 1gbit, or one rate per host: 1gbit,1gbit,100mbit")
+    p.add_argument("--dilate-to", metavar="CLUSTER", help="emulate this cluster file's hosts and links (configs/"
+                   "clusters) slowed by this machine's step time over its device's, so compute and communication "
+                   "keep the target's ratio; runs on it report their times projected back to the target")
+    p.add_argument("--profile", help="with --dilate-to: this machine's profile of the model to run, taken with the "
+                   "CPUs each emulated host gets (trainscale profile --cpus)")
     p = sub.add_parser("status", help="hosts, addresses, rates, link states and byte counters")
     p.add_argument("name", nargs="?")
     p = sub.add_parser("down", help="delete NAME (or --all trainscale clusters and debris)")

@@ -72,7 +72,8 @@ def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str,
     """The cluster as summary.json records it (``cpus_per_host`` None: no quota could be set)."""
     return {"name": record["name"], "hosts": record["hosts"], "rate_bps": min(record["rates_bps"]),
             "rates_bps": record["rates_bps"], "rtt_seconds": record.get("rtt_seconds"),
-            "interface": net.HOST_DEV, "threads_per_process": threads, "cpus_per_host": cpus}
+            "interface": net.HOST_DEV, "threads_per_process": threads, "cpus_per_host": cpus,
+            **({"dilation": record["dilation"]} if record.get("dilation") else {})}
 
 
 def precheck(cfg: TrainConfig, out: Path) -> None:
@@ -106,7 +107,10 @@ def cluster_main(cfg: TrainConfig) -> int:
                  for i, (_, argv) in enumerate(commands)]
         status = Nodes(argvs, env, groups, Path(tmp)).run()
     if status == 0:
-        print(wire_line(read_json(out / "summary.json")))
+        summary = read_json(out / "summary.json")
+        print(wire_line(summary))
+        if summary.get("projected"):
+            print(projected_line(summary))
     return status
 
 
@@ -120,6 +124,15 @@ def wire_line(summary: dict[str, Any]) -> str:
         if counted:
             text += f" ({wire / counted:.2f}x the {counted / 2**20:.3f} MiB handed to collectives)"
     return text
+
+
+def projected_line(summary: dict[str, Any]) -> str:
+    """The run's figures on the target cluster of a time-dilated emulation."""
+    p = summary["projected"]
+    parts = [f"step {1e3 * p['step_seconds']:.1f} ms" if p.get("step_seconds") else None,
+             f"{p['samples_per_sec']:,.0f} images/s" if p.get("samples_per_sec") else None,
+             f"{p['steady_epoch_seconds']:.2f} s per epoch" if p.get("steady_epoch_seconds") else None]
+    return f"projected to {p['target']} (times / {p['factor']:.3g}): " + ", ".join(x for x in parts if x)
 
 
 class Nodes:

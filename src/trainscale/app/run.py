@@ -35,6 +35,7 @@ from trainscale.train.precision import Precision, resolve_device
 from trainscale.train.schedules import create_schedule
 from trainscale.train.wire import WireCounter
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
+from trainscale.train.utilisation import allowed_cores
 
 log = logging.getLogger("trainscale.train")
 
@@ -109,6 +110,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
                       lr_at=lambda t: plan.lr * schedule(t), writer=writer,
                       train_model=mode.wrap_model(model, device), callbacks=callbacks,
                       baseline=load_baseline(cfg) if writer is not None else None,
+                      cores=allowed_cores(facts, cfg.workers + getattr(cfg, "servers", 0)),
                       summary_base={**summary_base(cfg, plan, params, device, want,
                                                    train_batches.num_samples * workers, writer), **mode.describe()})
     if resume:

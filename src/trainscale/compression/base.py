@@ -77,13 +77,16 @@ class Compressor:
 
     ``feedback`` says how error feedback applies: ``"optional"`` (on with ``error_feedback=True``),
     ``"always"`` (the method is defined with it: EF-signSGD, PowerSGD) or ``"internal"`` (the method
-    keeps its own residual: DGC). ``variable_size`` means payload sizes differ per rank, so the
-    exchange must gather sizes first. State, where there is any, is keyed by ``UnitContext.key``.
+    keeps its own residual: DGC). ``noisy`` marks unbiased stochastic quantisers whose error can exceed the
+    input (QSGD with few levels, TernGrad): error feedback needs a compressor whose error is smaller than its
+    input, and fed back such noise grows from step to step. ``variable_size`` means payload sizes differ per
+    rank, so the exchange must gather sizes first. State, where there is any, is keyed by ``UnitContext.key``.
     """
 
     name: ClassVar[str] = "base"
     aggregation: ClassVar[str] = "allgather"
     feedback: ClassVar[str] = "optional"
+    noisy: ClassVar[bool] = False
     variable_size: ClassVar[bool] = False
     replaces_optimizer_momentum: ClassVar[bool] = False
 

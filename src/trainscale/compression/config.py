@@ -27,6 +27,8 @@ class CompressionConfig(Section):
     ratio: float | None = option(None, "fraction of elements kept: randomk, topk, dgc", short="-K")
     threshold: float | None = option(None, "threshold: send every element with |g| >= V", short="-V")
     qstates: int | None = option(None, "qsgd: quantisation levels S", short="-Q")
+    qsgd_bucket: int | None = option(None, "qsgd: elements that share one norm (default 0: one per tensor; the "
+                                     "QSGD paper uses 512); fewer levels need smaller buckets")
     powersgd_rank: int | None = option(None, "powersgd: rank r of the factors")
     error_feedback: bool = option(False, "keep what compression dropped and add it to the next step's gradient")
     compress_warmup_epochs: int = option(0, "train dense for the first E epochs, then compress")

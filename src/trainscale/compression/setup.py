@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,10 @@ from trainscale.compression.ddp_hook import (
 from trainscale.compression.config import CompressionConfig
 from trainscale.errors import ConfigError
 
-FLAG_PARAMS = {"ratio": "ratio", "threshold": "threshold", "qstates": "qstates", "powersgd_rank": "rank"}
+log = logging.getLogger("trainscale.compression")
+
+FLAG_PARAMS = {"ratio": "ratio", "threshold": "threshold", "qstates": "qstates", "qsgd_bucket": "bucket_size",
+               "powersgd_rank": "rank"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,10 @@ def plan_from_config(cfg: CompressionConfig, seed: int) -> CompressionPlan:
         raise ConfigError(f"--compress {method} does not use {', '.join(unused)}; it takes: "
                           f"{', '.join(a for a in accepted if a != 'seed') or 'no parameters'}")
     plan = CompressionPlan(method, granularity, params, bool(cfg.error_feedback), int(cfg.compress_warmup_epochs))
-    plan.compressor()  # bad values fail here, before any worker starts
+    if plan.compressor().noisy and plan.error_feedback:  # bad values fail here, before any worker starts
+        log.warning("--error-feedback with %s: an unbiased stochastic quantiser's error can exceed its input, and "
+                    "fed back it grows from step to step (training may diverge); leave error feedback off, or use "
+                    "more levels and smaller buckets", method)
     return plan
 
 

@@ -14,6 +14,7 @@ from trainscale.models import (  # noqa: F401  (imported for their registrations
     resnet9,
     resnet50,
     resnet_cifar,
+    resnet_mxnet,
 )
 from trainscale.models.registry import (
     MODELS,

@@ -2,8 +2,9 @@
 
 ``resnet50`` is the 23.5 M-parameter bottleneck net on 32x32 input: 3x3 stride-1 stem, no max-pool, so the four
 stages run at 32/16/8/4 pixels. It is *not* what MXNet's CIFAR example calls "resnet50" at 28x28 input: that one
-resolves to a small pre-activation basic-block net (n=8, about 0.76 M params). ``resnet50_imagenet`` is the
-standard ImageNet ResNet-50 (7x7 stride-2 stem and 3x3 max-pool, 224x224 input; 25,557,032 params for 1000 classes).
+resolves to a small pre-activation basic-block net (n=8, 758,621 params), registered as ``resnet50_mxnet``
+(:mod:`trainscale.models.resnet_mxnet`). ``resnet50_imagenet`` is the standard ImageNet ResNet-50 (7x7 stride-2
+stem and 3x3 max-pool, 224x224 input; 25,557,032 params for 1000 classes).
 """
 
 from __future__ import annotations

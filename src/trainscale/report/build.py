@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
@@ -60,13 +60,19 @@ class Report:
     files: list[Path] = field(default_factory=list)
 
 
-def write_report(dirs: list[Path], out: Path) -> Report:
-    """Collect the runs under ``dirs`` and write every report file into ``out``."""
+def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()) -> Report:
+    """Collect the runs under ``dirs`` and write every report file into ``out``; with ``profile_paths`` the
+    planner's predictions stand beside the runs on emulated clusters."""
+    profiles: dict[tuple, Any] = {}
+    if profile_paths:
+        from trainscale.report.planned import load_profiles
+
+        profiles = load_profiles(list(profile_paths))
     collection = collect([Path(d) for d in dirs])
     _prepare_out(Path(out))
     parts = partitions(collection.records)
     report = Report("trainscale benchmark report", _intro(dirs, collection), _warnings(collection, parts),
-                    [_section(p, i, len(parts), out) for i, p in enumerate(parts, start=1)],
+                    [_section(p, i, len(parts), out, profiles) for i, p in enumerate(parts, start=1)],
                     problems(collection.records))
     write_csv(out / "results.csv", csv_rows(collection.records, parts))
     (out / "results.md").write_text(render_markdown(report))
@@ -164,15 +170,26 @@ def _warnings(collection: Collection, parts: list[Partition]) -> list[str]:
     return warnings
 
 
-def _section(part: Partition, number: int, total: int, out: Path) -> Section:
+def _section(part: Partition, number: int, total: int, out: Path, profiles: dict[tuple, Any]) -> Section:
     env = part.environment
     title = f"{env.get('device_name')}, torch {env.get('torch')}"
     if total > 1:
         title = f"Environment {number}: {title}"
+    suffix = f"-env{number}" if number > 1 else ""
     tables = [environment_table(part), configurations(part), scaling(part)]
-    tables += [t for t in (communication(part), step_split(part), time_to_target(part), crossover(part))
+    plots = write_plots(part, out, suffix)
+    if not profiles:
+        tables += [t for t in (communication(part), step_split(part), time_to_target(part), crossover(part))
+                   if t is not None]
+        return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
+    from trainscale.report.planned import planned_crossover, planned_plot, planned_table
+
+    tables += [t for t in (communication(part), step_split(part), time_to_target(part),
+                           crossover(part, lambda g: planned_crossover(g, profiles)), planned_table(part, profiles))
                if t is not None]
-    plots = write_plots(part, out, f"-env{number}" if number > 1 else "")
+    scatter = planned_plot(part, profiles, out / f"planned_measured{suffix}.png")
+    if scatter is not None:
+        plots["Planned against measured step time"] = scatter
     return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
 from trainscale.report.collect import RunRecord
@@ -139,17 +139,26 @@ def scaling(part: Partition) -> Table:
     columns = ["Short Name", "model", "workers", "batch size", "images/s",
                *(["scaling efficiency"] if with_eff else []), "seconds per epoch", "training time (s)",
                "train accuracy", "test accuracy", "peak memory (MB)"]
-    rows = [[g.label, str(g.summary("model")), str(g.world_size), batch_text(g), g.stat(run_throughput).text(".0f"),
+    rows = [[g.label, str(g.summary("model")), str(g.world_size), batch_text(g),
+             g.stat(run_throughput).text(".0f") + _busy(g),
              *([_efficiency(g)] if with_eff else []), g.stat(epoch_seconds).text(".1f"),
              g.stat(_summary("total_train_seconds")).text(".1f"), _pct(g.stat(final_train_acc)),
              _pct(g.stat(_summary("final_test_acc"))), g.stat(_summary("peak_memory_mb")).text(".0f")]
             for g in sorted(part.groups, key=lambda g: (str(g.summary("model")), g.world_size))]
-    notes = ["images/s: training images per second over all workers, from the same epochs as seconds per epoch",
+    notes = ["images/s: training images per second over all workers, from the same epochs as seconds per epoch; "
+             "in brackets, as the MXNet page writes it, workers-utilisation: each worker's device busy (GPU: NVML; "
+             "CPU: process CPU time over wall time and the cores it may use), mean over workers and steady epochs",
              "peak memory: the largest per-process peak (CUDA allocator peak on GPUs, resident set size on CPUs)"]
     if with_eff:
         notes.insert(1, "scaling efficiency: (images/s / workers) / (images/s of the 1-worker run with the same "
                         "model, precision and per-worker batch); 1.00 is perfect linear scaling")
     return Table("Throughput and scaling", columns, rows, notes)
+
+
+def _busy(g: Group) -> str:
+    util = g.stat(lambda r: r.summary.get("gpu_util") if r.summary.get("gpu_util") is not None
+                  else r.summary.get("cpu_util"))
+    return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.values else ""
 
 
 def _efficiency(g: Group) -> str:
@@ -203,9 +212,10 @@ def time_to_target(part: Partition) -> Table | None:
                   "training time and is marked '>'"])
 
 
-def crossover(part: Partition) -> Table | None:
+def crossover(part: Partition, planner: Callable[[Group], str] | None = None) -> Table | None:
     """For each method measured on several networks: the bandwidth below which it reaches the target
-    sooner than dense fp32 all-reduce, interpolated in log-bandwidth between the measured networks."""
+    sooner than dense fp32 all-reduce, interpolated in log-bandwidth between the measured networks; with
+    ``planner``, the planner's crossover of step time beside it."""
     families: dict[str, list[Group]] = {}
     for g in part.groups:
         if g.summary("target_acc") is not None and g.summary("cluster") and _peer(part, g, "none") is not g:
@@ -217,15 +227,22 @@ def crossover(part: Partition) -> Table | None:
         if len(points) > 1:
             rows.append([groups[0].first.bench.get("short_name") or groups[0].label, _method(groups[0].first),
                          str(groups[0].summary("mode")),
-                         ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points), _crossing(points)])
+                         ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points), _crossing(points),
+                         *([planner(groups[0])] if planner else [])])
     if not rows:
         return None
-    return Table("Crossover bandwidth against dense fp32", ["method", "compressor", "mode",
-                 "time to target vs fp32, per network", "measured crossover"], rows,
-                 ["crossover: where the method's time to target equals dense fp32's, interpolated linearly in "
-                  "log-bandwidth between the two measured networks around it; the method wins below it",
-                  "the planner's prediction of the same point belongs beside it once the planner exists (planner "
-                  "issue); it is not shown rather than guessed"])
+    columns = ["method", "compressor", "mode", "time to target vs fp32, per network", "measured crossover"]
+    notes = ["crossover: where the method's time to target equals dense fp32's, interpolated linearly in "
+             "log-bandwidth between the two measured networks around it; the method wins below it"]
+    if planner:
+        columns.append("planned crossover")
+        notes.append("planned: where the planner's step time equals dense fp32's (trainscale plan on the run's "
+                     "profile); it models time per step, not accuracy per step, so a method that learns less per "
+                     "step needs a slower network than this to win on time to target")
+    else:
+        notes.append("the planner's crossover stands beside it when the report is given the runs' profiles "
+                     "(trainscale report --profile)")
+    return Table("Crossover bandwidth against dense fp32", columns, rows, notes)
 
 
 def _method_key(g: Group) -> tuple[str, ...]:

@@ -63,15 +63,16 @@ def validate_name(name: str) -> str:
     return name
 
 
-def parse_rate(text: str) -> int:
+def parse_rate(text: str, flag: str = "--bandwidth", high: int = MAX_RATE) -> int:
     """``100mbit``/``1gbit``/``500kbit`` (tc's decimal units) -> bit/s. Byte units (tc's ``mbps``) are refused
-    on purpose: they are a classic factor-8 mistake."""
+    on purpose: they are a classic factor-8 mistake. ``high``: the largest rate accepted (tc's for a shaped
+    link; a planner's link, NVLink say, may be faster)."""
     match = _RATE_RE.match(text.strip().lower())
     if not match:
-        raise ConfigError(f"--bandwidth must look like 500kbit, 100mbit or 1gbit, got '{text}'")
+        raise ConfigError(f"{flag} must look like 500kbit, 100mbit or 1gbit, got '{text}'")
     bits = int(float(match.group(1)) * _UNITS[match.group(2)])
-    if not MIN_RATE <= bits <= MAX_RATE:
-        raise ConfigError(f"--bandwidth must be between 8kbit and 100gbit, got '{text}'")
+    if not MIN_RATE <= bits <= high:
+        raise ConfigError(f"{flag} must be between 8kbit and {format_rate(high)}, got '{text}'")
     return bits
 
 
@@ -376,6 +377,22 @@ def _make_groups(name: str, hosts: int, cpus: float) -> list[Path] | None:
 def join_cpu_group(group: Path) -> None:
     """Move this process (and so everything it starts) into ``group``; for a child's ``preexec_fn``."""
     (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+@contextlib.contextmanager
+def cpu_limited(cpus: float) -> Iterator[Path | None]:
+    """This process under a quota of ``cpus`` CPUs for the body of the ``with`` (as an emulated host with
+    that share runs), then back in the root group and the group removed. Yields None, uncapped, where
+    the cpu controller is missing or not writable (a warning says so)."""
+    groups = _make_groups(f"profile{os.getpid()}", 1, cpus)
+    if groups:
+        join_cpu_group(groups[0])
+    try:
+        yield groups[0] if groups else None
+    finally:
+        if groups:
+            join_cpu_group(CGROUP_CPU)
+            _remove_groups(groups, wait_s=2.0)
 
 
 def _remove_groups(groups: list[Path], wait_s: float) -> None:

@@ -145,6 +145,21 @@ def process_group(device: torch.device, backend: str | None = None,
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def local_group() -> Iterator[None]:
+    """A gloo group of this process alone (an in-memory store, no sockets), for measuring what DDP does
+    (its buckets, when each becomes ready) outside a launched job; always destroyed on leaving."""
+    if dist.is_initialized():
+        raise RuntimeError("local_group() inside an existing process group: measure outside the job")
+    importlib.import_module("torch._dynamo")  # see process_group(): imported before the group exists
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
 def tensorpipe_options() -> dict[str, list[str]]:
     """TensorPipe's transports and channels for trainscale's RPC (every tensor it sends is on the CPU).
 

@@ -13,13 +13,14 @@ from torch import nn
 from trainscale.config import CoreConfig
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
-from trainscale.runtime import all_reduce_max, barrier, broadcast_object, is_distributed, is_main_process, world_size
+from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcast_object, is_distributed, is_main_process, world_size
 from trainscale.train.scaling import config_mismatches, scaling_efficiency
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, train_one_epoch
 from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory
+from trainscale.train.utilisation import Utilisation
 
 log = logging.getLogger("trainscale.train")
 
@@ -56,11 +57,13 @@ class Trainer:
     callbacks: Callbacks = field(default_factory=Callbacks)
     baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
+    cores: float = 0.0  # what this worker may keep busy, for cpu_util (0: its torch threads)
 
     def __post_init__(self) -> None:
         """``model`` is the bare module (checkpoints, evaluation); ``train_model`` is what the mode
         wrapped it in (e.g. DDP) and is what the training steps call."""
         self.scaler = self.precision.grad_scaler()
+        self.cores = self.cores or float(torch.get_num_threads())
         if self.train_model is None:
             self.train_model = self.model
 
@@ -107,8 +110,10 @@ class Trainer:
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
         self.callbacks.before_train_epoch(epoch)
-        train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler, self.precision,
-                                self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress, self.cfg.nonfinite)
+        with Utilisation(self.precision.device, self.cores) as busy:
+            train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler,
+                                    self.precision, self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress,
+                                    self.cfg.nonfinite)
         if train.skipped_steps and is_main_process():
             log.warning("epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
                         epoch + 1, train.skipped_steps)
@@ -116,6 +121,7 @@ class Trainer:
         test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta)
         self._account(epoch, train, test)
         row = self._row(epoch, train, test)
+        row.update(mean_over_workers(busy.result()))
         row.update(self.callbacks.epoch_stats())
         log.info("epoch %d/%d: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1fs, %.0f img/s",
                  epoch + 1, self.cfg.epochs, train.loss, train.acc, test.loss, test.acc, row["epoch_seconds"],
@@ -159,6 +165,7 @@ class Trainer:
         summary = self._summary()
         summary.update(self.callbacks.run_stats())
         summary.update(step_split(self.writer.history if self.writer else []))
+        summary.update(projected(summary))
         if self.baseline is not None and summary["samples_per_sec"]:
             summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
             summary["scaling_baseline"] = {"out": self.baseline.get("out"),
@@ -186,6 +193,7 @@ class Trainer:
             "time_to_target_seconds": self.state.time_to_target_seconds,
             "epoch_to_target": self.state.epoch_to_target,
             "timer_scope": TIMER_SCOPE,
+            **{key: _steady_mean(rows, key) for key in ("cpu_util", "gpu_util")},
         }
 
 
@@ -208,6 +216,37 @@ def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if all(v is not None for v in values):
             out[key] = statistics.fmean(values)
     return out
+
+
+def _steady_mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in (rows[1:] if len(rows) > 1 else rows) if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None]:
+    """Each figure's mean over the workers (None where this worker has none, e.g. no NVML)."""
+    keys = sorted(k for k, v in values.items() if v is not None)
+    if not keys:
+        return dict(values)
+    summed = all_reduce_sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)) / world_size()
+    return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
+
+
+PROJECTED_TIMES = ("step_seconds", "compute_seconds_per_step", "comm_seconds_per_step", "mean_epoch_seconds",
+                   "steady_epoch_seconds", "total_train_seconds", "time_to_target_seconds")
+
+
+def projected(summary: dict[str, Any]) -> dict[str, Any]:
+    """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
+    dilation factor, its throughput multiplied by it: the target cluster's figures."""
+    dilation = (summary.get("cluster") or {}).get("dilation")
+    if not dilation:
+        return {}
+    factor = float(dilation["factor"])
+    times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
+    rate = summary.get("samples_per_sec")
+    return {"projected": {"target": dilation["target"], "factor": factor, **times,
+                          "samples_per_sec": rate * factor if rate else None}}
 
 
 EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")

@@ -37,6 +37,7 @@ class TernGrad(Compressor):
     """
 
     name: ClassVar[str] = "terngrad"
+    noisy: ClassVar[bool] = True
 
     def __init__(self, clip: bool = False, clip_sigma: float = 2.5, seed: int = 0) -> None:
         super().__init__(seed)
@@ -75,6 +76,7 @@ class QSGD(Compressor):
     bits), plus one fp32 L2 norm per tensor, or per ``bucket_size`` elements when that is > 0."""
 
     name: ClassVar[str] = "qsgd"
+    noisy: ClassVar[bool] = True
 
     def __init__(self, qstates: int = 255, bucket_size: int = 0, seed: int = 0) -> None:
         super().__init__(seed)

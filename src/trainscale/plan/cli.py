@@ -1,0 +1,199 @@
+"""``trainscale profile`` and ``trainscale plan``: flags, checks, and what they print."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trainscale.console import format_table
+from trainscale.errors import ConfigError
+from trainscale.plan.describe import ClusterSpec, Device, load_device
+from trainscale.plan.methods import parse_spec
+from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
+from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
+from trainscale.plan.profile import Profile, ProfileConfig, load_profile, profile_command
+from trainscale.runtime.cluster import format_rate
+
+MIB = 2**20
+
+
+def run_profile(cfg: ProfileConfig) -> int:
+    p = profile_command(cfg)
+    print(f"{p.model} at batch {p.batch_size} ({p.precision}) on {p.device}, {p.threads} thread(s)"
+          + (f" under {p.cpus:g} CPUs" if p.cpus else ""))
+    print(f"  data {1e3 * p.data.median:.1f} ms, forward {1e3 * p.forward.median:.1f} ms, backward {1e3 * p.backward.median:.1f} ms, optimizer "
+          f"{1e3 * p.optimizer.median:.1f} ms (medians of {p.forward.repeats}; step {1e3 * p.compute_seconds:.1f} ms)")
+    print(f"  {len(p.buckets)} DDP bucket(s), {p.gradient_bytes / MIB:.2f} MiB of fp32 gradients; peak memory "
+          f"{p.peak_memory_mb:.0f} MB")
+    for c in p.compressors.values():
+        sent = sum(n for _, n in c.collectives)
+        print(f"  {c.spec}: encode {1e3 * c.encode.median:.1f} ms, decode {1e3 * c.decode.median:.1f} ms, "
+              f"{sent / MIB:.3f} MiB handed to {len(c.collectives)} collective(s)")
+    print(f"profile in {cfg.out}")
+    return 0
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f}"
+
+
+def describe_setting(s: Setting) -> str:
+    link = s.link
+    where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
+    rate = "no link" if s.workers == 1 else f"{format_rate(int(link.bandwidth * 8))} links"
+    return f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}" + (
+        f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else "")
+
+
+def print_plan(profile: Profile, setting: Setting, p: Prediction, origin: str) -> None:
+    print(f"plan: {profile.model} at batch {setting.batch_size or profile.batch_size} per worker "
+          f"({profile.precision}) on {describe_setting(setting)}")
+    print(f"  compute from {origin}")
+    print(f"  step {_ms(p.step_seconds)} ms = compute {_ms(p.compute_seconds)} + communication "
+          f"{_ms(p.comm_seconds)} (encode {_ms(p.encode_seconds)}, decode {_ms(p.decode_seconds)}); collectives in "
+          f"flight {_ms(p.wire_seconds)} ms, {_ms(p.hidden_seconds)} ms of it hidden under backward")
+    print(f"  {p.images_per_sec:,.0f} images/s, scaling efficiency {p.scaling_efficiency:.2f} at {p.workers} "
+          f"worker(s); {p.bytes_per_step_per_link / MIB:.2f} MiB per step over each link")
+
+
+def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]]:
+    axes: dict[str, list[str]] = {}
+    for item in items:
+        key, eq, values = item.partition("=")
+        if not eq or key not in ("workers", "bandwidth"):
+            raise ConfigError(f"--sweep {item!r}: expected workers=1,2,4 or bandwidth=100mbit,1gbit")
+        axes[key] = [v.strip() for v in values.split(",") if v.strip()]
+    try:
+        workers = [int(w) for w in axes.get("workers", [str(setting.workers)])]
+    except ValueError:
+        raise ConfigError(f"--sweep workers={','.join(axes['workers'])}: whole numbers, e.g. 1,2,4,8") from None
+    if any(w < 1 for w in workers):
+        raise ConfigError("--sweep workers: every count must be at least 1")
+    bandwidths = axes.get("bandwidth", [format_rate(int(setting.link.bandwidth * 8))])
+    for text in bandwidths:
+        with_bandwidth(setting, text)  # a bad rate fails here, before any table
+    return workers, bandwidths
+
+
+def run_sweep(cfg: PlanConfig, profile: Profile, setting: Setting) -> dict[str, Any]:
+    workers, bandwidths = sweep_axes(cfg.sweep, setting)
+    rows = []
+    for bw in bandwidths:
+        for w in workers:
+            s = with_bandwidth(setting, bw).with_workers(w)
+            rows.append({"bandwidth": bw, **predict(profile, s).to_dict()})
+    crossovers = crossover_table(profile, setting.with_workers(max(workers)))
+    return {"rows": rows, "crossover": crossovers, "workers": workers, "bandwidths": bandwidths}
+
+
+def crossover_table(profile: Profile, setting: Setting) -> list[dict[str, Any]]:
+    """For every profiled compressor (and dense fp32): the bandwidth below which it beats bf16 all-reduce."""
+    base = replace(setting, spec=parse_spec("bf16")) if "bf16" in profile.compressors else None
+    out = []
+    for text in ["none", *profile.compressors]:
+        spec = parse_spec(text)
+        if base is None or spec.text == "bf16":
+            continue
+        found = crossover(profile, replace(setting, spec=spec), base)
+        out.append({"method": spec.text, "workers": setting.workers,
+                    "below": crossover_text(found)})
+    return out
+
+
+def print_sweep(result: dict[str, Any], setting: Setting) -> None:
+    print(format_table(result["rows"], [
+        ("bandwidth", "bandwidth", str), ("workers", "workers", str),
+        ("step_seconds", "step ms", _ms), ("compute_seconds", "compute ms", _ms),
+        ("comm_seconds", "comm ms", _ms), ("images_per_sec", "img/s", lambda v: f"{v:,.0f}"),
+        ("scaling_efficiency", "efficiency", lambda v: f"{v:.2f}")]))
+    if result["crossover"]:
+        print(f"\nbeats bf16 all-reduce below ({setting.mode}, {max(result['workers'])} workers):")
+        print(format_table(result["crossover"], [("method", "method", str),
+                                                 ("below", "bandwidth", str)]))
+
+
+def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for bw in result["bandwidths"]:
+        rows = [r for r in result["rows"] if r["bandwidth"] == bw]
+        ax.plot([r["workers"] for r in rows], [r["scaling_efficiency"] for r in rows], marker="o", label=bw)
+    ax.set(xlabel="workers", ylabel="scaling efficiency (predicted)", ylim=(0, 1.05), title=title)
+    ax.set_xscale("log", base=2)
+    ax.legend(title="link")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """The cluster page's published scaling figures for the profiled model, each beside the planner's."""
+    rows = []
+    device = load_device(cluster.device) if cluster.device else None
+    for row in cluster.published:
+        if row.get("model") != profile.model or device is None or row.get("mode") not in MODES:
+            continue
+        s = published_setting(profile, setting, row, device)
+        predicted = predict(profile, s)
+        rows.append({"devices": int(row["devices"]), "hosts": s.hosts, "batch": int(row["batch_size"]),
+                     "mode": s.mode, "published": float(row["images_per_sec"]), "predicted": predicted.images_per_sec,
+                     "ratio": predicted.images_per_sec / float(row["images_per_sec"]),
+                     "source": str(row.get("source", ""))})
+    return rows
+
+
+def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], device: Device) -> Setting:
+    """The Setting of one published row: its hosts and devices, its per-device batch on the cluster's device.
+    A row's ``workers_per_host`` (ps-lite: one process per machine driving its GPUs) makes each worker's
+    batch the sum of its devices' and its step the device's step at the per-device batch."""
+    batch, devices, hosts = int(row["batch_size"]), int(row["devices"]), int(row.get("hosts", 1))
+    per_host = int(row.get("workers_per_host", max(1, devices // hosts)))
+    seconds, _ = device.step_seconds(profile.model, batch)
+    return replace(setting, hosts=hosts, per_host=per_host, mode=str(row["mode"]),
+                   compute_scale=seconds / profile.compute_seconds, batch_size=batch * devices // hosts // per_host)
+
+
+def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
+    print(f"\n{cluster.name}: published against planned ({cluster.source})")
+    print(format_table(rows, [("devices", "devices", str), ("hosts", "hosts", str), ("batch", "batch", str),
+                              ("mode", "mode", str), ("published", "published img/s", lambda v: f"{v:,.0f}"),
+                              ("predicted", "planned img/s", lambda v: f"{v:,.0f}"),
+                              ("ratio", "planned/published", lambda v: f"{v:.2f}")]))
+
+
+def run_plan(cfg: PlanConfig) -> int:
+    profile = load_profile(cfg.profile)
+    check_profile_model(cfg, profile)
+    setting, cluster, origin = setting_from(cfg, profile)
+    if setting.spec.text != "none":
+        profile.compressor(setting.spec)  # a compressor the profile did not time fails here
+    prediction = predict(profile, setting)
+    result: dict[str, Any] = {**prediction.to_dict(), "setting": describe_setting(setting), "compute_from": origin}
+    if cfg.sweep:
+        result["sweep"] = run_sweep(cfg, profile, setting)
+    if cluster is not None and cluster.published:
+        result["published"] = projection(profile, setting, cluster)
+    if cfg.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_plan(profile, setting, prediction, origin)
+        if cfg.sweep:
+            print()
+            print_sweep(result["sweep"], setting)
+        if result.get("published"):
+            print_projection(result["published"], cluster)
+    if cfg.sweep:
+        plot_sweep(result["sweep"], Path(cfg.plot), f"{profile.model}, {setting.mode}, {setting.spec.text}")
+        if not cfg.json:
+            print(f"\nplot in {cfg.plot}")
+    return 0
+

@@ -1,0 +1,236 @@
+"""The planner's model of one training step on a cluster, from a measured profile and link figures.
+
+Sync (DDP): each gradient bucket's collective starts when the bucket is ready (profiled) and after the
+previous one; what ends after backward is exposed, the rest is hidden. Layer-wise compressors code each
+bucket inside its hook, on the backward thread (encode delays the rest of backward), and decode when
+its collective lands; entire-model ones code once after backward, with nothing to overlap. All-gather
+methods decode every worker's payload. The parameter server (push, then pull, after backward) is bound
+by the host links that carry the shards' traffic; asynchronous workers also share their host's link
+with the server's replies to the other hosts, which a processor-sharing queue models: with o seconds of
+others' traffic per step, step = c + own x step / (step - o). Local SGD and DiLoCo exchange the model
+every H steps. Everything is per worker and per step; the device's compute is this machine's (the
+profile) times ``compute_scale`` when the plan is for another device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from trainscale.errors import ConfigError
+from trainscale.plan.costs import Link, collective, colocated_parameter_server, overlapped_finish, parameter_server
+from trainscale.plan.methods import DENSE, MethodSpec
+from trainscale.plan.profile import Profile
+
+MODES = ("sync", "ps-sync", "async", "localsgd", "diloco")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where and how to train: hosts x workers per host, their links, the mode and the compressor."""
+
+    hosts: int
+    per_host: int
+    inter: Link | None
+    intra: Link | None
+    mode: str = "sync"
+    spec: MethodSpec = MethodSpec(DENSE)
+    sync_every: int = 1
+    servers: int = 1
+    compute_scale: float = 1.0
+    batch_size: int | None = None  # per worker; None: the profile's
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode {self.mode!r}: the planner knows {', '.join(MODES)}")
+        if self.hosts < 1 or self.per_host < 1:
+            raise ConfigError(f"hosts and workers per host must be at least 1, got {self.hosts} x {self.per_host}")
+        if self.hosts > 1 and self.inter is None:
+            raise ConfigError("several hosts need a bandwidth between them (--bandwidth)")
+        if self.sync_every < 1 or self.servers < 1:
+            raise ConfigError("--sync-every and --servers must be at least 1")
+
+    @property
+    def workers(self) -> int:
+        return self.hosts * self.per_host
+
+    @property
+    def link(self) -> Link:
+        """The ring's bottleneck: the slower of the links it crosses (one host: its devices' link)."""
+        links = [lk for lk in ((self.inter if self.hosts > 1 else None),
+                               (self.intra if self.per_host > 1 else None)) if lk is not None]
+        if not links:
+            return self.intra or self.inter or Link(math.inf)
+        return Link(min(lk.bandwidth for lk in links), max(lk.latency for lk in links))
+
+    def with_workers(self, workers: int) -> "Setting":
+        """The same cluster shape grown or shrunk to ``workers`` (hosts filled one after another)."""
+        per_host = min(self.per_host, workers)
+        return replace(self, hosts=math.ceil(workers / per_host), per_host=per_host)
+
+
+@dataclass
+class Prediction:
+    workers: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    wire_seconds: float
+    hidden_seconds: float
+    encode_seconds: float
+    decode_seconds: float
+    images_per_sec: float
+    scaling_efficiency: float
+    bytes_per_step_per_link: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Step:
+    """What a mode adds to pure compute: the exposed part, and its parts for the report."""
+
+    exposed: float
+    wire: float
+    encode: float = 0.0
+    decode: float = 0.0
+    link_bytes: float = 0.0
+
+
+def predict(profile: Profile, setting: Setting) -> Prediction:
+    compute = profile.compute_seconds * setting.compute_scale
+    part = {"sync": _sync, "ps-sync": _ps_sync, "async": _async, "localsgd": _periodic,
+            "diloco": _periodic}[setting.mode](profile, setting)
+    step = compute + part.exposed
+    images = setting.workers * (setting.batch_size or profile.batch_size) / step
+    return Prediction(setting.workers, step, compute, part.exposed, part.wire, max(0.0, part.wire - part.exposed),
+                      part.encode, part.decode, images, compute / step, part.link_bytes)
+
+
+def _collectives(profile: Profile, spec: MethodSpec) -> list[tuple[str, float]]:
+    if spec.dense:
+        return [("all_reduce", float(profile.gradient_bytes))]
+    return [(k, float(n)) for k, n in profile.compressor(spec).collectives]
+
+
+def _coding(profile: Profile, setting: Setting) -> tuple[float, float]:
+    """(encode, decode) seconds of one step at this many workers (all-gather decodes every payload)."""
+    if setting.spec.dense:
+        return 0.0, 0.0
+    c = profile.compressor(setting.spec)
+    scale = setting.compute_scale
+    return c.encode.median * scale, c.decode.median * scale * (setting.workers if c.gathers else 1)
+
+
+def _wire(collectives: list[tuple[str, float]], share: float, setting: Setting) -> float:
+    return sum(collective(kind, n * share, setting.workers, setting.link) for kind, n in collectives)
+
+
+def _link_bytes(collectives: list[tuple[str, float]], workers: int) -> float:
+    """Bytes over each link of the ring per step: 2(W-1)/W of an all-reduce, (W-1) payloads of an all-gather."""
+    if workers <= 1:
+        return 0.0
+    return sum(n * (2.0 * (workers - 1) / workers if k == "all_reduce" else workers - 1) for k, n in collectives)
+
+
+def _sync(profile: Profile, setting: Setting) -> _Step:
+    if setting.workers == 1:
+        return _Step(0.0, 0.0)
+    collectives = _collectives(profile, setting.spec)
+    encode, decode = _coding(profile, setting)
+    backward = profile.backward.median * setting.compute_scale
+    if setting.spec.granularity == "entire":
+        wire = _wire(collectives, 1.0, setting)
+        return _Step(encode + wire + decode, wire, encode, decode, _link_bytes(collectives, setting.workers))
+    total = sum(b.nbytes for b in profile.buckets)
+    ready, durations, coded = [], [], 0.0
+    for b in profile.buckets:
+        share = b.nbytes / total
+        coded += encode * share
+        ready.append(b.ready_seconds * setting.compute_scale + coded)
+        durations.append(_wire(collectives, share, setting) + decode * share)
+    finish = overlapped_finish(ready, durations)
+    exposed = encode + max(0.0, finish - (backward + encode))
+    if profile.on_cpu:  # decoding competes with backward for the same cores: it cannot hide under it
+        exposed = max(exposed, encode + decode)
+    wire = sum(durations) - decode
+    return _Step(exposed, wire, encode, decode, _link_bytes(collectives, setting.workers))
+
+
+def _ps_bytes(profile: Profile, setting: Setting) -> float:
+    return float(sum(n for _, n in _collectives(profile, setting.spec)))
+
+
+def _push(profile: Profile, setting: Setting) -> float:
+    """One push (or pull): one host's workers to shards in host memory, or shards spread over the hosts."""
+    nbytes = _ps_bytes(profile, setting)
+    if setting.hosts == 1:
+        link = setting.intra or Link(math.inf)
+        return parameter_server(nbytes, setting.workers, setting.servers, link, link)
+    return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.inter or Link(math.inf))
+
+
+def _ps_link_bytes(profile: Profile, setting: Setting) -> float:
+    h, g = setting.hosts, setting.per_host
+    return 2.0 * g * (h - 1) / h * _ps_bytes(profile, setting) if h > 1 else 0.0
+
+
+def _ps_sync(profile: Profile, setting: Setting) -> _Step:
+    wire = 2.0 * _push(profile, setting)
+    return _Step(wire, wire, link_bytes=_ps_link_bytes(profile, setting))
+
+
+def _async(profile: Profile, setting: Setting) -> _Step:
+    own = 2.0 * _push(profile, setting)
+    others = own / 2.0 if setting.hosts > 1 else 0.0  # the host's shard answers the other hosts' pulls
+    c = profile.compute_seconds * setting.compute_scale
+    total = c + others + own
+    step = (total + math.sqrt(max(0.0, total * total - 4.0 * c * others))) / 2.0
+    return _Step(step - c, own, link_bytes=_ps_link_bytes(profile, setting))
+
+
+def _periodic(profile: Profile, setting: Setting) -> _Step:
+    """Local SGD / DiLoCo: one exchange of the model (through the compressor) every ``sync_every`` steps."""
+    if setting.workers == 1:
+        return _Step(0.0, 0.0)
+    collectives = _collectives(profile, setting.spec)
+    encode, decode = _coding(profile, setting)
+    wire = _wire(collectives, 1.0, setting)
+    h = setting.sync_every
+    return _Step((encode + wire + decode) / h, wire / h, encode / h, decode / h,
+                 _link_bytes(collectives, setting.workers) / h)
+
+
+LOWEST, HIGHEST = 1e5 / 8, 1e12 / 8  # bytes/s: 100 kbit/s to 1 Tbit/s
+
+
+def crossover(profile: Profile, setting: Setting, baseline: Setting, low: float = LOWEST,
+              high: float = HIGHEST) -> float | None:
+    """The bandwidth (bytes/s) below which ``setting`` steps faster than ``baseline`` on the same links, or
+    None when it never does in [low, high] (or always does: then ``high``)."""
+    def gain(bw: float) -> float:
+        def at(s: Setting) -> Setting:
+            return replace(s, inter=replace(s.inter or Link(bw), bandwidth=bw),
+                           intra=replace(s.intra, bandwidth=bw) if s.intra and s.hosts == 1 else s.intra)
+        return predict(profile, at(baseline)).step_seconds - predict(profile, at(setting)).step_seconds
+    if gain(low) <= 0:
+        return None
+    if gain(high) > 0:
+        return high
+    lo, hi = math.log(low), math.log(high)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gain(math.exp(mid)) > 0 else (lo, mid)
+    return math.exp(lo)
+
+
+def crossover_text(found: float | None) -> str:
+    """A crossover from :func:`crossover` as text: never, at every bandwidth, or N Mbit/s / Gbit/s."""
+    if found is None:
+        return "never"
+    if found >= HIGHEST:
+        return "at every bandwidth"
+    bits = float(f"{found * 8:.3g}")
+    return f"{bits / 1e9:g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:g} Mbit/s"

@@ -1,0 +1,397 @@
+"""``trainscale profile``: what one worker's step costs on this machine, measured, for the planner.
+
+A planner is only as good as its compute figure, so nothing here is estimated: the model runs real
+training steps (synthetic images of its input size: shapes and speed only) under the run's precision and
+memory format, wrapped in DDP on a one-rank group so that DDP's own buckets, and the moment each becomes
+ready during backward, are observed rather than guessed. Each requested compressor then encodes and
+decodes the model's real gradients through the exchange layer the training runs use, which also
+reports the collectives it would launch and their sizes. Timings are medians of ``repeats`` steps after
+``warmup`` steps; the spread (min, max) is kept beside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainscale.compression import CompressionStats, Exchange, create_compressor
+from trainscale.config import Section, option
+from trainscale.errors import ConfigError
+from trainscale.io import atomic_write_text
+from trainscale.models import create_model, list_models, model_info
+from trainscale.plan.methods import MethodSpec, parse_spec
+from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
+
+FORMAT = "trainscale-profile/1"
+LATE_EPOCH = 10**6  # past every compressor's warm-up (DGC's density ramp)
+
+
+@dataclass
+class ProfileConfig(Section):
+    TITLE: ClassVar[str] = "profile"
+
+    model: str = option("resnet9", "registered model to profile (trainscale models)")
+    batch_size: int = option(128, "images per worker per step")
+    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA)", choices=("fp32", "bf16", "fp16"))
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    channels_last: bool = option(True, "channels_last memory format, as training uses by default")
+    threads: int | None = option(None, "torch intra-op threads (default: this machine's cores, or the CPUs of "
+                                 "--cpus rounded up: what one worker gets)")
+    cpus: float | None = option(None, "measure under a CPU quota of C CPUs, as an emulated host of "
+                                "`trainscale cluster` gets (0.5 for 4 hosts on 2 cores); needs root")
+    crop_padding: int = option(4, "augmentation as training does it: pad-and-random-crop padding (0: none)")
+    compress: list[str] = option([], "also time this compressor on the model's gradients: METHOD[:key=value,...], "
+                                 "e.g. bf16, topk:ratio=0.01,granularity=entire, powersgd:rank=2 (repeatable)")
+    repeats: int = option(10, "timed steps (medians and spread are over these)")
+    warmup: int = option(3, "untimed steps first (allocation, DDP's bucket rebuild, caches)")
+    out: str = option("profile.json", "where to write the profile (JSON)")
+
+
+@dataclass
+class Timing:
+    """Seconds: the median of the repeats and their spread."""
+
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> "Timing":
+        return cls(statistics.median(samples), min(samples), max(samples), len(samples))
+
+
+@dataclass
+class Bucket:
+    """One DDP gradient bucket: its size and when it became ready (seconds after backward began)."""
+
+    index: int
+    nbytes: int
+    ready_seconds: float
+
+
+@dataclass
+class CompressorProfile:
+    """A compressor on this model's gradients: coding times for one step and the collectives it launches
+    (``kind``, bytes this worker hands over), as measured by the exchange layer."""
+
+    spec: str
+    method: str
+    granularity: str
+    encode: Timing
+    decode: Timing
+    collectives: list[tuple[str, int]]
+
+    @property
+    def gathers(self) -> bool:
+        """All-gather methods decode every worker's payload, so their decode grows with the workers."""
+        return any(kind == "all_gather" for kind, _ in self.collectives)
+
+    def bytes_of(self, kind: str) -> int:
+        return sum(n for k, n in self.collectives if k == kind)
+
+
+@dataclass
+class Profile:
+    model: str
+    batch_size: int
+    precision: str
+    device: str
+    threads: int
+    cpus: float | None
+    data: Timing
+    forward: Timing
+    backward: Timing
+    optimizer: Timing
+    gradient_bytes: int
+    parameter_count: int
+    buckets: list[Bucket]
+    peak_memory_mb: float
+    compressors: dict[str, CompressorProfile] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT
+
+    @property
+    def compute_seconds(self) -> float:
+        """One step of one worker with nothing to communicate: its batch (augmented on the device),
+        forward, backward, optimizer."""
+        return self.data.median + self.forward.median + self.backward.median + self.optimizer.median
+
+    @property
+    def on_cpu(self) -> bool:
+        """Measured on a CPU (whose cores the step's compute already fills), not an accelerator."""
+        return str(self.environment.get("device", "cpu")).startswith("cpu")
+
+    def compressor(self, spec: MethodSpec) -> CompressorProfile:
+        if spec.text not in self.compressors:
+            have = ", ".join(self.compressors) or "none"
+            raise ConfigError(f"the profile has no timings for --compress {spec.text} (it has: {have}); "
+                              f"run trainscale profile again with --compress {spec.text}")
+        return self.compressors[spec.text]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A profile written by ``trainscale profile``; anything else is a one-line ConfigError."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--profile {path}: no such file; make one with trainscale profile --out {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"--profile {path}: not JSON; make one with trainscale profile --out {path}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ConfigError(f"--profile {path}: not a trainscale profile ({FORMAT}); make one with trainscale profile")
+    try:
+        return _profile_from(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--profile {path}: damaged ({type(exc).__name__}: {exc}); make it again with "
+                          f"trainscale profile") from None
+
+
+def _profile_from(raw: dict[str, Any]) -> Profile:
+    timings = {k: Timing(**raw[k]) for k in ("data", "forward", "backward", "optimizer")}
+    compressors = {k: CompressorProfile(v["spec"], v["method"], v["granularity"], Timing(**v["encode"]),
+                                        Timing(**v["decode"]), [tuple(c) for c in v["collectives"]])
+                   for k, v in raw.get("compressors", {}).items()}
+    rest = {k: v for k, v in raw.items() if k not in (*timings, "compressors", "buckets")}
+    return Profile(**rest, **timings, buckets=[Bucket(**b) for b in raw["buckets"]], compressors=compressors)
+
+
+def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
+    """Every flag checked before anything is built; returns the compressor specs."""
+    if cfg.model not in list_models():
+        raise ConfigError(f"--model {cfg.model!r} is not registered; see trainscale models")
+    for name in ("batch_size", "repeats"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.warmup < 1:
+        raise ConfigError(f"--warmup must be at least 1 (DDP rebuilds its buckets after the first step), "
+                          f"got {cfg.warmup}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {cfg.threads}")
+    if cfg.cpus is not None and not 0.01 <= cfg.cpus <= (os.cpu_count() or 1):
+        raise ConfigError(f"--cpus must be between 0.01 and this machine's {os.cpu_count()} CPUs, got {cfg.cpus}")
+    return [parse_spec(text) for text in cfg.compress]
+
+
+class _Recorder:
+    """Each bucket's index, size and ready time in the current step (filled by :func:`_record_hook`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, float]] = []
+
+
+def _record_hook(state, bucket):  # unannotated: DDP rejects string annotations on a hook
+    """Record the bucket and hand it straight back: a world of one needs no reduction."""
+    buffer = bucket.buffer()
+    state.calls.append((bucket.index(), buffer.numel() * buffer.element_size(), time.perf_counter()))
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+@dataclass
+class _Steps:
+    data: list[float] = field(default_factory=list)
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    optimizer: list[float] = field(default_factory=list)
+    ready: dict[int, list[float]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+
+
+def _step(ddp: nn.Module, opt: torch.optim.Optimizer, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+          precision: Precision, recorder: _Recorder) -> list[float]:
+    """One training step; returns its time points: start, batch ready, backward start, backward end, end."""
+    device = precision.device
+    synchronize(device)
+    times = [time.perf_counter()]
+    images, labels = next(batches)
+    synchronize(device)
+    times.append(time.perf_counter())
+    with precision.autocast():
+        loss = F.cross_entropy(ddp(images).float(), labels)
+    synchronize(device)
+    times.append(time.perf_counter())
+    recorder.calls.clear()
+    loss.backward()
+    synchronize(device)
+    times.append(time.perf_counter())
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    synchronize(device)
+    return times + [time.perf_counter()]
+
+
+def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> tuple[_Steps, list[int]]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainscale.modes.sync import no_forward_buffer_sync
+
+    ddp = DistributedDataParallel(model, **no_forward_buffer_sync())
+    recorder = _Recorder()
+    ddp.register_comm_hook(recorder, _record_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 1)
+    steps = _Steps()
+    for i in range(cfg.warmup + cfg.repeats):
+        t0, t1, t2, t3, t4 = _step(ddp, opt, batches, precision, recorder)
+        if i < cfg.warmup:
+            continue
+        for samples, seconds in zip((steps.data, steps.forward, steps.backward, steps.optimizer),
+                                    (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            samples.append(seconds)
+        for index, nbytes, at in recorder.calls:
+            steps.ready.setdefault(index, []).append(at - t2)
+            steps.sizes[index] = nbytes
+    images, labels = next(batches)  # one more backward, so the compressors code real gradients, not zeros
+    with precision.autocast():
+        loss = F.cross_entropy(ddp(images).float(), labels)
+    loss.backward()
+    logged = ddp._get_ddp_logging_data()
+    sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", "")).split(", ")
+    return steps, [int(s) for s in sizes if s]
+
+
+def _phases(steps: _Steps) -> list[Timing]:
+    """Data, forward, backward and optimizer, each scaled so that they add up to the mean of the whole steps.
+    Under a CPU quota a phase's wall time depends on where the quota period falls (a 100 ms forward at half a
+    CPU spans one, two or three periods); the mean of consecutive whole steps does not."""
+    phases = [steps.data, steps.forward, steps.backward, steps.optimizer]
+    whole = statistics.fmean(sum(parts) for parts in zip(*phases))
+    scale = whole / sum(statistics.median(p) for p in phases)
+    return [Timing(statistics.median(p) * scale, min(p) * scale, max(p) * scale, len(p)) for p in phases]
+
+
+def _buckets(steps: _Steps, scale: float = 1.0) -> list[Bucket]:
+    """Buckets in the order they became ready (DDP launches them in that order)."""
+    buckets = [Bucket(i, steps.sizes[i], statistics.median(t) * scale) for i, t in steps.ready.items()]
+    return sorted(buckets, key=lambda b: b.ready_seconds)
+
+
+class _RecordingStats(CompressionStats):
+    """Compression statistics that also keep the list of collectives of the last exchange."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launched: list[tuple[str, int]] = []
+
+    def add_collective(self, kind: str, nbytes: int, world_size: int) -> None:
+        super().add_collective(kind, nbytes, world_size)
+        self.launched.append((kind, int(nbytes)))
+
+
+def _units(grads: list[tuple[str, torch.Tensor]], granularity: str) -> list[tuple[str, torch.Tensor]]:
+    if granularity == "entire":
+        return [("entire", torch.cat([g.reshape(-1) for _, g in grads]))]
+    return grads
+
+
+def profile_compressor(spec: MethodSpec, grads: list[tuple[str, torch.Tensor]], warmup: int,
+                       repeats: int) -> CompressorProfile:
+    """Encode + decode of one step's gradients through the exchange layer, timed by its own clocks."""
+    stats = _RecordingStats()
+    exchange = Exchange(create_compressor(spec.method, **spec.params), stats=stats)
+    units = _units(grads, spec.granularity)
+    encode, decode = [], []
+    for i in range(warmup + repeats):
+        stats.launched.clear()
+        before = (stats.encode_seconds, stats.decode_seconds)
+        exchange.reduce([(k, g.clone()) for k, g in units], i, LATE_EPOCH)
+        if i >= warmup:
+            encode.append(stats.encode_seconds - before[0])
+            decode.append(stats.decode_seconds - before[1])
+    return CompressorProfile(spec.text, spec.method, spec.granularity, Timing.of(encode), Timing.of(decode),
+                             list(stats.launched))
+
+
+def training_batches(cfg: ProfileConfig, device: torch.device,
+                     steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of synthetic CIFAR-sized images through the training loader: on the device, cropped,
+    flipped and normalised as a run's are (a 28-pixel model crops, a 299-pixel one upscales)."""
+    from trainscale.data.loader import AugmentConfig, DeviceBatches
+    from trainscale.data.synthetic import synthetic_dataset
+
+    native, want = 32, model_info(cfg.model).input_size
+    augment = AugmentConfig(crop_padding=cfg.crop_padding, crop_size=want if want < native else None,
+                            resize=want if want > native else None)
+    data = synthetic_dataset(cfg.batch_size * steps, native)
+    loader = DeviceBatches(data, cfg.batch_size, train=True, augment=augment, device=device,
+                           channels_last=cfg.channels_last)
+    return iter((b[0], b[1]) for b in loader.epoch(0))
+
+
+def synthetic_batch(model: str, batch_size: int, device: torch.device) -> torch.Tensor:
+    size = model_info(model).input_size
+    return torch.randn(batch_size, 3, size, size, device=device)
+
+
+def build(cfg: ProfileConfig, device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    model = create_model(cfg.model, num_classes=10).to(device)
+    images = model_info(cfg.model).data_init_images
+    if images:
+        model.data_init(synthetic_batch(cfg.model, images, device))
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+
+def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
+    """The profile of ``cfg`` on this machine (inside whatever CPU limit the caller set)."""
+    from trainscale.runtime.process_group import local_group
+    from trainscale.train.environment import device_name, environment
+
+    device = resolve_device(cfg.device)
+    precision = Precision(cfg.precision, device)
+    model = build(cfg, device)
+    with local_group():
+        steps, ddp_sizes = _time_steps(cfg, model, precision)
+    data, forward, backward, optimizer = _phases(steps)
+    buckets = _buckets(steps, backward.median / statistics.median(steps.backward))
+    if sorted(b.nbytes for b in buckets) != sorted(ddp_sizes):
+        raise RuntimeError(f"recorded buckets {[b.nbytes for b in buckets]} differ from DDP's {ddp_sizes}")
+    grads = [(n, p.grad.detach().float().clone()) for n, p in model.named_parameters() if p.grad is not None]
+    compressors = {s.text: profile_compressor(s, grads, cfg.warmup, cfg.repeats) for s in specs}
+    return Profile(cfg.model, cfg.batch_size, cfg.precision, device_name(device), torch.get_num_threads(), cfg.cpus,
+                   data, forward, backward, optimizer,
+                   sum(g.numel() * 4 for _, g in grads), sum(g.numel() for _, g in grads), buckets,
+                   peak_memory_mb(device), compressors, environment(device))
+
+
+@contextlib.contextmanager
+def limits(cfg: ProfileConfig) -> Iterator[None]:
+    """This process's threads and, with ``--cpus``, a CPU quota for the body (restored afterwards)."""
+    from math import ceil
+
+    from trainscale.runtime.cluster import cpu_limited
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads or (ceil(cfg.cpus) if cfg.cpus else (os.cpu_count() or 1)))
+    try:
+        with cpu_limited(cfg.cpus) if cfg.cpus else contextlib.nullcontext():
+            yield
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def profile_command(cfg: ProfileConfig) -> Profile:
+    specs = check_profile_config(cfg)
+    out = Path(cfg.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file name such as {out / 'profile.json'}")
+    with limits(cfg):
+        profile = measure(cfg, specs)
+    atomic_write_text(out, profile.to_json() + "\n")
+    return profile

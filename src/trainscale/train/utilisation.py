@@ -1,0 +1,66 @@
+"""How busy the device was while a worker trained, as the MXNet results page reports it beside throughput
+("6800 (8-80%)": 8 GPUs at 80%).
+
+CPU: the worker process's CPU time (every thread, from the OS) over the wall time of the pass, divided by the
+cores it may use: its torch threads, or on an emulated cluster its share of the host's CPU quota. GPU: NVML's
+utilisation of the worker's device, sampled every ``period`` seconds by a background thread (None where NVML
+is not installed). Both are per worker; the trainer records the mean over workers per epoch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import torch
+
+
+def allowed_cores(facts: dict[str, Any] | None, processes_per_host: int) -> float:
+    """The cores this worker may keep busy: its threads, capped by its share of an emulated host's quota."""
+    threads = float(torch.get_num_threads())
+    quota = (facts or {}).get("cpus_per_host")
+    return min(threads, quota / max(1, processes_per_host)) if quota else threads
+
+
+class Utilisation:
+    """Context manager around one training pass; ``result()`` gives ``cpu_util`` and ``gpu_util`` (0-1)."""
+
+    def __init__(self, device: torch.device, cores: float, period: float = 0.5) -> None:
+        self.device, self.cores, self.period = device, cores, period
+        self.samples: list[float] = []
+        self.cpu = self.wall = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Utilisation":
+        self._start = (time.process_time(), time.perf_counter())
+        if self.device.type == "cuda" and _nvml_works(self.device):
+            self._thread = threading.Thread(target=self._sample, name="trainscale-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu = time.process_time() - self._start[0]
+        self.wall = time.perf_counter() - self._start[1]
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period):
+            self.samples.append(torch.cuda.utilization(self.device) / 100.0)
+
+    def result(self) -> dict[str, float | None]:
+        cpu = self.cpu / (self.wall * self.cores) if self.wall > 0 and self.cores > 0 else None
+        gpu = statistics.fmean(self.samples) if self.samples else None
+        return {"cpu_util": cpu, "gpu_util": gpu}
+
+
+def _nvml_works(device: torch.device) -> bool:
+    try:
+        torch.cuda.utilization(device)
+    except Exception:  # pynvml missing or NVML unavailable: no GPU figure, never a failed run
+        return False
+    return True
