@@ -36,12 +36,14 @@ LOCK_FILE = ".lock"  # see lock_run_folder; a folder holding only this is a new 
 class RunWriter:
     """Writes one run folder; only the main process owns one."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, clean: bool = True) -> None:
+        """``clean``: remove the debris of writes killed mid-way (see io.atomic_write_bytes); not where
+        another process may be writing the folder now (a fault-tolerant job's replicas)."""
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict[str, Any]] = []
-        for debris in self.out.glob(".*.tmp"):  # a write killed mid-way (see io.atomic_write_bytes)
-            debris.unlink(missing_ok=True)
+        if clean:
+            remove_debris(self.out)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -71,6 +73,11 @@ class RunWriter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.out / "summary.json", dumps(summary))
+
+
+def remove_debris(out: Path) -> None:
+    for debris in Path(out).glob(".*.tmp"):
+        debris.unlink(missing_ok=True)
 
 
 def in_use_message(out: Path, pid: int) -> str:

@@ -13,6 +13,7 @@ exception reaches the agent). On success node 0 prints the table and summary fro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
+from trainscale.app.ft_launch import DEFAULT_RESTARTS, launch_replicas
 from trainscale.app.run import load_baseline, run_training
 from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
 from trainscale.errors import ConfigError
@@ -46,7 +48,8 @@ from trainscale.runtime.network import (
     parse_endpoint,
     wait_reachable,
 )
-from trainscale.runtime.orphans import become_launcher, launcher_pid
+from trainscale.runtime import ft
+from trainscale.runtime.orphans import become_launcher, die_with_parent, launcher_pid
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
 from trainscale.train.precision import Precision, resolve_device
@@ -189,8 +192,15 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
 
 def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
+    if ft.replica() is not None:
+        return run_replica_agent(cfg, flags)
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
+    if cfg.fault_tolerance:
+        status = launch_replicas(cfg, worker_args(flags, plan), plan.out)
+        if status == 0:
+            report(cfg, plan)
+        return status
     become_launcher()  # the workers die with this process, quietly (runtime.orphans)
     relabel(f"node {cfg.node_rank} launcher")
     servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
@@ -212,6 +222,27 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
     report(cfg, plan)
+    return 0
+
+
+def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+    """One replica of a fault-tolerant job (``ft_launch``): torch's elastic agent with one worker, restarted
+    alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
+    die_with_parent(signal.SIGKILL, ft.owner_pid())
+    plan = LaunchPlan(f"{LOCALHOST}:{free_port(LOCALHOST)}", True, uuid.uuid4().hex, Path(cfg.out),
+                      threads_per_worker(cfg.threads, cfg.workers))
+    become_launcher()
+    relabel(f"replica {ft.replica()} agent")
+    config = dataclasses.replace(launch_config(cfg, plan), nproc_per_node=1,
+                                 max_restarts=cfg.max_restarts or DEFAULT_RESTARTS)
+    try:
+        elastic_launch(config, sys.executable)(*worker_args(flags, plan))
+    except ChildFailedError as exc:
+        message, status = describe_failure(exc.failures)
+        print(f"trainscale train: error: replica {ft.replica()}: {message}", file=sys.stderr)
+        return status
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
     return 0
 
 

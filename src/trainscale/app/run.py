@@ -24,8 +24,10 @@ from trainscale.io import read_json
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
+from trainscale.modes.fault_tolerance import JobFinished
 from trainscale.results import lock_run_folder
 from trainscale.runtime import is_main_process, rank, world_size
+from trainscale.runtime import ft
 from trainscale.runtime.cluster import facts_from_env
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
@@ -43,7 +45,7 @@ log = logging.getLogger("trainscale.train")
 def worker_threads(cfg: CoreConfig) -> int | None:
     """``--threads``; under a launcher, the node's cores split over its workers; otherwise None (torch's
     default)."""
-    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    local_workers = ft.replicas() if ft.replica() is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     if cfg.threads or not local_workers:
         return cfg.threads
     return threads_per_worker(cfg.threads, local_workers)
@@ -65,7 +67,10 @@ def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
     mode.check_device(cfg, device)
     with mode.session(device), run_folder_held(cfg) as held:
         trainer = build_trainer(held, device, mode)
-        summary = trainer.fit()
+        try:
+            summary = trainer.fit()
+        except JobFinished:
+            return {}, []
     history = trainer.writer.history if trainer.writer else []
     return summary, history
 
@@ -88,11 +93,11 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     precision = Precision(cfg.precision, device)
     writer, resume = run_folder(cfg)
     train, test = load_data(cfg)
-    workers = world_size()
+    workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
     want = cfg.image_size or model_info(cfg.model).input_size
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
-    common = dict(device=device, rank=rank(), world_size=workers, seed=cfg.seed, channels_last=cfg.channels_last)
+    common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.seed, channels_last=cfg.channels_last)
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
                                                        **common), rank())
     test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
@@ -112,7 +117,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
                       baseline=load_baseline(cfg) if writer is not None else None,
                       cores=allowed_cores(facts, cfg.workers + getattr(cfg, "servers", 0)),
                       summary_base={**summary_base(cfg, plan, params, device, want,
-                                                   train_batches.num_samples * workers, writer), **mode.describe()})
+                                                   train_batches.num_samples * world_size(), writer), **mode.describe()})
     if resume:
         trainer.resume()
     if writer is not None:

@@ -10,8 +10,9 @@ what makes a resumed run identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -203,6 +204,12 @@ class DeviceBatches:
         return self._images[:, :, p:p + h, p:p + w]
 
     def _train_epoch(self, epoch: int) -> Iterator[Batch]:
+        return (finish() for finish in self.lazy_epoch(epoch))
+
+    def lazy_epoch(self, epoch: int) -> Iterator[Callable[[], Batch]]:
+        """The training batches of ``epoch``, each as a function that makes it: augmentation is drawn for
+        the whole shard as in ``epoch``, but a batch that is skipped is never normalised (fault-tolerant
+        replicas walk the whole epoch and train on one batch in every few)."""
         indices = train_shard(self.total_samples, self.rank, self.world_size, self.seed, epoch)
         count = len(self) * self.batch_size if self.drop_last else self.shard_size
         indices = indices[:count]
@@ -236,7 +243,11 @@ class DeviceBatches:
             if cy is not None:
                 x = A.apply_cutout(x, aug.cutout, cy[start:stop], cx[start:stop], inplace=True)
             for b in range(0, stop - start, self.batch_size):
-                yield self._finish(x[b:b + self.batch_size]), labels[start + b:start + b + self.batch_size]
+                yield functools.partial(self._batch, x[b:b + self.batch_size],
+                                        labels[start + b:start + b + self.batch_size])
+
+    def _batch(self, x: torch.Tensor, labels: torch.Tensor) -> Batch:
+        return self._finish(x), labels
 
     def _eval_epoch(self) -> Iterator[Batch]:
         images = self._unpadded()

@@ -15,6 +15,7 @@ from torch import nn
 
 from trainscale.config import CoreConfig, Section
 from trainscale.registry import Registry
+from trainscale.runtime.dist import world_size
 from trainscale.train.callbacks import Callbacks
 
 Result = tuple[dict[str, Any], list[dict[str, Any]]]
@@ -74,6 +75,11 @@ class Mode(Callbacks):
         """The training and test batches the trainer iterates (parameter-server modes: warm-start epochs,
         evaluation of the whole test set on the main worker)."""
         return train, test
+
+    def data_parallel_size(self) -> int:
+        """How many workers share each step's global batch (the batch plan's divisor): the process group's
+        size, or the replicas of a fault-tolerant job, each of which is a world of one."""
+        return world_size()
 
     def describe(self) -> dict[str, Any]:
         """Static facts about the mode for summary.json (backend, BatchNorm handling, ...)."""

@@ -61,6 +61,7 @@ class PeriodicMode(SyncMode):
     @classmethod
     def validate(cls, cfg: CoreConfig) -> None:
         assert isinstance(cfg, PeriodicConfig)
+        super().validate(cfg)
         if cfg.sync_every is not None and cfg.sync_every < 1:
             raise ConfigError(f"--sync-every must be a positive number of steps, got {cfg.sync_every}")
         if not 0 <= cfg.local_after_epochs < cfg.epochs:

@@ -28,6 +28,8 @@ from trainscale.compression.setup import make_hook as make_compression_hook
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
+from trainscale.modes.fault_tolerance import CommittingOptimizer, ReplicaBatches, ReplicaSession, validate_fault_tolerance
+from trainscale.runtime import ft
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
 from trainscale.runtime.dist import (
     average_in_place,
@@ -63,6 +65,13 @@ class SyncConfig(CompressionConfig, CoreConfig):
     TITLE: ClassVar[str] = "data parallel (sync mode)"
 
     sync_bn: bool = option(False, "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
+    fault_tolerance: bool = option(False, "per-step fault tolerance (torchft): each worker is a replica; a dead one "
+                                   "costs at most the step in flight, survivors go on, it is restarted and heals "
+                                   "from a peer (--max-restarts per replica; 0 means 5)")
+    ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
+                               "before the step is dropped and the quorum goes on without it")
+    inject_fault: list[str] | None = option(None, "with --fault-tolerance: faults to inject, KIND:RANK@STEP, "
+                                            "comma-separated (kill = SIGKILL, hang = SIGSTOP), e.g. kill:1@20")
 
 
 @register_mode("sync")
@@ -85,6 +94,12 @@ class SyncMode(Mode):
         self.backend: str | None = None
         self.stats = CommStats()  # this epoch's, filled by the hook
         self.total = CommStats()  # the run's, epoch by epoch
+        self.replica = ReplicaSession(cfg) if cfg.fault_tolerance else None
+
+    @classmethod
+    def validate(cls, cfg: SyncConfig) -> None:
+        if cfg.fault_tolerance or cfg.inject_fault:
+            validate_fault_tolerance(cfg)
 
     @classmethod
     def check_device(cls, cfg: SyncConfig, device: torch.device) -> None:
@@ -96,7 +111,13 @@ class SyncMode(Mode):
 
     @contextlib.contextmanager
     def session(self, device: torch.device) -> Iterator[None]:
-        """Join the launcher's group, elect the run-folder owner (node 0's first worker), always leave."""
+        """Join the launcher's group, elect the run-folder owner (node 0's first worker), always leave.
+        Under fault tolerance: this replica's torchft session instead (replica 0 owns the run folder)."""
+        if self.replica is not None:
+            self.backend = "gloo (torchft, reconfigured per quorum)"
+            with self.replica.session(device):
+                yield
+            return
         with process_group(device, self.requested_backend, self.timeout_s) as backend:
             self.backend = backend
             main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
@@ -109,6 +130,9 @@ class SyncMode(Mode):
                     set_main_rank(0)
 
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        if self.replica is not None:
+            self.replica.model = model
+            return model  # no DDP: the committing optimizer averages over the quorum
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # swaps BN children in place
         # Buffers are synced once at construction (identical starting BN statistics), not before every
@@ -131,19 +155,39 @@ class SyncMode(Mode):
         return self.hook_state, hook
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off."""
+        """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off. Under
+        fault tolerance the optimizer averages over the quorum and applies committed steps only."""
+        if self.replica is not None:
+            return CommittingOptimizer(optimizer, model, self.replica)  # type: ignore[return-value]
         if self.compression is not None and self.compression.compressor().replaces_optimizer_momentum:
             for group in optimizer.param_groups:
                 group.update(momentum=0.0, nesterov=False)
             log.info("dgc: optimizer momentum off (DGC's momentum correction replaces it)")
         return optimizer
 
+    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
+        return (ReplicaBatches(train, self.replica), test) if self.replica is not None else (train, test)
+
+    def before_fit(self, snapshot: Any, restore: Any) -> None:
+        if self.replica is not None:
+            self.replica.attach(snapshot, restore)
+
+    def writes_run_folder(self) -> bool:
+        return self.replica is None or self.replica.member_rank == 0
+
+    @property
+    def run_folder_shared(self) -> bool:  # type: ignore[override]
+        return self.replica is not None
+
+    def data_parallel_size(self) -> int:
+        return ft.replicas() if self.replica is not None else super().data_parallel_size()
+
     def before_train_epoch(self, epoch: int) -> None:
         if self.hook_state is not None:
             self.hook_state.set_epoch(epoch)
 
     def after_train_epoch(self, model: nn.Module) -> None:
-        if not self.sync_bn:
+        if not self.sync_bn and self.replica is None:  # fault tolerance averages them every step
             average_bn_statistics(model)
 
     def epoch_stats(self) -> dict[str, Any]:

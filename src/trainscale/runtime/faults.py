@@ -83,3 +83,36 @@ class FaultyBatches:
 def with_fault_injection(batches: Any, rank: int) -> Any:
     fault = fault_for(rank)
     return FaultyBatches(batches, fault) if fault else batches
+
+
+# ------------------------------------------------------------------ --inject-fault (fault-tolerant runs)
+
+FAULT_KINDS = ("kill", "hang", "link")
+FAULT_FORMAT = "KIND:RANK@STEP (KIND kill, hang or link; e.g. kill:1@20)"
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """``--inject-fault``: replica ``rank`` meets ``kind`` in the job's step ``step`` (1-based, counted in
+    committed steps), after its backward, as the step's exchange starts: ``kill`` sends itself SIGKILL (a crash), ``hang`` SIGSTOP (a
+    process that stops answering; the launcher's watchdog kills it once the others have dropped it)."""
+
+    kind: str
+    rank: int
+    step: int
+
+    def fire(self) -> None:
+        from trainscale.runtime.ft import log_event
+
+        log.warning("--inject-fault: %s of replica %d at step %d", self.kind, self.rank, self.step)
+        log_event("fault", kind=self.kind, rank=self.rank, step=self.step)
+        os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+
+
+def parse_injected_fault(text: str) -> InjectedFault:
+    """``kill:1@20`` -> InjectedFault; anything else is a ConfigError naming the format."""
+    kind, _, rest = text.partition(":")
+    rank, _, step = rest.partition("@")
+    if kind not in FAULT_KINDS or not rank.isdigit() or not step.isdigit() or int(step) < 1:
+        raise ConfigError(f"--inject-fault '{text}': expected {FAULT_FORMAT}")
+    return InjectedFault(kind, int(rank), int(step))

@@ -7,13 +7,27 @@ pass ``Callbacks()``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
 
 class Callbacks:
     """Hooks around each epoch; see ``Trainer.run_epoch`` for the order they are called in."""
+
+    def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
+        """Once, before the first epoch, with functions that take and restore the trainer's whole state
+        (model, optimizer, scaler, run state, the mode's own): a mode that copies live state between workers
+        (fault tolerance's healing) keeps them."""
+
+    def writes_run_folder(self) -> bool:
+        """Whether this process writes the run folder at this epoch's end (its main process holds a writer).
+        In a fault-tolerant job every replica holds one and the quorum's first member writes, so the
+        record goes on when a replica dies; ``run_folder_shared`` then says to re-read the rows written
+        so far, which another replica may have written."""
+        return True
+
+    run_folder_shared = False
 
     def before_train_epoch(self, epoch: int) -> None:
         """Before each epoch's training pass (e.g. to step a compression warm-up schedule)."""

@@ -186,7 +186,7 @@ def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.O
     synchronize(precision.device)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
-        set_lr(optimizer, lr_at(epoch + step / steps))
+        set_lr(optimizer, lr_at(epoch + getattr(batches, "progress", step / steps)))
         logits, loss = compute_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing)
         if guard.admit(step, loss, optimizer):
             apply_gradients(optimizer, scaler)

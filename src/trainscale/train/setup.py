@@ -25,6 +25,7 @@ from trainscale.models import create_model, model_info
 from trainscale.config import CoreConfig
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, is_main_process, world_size
+from trainscale.runtime import ft
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train.environment import environment
 
@@ -152,7 +153,7 @@ def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, pro
     if not resume:
         if any((out / name).exists() for name in RUN_FILES):
             raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        if out.is_dir() and any(p.name not in (*LAUNCHER_FILES, LOCK_FILE) for p in out.iterdir()):
+        if out.is_dir() and any(p.name not in (*LAUNCHER_FILES, LOCK_FILE, ft.EVENTS_FILE) for p in out.iterdir()):
             raise ConfigError(f"--out {out} is a folder that already holds files and is not a trainscale run; "
                               "choose a new or empty folder")
         return
@@ -166,7 +167,7 @@ def check_not_in_use(out: Path) -> None:
     """Another job holding the folder's lock (``results.lock_run_folder``) is said first: its files say
     nothing yet about this job. This process's own lock, or its launcher's, is no obstacle."""
     holder = lock_holder(out)
-    if holder is not None and holder not in (os.getpid(), launcher_pid()):
+    if holder is not None and holder not in (os.getpid(), launcher_pid(), ft.owner_pid()):
         raise ConfigError(in_use_message(out, holder))
 
 
@@ -286,12 +287,13 @@ def run_folder(cfg: CoreConfig) -> tuple[RunWriter | None, bool]:
     resume = wants_resume(cfg, out)
     if out is None:
         return None, resume
-    if restart_count() == 0:
+    first_writer = ft.replica() in (None, 0) and restart_count() == 0  # replicas share the folder
+    if first_writer:
         check_run_folder(out, cfg.resume, cfg)
     if cfg.resume and not resume:
         log.warning("--resume: %s has no checkpoint (the run stopped before its first one); starting from the "
                     "beginning", out)
-    return RunWriter(out), resume
+    return RunWriter(out, clean=first_writer), resume
 
 
 def summary_base(cfg: CoreConfig, plan: BatchPlan, params: int, device: torch.device, image_size: int,

@@ -71,15 +71,23 @@ class Trainer:
         """Restore the last finished epoch from the run folder (same data order, same LR from there)."""
         assert self.writer is not None or not is_main_process()
         ckpt = self._shared_checkpoint()
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        self.restore(ckpt)
         set_rng_state(ckpt["rng"])
-        self.state = RunState(**ckpt["state"])
-        self.callbacks.load_state_dict(ckpt.get("mode") or {})
         if self.writer is not None:
             self.writer.restore_history(self.state.next_epoch)
             log.info("resumed from %s after epoch %d", self.writer.checkpoint_path, self.state.next_epoch)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole training state but the RNGs: what a checkpoint holds, and what a healing replica copies."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "state": self.state.to_dict(), "mode": self.callbacks.state_dict()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.scaler.load_state_dict(snapshot["scaler"])
+        self.state = RunState(**snapshot["state"])
+        self.callbacks.load_state_dict(snapshot.get("mode") or {})
 
     def _shared_checkpoint(self) -> dict[str, Any]:
         """The main process reads the checkpoint and sends it to every rank, so all resume from the same
@@ -98,9 +106,12 @@ class Trainer:
         return value
 
     def fit(self) -> dict[str, Any]:
+        self.callbacks.before_fit(self.snapshot, self.restore)
         for epoch in range(self.state.next_epoch, self.cfg.epochs):
             row = self.run_epoch(epoch)
-            if self.writer is not None:
+            if self.writer is not None and self.callbacks.writes_run_folder():
+                if self.callbacks.run_folder_shared:
+                    self.writer.restore_history(epoch)
                 self.writer.add_epoch(row)
                 self.writer.write_summary(self.summary())
                 self._checkpoint()
@@ -156,10 +167,7 @@ class Trainer:
     def _checkpoint(self) -> None:
         if not self.cfg.checkpoint:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scaler": self.scaler.state_dict(), "rng": rng_state(), "state": self.state.to_dict(),
-                 "mode": self.callbacks.state_dict()}
-        save_checkpoint(self.writer.checkpoint_path, state)
+        save_checkpoint(self.writer.checkpoint_path, {**self.snapshot(), "rng": rng_state()})
 
     def summary(self) -> dict[str, Any]:
         summary = self._summary()

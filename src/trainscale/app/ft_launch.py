@@ -1,0 +1,160 @@
+"""`trainscale train --fault-tolerance`: the launcher of a fault-tolerant job, and its fault record.
+
+The launcher checks everything as for any distributed job, then hosts torchft's lighthouse and the
+start barrier on 127.0.0.1 and starts one replica per worker: each is `trainscale train` with the same
+flags run as a replica agent (``TRAINSCALE_FT_REPLICA``), i.e. torch's elastic agent with one worker
+and its own restarts, so a dead replica is restarted alone and the survivors never are. A watchdog
+kills a replica's worker that has been stopped (SIGSTOP, a hung host) for longer than ``--ft-timeout``
+plus the heartbeat timeout: by then the others have dropped it, and its agent restarts it.
+
+At the end the launcher turns the replicas' event log into ``summary.json``'s ``faults`` (one object per
+injected fault: detection and recovery seconds, steps lost) and ``replicas_equal`` (whether every
+replica ended with bitwise-equal parameters and buffers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainscale.app.config import TrainConfig
+from trainscale.io import atomic_write_text, dumps
+from trainscale.log import relabel
+from trainscale.modes.fault_tolerance import injected_faults
+from trainscale.results import lock_run_folder, read_json, remove_debris
+from trainscale.runtime import ft
+from trainscale.runtime.faults import InjectedFault
+from trainscale.runtime.network import LOCALHOST
+from trainscale.runtime.orphans import LAUNCHER_PID_ENV, become_launcher
+
+log = logging.getLogger("trainscale.launch")
+
+DEFAULT_RESTARTS = 5
+WATCH_INTERVAL_S = 0.2
+HEARTBEAT_TIMEOUT_S = 1.0
+
+
+def replica_env(cfg: TrainConfig, index: int, lighthouse: str, barrier: str, events: Path) -> dict[str, str]:
+    return {**os.environ, ft.REPLICA_ENV: str(index), ft.REPLICAS_ENV: str(cfg.workers or 1),
+            ft.LIGHTHOUSE_ENV: lighthouse, ft.BARRIER_ENV: barrier, ft.EVENTS_ENV: str(events),
+            ft.OWNER_ENV: str(os.getpid()), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+
+
+def launch_replicas(cfg: TrainConfig, argv: list[str], out: Path) -> int:
+    """Run the replicas to the end; returns the job's exit status (the first failed replica's)."""
+    become_launcher()
+    relabel("launcher")
+    events = out / ft.EVENTS_FILE
+    replicas = cfg.workers or 1
+    with lock_run_folder(out), ft.lighthouse(LOCALHOST, HEARTBEAT_TIMEOUT_S) as lighthouse, \
+            ft.barrier_store(LOCALHOST) as barrier:
+        if not cfg.resume and events.exists():
+            events.unlink()
+        log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", replicas, lighthouse)
+        procs = [subprocess.Popen([sys.executable, *argv], env=replica_env(cfg, i, lighthouse, barrier, events),
+                                  start_new_session=True) for i in range(replicas)]
+        try:
+            status = watch(procs, cfg.ft_timeout + HEARTBEAT_TIMEOUT_S)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    remove_debris(out)  # of a replica killed while writing
+    if status == 0 and (out / "summary.json").exists():
+        record_faults(out, events, injected_faults(cfg))
+    return status
+
+
+def watch(procs: list[subprocess.Popen], stopped_limit_s: float) -> int:
+    """Wait for every replica agent; kill workers stopped for longer than ``stopped_limit_s``. A failed
+    agent (out of restarts, or a user error) ends the job with its status."""
+    stopped_since: dict[int, float] = {}
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return 0
+        now = time.monotonic()
+        for pid in stopped_workers(procs):
+            since = stopped_since.setdefault(pid, now)
+            if now - since > stopped_limit_s:
+                log.warning("replica worker %d has been stopped for %.1f s: killing it (its agent restarts it)",
+                            pid, now - since)
+                os.kill(pid, signal.SIGKILL)
+                stopped_since.pop(pid)
+        time.sleep(WATCH_INTERVAL_S)
+
+
+def stopped_workers(procs: list[subprocess.Popen]) -> list[int]:
+    """Pids of the agents' children in the stopped state (``T`` in /proc/PID/stat)."""
+    agents = {p.pid for p in procs}
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "T" and int(fields[1]) in agents:
+            out.append(int(entry.name))
+    return out
+
+
+def record_faults(out: Path, events_path: Path, injected: list[InjectedFault]) -> None:
+    """Add ``faults`` and ``replicas_equal`` to summary.json (replaced atomically)."""
+    events = ft.read_events(events_path)
+    summary = read_json(out / "summary.json")
+    summary["faults"] = fault_records(events)
+    fired = {(f["kind"], f["rank"], f["step"]) for f in summary["faults"]}
+    for fault in injected:
+        if (fault.kind, fault.rank, fault.step) not in fired:
+            log.warning("--inject-fault %s:%d@%d never fired: the job ended at step %s", fault.kind, fault.rank,
+                        fault.step, max((e["step"] for e in events if e["event"] == "final"), default="?"))
+    digests = {e["replica"]: e["digest"] for e in events if e["event"] == "final"}
+    summary["replicas_equal"] = len(set(digests.values())) == 1 if digests else None
+    summary["replicas_finished"] = len(digests)
+    atomic_write_text(out / "summary.json", dumps(summary))
+
+
+def fault_records(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per injected fault that fired: detection (the fault to the first survivor that saw it: a
+    step not committed or a smaller quorum), recovery (the fault to the victim healed and back in the
+    quorum), and the steps lost (steps the survivors did not commit in between, before the next fault)."""
+    faults = [e for e in events if e["event"] == "fault"]
+    records = []
+    for i, fault in enumerate(faults):
+        t0, victim = fault["time"], fault["rank"]
+        until = faults[i + 1]["time"] if i + 1 < len(faults) else float("inf")
+        later = [e for e in events if t0 <= e["time"] < until and e.get("replica") != victim]
+        seen = next((e for e in later if e["event"] == "aborted"
+                     or (e["event"] == "members" and e.get("members", 0) < members_before(events, t0))), None)
+        healed = next((e for e in events if e["time"] >= t0 and e["event"] == "healed"
+                       and e.get("replica") == victim), None)
+        end = healed["time"] if healed else float("inf")
+        lost = {e["step"] for e in later if e["event"] == "aborted" and e["time"] <= end}
+        records.append({"kind": fault["kind"], "rank": victim, "step": fault["step"],
+                        "detection_seconds": seen["time"] - t0 if seen else None,
+                        "recovery_seconds": healed["time"] - t0 if healed else None,
+                        "steps_lost": len(lost)})
+    return records
+
+
+def members_before(events: list[dict[str, Any]], t0: float) -> int:
+    counts = [e["members"] for e in events if e["event"] == "members" and e["time"] < t0]
+    return counts[-1] if counts else 0
+
+
+def agent_parent_pid() -> int | None:
+    """In a replica agent: the launcher's pid (the agent dies with it)."""
+    value = os.environ.get(ft.OWNER_ENV) or os.environ.get(LAUNCHER_PID_ENV, "")
+    return int(value) if value.isdigit() else None

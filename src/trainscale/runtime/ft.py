@@ -1,0 +1,192 @@
+"""Per-step fault tolerance through torchft: the lighthouse, each replica's Manager, the start barrier and
+the job's fault log. Only this module creates or destroys torchft's servers and process groups.
+
+A fault-tolerant job (``--fault-tolerance``) is a set of replicas (one worker each), every one started
+and restarted by its own torch elastic agent, so a dead replica's restart never touches the others. The
+launcher hosts the lighthouse (torchft's quorum server) and a TCPStore for the start barrier, both on
+127.0.0.1. Each replica's Manager agrees on the quorum with the lighthouse every step, reconfigures its
+gloo group when members leave or join, and heals a replica that is behind by copying the live state
+from a peer over that same group (torchft's ``PGTransport``).
+
+Where torchft falls short, and what is done here instead:
+- its ManagerServer binds every interface (``[::]``) and advertises the host name; it is made to bind
+  and advertise the replica's loopback address (``_manager_server_on``): single-machine jobs listen on
+  127.0.0.1 only, as every trainscale job does;
+- its default HTTP checkpoint transport binds every interface too: ``PGTransport`` is used instead;
+- its lighthouse reports its address by host name: the address is built from the bound port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainscale.errors import ConfigError
+
+REPLICA_ENV = "TRAINSCALE_FT_REPLICA"  # this replica's index, 0..replicas-1
+REPLICAS_ENV = "TRAINSCALE_FT_REPLICAS"
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable
+BARRIER_ENV = "TRAINSCALE_FT_BARRIER"  # host:port of the launcher's start-barrier store
+EVENTS_ENV = "TRAINSCALE_FT_EVENTS"  # the job's fault log (JSON lines)
+OWNER_ENV = "TRAINSCALE_FT_LAUNCHER_PID"  # the launcher that holds the run folder's lock
+EVENTS_FILE = "ft-events.jsonl"
+HEARTBEAT_S = 0.1
+
+
+def replica() -> int | None:
+    """This process's replica index in a fault-tolerant job; None otherwise."""
+    value = os.environ.get(REPLICA_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def replicas() -> int:
+    return int(os.environ.get(REPLICAS_ENV, "1") or 1)
+
+
+def owner_pid() -> int | None:
+    value = os.environ.get(OWNER_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def torchft_available() -> bool:
+    try:
+        import torchft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_torchft() -> None:
+    if not torchft_available():
+        raise ConfigError("--fault-tolerance needs torchft (pip install torchft==0.2.0, as in constraints.txt); "
+                          "it is not installed in this environment")
+
+
+@contextlib.contextmanager
+def lighthouse(host: str, heartbeat_timeout_s: float) -> Iterator[str]:
+    """torchft's lighthouse on ``host`` (a free port), quorums of at least one replica; yields its URL.
+    A replica whose heartbeats stop for ``heartbeat_timeout_s`` leaves the next quorum."""
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum at info
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=f"{host}:0", min_replicas=1, join_timeout_ms=100, quorum_tick_ms=20,
+                              heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000))
+    try:
+        yield f"http://{host}:{server.address().rsplit(':', 1)[1]}"
+    finally:
+        server.shutdown()
+
+
+@contextlib.contextmanager
+def barrier_store(host: str) -> Iterator[str]:
+    """A TCPStore on ``host`` for the replicas' start barrier; yields ``host:port``."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    try:
+        yield f"{host}:{store.port}"
+    finally:
+        del store
+
+
+def start_barrier(timeout_s: float) -> None:
+    """Wait until every replica has started (first attempts only: a restarted replica joins the running
+    job), so the first quorum holds them all and step 1 is everyone's."""
+    address = os.environ.get(BARRIER_ENV)
+    if not address or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return
+    host, port = address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    store.add("started", 1)
+    deadline = time.monotonic() + timeout_s
+    while int(store.add("started", 0)) < replicas():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every replica started within {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _manager_server_on(host: str) -> Iterator[None]:
+    """torchft's Manager with its ManagerServer bound to ``host`` instead of every interface."""
+    import torchft.manager as module
+
+    original = module.ManagerServer
+
+    def bound(**kwargs: Any) -> Any:
+        return original(**{**kwargs, "bind": f"{host}:0", "hostname": host})
+
+    module.ManagerServer = bound
+    try:
+        yield
+    finally:
+        module.ManagerServer = original
+
+
+@contextlib.contextmanager
+def manager(state: Callable[[], Any], load_state: Callable[[Any], None], timeout_s: float,
+            quorum_timeout_s: float, device: torch.device) -> Iterator[Any]:
+    """This replica's torchft Manager (synchronous quorum every step, heals from a peer over its gloo
+    group), on the replica's own store at MASTER_ADDR:MASTER_PORT; always shut down."""
+    from torchft import Manager
+    from torchft.checkpointing.pg_transport import PGTransport
+    from torchft.process_group import ProcessGroupGloo
+
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)  # its notices, and a traceback per failed step
+    warnings.filterwarnings("ignore", module="torchft")
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(host, port, 1, is_master=True, wait_for_workers=False)
+    timeout = timedelta(seconds=timeout_s)
+    pg = ProcessGroupGloo(timeout=timeout)
+    with _manager_server_on(host):
+        ft = Manager(pg=pg, load_state_dict=load_state, state_dict=state, min_replica_size=1,
+                     use_async_quorum=False, replica_id=f"replica{replica()}", timeout=timeout,
+                     quorum_timeout=timedelta(seconds=quorum_timeout_s), connect_timeout=timedelta(seconds=30),
+                     store_addr=host, store_port=port, hostname=host, rank=0, world_size=1,
+                     heartbeat_interval=timedelta(seconds=HEARTBEAT_S),
+                     checkpoint_transport=PGTransport(pg, timeout=timeout, device=device))
+    try:
+        yield ft
+    finally:
+        ft.shutdown(wait=False)
+        del store
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """Append one event (its name, the time, this replica, ``fields``) to the job's fault log: one JSON line
+    written with O_APPEND, so lines of concurrent replicas never interleave. A no-op outside such a job."""
+    path = os.environ.get(EVENTS_ENV)
+    if not path:
+        return
+    line = json.dumps({"event": event, "time": time.time(), "replica": replica(), **fields}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def job_finished() -> bool:
+    """Whether some replica has already finished the job (its ``final`` event is in the fault log)."""
+    path = os.environ.get(EVENTS_ENV)
+    return bool(path) and any(e["event"] == "final" for e in read_events(Path(path)))
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The fault log's events in time order (a torn last line, from a replica killed mid-write, skipped)."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return sorted(events, key=lambda e: e["time"])

@@ -1,0 +1,67 @@
+"""Per-step fault tolerance (torchft), with real processes: a fault-free job learns what one process
+learns; a replica killed or hung mid-step costs at most one step, the job finishes, the replicas end
+bitwise equal, and the run folder holds a complete record with the fault in it."""
+
+import json
+
+import pytest
+import torch
+
+from tests.dist.test_sync_numerics import COMMON, as_flags, weights
+from tests.integration.cli import run_cli
+from trainscale.app.config import build_config
+from trainscale.app.run import run_training
+
+pytestmark = [pytest.mark.dist, pytest.mark.skipif(not __import__("trainscale.runtime.ft", fromlist=["x"])
+                                                   .torchft_available(), reason="torchft is not installed")]
+
+# 2 replicas x 32 images per step: the same 64 images per step as one process with batch 64.
+FT = ["--workers", "2", "--fault-tolerance", "--batch-per-worker", "32"]
+
+
+def ft_run(tmp_path, name, *extra, epochs=3, subset=512):
+    settings = {**COMMON, "epochs": epochs, "train_subset": subset}
+    settings.pop("batch_size")
+    proc = run_cli("train", *as_flags(settings), *FT, *extra, "--out", tmp_path / name, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / name
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def complete_record(out, epochs):
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, epochs + 1))
+    assert (out / "config.json").exists() and (out / "checkpoint.pt").exists()
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_fault_free_replicas_learn_what_one_process_learns(tmp_path):
+    run_training(build_config(COMMON, {"out": str(tmp_path / "one")}))
+    out, summary = ft_run(tmp_path, "ft")
+    one, two = weights(tmp_path / "one"), weights(out)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-5, msg=key)
+    assert summary["faults"] == [] and summary["replicas_equal"] is True and summary["replicas_finished"] == 2
+    assert summary["batch_size"] == 64 and summary["batch_per_worker"] == 32
+    complete_record(out, 3)
+
+
+def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
+    out, summary = ft_run(tmp_path, "kill", "--inject-fault", "kill:1@6", "--ft-timeout", "5",
+                          epochs=4, subset=8192)
+    (fault,) = summary["faults"]
+    assert (fault["kind"], fault["rank"], fault["step"]) == ("kill", 1, 6)
+    assert fault["steps_lost"] <= 1 and fault["detection_seconds"] < 2
+    assert fault["recovery_seconds"] is not None, "the restarted replica never healed back into the quorum"
+    assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2
+    complete_record(out, 4)
+
+
+def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
+    out, summary = ft_run(tmp_path, "hang", "--inject-fault", "hang:0@6", "--ft-timeout", "2",
+                          epochs=4, subset=8192)
+    (fault,) = summary["faults"]
+    assert fault["kind"] == "hang" and fault["steps_lost"] <= 1
+    assert fault["detection_seconds"] < 2 + 1.5  # the all-reduce's timeout, and a margin for a loaded machine
+    assert summary["replicas_equal"] is True
+    complete_record(out, 4)
