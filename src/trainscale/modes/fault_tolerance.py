@@ -98,6 +98,8 @@ class ReplicaSession:
         self.snapshot: Callable[[], dict[str, Any]] | None = None
         self.restore: Callable[[dict[str, Any]], None] | None = None
         self.model: nn.Module | None = None
+        self.stats: list[torch.Tensor] = []  # BatchNorm running statistics, and their copy before the step
+        self.saved: list[torch.Tensor] = []
 
     @contextlib.contextmanager
     def session(self, device: torch.device) -> Iterator[None]:
@@ -183,7 +185,7 @@ def state_digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -228,6 +230,7 @@ class ReplicaBatches:
                 next(source)
             taken = want + 1
             self.progress = s.position.batches / total
+            s.saved = [b.clone() for b in s.stats]  # the step's forward updates them
             yield next(source)()
 
 
@@ -238,14 +241,12 @@ class CommittingOptimizer:
 
     def __init__(self, inner: torch.optim.Optimizer, model: nn.Module, session: ReplicaSession) -> None:
         self.inner, self.model, self.session = inner, model, session
-        self.stats = bn_buffers(model)
-        self.saved: list[torch.Tensor] = []
+        self.stats = session.stats = bn_buffers(model)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.saved = [b.clone() for b in self.stats]  # the forward that follows updates them
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Any = None) -> None:
@@ -259,8 +260,8 @@ class CommittingOptimizer:
                     t.copy_(v)
             self.inner.step()
         else:
-            for b, s in zip(self.stats, self.saved):
-                b.copy_(s)
+            for b, saved in zip(self.stats, self.session.saved):
+                b.copy_(saved)
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
