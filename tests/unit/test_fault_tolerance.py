@@ -41,6 +41,7 @@ class FakeSession:
     def __init__(self, sizes, member):
         self.sizes, self.member = list(sizes), member
         self.position, self.fresh, self.members, self.member_rank = Position(), False, 0, 0
+        self.stats, self.saved = [], []  # no BatchNorm statistics to save before a step
 
     def quorum(self):
         self.members = self.sizes.pop(0) if self.sizes else self.members
