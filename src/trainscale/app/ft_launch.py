@@ -31,7 +31,7 @@ from trainscale.results import lock_run_folder, read_json, remove_debris
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault
 from trainscale.runtime.network import LOCALHOST
-from trainscale.runtime.orphans import LAUNCHER_PID_ENV, become_launcher
+from trainscale.runtime.orphans import become_launcher
 
 log = logging.getLogger("trainscale.launch")
 
@@ -153,8 +153,3 @@ def members_before(events: list[dict[str, Any]], t0: float) -> int:
     counts = [e["members"] for e in events if e["event"] == "members" and e["time"] < t0]
     return counts[-1] if counts else 0
 
-
-def agent_parent_pid() -> int | None:
-    """In a replica agent: the launcher's pid (the agent dies with it)."""
-    value = os.environ.get(ft.OWNER_ENV) or os.environ.get(LAUNCHER_PID_ENV, "")
-    return int(value) if value.isdigit() else None

@@ -240,8 +240,9 @@ class CommittingOptimizer:
     (otherwise the statistics are put back as they were before the step's forward)."""
 
     def __init__(self, inner: torch.optim.Optimizer, model: nn.Module, session: ReplicaSession) -> None:
-        self.inner, self.model, self.session = inner, model, session
+        self.inner, self.session = inner, session
         self.stats = session.stats = bn_buffers(model)
+        self.averaged = [b for b in self.stats if b.is_floating_point()]  # the step counters are equal anyway
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -252,8 +253,7 @@ class CommittingOptimizer:
     def step(self, closure: Any = None) -> None:
         params = [p for group in self.inner.param_groups for p in group["params"] if p.grad is not None]
         grads = [p.grad for p in params]
-        floats = [b for b in self.stats if b.is_floating_point()]
-        flat = buckets(grads + floats)
+        flat = buckets(grads + self.averaged)
         if self.session.commit([f for f, _ in flat]):
             for f, tensors in flat:
                 for t, v in zip(tensors, torch._utils._unflatten_dense_tensors(f, tensors)):
@@ -271,6 +271,7 @@ class CommittingOptimizer:
 
 
 def bn_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Every BatchNorm layer's running mean and variance (where it tracks them) and its step counter."""
     out: list[torch.Tensor] = []
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:

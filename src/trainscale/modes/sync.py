@@ -28,7 +28,13 @@ from trainscale.compression.setup import make_hook as make_compression_hook
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
-from trainscale.modes.fault_tolerance import CommittingOptimizer, ReplicaBatches, ReplicaSession, validate_fault_tolerance
+from trainscale.modes.fault_tolerance import (
+    CommittingOptimizer,
+    ReplicaBatches,
+    ReplicaSession,
+    bn_buffers,
+    validate_fault_tolerance,
+)
 from trainscale.runtime import ft
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
 from trainscale.runtime.dist import (
@@ -217,11 +223,7 @@ class SyncMode(Mode):
 
 def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:
     """The running mean/var buffers of every BatchNorm layer that tracks them."""
-    out: list[torch.Tensor] = []
-    for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
-            out += [b for b in (module.running_mean, module.running_var) if b is not None]
-    return out
+    return [b for b in bn_buffers(model) if b.is_floating_point()]
 
 
 @torch.no_grad()
