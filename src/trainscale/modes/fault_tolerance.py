@@ -49,6 +49,7 @@ def validate_fault_tolerance(cfg: Any) -> None:
         raise ConfigError(f"--fault-tolerance works with --mode sync so far, not {cfg.mode}")
     if cfg.nnodes > 1 or getattr(cfg, "cluster", None):
         raise ConfigError("--fault-tolerance runs on one machine so far (--workers N replicas); drop --nnodes/--cluster")
+    ft.require_torchft()
     if getattr(cfg, "compress", "none") not in (None, "none"):
         raise ConfigError("--fault-tolerance averages dense gradients so far; drop --compress")
     if cfg.precision == "fp16":
