@@ -86,7 +86,10 @@ def build_parser() -> Parser:
     parser = Parser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_train_flags(sub.add_parser("train", help="train a model and write a run folder"))
-    sub.add_parser("models", help="list the registered models with parameter counts and input sizes")
+    models = sub.add_parser("models", help="list the registered models with parameter counts, input sizes and "
+                            "default recipes")
+    models.add_argument("--recipes", action="store_true", help="list the recipes instead: each one's settings and "
+                        "source")
     data = sub.add_parser("data", help="check or fetch datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     for name, text in (("verify", "check the dataset files' sizes and MD5 checksums"),

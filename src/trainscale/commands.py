@@ -124,11 +124,36 @@ def models(args: argparse.Namespace) -> int:
         with torch.device("meta"):  # shapes only: no memory, no init cost
             return count_parameters(create_model(name))
 
+    if args.recipes:
+        return recipes()
     rows = [{"name": n, "params": parameter_count(n), "input": model_info(n).input_size,
-             "description": model_info(n).description} for n in list_models()]
+             "recipe": model_info(n).recipe, "description": model_info(n).description} for n in list_models()]
     print(format_table(rows, [("name", "model", str), ("params", "params", lambda v: f"{v:,}"),
-                              ("input", "input", lambda v: f"{v}x{v}"), ("description", "description", str)]))
+                              ("input", "input", lambda v: f"{v}x{v}"), ("recipe", "recipe", str),
+                              ("description", "description", str)]))
     return 0
+
+
+def recipes() -> int:
+    """Each recipe's settings (as `trainscale train` flags) and its source."""
+    from trainscale.config import flag_name
+    from trainscale.app.config import FIELDS
+    from trainscale.recipes import get_recipe, list_recipes
+
+    for name in list_recipes():
+        recipe = get_recipe(name)
+        flags = " ".join(_as_flag(flag_name(FIELDS[k]), v) for k, v in recipe.settings.items())
+        print(f"{name}: {recipe.source}\n    {flags}")
+    return 0
+
+
+def _as_flag(flag: str, value: object) -> str:
+    """How ``trainscale train`` spells this setting: ``--flip``/``--no-flip``, ``--milestones 83,124``."""
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    text = ",".join(map(str, value)) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) \
+        else str(value)
+    return f"{flag} {text}"
 
 
 def data(args: argparse.Namespace) -> int:

@@ -69,6 +69,8 @@ class DataConfig(Section):
     image_size: int | None = option(None, "input size; default: the model's (CIFAR is cropped or upscaled to it)")
     crop_padding: int = option(4, "pad-and-random-crop padding in pixels (default 4)")
     flip: bool = option(True, "random horizontal flips (default on)")
+    alternate_flip: bool = option(False, "with --flip: each image flipped on alternate epochs (its first epoch's coin "
+                                  "decides which) instead of a new coin every epoch (airbench)")
     cutout: int = option(0, "Cutout square size, 0 = off (cifar10-fast uses 8)")
 
 
@@ -76,6 +78,8 @@ class DataConfig(Section):
 class OptimConfig(Section):
     TITLE: ClassVar[str] = "optimisation"
 
+    recipe: str | None = option(None, "named training settings for every setting left unset (default: the model's "
+                                "own; `trainscale models --recipes` lists them)")
     epochs: int = option(24, "number of epochs")
     batch_size: int = option(512, "global batch size, split across workers")
     batch_per_worker: int | None = option(None, "batch per worker instead (global = this x workers)")
@@ -83,6 +87,12 @@ class OptimConfig(Section):
     lr_scaling: str = option("none", "'linear': lr x global batch / --base-batch-size (Goyal et al.)",
                              choices=("none", "linear"))
     base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
+    optimizer: str = option("sgd", "sgd, or muon: torch.optim.Muon on the conv filters and SGD on the rest",
+                            choices=("sgd", "muon"))
+    muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
+    muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
+    head_lr_factor: float = option(1.0, "the classifier layer's learning rate as a multiple of --lr (its weight decay "
+                                   "divided by it, so lr x weight decay is the same in every group)")
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(False, "Nesterov momentum")
     weight_decay: float = option(5e-4, "L2 weight decay")
@@ -92,6 +102,8 @@ class OptimConfig(Section):
     gamma: float = option(0.1, "step schedule factor")
     label_smoothing: float = option(0.0, "label smoothing")
     tta: bool = option(False, "flip test-time augmentation at evaluation")
+    tta_translate: int = option(0, "with --tta, the last evaluation also averages the views shifted by N pixels "
+                                "(airbench: 1; 6 views in all)")
     nonfinite: str = option("stop", "a step whose loss or gradients are NaN/inf: 'stop' training (default), or "
                             "'skip' it (no update; counted per epoch; costs one device sync and, with several "
                             "workers, one all-reduce per step; an epoch of only skipped steps still stops)",

@@ -74,4 +74,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         reached = f"{ttt:.1f} s (epoch {summary.get('epoch_to_target')})" if ttt is not None else "not reached"
         lines.append(f"time to {_pct(target)}: {reached}")
     lines.append(f"timer: {summary.get('timer_scope')}")
+    scope = summary.get("reference_scope")
+    if scope:
+        lines.append(f"in airbench's timer scope (data-based init + training + last evaluation, {scope['test_views']} "
+                     f"view(s)): {_pct(scope['test_acc'])} in {scope['seconds']:.1f} s")
     return "\n".join(lines)

@@ -22,10 +22,10 @@ from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, clean, dumps, read_json, read_jsonl
 
 EPOCH_FIELDS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds",
-                "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb", "skipped_steps")
+                "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb", "skipped_steps", "test_views")
 SUMMARY_FIELDS = ("model", "params", "dataset", "mode", "world_size", "epochs", "batch_size", "best_test_acc",
                   "final_test_acc", "mean_epoch_seconds", "samples_per_sec", "peak_memory_mb",
-                  "total_train_seconds", "time_to_target_seconds", "skipped_steps", "environment")
+                  "total_train_seconds", "time_to_target_seconds", "reference_scope", "skipped_steps", "environment")
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
 # holding only these is still a new run's folder.

@@ -12,23 +12,30 @@ from trainscale.results import EPOCH_FIELDS, SUMMARY_FIELDS
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
+    """The airbench94 recipe learns (kept cheap: 10,000 images, 2 epochs at batch 500), and the run records the
+    reference's timer scope beside the trainer's, with the 6-view evaluation at the end."""
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "10000", "--test-subset", "2000", "--epochs", "3", "--batch-size", "250",
-                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
+    proc = run_cli("train", "--recipe", "airbench94", "--dataset", "cifar10", "--data-dir", cifar10_dir,
+                   "--train-subset", "10000", "--test-subset", "2000", "--epochs", "2", "--batch-size", "500",
                    "--precision", "bf16", "--target-acc", "0.4", "--out", out, "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_acc"] > 0.45, summary  # chance is 0.10
     assert set(SUMMARY_FIELDS) <= set(summary)
     assert summary["time_to_target_seconds"] is not None
+    scope = summary["reference_scope"]
+    assert scope["test_views"] == 6 and scope["test_acc"] == summary["final_test_acc"]
+    assert scope["seconds"] > summary["total_train_seconds"] and scope["time_to_target_seconds"] == scope["seconds"]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert [r["epoch"] for r in rows] == [1, 2] and [r["test_views"] for r in rows] == [2, 6]
     assert all(set(EPOCH_FIELDS) <= set(r) for r in rows)
     assert all(0 <= r["test_acc"] <= 1 and r["epoch_seconds"] > 0 for r in rows)
     assert rows[-1]["elapsed_seconds"] == pytest.approx(sum(r["epoch_seconds"] for r in rows))
     assert (out / "logs.tsv").read_text().startswith("epoch\thours\ttop1Accuracy\n1\t")
-    assert json.loads((out / "config.json").read_text())["model"] == "airbench"
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model"], config["recipe"], config["optimizer"], config["lr"]) == ("airbench94", "airbench94",
+                                                                                      "muon", 106.0)
+    assert config["resolved"]["lr"] == pytest.approx(0.053 * 500)  # the recipe's lr, scaled to batch 500
     assert "test acc" in proc.stdout and "best test acc" in proc.stdout
 
 

@@ -13,6 +13,7 @@ from trainscale.models import MODELS, ModelInfo, count_parameters, create_model,
 # Exact trainable-parameter counts at num_classes=10. Every registered model must appear here.
 EXPECTED_PARAMS = {
     "airbench": 1_971_328,
+    "airbench94": 1_971_352,  # + the whitening bias, trained for 3 epochs
     "alexnet": 23_272_266,
     "alexnet_bn": 2_255_306,
     "inception_bn_small": 1_651_114,
@@ -110,7 +111,7 @@ def test_num_classes_changes_output_width(name: str) -> None:
 
 def test_model_info_is_frozen_metadata() -> None:
     info = model_info("resnet50_imagenet")
-    assert info == ModelInfo("resnet50_imagenet", 224, info.description, "imagefolder")
+    assert info == ModelInfo("resnet50_imagenet", 224, info.description, "imagefolder", "goyal2017")
     assert model_info("resnet9").input_size == 32 and model_info("resnet9").default_dataset == "cifar10"
     assert model_info("inception_bn_small").input_size == 28
     with pytest.raises(FrozenInstanceError):

@@ -21,7 +21,9 @@ from trainscale.compression.setup import validate_compression
 from trainscale.config import CoreConfig, Section, coerce, field_types, flag_name, section_of
 from trainscale.errors import ConfigError, require
 from trainscale.io import read_toml
+from trainscale.models import model_info
 from trainscale.modes import list_modes, mode_class
+from trainscale.recipes import get_recipe
 from trainscale.train.checks import validate_engine
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -97,7 +99,8 @@ def value_problem(value: Any) -> str | None:
 
 
 def build_config(*layers: dict[str, Any]) -> CoreConfig:
-    """Merge layers left to right over the defaults (later wins), then validate."""
+    """Merge layers left to right over the defaults (later wins) and the recipe (see ``with_recipe``), then
+    validate."""
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update({k: v for k, v in layer.items() if v is not None or k in ("out",)})
@@ -105,13 +108,41 @@ def build_config(*layers: dict[str, Any]) -> CoreConfig:
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     merged = {k: typed(k, v, f"setting '{k}' ({flag_name(FIELDS[k])})") for k, v in merged.items()}
-    cfg = TrainConfig(**merged)
+    cfg = TrainConfig(**with_recipe(merged))
     validate_engine(cfg)
     validate_launch(cfg)
     cfg = resolve_parallel(cfg)
     validate_mode(cfg)
     validate_nonfinite(cfg)
+    validate_optimizer(cfg)
     return cfg
+
+
+def validate_optimizer(cfg: TrainConfig) -> None:
+    """Parameter-server workers push their gradients and the servers apply one SGD with one learning rate:
+    Muon and per-group learning rates live in the trainer's optimizer, which those modes do not run."""
+    if not mode_class(cfg.mode).uses_servers:
+        return
+    require(cfg.optimizer == "sgd", f"--optimizer {cfg.optimizer} is for --mode local and sync, not --mode {cfg.mode} "
+            "(the parameter servers apply SGD); use --optimizer sgd")
+    require(cfg.head_lr_factor == 1, f"--head-lr-factor is for --mode local and sync, not --mode {cfg.mode} (the "
+            "parameter servers apply one learning rate); leave it at 1")
+
+
+def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
+    """``user``'s settings over its recipe's (``--recipe``, else the model's own; a recipe may name the model
+    when the user does not), with the recipe's name recorded. A recipe's warm-up longer than the run is cut to
+    the run (the user asked for fewer epochs than the recipe has; the warm-up was the recipe's, not theirs)."""
+    name = user.get("recipe") or model_info(user.get("model", FIELDS["model"].default)).recipe
+    recipe = get_recipe(name)
+    settings = {k: typed(k, v, f"recipe {name!r}: setting '{k}'") for k, v in recipe.for_user(user).items()}
+    if "model" not in user and "model" in settings:
+        user = {**user, "model": settings["model"]}
+    merged = {**settings, **user, "recipe": name}
+    epochs = merged.get("epochs", FIELDS["epochs"].default)
+    if "warmup_epochs" in settings and "warmup_epochs" not in user and merged["warmup_epochs"] > epochs:
+        merged["warmup_epochs"] = float(epochs)
+    return merged
 
 
 STATELESS_COMPRESSION = ("none", "fp16", "bf16")  # keep nothing from one step to the next

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +34,7 @@ from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train import Trainer, build_model, build_optimizer
-from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
 from trainscale.train.wire import WireCounter
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
@@ -101,7 +102,10 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
                                                        **common), rank())
     test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
+    started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
+    synchronize(device)
+    data_init_seconds = time.perf_counter() - started  # inside airbench's timer (the whitening fit)
     params = count_parameters(model)
     if cfg.compile:
         model.compile()
@@ -117,7 +121,8 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
                       baseline=load_baseline(cfg) if writer is not None else None,
                       cores=allowed_cores(facts, cfg.workers + getattr(cfg, "servers", 0)),
                       summary_base={**summary_base(cfg, plan, params, device, want,
-                                                   train_batches.num_samples * world_size(), writer), **mode.describe()})
+                                                   train_batches.num_samples * world_size(), writer),
+                                    "data_init_seconds": data_init_seconds, **mode.describe()})
     if resume:
         trainer.resume()
     if writer is not None:

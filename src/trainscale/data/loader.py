@@ -32,6 +32,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 # Bytes of augmented uint8 images materialised at a time (CIFAR's 50,000 images are 154 MB: one chunk).
 AUGMENT_CHUNK_BYTES = 512 * 1024 * 1024
+ALTERNATE_FLIP_STREAM = 0x5F1F  # seeds the per-image coins of alternate flipping apart from the epochs' streams
 
 
 @runtime_checkable
@@ -54,6 +55,9 @@ class AugmentConfig:
     crop_size: side of the random crop; None = the input size (32 for CIFAR), 28 for MXNet-style
         random 28x28 crops (with crop_padding=0).
     flip: random horizontal flips, p=0.5 per image.
+    alternate_flip: with flip, each image is flipped in every other epoch (airbench): a coin per image, drawn once
+        from the seed, decides the even epochs and the odd ones are its opposite, so every image is seen both ways
+        in any two epochs in a row.
     cutout: side of the cutout square (0 = off, 8 = 8x8 as in cifar10-fast).
     resize: upscale to this side after augmentation (e.g. 299 for Inception-v3), None = keep.
     pad_mode: "reflect" (cifar10-fast) or "zero".
@@ -62,6 +66,7 @@ class AugmentConfig:
     crop_padding: int = 4
     crop_size: int | None = None
     flip: bool = True
+    alternate_flip: bool = False
     cutout: int = 0
     resize: int | None = None
     pad_mode: str = "reflect"
@@ -224,7 +229,7 @@ class DeviceBatches:
         if crop:
             oy, ox = A.crop_params(count, h, w, size, self._padding, gen)
         if aug is not None and aug.flip:
-            flips = A.flip_mask(count, gen)
+            flips = self._alternating_flips(indices, epoch) if aug.alternate_flip else A.flip_mask(count, gen)
         if aug is not None and aug.cutout > 0:
             cy, cx = A.cutout_params(count, out_side or h, out_side or w, gen)
 
@@ -245,6 +250,12 @@ class DeviceBatches:
             for b in range(0, stop - start, self.batch_size):
                 yield functools.partial(self._batch, x[b:b + self.batch_size],
                                         labels[start + b:start + b + self.batch_size])
+
+    def _alternating_flips(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        """The flip mask of ``indices`` in ``epoch`` under alternate flipping (see ``AugmentConfig``); the
+        per-image coins come from the seed alone, so every rank and every epoch agree on them."""
+        coins = A.flip_mask(self.total_samples, seeded_generator(self.seed, ALTERNATE_FLIP_STREAM))
+        return coins[indices] ^ bool(epoch % 2)
 
     def _batch(self, x: torch.Tensor, labels: torch.Tensor) -> Batch:
         return self._finish(x), labels

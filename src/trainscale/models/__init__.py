@@ -11,6 +11,7 @@ from trainscale.models import (  # noqa: F401  (imported for their registrations
     inception_bn,
     inception_v3,
     mlp,
+    recipes,
     resnet9,
     resnet50,
     resnet_cifar,

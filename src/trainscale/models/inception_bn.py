@@ -86,6 +86,7 @@ class InceptionBNSmall(nn.Module):
     "inception_bn_small",
     input_size=28,
     description="MXNet Inception-BN 28-small for CIFAR at 28x28 (1.65 M params)",
+    recipe="mxnet-cifar",
 )
 def inception_bn_small(num_classes: int = 10) -> nn.Module:
     """Inception-BN 28-small, the MXNet CIFAR seed's net (see module docstring for the exact count)."""

@@ -166,6 +166,7 @@ class InceptionV3(nn.Module):
     input_size=299,
     description="Inception-v3 (Szegedy et al. 2015), BN after every conv, no aux head by default",
     default_dataset="imagefolder",
+    recipe="keras-mxnet",
 )
 def inception_v3(num_classes: int = 10, aux_logits: bool = False, dropout: float = 0.5) -> nn.Module:
     """Inception-v3 for 299x299 input; 23,834,568 params at 1000 classes without the aux head."""

@@ -7,6 +7,11 @@ A model declares what it needs from the data when it registers: its input size (
 size or upscaled to a larger one) and, with ``data_init_images=N``, a data-based initialisation: the model defines
 ``data_init(images)`` and the engine calls it once before training with N normalised training images (float NCHW).
 ``airbench`` uses it to fit its frozen patch-whitening filters from 5,000 images.
+
+Every model also names its default recipe (``recipe=``, see :mod:`trainscale.recipes`): the settings of its source
+that fill every setting a user leaves unset. A model may list parameters that train only for the first epochs in
+``model.train_until`` (name -> epochs; their learning rate falls linearly to zero by then), as airbench94 does with
+its whitening bias.
 """
 
 from __future__ import annotations
@@ -31,16 +36,19 @@ class ModelInfo:
     input_size: int
     description: str
     default_dataset: str
+    recipe: str
     data_init_images: int = 0
 
 
 def register_model(
-    name: str, *, input_size: int, description: str, default_dataset: str = "cifar10", data_init_images: int = 0
+    name: str, *, input_size: int, description: str, recipe: str, default_dataset: str = "cifar10",
+    data_init_images: int = 0,
 ) -> Callable[[ModelFactory], ModelFactory]:
-    """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net, and
-    ``data_init_images`` (> 0) asks for ``model.data_init(images)`` with that many training images."""
+    """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net,
+    ``recipe`` names its default training settings, and ``data_init_images`` (> 0) asks for
+    ``model.data_init(images)`` with that many training images."""
     return MODELS.register(name, input_size=input_size, description=description, default_dataset=default_dataset,
-                           data_init_images=data_init_images)
+                           recipe=recipe, data_init_images=data_init_images)
 
 
 def create_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:

@@ -87,7 +87,8 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-@register_model("resnet50", input_size=32, description="bottleneck ResNet-50 with a 3x3 CIFAR stem (23.5 M params)")
+@register_model("resnet50", input_size=32, description="bottleneck ResNet-50 with a 3x3 CIFAR stem (23.5 M params)",
+                recipe="goyal2017")
 def resnet50(num_classes: int = 10) -> nn.Module:
     """The 23,520,842-parameter bottleneck ResNet-50 for 32x32 input (not MXNet's 28x28 ~0.76 M "resnet50")."""
     return ResNet50(cifar_stem(), num_classes)
@@ -98,6 +99,7 @@ def resnet50(num_classes: int = 10) -> nn.Module:
     input_size=224,
     description="standard ImageNet ResNet-50 (7x7 stem + max-pool, 25.6 M params at 1000 classes)",
     default_dataset="imagefolder",
+    recipe="goyal2017",
 )
 def resnet50_imagenet(num_classes: int = 10) -> nn.Module:
     """ResNet-50 with the ImageNet stem, for 224x224 image folders; 25,557,032 params at 1000 classes."""

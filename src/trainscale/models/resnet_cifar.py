@@ -99,4 +99,5 @@ for _depth, _size in _COUNTS.items():
         f"resnet{_depth}",
         input_size=32,
         description=f"He et al. 2016 CIFAR ResNet-{_depth}, option-A shortcuts ({_size} params)",
+        recipe="he2016-cifar",
     )(_make_factory(_depth))

@@ -109,7 +109,7 @@ class MXNetCifarResNet(nn.Module):
 
 @register_model("resnet50_mxnet", input_size=28,
                 description="MXNet 0.11 CIFAR symbols/resnet.py at 50 layers: pre-activation, 8 basic units "
-                            "per stage (seed 001's 'resnet50', 758,621 params)")
+                            "per stage (seed 001's 'resnet50', 758,621 params)", recipe="mxnet-cifar")
 def resnet50_mxnet(num_classes: int = 10) -> nn.Module:
     """``train_cifar10.py --network resnet --num-layers 50`` (symbols/resnet.py, 3x28x28): the page's "resnet50"."""
     return MXNetCifarResNet(50, num_classes)
@@ -117,7 +117,7 @@ def resnet50_mxnet(num_classes: int = 10) -> nn.Module:
 
 @register_model("resnet110_mxnet", input_size=28,
                 description="MXNet 0.11 CIFAR symbols/resnet.py at 110 layers: pre-activation, 18 basic units "
-                            "per stage (seed 001's 'resnet110', 1,730,781 params)")
+                            "per stage (seed 001's 'resnet110', 1,730,781 params)", recipe="mxnet-cifar")
 def resnet110_mxnet(num_classes: int = 10) -> nn.Module:
     """``train_cifar10.py --network resnet`` (110 layers by default; symbols/resnet.py, 3x28x28): "resnet110"."""
     return MXNetCifarResNet(110, num_classes)

@@ -8,7 +8,8 @@ root (``trainscale.app``) builds the pieces. From Python::
 
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.loop import PassStats, evaluate, train_one_epoch, train_step
-from trainscale.train.setup import BatchPlan, build_model, build_optimizer, load_data
+from trainscale.train.optimizers import build_optimizer
+from trainscale.train.setup import BatchPlan, build_model, load_data
 from trainscale.train.trainer import Trainer
 
 __all__ = ["BatchPlan", "Callbacks", "PassStats", "Trainer", "build_model", "build_optimizer", "evaluate",

@@ -15,6 +15,9 @@ from trainscale.train.schedules import SCHEDULES
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+OPTIMIZERS = ("sgd", "muon")
+
+
 def validate_engine(cfg: CoreConfig) -> None:
     """Ranges and names of the engine's settings."""
     require(cfg.epochs > 0, f"--epochs must be a positive integer, got {cfg.epochs}")
@@ -39,7 +42,19 @@ def validate_engine(cfg: CoreConfig) -> None:
             f"--warmup-epochs must be in [0, epochs={cfg.epochs}], got {cfg.warmup_epochs}")
     require(list(cfg.milestones) == sorted(cfg.milestones) and all(m > 0 for m in cfg.milestones),
             f"--milestones must be increasing positive epoch numbers, got {cfg.milestones}")
+    _check_optimizer(cfg)
+    require(cfg.tta_translate == 0 or (cfg.tta and 0 < cfg.tta_translate < 8),
+            f"--tta-translate must be 0, or 1-7 pixels with --tta, got {cfg.tta_translate}"
+            f"{'' if cfg.tta else ' without --tta'}")
+    require(cfg.flip or not cfg.alternate_flip, "--alternate-flip alternates flips: it needs --flip")
     _check_names(cfg)
+
+
+def _check_optimizer(cfg: CoreConfig) -> None:
+    require(cfg.muon_lr >= 0, f"--muon-lr must be >= 0, got {cfg.muon_lr}")
+    require(0 <= cfg.muon_momentum < 1, f"--muon-momentum must be in [0, 1), got {cfg.muon_momentum}")
+    require(cfg.head_lr_factor > 0, f"--head-lr-factor must be > 0, got {cfg.head_lr_factor}")
+    require(cfg.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{cfg.optimizer}'")
 
 
 def _check_names(cfg: CoreConfig) -> None:

@@ -20,6 +20,7 @@ from trainscale.data import Batches
 from trainscale.errors import TrainscaleError
 from trainscale.runtime import all_reduce_sum, is_main_process
 from trainscale.runtime.dist import any_rank
+from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
 
 
@@ -31,6 +32,7 @@ class PassStats:
     seconds: float
     skipped_steps: int = 0
     steps: int = 0
+    first_loss: float | None = None  # the loss of the pass's first step (training)
 
 
 class Accumulator:
@@ -136,11 +138,6 @@ class NonFiniteSkipper:
                                 "start): training stopped; lower --lr (or raise --warmup-epochs) and start again")
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
 def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, precision: Precision,
                label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,13 +178,17 @@ def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.O
     steps = len(batches)
     guard: NonFiniteGuard | NonFiniteSkipper = NonFiniteGuard(precision.device, epoch, lr_at, steps) \
         if nonfinite == "stop" else NonFiniteSkipper(epoch, lr_at, steps, check_gradients=not scaler.is_enabled())
+    first_loss: float | None = None
     bar = tqdm(total=steps, desc=f"epoch {epoch + 1}", leave=False, disable=not (progress and is_main_process()),
                unit="batch", dynamic_ncols=True)
     synchronize(precision.device)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
-        set_lr(optimizer, lr_at(epoch + getattr(batches, "progress", step / steps)))
+        t = epoch + getattr(batches, "progress", step / steps)
+        set_lr(optimizer, lr_at(t), t)
         logits, loss = compute_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing)
+        if step == 0:
+            first_loss = float(loss.detach())
         if guard.admit(step, loss, optimizer):
             apply_gradients(optimizer, scaler)
             acc.add(logits, labels, loss)
@@ -199,7 +200,7 @@ def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.O
     seconds = time.perf_counter() - start
     bar.close()
     stats = acc.reduce(seconds)
-    stats.skipped_steps, stats.steps = guard.skipped, steps
+    stats.skipped_steps, stats.steps, stats.first_loss = guard.skipped, steps, first_loss
     return stats
 
 
@@ -211,16 +212,47 @@ def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) ->
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False) -> PassStats:
-    """Test loss and accuracy; with ``tta_flip`` the logits of each image and its mirror are averaged."""
+def evaluate(model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False,
+             translate: int = 0) -> PassStats:
+    """Test loss and accuracy; with ``tta_flip`` the logits of each image and its mirror are averaged, and with
+    ``translate`` too those of the images shifted by that many pixels (see ``predict``)."""
     model.eval()
     acc = Accumulator(precision.device)
     start = time.perf_counter()
     for images, labels in batches.epoch(0):
         with precision.autocast():
-            logits = model(images).float()
-            if tta_flip:
-                logits = 0.5 * (logits + model(images.flip(3)).float())
+            logits = predict(model, images, tta_flip, translate)
         acc.add(logits, labels, F.cross_entropy(logits, labels))
     synchronize(precision.device)
     return acc.reduce(time.perf_counter() - start)
+
+
+@torch.no_grad()
+def evaluate_batch(model: nn.Module, images: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """Logits of one batch in eval mode (e.g. to compile the evaluation graph ahead of the timers)."""
+    model.eval()
+    with precision.autocast():
+        return model(images).float()
+
+
+def predict(model: nn.Module, images: torch.Tensor, flip: bool = False, translate: int = 0) -> torch.Tensor:
+    """Float logits of ``images``; ``flip``: the mean with the mirrored images' (2 views); ``translate`` (with
+    ``flip``): airbench's 6 views, half that and half the mean of the images shifted by ``translate`` pixels up-left
+    and down-right (reflect padding), each with its mirror."""
+    logits = model(images).float()
+    if flip:
+        logits = 0.5 * (logits + model(images.flip(3)).float())
+    if not translate:
+        return logits
+    h, w = images.shape[-2:]
+    padded = F.pad(images, (translate,) * 4, mode="reflect")
+    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else \
+        torch.contiguous_format
+    shifted = [padded[..., :h, :w], padded[..., 2 * translate:, 2 * translate:]]
+    views = [predict(model, x.contiguous(memory_format=layout), flip) for x in shifted]
+    return 0.5 * logits + 0.25 * (views[0] + views[1])
+
+
+def views_per_image(flip: bool, translate: int) -> int:
+    """How many forward passes ``predict`` makes per image."""
+    return (2 if flip else 1) * (3 if flip and translate else 1)

@@ -1,6 +1,6 @@
 """The engine's builders: data, batch plan, model, optimizer and the run folder, from the config.
 
-Public: ``build_model`` and ``build_optimizer`` (usable on their own, e.g. to time one ``train_step``);
+Public: ``build_model`` (usable on its own, with ``optimizers.build_optimizer``, e.g. to time one ``train_step``);
 the composition root (``app.run``) puts the pieces together with a mode.""" 
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
     """Train/eval pipelines: random crops smaller than the images (MXNet's 28x28), upscaling larger."""
     crop = want if want < native else None
     resize = want if want > native else None
-    train = AugmentConfig(crop_padding=cfg.crop_padding, crop_size=crop, flip=cfg.flip, cutout=cfg.cutout,
-                          resize=resize)
+    train = AugmentConfig(crop_padding=cfg.crop_padding, crop_size=crop, flip=cfg.flip,
+                          alternate_flip=cfg.alternate_flip, cutout=cfg.cutout, resize=resize)
     test = AugmentConfig(crop_padding=0, crop_size=crop, flip=False, cutout=0, resize=resize)
     return train, test
 
@@ -107,13 +107,6 @@ def normalise(images: torch.Tensor, data: ImageTensors) -> torch.Tensor:
     mean = torch.tensor(data.mean, device=images.device).view(1, -1, 1, 1)
     std = torch.tensor(data.std, device=images.device).view(1, -1, 1, 1)
     return (images.float() / 255 - mean) / std
-
-
-def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """SGD over the trainable parameters with the configured momentum, Nesterov and weight decay."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay)
 
 
 def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> BatchPlan:

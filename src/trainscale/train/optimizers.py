@@ -1,0 +1,153 @@
+"""The optimizer of a run: SGD, or Muon on the conv filters with SGD on the rest, over named parameter groups.
+
+Groups, in this order (the first is the one whose lr the per-epoch table shows):
+- ``rest``: everything not below, at ``--lr``;
+- ``head``: the classifier (the model's last ``nn.Linear``), at ``--lr`` x ``--head-lr-factor``, its weight decay
+  divided by the factor so that lr x weight decay, the decay per step, is the same as in ``rest`` (airbench94);
+- one group per parameter the model trains only at first (``model.train_until``: name -> epochs), its lr falling
+  linearly from the base lr to zero by then and staying there (airbench94's whitening bias);
+- ``filters``: with ``--optimizer muon``, every 4-D conv weight, updated by ``torch.optim.Muon`` at ``--muon-lr``.
+
+Each group carries ``lr_scale`` (its lr over the schedule's) or ``until_epoch``; :func:`set_lr` applies them every
+step. ``torch.optim.Muon`` takes 2-D matrices only: it is given views of the filters in their memory order
+(Muon's orthogonalised update does not depend on the order of the columns), so it updates the model's weights and
+the momentum buffers held in this optimizer's state in place, and a checkpoint of this optimizer holds everything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.optim.sgd import sgd as sgd_update
+from torch import nn
+
+from trainscale.config import CoreConfig
+
+MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default is 5)
+
+
+def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The configured optimizer over ``model``'s trainable parameters, grouped as the module docstring says."""
+    groups = parameter_groups(cfg, model, lr)
+    sgd = dict(momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.optimizer == "muon":
+        return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model))
+    return torch.optim.SGD(groups, lr=lr, **sgd)
+
+
+def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[str, Any]]:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    until = getattr(model, "train_until", {})
+    head = {id(p) for p in head_parameters(model)} if cfg.head_lr_factor != 1 else set()
+    muon = cfg.optimizer == "muon"
+    placed: dict[str, list[nn.Parameter]] = {"rest": [], "head": [], "filters": []}
+    groups: list[dict[str, Any]] = []
+    for name, p in named:
+        if name in until:
+            groups.append(group("until", [p], lr, cfg.weight_decay, until_epoch=float(until[name])))
+        elif muon and p.ndim == 4:
+            placed["filters"].append(p)
+        elif id(p) in head:
+            placed["head"].append(p)
+        else:
+            placed["rest"].append(p)
+    factor = cfg.head_lr_factor
+    return [g for g in (
+        group("rest", placed["rest"], lr, cfg.weight_decay),
+        group("head", placed["head"], lr * factor, cfg.weight_decay / factor, lr_scale=factor),
+        *groups,
+        group("filters", placed["filters"], cfg.muon_lr, 0.0, lr_scale=cfg.muon_lr / lr if lr else 0.0,
+              muon=True, momentum=cfg.muon_momentum),
+    ) if g["params"]]
+
+
+def group(name: str, params: list[nn.Parameter], lr: float, weight_decay: float, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "params": params, "lr": lr, "weight_decay": weight_decay, "peak_lr": lr,
+            "lr_scale": 1.0, **extra}
+
+
+def head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters of the model's last ``nn.Linear`` (its classifier), or none."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return [p for p in linears[-1].parameters() if p.requires_grad] if linears else []
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float, epoch: float) -> None:
+    """Every group's lr for the schedule's ``lr`` at fractional ``epoch`` (see the module docstring)."""
+    for g in optimizer.param_groups:
+        until = g.get("until_epoch")
+        g["lr"] = g["peak_lr"] * max(0.0, 1.0 - epoch / until) if until else lr * g.get("lr_scale", 1.0)
+
+
+def matrix(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (a filter's shape) as (out, in x kh x kw) in the memory order of ``like``: a view when
+    ``tensor`` is laid out like ``like``, a copy otherwise."""
+    order = (0, 1, 2, 3) if like.is_contiguous() else (0, 2, 3, 1)
+    return tensor.permute(order).reshape(tensor.shape[0], -1)
+
+
+class MuonWithSGD(torch.optim.Optimizer):
+    """One optimizer to the trainer (checkpoints, modes, schedules): ``torch.optim.Muon`` for the group marked
+    ``muon`` and SGD (``torch.optim.SGD``'s functional form) for the others.
+
+    ``normalise_filters``: before each step every filter is rescaled to norm sqrt(out channels), as airbench94_muon
+    does; a BatchNorm after the conv makes the scale irrelevant to the output, and fixing it keeps Muon's
+    fixed-size steps at a fixed relative size. Only for models with BatchNorm (elsewhere the scale matters)."""
+
+    def __init__(self, groups: Iterable[dict[str, Any]], sgd: dict[str, Any], normalise_filters: bool) -> None:
+        super().__init__(list(groups), dict(muon=False, **sgd))
+        self.normalise_filters = normalise_filters
+        self._views: dict[int, tuple[nn.Parameter, torch.optim.Muon]] = {}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            params = [p for p in g["params"] if p.grad is not None]
+            if params:
+                (self._muon_step if g["muon"] else self._sgd_step)(g, params)
+        return loss
+
+    def _sgd_step(self, g: dict[str, Any], params: list[torch.Tensor]) -> None:
+        buffers = [self.state[p].get("momentum_buffer") for p in params]
+        sgd_update(params, [p.grad for p in params], buffers, weight_decay=g["weight_decay"], momentum=g["momentum"],
+                   lr=g["lr"], dampening=0.0, nesterov=g["nesterov"], maximize=False)
+        for p, buffer in zip(params, buffers):
+            self.state[p]["momentum_buffer"] = buffer
+
+    def _muon_step(self, g: dict[str, Any], params: list[torch.Tensor]) -> None:
+        for p in params:
+            if self.normalise_filters:
+                p.mul_(math.sqrt(p.shape[0]) / p.norm().clamp_min(1e-12))
+            view, muon = self._muon_for(p, g)
+            view.grad = matrix(p.grad, p)
+            muon.state[view] = {"momentum_buffer": self._buffer_view(p)}
+            muon.step()
+            view.grad = None
+
+    def _muon_for(self, p: torch.Tensor, g: dict[str, Any]) -> tuple[nn.Parameter, torch.optim.Muon]:
+        """A 2-D view of ``p`` and a Muon over it (made once), set to the group's current lr and momentum."""
+        if id(p) not in self._views:
+            view = nn.Parameter(matrix(p.detach(), p), requires_grad=False)
+            if view.data_ptr() != p.data_ptr():
+                raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
+            self._views[id(p)] = view, torch.optim.Muon([view], weight_decay=0.0, nesterov=True,
+                                                        ns_steps=MUON_NS_STEPS)
+        view, muon = self._views[id(p)]
+        muon.param_groups[0].update(lr=g["lr"], momentum=g["momentum"])
+        return view, muon
+
+    def _buffer_view(self, p: torch.Tensor) -> torch.Tensor:
+        """The momentum buffer of ``p`` as a view Muon updates in place; laid out like ``p`` (a loaded checkpoint
+        may hold it in another layout)."""
+        state = self.state[p]
+        buffer = state.get("momentum_buffer")
+        if buffer is None or buffer.stride() != p.stride():
+            state["momentum_buffer"] = torch.zeros_like(p) if buffer is None else torch.empty_like(p).copy_(buffer)
+        return matrix(state["momentum_buffer"], p)
