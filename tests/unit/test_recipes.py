@@ -43,8 +43,10 @@ def test_every_model_gets_its_own_recipe(model: str) -> None:
 
 def test_user_settings_win_and_lr_scales_with_the_batch() -> None:
     cfg = build_config({"model": "resnet20", "batch_size": 256})
-    assert (cfg.lr, cfg.lr_scaling, cfg.base_batch_size, cfg.schedule) == (0.1, "linear", 128, "step")
-    mine = build_config({"model": "resnet20", "batch_size": 256, "lr": 0.3, "schedule": "cosine"})
+    assert (cfg.lr, cfg.lr_scaling, cfg.schedule, cfg.milestones) == (0.1, "none", "step", [83, 124])
+    scaled = build_config({"model": "resnet50", "batch_size": 512})
+    assert (scaled.lr, scaled.lr_scaling, scaled.base_batch_size) == (0.1, "linear", 256)  # 0.2 at 512
+    mine = build_config({"model": "resnet50", "batch_size": 512, "lr": 0.3, "schedule": "cosine"})
     assert (mine.lr, mine.lr_scaling, mine.schedule) == (0.3, "none", "cosine")  # no scaling of the user's lr
     assert mine.milestones == [41, 61]  # the recipe's milestones went with its schedule: trainscale's default
 

@@ -23,7 +23,7 @@ register_recipe(
 register_recipe(
     "he2016-cifar", source="He et al. 2016, sec. 4.2: batch 128, lr 0.1 (/10 at 32k and 48k iterations, "
     "stop at 64k), weight decay 1e-4, momentum 0.9, 4-pixel crops and flips",
-    epochs=164, batch_size=128, lr=0.1, lr_scaling="linear", base_batch_size=128, momentum=0.9, nesterov=False,
+    epochs=164, batch_size=128, lr=0.1, momentum=0.9, nesterov=False,  # not scaled: the paper trains at one batch
     weight_decay=1e-4, schedule="step", milestones=[83, 124], gamma=0.1, crop_padding=4, flip=True, cutout=0)
 
 register_recipe(
