@@ -116,7 +116,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self.callbacks.before_fit(self.snapshot, self.restore)
-        if self.cfg.compile:
+        if self.cfg.compile and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base["compile_warmup_seconds"] = self.warm_up_compiled()
         for epoch in range(self.state.next_epoch, self.cfg.epochs):
             row = self.run_epoch(epoch)
