@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from trainscale.app.launch import to_argv
+from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
 from trainscale.train.environment import environment
 
@@ -36,21 +38,12 @@ def run_seed(out: Path, seed: int, device: str, precision: str, sets: list[str])
     summary = out / "summary.json"
     if summary.exists() and json.loads(summary.read_text()).get("reference_scope"):
         return json.loads(summary.read_text())
-    extra = [arg for item in sets for arg in set_flag(item)]
+    extra = to_argv(dict(parse_set(item) for item in sets))
     cmd = [sys.executable, "-m", "trainscale", "train", "--recipe", "airbench94", "--seed", str(seed), "--device",
            device, "--precision", precision, "--target-acc", str(TARGET), "--no-progress", "--out", str(out), *extra]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
     return json.loads(summary.read_text())
-
-
-def set_flag(item: str) -> list[str]:
-    """``batch_size=1000`` -> ``--batch-size 1000``; ``flag=true/false`` -> ``--flag`` / ``--no-flag``."""
-    key, _, value = item.partition("=")
-    flag = "--" + key.strip().replace("_", "-")
-    if value.lower() in ("true", "false"):
-        return [flag if value.lower() == "true" else "--no-" + flag[2:]]
-    return [flag, value]
 
 
 def spread(values: list[float]) -> tuple[float, float]:

@@ -135,25 +135,14 @@ def models(args: argparse.Namespace) -> int:
 
 
 def recipes() -> int:
-    """Each recipe's settings (as `trainscale train` flags) and its source."""
-    from trainscale.config import flag_name
-    from trainscale.app.config import FIELDS
+    """Each recipe's settings (as `trainscale train` flags, spelled as the launcher passes them on) and its source."""
+    from trainscale.app.launch import to_argv
     from trainscale.recipes import get_recipe, list_recipes
 
     for name in list_recipes():
         recipe = get_recipe(name)
-        flags = " ".join(_as_flag(flag_name(FIELDS[k]), v) for k, v in recipe.settings.items())
-        print(f"{name}: {recipe.source}\n    {flags}")
+        print(f"{name}: {recipe.source}\n    {' '.join(to_argv(dict(recipe.settings)))}")
     return 0
-
-
-def _as_flag(flag: str, value: object) -> str:
-    """How ``trainscale train`` spells this setting: ``--flip``/``--no-flip``, ``--milestones 83,124``."""
-    if isinstance(value, bool):
-        return flag if value else "--no-" + flag[2:]
-    text = ",".join(map(str, value)) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) \
-        else str(value)
-    return f"{flag} {text}"
 
 
 def data(args: argparse.Namespace) -> int:

@@ -227,14 +227,6 @@ def evaluate(model: nn.Module, batches: Batches, precision: Precision, tta_flip:
     return acc.reduce(time.perf_counter() - start)
 
 
-@torch.no_grad()
-def evaluate_batch(model: nn.Module, images: torch.Tensor, precision: Precision) -> torch.Tensor:
-    """Logits of one batch in eval mode (e.g. to compile the evaluation graph ahead of the timers)."""
-    model.eval()
-    with precision.autocast():
-        return model(images).float()
-
-
 def predict(model: nn.Module, images: torch.Tensor, flip: bool = False, translate: int = 0) -> torch.Tensor:
     """Float logits of ``images``; ``flip``: the mean with the mirrored images' (2 views); ``translate`` (with
     ``flip``): airbench's 6 views, half that and half the mean of the images shifted by ``translate`` pixels up-left

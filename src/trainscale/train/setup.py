@@ -1,4 +1,4 @@
-"""The engine's builders: data, batch plan, model, optimizer and the run folder, from the config.
+"""The engine's builders: data, batch plan, model and the run folder, from the config (the optimizer: ``optimizers``).
 
 Public: ``build_model`` (usable on its own, with ``optimizers.build_optimizer``, e.g. to time one ``train_step``);
 the composition root (``app.run``) puts the pieces together with a mode.""" 

@@ -19,7 +19,7 @@ from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcas
 from trainscale.train.scaling import config_mismatches, scaling_efficiency
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainscale.train.loop import PassStats, evaluate, evaluate_batch, train_one_epoch, views_per_image
+from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
 from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.utilisation import Utilisation
@@ -145,7 +145,9 @@ class Trainer:
             loss = nn.functional.cross_entropy(self.model(images).float(), labels)
         loss.backward()
         self.model.zero_grad(set_to_none=True)
-        evaluate_batch(self.model, images, self.precision)
+        self.model.eval()
+        with torch.no_grad(), self.precision.autocast():
+            predict(self.model, images)
         self.model.load_state_dict(saved)
         set_rng_state(rng)
         synchronize(device)
