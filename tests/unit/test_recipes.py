@@ -20,6 +20,7 @@ from trainscale.data.tensors import ImageTensors
 from trainscale.errors import ConfigError
 from trainscale.models import create_model, list_models, model_info
 from trainscale.recipes import get_recipe, list_recipes
+from trainscale.runtime.cpus import keep_freed_memory
 from trainscale.train.loop import PassStats, predict, views_per_image
 from trainscale.train.optimizers import MuonWithSGD, build_optimizer, matrix, set_lr
 from trainscale.train.trainer import Trainer, reference_scope
@@ -220,3 +221,29 @@ def test_a_run_that_does_not_learn_is_told_once(caplog: pytest.LogCaptureFixture
     assert len(caplog.records) == 1
     assert "epoch 1: the mean training loss 2.700 is above the first step's 2.310" in caplog.text
     assert "(0.4 at batch 256) is probably too high for resnet20: lower --lr" in caplog.text
+
+
+def test_the_whitening_bias_stops_taking_gradients_once_its_training_ends() -> None:
+    """From epoch 3 on its lr is zero; in one process it then leaves backward (no first-conv input gradient)."""
+    trainer = object.__new__(Trainer)
+    trainer.cfg = muon_cfg()
+    trainer.model = create_model("airbench94")
+    optimizer = build_optimizer(trainer.cfg, trainer.model, lr=trainer.cfg.lr)
+    bias = trainer.model.whiten.bias
+    trainable = {id(p) for p in trainer.model.parameters() if p.requires_grad}
+    trainer.freeze_finished(2)
+    assert bias.requires_grad
+    trainer.freeze_finished(3)
+    assert {id(p) for p in trainer.model.parameters() if p.requires_grad} == trainable - {id(bias)}
+    before = bias.detach().clone()
+    trainer.model(torch.randn(4, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    assert bias.grad is None and torch.equal(bias, before)
+
+
+def test_freed_memory_is_kept_on_glibc() -> None:
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert keep_freed_memory()

@@ -30,7 +30,7 @@ from trainscale.results import lock_run_folder
 from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime import ft
 from trainscale.runtime.cluster import facts_from_env
-from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train import Trainer, build_model, build_optimizer
@@ -58,6 +58,8 @@ def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
     threads = worker_threads(cfg)
     if threads:
         torch.set_num_threads(threads)
+    if cfg.keep_memory:
+        keep_freed_memory()
     mode = create_mode(cfg)
     role = role or mode.role()
     if role == SERVER:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 
 
@@ -17,3 +19,19 @@ def threads_per_worker(threads: int | None, local_workers: int) -> int:
     """``threads`` (``--threads``) when given, else the node's cores split evenly over its workers
     (torchrun's default of one thread per worker would leave most cores idle)."""
     return threads or max(1, cpu_count() // max(1, local_workers))
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep what the process frees (no mmap for large blocks, no trimming of the heap), so
+    a step's activations reuse the last step's pages instead of faulting fresh zero pages in each time: on a
+    2-core CPU those faults cost ~6% of an airbench step. The resident set stays at its peak. Returns whether
+    it took effect (False off glibc)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
