@@ -97,6 +97,18 @@ def test_fault_records_from_events():
     assert hang["steps_lost"] == 0
 
 
+def test_a_restarted_replica_meets_its_later_faults_but_never_repeats_one(tmp_path, monkeypatch):
+    from trainscale.modes.fault_tolerance import unfired
+    from trainscale.runtime import ft
+
+    monkeypatch.setenv(ft.EVENTS_ENV, str(tmp_path / ft.EVENTS_FILE))
+    faults = [InjectedFault("kill", 1, 5), InjectedFault("hang", 1, 40), InjectedFault("kill", 0, 9)]
+    assert unfired(faults, 1) == faults[:2]  # a first attempt: all of its own
+    ft.log_event("fault", kind="kill", rank=1, step=5)
+    assert unfired(faults, 1) == [faults[1]]  # restarted after the first: the second is still to come
+    assert unfired(faults, 0) == [faults[2]]
+
+
 SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--epochs", "1"]
 
 

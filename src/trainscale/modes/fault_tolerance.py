@@ -90,7 +90,7 @@ class ReplicaSession:
     def __init__(self, cfg: Any) -> None:
         self.timeout_s = cfg.ft_timeout
         self.quorum_timeout_s = max(cfg.dist_timeout, 60.0)
-        self.faults = [f for f in injected_faults(cfg) if f.rank == ft.replica() and not restarted()]
+        self.faults = unfired(injected_faults(cfg), ft.replica())
         self.position = Position()
         self.manager: Any = None
         self.members = 0
@@ -169,6 +169,13 @@ class ReplicaSession:
         """The end of training: record this replica's final step and the digest of its parameters and buffers."""
         if self.model is not None:
             ft.log_event("final", step=self.manager.current_step(), digest=state_digest(self.model))
+
+
+def unfired(faults: list[InjectedFault], replica: int | None) -> list[InjectedFault]:
+    """This replica's faults that no earlier attempt of it has fired (the job's fault log says which did), so a
+    restarted replica goes on meeting its later faults and never repeats one (a chaos run faults each many times)."""
+    done = {(e["kind"], e["rank"], e["step"]) for e in ft.job_events() if e["event"] == "fault"}
+    return [f for f in faults if f.rank == replica and (f.kind, f.rank, f.step) not in done]
 
 
 def quiet(value: bool) -> None:

@@ -75,11 +75,14 @@ def require_torchft() -> None:
 @contextlib.contextmanager
 def lighthouse(host: str, heartbeat_timeout_s: float) -> Iterator[str]:
     """torchft's lighthouse on ``host`` (a free port), quorums of at least one replica; yields its URL.
-    A replica whose heartbeats stop for ``heartbeat_timeout_s`` leaves the next quorum."""
+    A replica whose heartbeats stop for ``heartbeat_timeout_s`` leaves the next quorum; a live one that is late
+    (it was sending its state to a healing peer) is waited for as long, or it would have to heal in turn, and the
+    one that sends to it would be late next: with 100 ms a chaos run healed someone at every step."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum at info
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind=f"{host}:0", min_replicas=1, join_timeout_ms=100, quorum_tick_ms=20,
+    server = LighthouseServer(bind=f"{host}:0", min_replicas=1, join_timeout_ms=int(heartbeat_timeout_s * 1000),
+                              quorum_tick_ms=20,
                               heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000))
     try:
         yield f"http://{host}:{server.address().rsplit(':', 1)[1]}"
@@ -173,10 +176,15 @@ def log_event(event: str, **fields: Any) -> None:
         os.close(fd)
 
 
+def job_events() -> list[dict[str, Any]]:
+    """The events of this replica's job so far (none outside a fault-tolerant job)."""
+    path = os.environ.get(EVENTS_ENV)
+    return read_events(Path(path)) if path else []
+
+
 def job_finished() -> bool:
     """Whether some replica has already finished the job (its ``final`` event is in the fault log)."""
-    path = os.environ.get(EVENTS_ENV)
-    return bool(path) and any(e["event"] == "final" for e in read_events(Path(path)))
+    return any(e["event"] == "final" for e in job_events())
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

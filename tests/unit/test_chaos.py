@@ -1,0 +1,36 @@
+"""benchmarks/chaos.py's pure parts: where the faults go and how the run is judged."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("chaos", Path(__file__).parents[2] / "benchmarks" / "chaos.py")
+chaos = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(chaos)
+
+
+def test_faults_go_every_t_seconds_at_the_fault_free_step_rate():
+    faults = chaos.schedule(steps=600, seconds=300.0, every=60.0, workers=4, kinds=["kill", "hang"], seed=3)
+    steps = [int(f.rsplit("@", 1)[1]) for f in faults]
+    assert steps == [120, 240, 360, 480]  # 2 steps/s; none in the last 30 s
+    assert all(f.split(":")[0] in ("kill", "hang") and 0 <= int(f.split(":")[1].split("@")[0]) < 4 for f in faults)
+    assert faults == chaos.schedule(600, 300.0, 60.0, 4, ["kill", "hang"], seed=3)  # the seed decides
+
+
+def fault(steps_lost=1, detection=0.5, recovery=8.0):
+    return {"kind": "kill", "rank": 1, "step": 5, "steps_lost": steps_lost, "detection_seconds": detection,
+            "recovery_seconds": recovery}
+
+
+@pytest.mark.parametrize("faults, kept, equal, met", [
+    ([fault(), fault(detection=1.9)], 0.9, True, True),
+    ([fault(steps_lost=2)], 0.9, True, False),
+    ([fault(detection=2.5)], 0.9, True, False),
+    ([fault(recovery=None)], 0.9, True, False),  # never healed
+    ([fault()], 0.8, True, False),
+    ([fault()], 0.9, False, False),
+    ([], 1.0, True, False),  # nothing was tested
+])
+def test_the_goals(faults, kept, equal, met):
+    assert chaos.verdict(faults, kept, equal)["goals_met"] is met
