@@ -27,8 +27,8 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep what the process frees (no mmap for large blocks, no trimming of the heap), so
     a step's activations reuse the last step's pages instead of faulting fresh zero pages in each time: on a
-    2-core CPU those faults cost ~6% of an airbench step. The resident set stays at its peak. Returns whether
-    it took effect (False off glibc)."""
+    2-core CPU those faults cost airbench94 10-29% of its img/s (more at larger batches). The resident set stays
+    at its peak. Returns whether it took effect (False off glibc)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
