@@ -41,9 +41,10 @@ KINDS = ("kill", "hang")
 GOALS = {"steps_lost": 1, "detection_seconds": 2.0, "recovery_seconds": 20.0, "kept": 0.85}
 
 
-def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str]) -> tuple[dict[str, Any], float]:
-    """(summary.json, seconds from the first quorum to the last replica's end) of one job; a finished run
-    in ``out`` is reused, so an interrupted benchmark resumes."""
+def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str]
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary.json, the fault log's events) of one job; a finished run in ``out`` is reused, so an interrupted
+    benchmark resumes."""
     summary = out / "summary.json"
     if not (summary.exists() and "faults" in json.loads(summary.read_text())):
         cmd = [sys.executable, "-m", "trainscale", "train", "--fault-tolerance", "--workers", str(workers),
@@ -52,10 +53,11 @@ def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str])
         started = time.monotonic()
         subprocess.run(cmd, check=True)
         print(f"  {time.monotonic() - started:.1f} s start to end", flush=True)
-    return json.loads(summary.read_text()), job_span(ft.read_events(out / ft.EVENTS_FILE))
+    return json.loads(summary.read_text()), ft.read_events(out / ft.EVENTS_FILE)
 
 
 def job_span(events: list[dict[str, Any]]) -> float:
+    """Seconds from the job's first quorum to the last replica's end."""
     first = min(e["time"] for e in events if e["event"] == "members")
     return max(e["time"] for e in events if e["event"] == "final") - first
 
@@ -70,8 +72,8 @@ def schedule(steps: int, seconds: float, every: float, workers: int, kinds: list
     return out
 
 
-def final_step(out: Path) -> int:
-    return max(e["step"] for e in ft.read_events(out / ft.EVENTS_FILE) if e["event"] == "final")
+def final_step(events: list[dict[str, Any]]) -> int:
+    return max(e["step"] for e in events if e["event"] == "final")
 
 
 def verdict(faults: list[dict[str, Any]], kept: float, equal: bool | None) -> dict[str, Any]:
@@ -135,13 +137,15 @@ def main() -> int:
     args = parse_args()
     settings = {**JOB, **dict(parse_set(item) for item in args.sets)}
     common = ["--ft-timeout", str(args.ft_timeout)]
-    _, clean = run_job(args.out / "fault-free", args.workers, settings, common)
-    faults = schedule(final_step(args.out / "fault-free"), clean, args.every, args.workers, args.kinds, args.seed)
+    _, events = run_job(args.out / "fault-free", args.workers, settings, common)
+    clean = job_span(events)
+    faults = schedule(final_step(events), clean, args.every, args.workers, args.kinds, args.seed)
     if not faults:
         sys.exit(f"chaos.py: error: the fault-free job ran {clean:.0f} s, too short for a fault every {args.every:g} s; "
                  "lengthen it (--set epochs=N) or lower --every")
     extra = [*common, "--max-restarts", str(len(faults)), "--inject-fault", ",".join(faults)]
-    summary, faulty = run_job(args.out / "faults", args.workers, settings, extra)
+    summary, events = run_job(args.out / "faults", args.workers, settings, extra)
+    faulty = job_span(events)
     recorded = summary["faults"]
     result = verdict(recorded, clean / faulty, summary.get("replicas_equal"))
     env = environment(torch.device("cpu"))

@@ -181,8 +181,9 @@ class Trainer:
     def freeze_finished(self, epoch: int) -> None:
         """A parameter whose training has ended (``model.train_until``; its lr is zero from then on) stops taking
         gradients, so backward stops short of it: airbench94's whitening bias, after which the first conv's input
-        gradient is no longer computed (~4% of a step). Only in one process: a DDP reducer or a parameter server
-        waits for every parameter's gradient."""
+        gradient is no longer computed (~7% of a step). Not inside a process group (a DDP reducer or a parameter
+        server waits for every parameter's gradient); torchft replicas, each a world of its own, all freeze at the
+        same epoch, so the gradients they average still match."""
         if is_distributed():
             return
         until = getattr(self.model, "train_until", {})
