@@ -32,3 +32,30 @@ def test_allowed_cores_follow_the_host_quota(monkeypatch):
     assert allowed_cores(None, 1) == 2
     assert allowed_cores({"cpus_per_host": 0.5}, 1) == pytest.approx(0.5)
     assert allowed_cores({"cpus_per_host": 2.0}, 4) == pytest.approx(0.5)
+
+
+def test_gpu_utilisation_from_nvml_even_for_a_pass_shorter_than_the_period(monkeypatch):
+    readings = iter([80, 80])  # the probe at entry, then the one sample at exit
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device=None: next(readings))
+    with Utilisation(torch.device("cuda", 0), cores=1.0, period=10.0) as short:
+        pass
+    assert short.result()["gpu_util"] == pytest.approx(0.8)
+
+
+def test_gpu_utilisation_is_the_mean_of_the_samples(monkeypatch):
+    readings = iter([100] + [50] * 100_000)  # the probe at entry is not a sample
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device=None: next(readings))
+    with Utilisation(torch.device("cuda", 0), cores=1.0, period=0.01) as u:
+        while len(u.samples) < 2:
+            time.sleep(0.005)
+    assert u.result()["gpu_util"] == pytest.approx(0.5)
+
+
+def test_no_gpu_figure_without_nvml(monkeypatch):
+    def missing(device=None):
+        raise ModuleNotFoundError("pynvml")
+
+    monkeypatch.setattr(torch.cuda, "utilization", missing)
+    with Utilisation(torch.device("cuda", 0), cores=1.0) as u:
+        pass
+    assert u.result()["gpu_util"] is None

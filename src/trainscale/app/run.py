@@ -68,6 +68,8 @@ def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
         return mode.supervise(functools.partial(run_training, cfg, TRAINER))
     device = mode.worker_device(resolve_device(cfg.device))
     mode.check_device(cfg, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     with mode.session(device), run_folder_held(cfg) as held:
         trainer = build_trainer(held, device, mode)
         try:

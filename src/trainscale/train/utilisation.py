@@ -47,6 +47,8 @@ class Utilisation:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            if not self.samples:  # a pass shorter than the period: NVML's own window still covers its end
+                self.samples.append(torch.cuda.utilization(self.device) / 100.0)
 
     def _sample(self) -> None:
         while not self._stop.wait(self.period):
