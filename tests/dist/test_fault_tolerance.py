@@ -11,6 +11,8 @@ from tests.dist.test_sync_numerics import COMMON, as_flags, weights
 from tests.integration.cli import run_cli
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
+from trainscale.runtime import ft
+from trainscale.runtime.ft import read_events
 
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(not __import__("trainscale.runtime.ft", fromlist=["x"])
                                                    .torchft_available(), reason="torchft is not installed")]
@@ -65,3 +67,33 @@ def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
     assert fault["detection_seconds"] < 2 + 1.5  # the all-reduce's timeout, and a margin for a loaded machine
     assert summary["replicas_equal"] is True
     complete_record(out, 4)
+
+
+def test_powersgd_survives_a_killed_replica(tmp_path):
+    """The compressed exchange runs over the quorum: a kill aborts one step everywhere (compressor state put
+    back), the restarted replica heals with the shared state (PowerSGD's Q), and the replicas end equal."""
+    out, summary = ft_run(tmp_path, "powersgd", "--compress", "powersgd", "--powersgd-rank", "2",
+                          "--inject-fault", "kill:1@4", "--ft-timeout", "5", epochs=3, subset=8192)
+    (fault,) = summary["faults"]
+    assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
+    assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2
+    assert summary["compress_method"] == "powersgd" and summary["world_size"] == 2
+    assert 0 < summary["bytes_sent_per_step"] < summary["dense_bytes_per_step"] / 4
+    complete_record(out, 3)
+
+
+@pytest.mark.parametrize("mode, extra", [
+    ("localsgd", []), ("diloco", ["--compress", "topk", "--ratio", "0.05", "--error-feedback"])])
+def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path, mode, extra):
+    """Killed as the round at step 8 starts: the survivor's round fails, is taken again at the next step
+    with whoever is left (its local steps kept), the replica heals mid-round and the replicas end equal."""
+    out, summary = ft_run(tmp_path, mode, "--mode", mode, "--sync-every", "4", *extra,
+                          "--inject-fault", "kill:1@8", "--ft-timeout", "5", epochs=3, subset=8192)
+    (fault,) = summary["faults"]
+    assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
+    assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2 and summary["world_size"] == 2
+    events = read_events(out / ft.EVENTS_FILE)
+    assert any(e["event"] == "aborted" and e["step"] == 8 for e in events), "the round at step 8 did not fail"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["train_samples"] == 8192  # the job's images (each replica trains half), not one replica's
+    complete_record(out, 3)

@@ -1,13 +1,18 @@
 """Fault tolerance's pure parts: the fault flag, the data position across membership changes, the fault
 record built from the replicas' events, and the one-line refusals before any replica starts."""
 
+import copy
+
 import pytest
 import torch
 
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.app.ft_launch import fault_records
+from trainscale.compression.collectives import done
 from trainscale.errors import ConfigError
-from trainscale.modes.fault_tolerance import Position, ReplicaBatches, buckets
+from trainscale.compression.setup import CompressionPlan
+from trainscale.modes.fault_tolerance import (CommittingOptimizer, Position, ReplicaBatches, buckets,
+                                              shared_compression_state)
 from trainscale.runtime.faults import InjectedFault, parse_injected_fault
 
 
@@ -24,6 +29,8 @@ def test_a_malformed_fault_names_the_format(text):
 
 class FakeFull:
     """A whole epoch of ``n`` batches, batch i being the number i."""
+
+    batch_size = 1
 
     def __init__(self, n):
         self.n = n
@@ -116,10 +123,137 @@ SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", 
     (["--workers", "2", "--inject-fault", "kill:1@3"], "--inject-fault needs --fault-tolerance"),
     (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:2@3"], "only 2 replicas"),
     (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:1"], "KIND:RANK@STEP"),
-    (["--workers", "2", "--fault-tolerance", "--mode", "localsgd"], "works with --mode sync so far"),
-    (["--workers", "2", "--fault-tolerance", "--compress", "topk"], "drop --compress"),
+    (["--workers", "2", "--fault-tolerance", "--mode", "async", "--servers", "1"], "is for --mode diloco, localsgd, sync"),
     (["--workers", "2", "--fault-tolerance", "--ft-timeout", "0"], "--ft-timeout must be"),
 ])
 def test_bad_fault_tolerance_settings_are_one_line(tmp_path, flags, fragment):
     assert_one_line_error(run_cli(*SMALL, *flags, "--out", tmp_path / "run"), fragment)
     assert not (tmp_path / "run").exists()
+
+
+class LoneTransport:
+    """A quorum of one (the collectives are the identity)."""
+
+    def size(self):
+        return 1
+
+    def rank(self):
+        return 0
+
+    def all_reduce(self, flat):
+        return done(flat)
+
+    def all_gather(self, out, source):
+        out[0].copy_(source)
+        return done(out)
+
+
+class CommitSession:
+    """A replica session whose next steps commit or abort as ``outcomes`` says (the exchange always runs)."""
+
+    def __init__(self, outcomes):
+        self.outcomes, self.stats, self.saved, self.compression = list(outcomes), [], [], None
+
+    def transport(self):
+        return LoneTransport()
+
+    def average(self, tensors):
+        pass
+
+    def advance(self):
+        pass
+
+    def commit(self, exchange):
+        exchange()
+        return self.outcomes.pop(0)
+
+
+def compressed_optimizer(method, params, outcomes, error_feedback=True):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    plan = CompressionPlan(method, "layerwise", params, error_feedback, 0)
+    session = CommitSession(outcomes)
+    opt = CommittingOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session, plan)
+    return model, session, opt
+
+
+def one_step(model, session, opt):
+    session.saved = [b.clone() for b in session.stats]
+    opt.zero_grad()
+    model(torch.randn(4, 16)).square().sum().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("method, params", [("topk", {"ratio": 0.1}), ("powersgd", {"rank": 1})])
+def test_an_aborted_compressed_step_leaves_no_trace(method, params):
+    model, session, opt = compressed_optimizer(method, params, [True, False])
+    one_step(model, session, opt)
+    before = (copy.deepcopy(model.state_dict()), opt.hook.state_dict())
+    one_step(model, session, opt)  # aborted: weights, BN statistics, residuals, Q and step clock as they were
+    after = (model.state_dict(), opt.hook.state_dict())
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key]), key
+    assert before[1]["step"] == after[1]["step"] == 1
+    old, new = leaves(before[1]["exchange"]), leaves(after[1]["exchange"])
+    assert old.keys() == new.keys() and old
+    for key in old:
+        assert torch.equal(old[key], new[key]), key
+
+
+def leaves(state, prefix=""):
+    """Every tensor of a nested state dict, by its path."""
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        elif isinstance(value, torch.Tensor):
+            out[prefix + key] = value
+    return out
+
+
+def test_a_committed_compressed_step_sends_less_and_applies():
+    model, session, opt = compressed_optimizer("topk", {"ratio": 0.1}, [True])
+    start = copy.deepcopy(model.state_dict())
+    one_step(model, session, opt)
+    assert any(not torch.equal(start[k], v) for k, v in model.state_dict().items())
+    stats = opt.hook.stats
+    assert stats.steps == 1 and stats.bytes_sent < stats.dense_bytes / 3
+
+
+def test_a_healing_replica_takes_shared_compressor_state_but_not_a_peers_residuals():
+    for method, params, shared in [("powersgd", {"rank": 1}, True), ("topk", {"ratio": 0.1}, False)]:
+        model, session, opt = compressed_optimizer(method, params, [True])
+        one_step(model, session, opt)
+        state = shared_compression_state(opt.hook)
+        assert state["step"] == 1 and state["exchange"]["feedback"] == {"residuals": {}}
+        assert bool(state["exchange"]["compressor"]) == shared, method
+    assert shared_compression_state(None) is None
+
+
+class FakeManager:
+    def __init__(self, fail):
+        self.fail, self.error = fail, None
+        self._pg = self
+
+    def errored(self):
+        return self.error
+
+    def report_error(self, exc):
+        self.error = exc
+
+    def allgather(self, out, source, opts):
+        if self.fail:
+            raise RuntimeError("Connection reset by peer")
+        raise AssertionError("no collective once the step has failed")
+
+
+def test_a_failed_all_gather_aborts_the_step_not_the_run():
+    from trainscale.runtime.ft import QuorumTransport
+
+    manager = FakeManager(fail=True)
+    out = [torch.full((2,), 1e9), torch.full((2,), -1e9)]  # garbage: what empty slots hold
+    assert QuorumTransport(manager).all_gather(out, torch.ones(2)).wait() is out
+    assert isinstance(manager.error, RuntimeError)
+    assert all(torch.equal(slot, torch.ones(2)) for slot in out)  # a payload the decoder can read
+    manager.fail = False
+    QuorumTransport(manager).all_gather(out, torch.ones(2))  # errored: nothing is launched

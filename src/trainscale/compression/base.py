@@ -80,7 +80,9 @@ class Compressor:
     keeps its own residual: DGC). ``noisy`` marks unbiased stochastic quantisers whose error can exceed the
     input (QSGD with few levels, TernGrad): error feedback needs a compressor whose error is smaller than its
     input, and fed back such noise grows from step to step. ``variable_size`` means payload sizes differ per
-    rank, so the exchange must gather sizes first. State, where there is any, is keyed by ``UnitContext.key``.
+    rank, so the exchange must gather sizes first. State, where there is any, is keyed by ``UnitContext.key``;
+    ``shared_state`` says it is the same on every rank (PowerSGD's Q, made of all-reduced values), so a replica
+    that joins a running job copies it; otherwise it is each rank's own (DGC's momenta) and a new one starts empty.
     """
 
     name: ClassVar[str] = "base"
@@ -89,6 +91,7 @@ class Compressor:
     noisy: ClassVar[bool] = False
     variable_size: ClassVar[bool] = False
     replaces_optimizer_momentum: ClassVar[bool] = False
+    shared_state: ClassVar[bool] = False
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)

@@ -8,7 +8,7 @@ all-reduce, so tensors are coalesced into one flat buffer per dtype.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -29,8 +29,43 @@ def done(value: Any) -> Future:
     return future
 
 
+@runtime_checkable
+class Transport(Protocol):
+    """What carries the collectives: a torch process group (``ProcessGroupTransport``) or a torchft quorum
+    (``runtime.ft.QuorumTransport``). Both methods return a future that completes when the tensors hold the
+    result; ``all_reduce`` sums in place."""
+
+    def size(self) -> int: ...
+
+    def rank(self) -> int: ...
+
+    def all_reduce(self, flat: Tensor) -> Future: ...
+
+    def all_gather(self, out: list[Tensor], source: Tensor) -> Future: ...
+
+
+class ProcessGroupTransport:
+    """torch.distributed's collectives on ``group`` (WORLD when None); a world of one outside a process group."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+
+    def size(self) -> int:
+        return dist.get_world_size(self.group) if is_distributed() else 1
+
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if is_distributed() else 0
+
+    def all_reduce(self, flat: Tensor) -> Future:
+        return dist.all_reduce(flat, group=self.group, async_op=True).get_future()
+
+    def all_gather(self, out: list[Tensor], source: Tensor) -> Future:
+        return dist.all_gather(out, source, group=self.group, async_op=True).get_future()
+
+
 class Communicator:
-    """Counts what this rank hands to each collective into ``stats``; ``group`` defaults to WORLD.
+    """Counts what this rank hands to each collective into ``stats``. ``group``: a torch process group (WORLD
+    when None) or a ``Transport`` (a fault-tolerant job's quorum).
 
     Collectives are launched asynchronously and return futures, so a DDP hook can hand DDP the future
     and let the exchange overlap the rest of the backward pass; ``clock`` (the hook's) records when each
@@ -39,16 +74,16 @@ class Communicator:
 
     def __init__(self, stats: CompressionStats, group: Any = None, clock: OverlapClock | None = None) -> None:
         self.stats = stats
-        self.group = group
+        self.transport: Transport = group if isinstance(group, Transport) else ProcessGroupTransport(group)
         self.clock = clock
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size(self.group) if is_distributed() else 1
+        return self.transport.size()
 
     @property
     def rank(self) -> int:
-        return dist.get_rank(self.group) if is_distributed() else 0
+        return self.transport.rank()
 
     def all_reduce_(self, tensors: list[Tensor]) -> None:
         """Sum ``tensors`` over ranks in place, one collective per dtype (contiguous tensors only)."""
@@ -76,7 +111,7 @@ class Communicator:
             if not single:
                 for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                     t.copy_(part.view_as(t))
-        return self._launch(lambda: dist.all_reduce(flat, group=self.group, async_op=True), unpack)
+        return self._launch(lambda: self.transport.all_reduce(flat), unpack)
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's ``tensor`` (same shape on all ranks), in rank order; padded to >= 1 element."""
@@ -91,12 +126,12 @@ class Communicator:
             return done([tensor])
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         source = tensor.contiguous()
-        return self._launch(lambda: dist.all_gather(out, source, group=self.group, async_op=True), lambda: out)
+        return self._launch(lambda: self.transport.all_gather(out, source), lambda: out)
 
     def _launch(self, start: Callable[[], Any], finish: Callable[[], Any]) -> Future:
-        """Run ``start()`` (an async collective), time it until it lands, then yield ``finish()``."""
+        """Run ``start()`` (an async collective's future), time it until it lands, then yield ``finish()``."""
         launched = time.perf_counter()
-        work = start()
+        future = start()
 
         def landed(_: Future) -> Any:
             _.value()  # raises here, in the future, if the collective failed
@@ -105,4 +140,4 @@ class Communicator:
             else:
                 self.stats.comm_seconds += time.perf_counter() - launched
             return finish()
-        return work.get_future().then(landed)
+        return future.then(landed)

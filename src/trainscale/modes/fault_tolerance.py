@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from trainscale.compression.ddp_hook import CompressionHookState
+from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
 from trainscale.log import relabel
@@ -41,17 +43,18 @@ log = logging.getLogger("trainscale.ft")
 BUCKET_BYTES = 25 * 1024 * 1024  # gradients are averaged in buckets of this size, as DDP's default
 
 
+FT_MODES = ("sync", "localsgd", "diloco")
+
+
 def validate_fault_tolerance(cfg: Any) -> None:
     """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line)."""
     if cfg.inject_fault and not cfg.fault_tolerance:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
-    if cfg.mode != "sync":
-        raise ConfigError(f"--fault-tolerance works with --mode sync so far, not {cfg.mode}")
+    if cfg.mode not in FT_MODES:
+        raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.mode}")
     if cfg.nnodes > 1 or getattr(cfg, "cluster", None):
         raise ConfigError("--fault-tolerance runs on one machine so far (--workers N replicas); drop --nnodes/--cluster")
     ft.require_torchft()
-    if getattr(cfg, "compress", "none") not in (None, "none"):
-        raise ConfigError("--fault-tolerance averages dense gradients so far; drop --compress")
     if cfg.precision == "fp16":
         raise ConfigError("--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on "
                           "one replica only)")
@@ -95,12 +98,15 @@ class ReplicaSession:
         self.manager: Any = None
         self.members = 0
         self.member_rank = 0
+        self.epoch_batches = 0  # per-worker batches the job's committed steps took in the last epoch
+        self.batch_size = 0
         self.fresh = False  # a quorum was joined that no step has used yet
         self.snapshot: Callable[[], dict[str, Any]] | None = None
         self.restore: Callable[[dict[str, Any]], None] | None = None
         self.model: nn.Module | None = None
         self.stats: list[torch.Tensor] = []  # BatchNorm running statistics, and their copy before the step
         self.saved: list[torch.Tensor] = []
+        self.compression: CompressionHookState | None = None  # the compressed exchange's, when --compress
 
     @contextlib.contextmanager
     def session(self, device: torch.device) -> Iterator[None]:
@@ -123,12 +129,15 @@ class ReplicaSession:
 
     def _state(self) -> dict[str, Any]:
         assert self.snapshot is not None
-        return {"trainer": self.snapshot(), "position": dict(self.position.__dict__)}
+        return {"trainer": self.snapshot(), "position": dict(self.position.__dict__),
+                "compression": shared_compression_state(self.compression)}
 
     def _load(self, state: dict[str, Any]) -> None:
         assert self.restore is not None
         self.restore(state["trainer"])
         self.position = Position(**state["position"])
+        if self.compression is not None and state.get("compression"):
+            self.compression.load_state_dict(state["compression"])
         log.warning("healed from a peer: epoch %d, batch %d", self.position.epoch + 1, self.position.batches)
         ft.log_event("healed", step=self.manager.current_step() if self.manager else None)
 
@@ -146,24 +155,34 @@ class ReplicaSession:
         self.fresh = True
         quiet(self.member_rank != 0)
 
-    def commit(self, tensors: list[torch.Tensor]) -> bool:
-        """Average ``tensors`` in place over the quorum; True if the step is committed everywhere (apply it).
+    def commit(self, exchange: Callable[[], None]) -> bool:
+        """Run the step's ``exchange`` over the quorum; True if the step is committed everywhere (apply it).
         An injected fault due at this step fires first: after the backward, as the exchange starts."""
         due = self.manager.current_step() + 1
         for fault in [f for f in self.faults if f.step == due]:
             self.faults.remove(fault)
             fault.fire()
-        works = [self.manager.allreduce(bucket) for bucket in tensors]
-        for work in works:
-            work.wait()
+        exchange()
         committed = bool(self.manager.should_commit())
-        if committed:
-            self.position.batches += self.members
-        else:
+        if not committed:
             ft.log_event("aborted", step=self.manager.current_step() + 1)
             log.warning("step %d not committed (a replica failed during it); it is taken again",
                         self.manager.current_step() + 1)
         return committed
+
+    def advance(self) -> None:
+        """The step's batches are trained on: the job's data position moves past them (one per member)."""
+        self.position.batches += self.members
+
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Average float ``tensors`` in place over the quorum (garbage if the step fails: it is not committed)."""
+        works = [self.manager.allreduce(t) for t in tensors]
+        for work in works:
+            work.wait()
+
+    def transport(self) -> ft.QuorumTransport:
+        """The quorum as the compression layer's transport."""
+        return ft.QuorumTransport(self.manager)
 
     def _finished(self) -> None:
         """The end of training: record this replica's final step and the digest of its parameters and buffers."""
@@ -204,6 +223,7 @@ class ReplicaBatches:
     def __init__(self, full: Any, session: ReplicaSession) -> None:
         self.full = full
         self.session = session
+        session.batch_size = full.batch_size
         self.progress = 0.0
 
     def __len__(self) -> int:
@@ -222,15 +242,18 @@ class ReplicaBatches:
         source, taken = iter(self.full.lazy_epoch(epoch)), 0
         if s.position.epoch < epoch:  # resumed from a checkpoint: the epoch's start
             s.position = Position(epoch, 0)
+        first: int | None = None  # where this replica's pass began (later than 0 after healing mid-epoch)
         while True:
             if not s.fresh:
                 s.quorum()
             if s.position.epoch != epoch:  # healed into another epoch
                 return
             if s.position.batches + s.members > total:
+                s.epoch_batches = s.position.batches - (first or 0)  # the job's, over this replica's pass
                 s.position = Position(epoch + 1, 0)
                 return
             s.fresh = False
+            first = s.position.batches if first is None else first
             want = s.position.batches + s.member_rank
             if want < taken:
                 source, taken = iter(self.full.lazy_epoch(epoch)), 0
@@ -245,12 +268,24 @@ class ReplicaBatches:
 class CommittingOptimizer:
     """The optimizer the training loop steps under fault tolerance: ``step`` averages the gradients and
     the BatchNorm running statistics over the quorum, and applies them only if the step is committed
-    (otherwise the statistics are put back as they were before the step's forward)."""
+    (otherwise the statistics are put back as they were before the step's forward).
 
-    def __init__(self, inner: torch.optim.Optimizer, model: nn.Module, session: ReplicaSession) -> None:
+    With ``compression`` the gradients go through trainscale's compressed exchange over the quorum (the same
+    ``CompressionHookState`` that DDP's hook and DiLoCo's outer step use), layer by layer or as one vector.
+    Its state (error-feedback residuals, PowerSGD's Q, the step clock) is saved before the step and put
+    back when the step is not committed, so an aborted step leaves no trace on any replica."""
+
+    def __init__(self, inner: torch.optim.Optimizer, model: nn.Module, session: ReplicaSession,
+                 compression: CompressionPlan | None = None) -> None:
         self.inner, self.session = inner, session
         self.stats = session.stats = bn_buffers(model)
         self.averaged = [b for b in self.stats if b.is_floating_point()]  # the step counters are equal anyway
+        self.hook: CompressionHookState | None = None
+        if compression is not None and compression.enabled:
+            self.hook = session.compression = CompressionHookState(
+                compression.compressor(), compression.granularity, model=model,
+                error_feedback=compression.error_feedback, warmup_epochs=compression.warmup_epochs,
+                group=session.transport())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -260,22 +295,68 @@ class CommittingOptimizer:
 
     def step(self, closure: Any = None) -> None:
         params = [p for group in self.inner.param_groups for p in group["params"] if p.grad is not None]
-        grads = [p.grad for p in params]
-        flat = buckets(grads + self.averaged)
-        if self.session.commit([f for f, _ in flat]):
-            for f, tensors in flat:
-                for t, v in zip(tensors, torch._utils._unflatten_dense_tensors(f, tensors)):
-                    t.copy_(v)
+        committed = self._dense_step(params) if self.hook is None else self._compressed_step(params)
+        if committed:
+            self.session.advance()
             self.inner.step()
         else:
             for b, saved in zip(self.stats, self.session.saved):
                 b.copy_(saved)
+
+    def _dense_step(self, params: list[nn.Parameter]) -> bool:
+        flat = buckets([p.grad for p in params] + self.averaged)
+        if not self.session.commit(lambda: self.session.average([f for f, _ in flat])):
+            return False
+        unflatten_into(flat)
+        return True
+
+    def _compressed_step(self, params: list[nn.Parameter]) -> bool:
+        hook = self.hook
+        assert hook is not None
+        saved = hook.state_dict()  # clones
+        stats = buckets(self.averaged)
+        averaged: list[torch.Tensor] = []
+
+        def exchange() -> None:
+            self.session.average([f for f, _ in stats])
+            grads = [p.grad for p in params]
+            if hook.granularity == "entire":
+                averaged.extend(hook.reduce_entire(list(zip(params, grads))))
+            else:
+                averaged.extend(hook.reduce([(hook.keys.name(p), g) for p, g in zip(params, grads)]))
+
+        if not self.session.commit(exchange):
+            hook.load_state_dict(saved)
+            return False
+        hook.end_step()
+        unflatten_into(stats)
+        for p, g in zip(params, averaged):
+            p.grad.copy_(g)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
+
+
+def unflatten_into(flat: list[tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+    """Copy each averaged bucket back into the tensors it was made of."""
+    for f, tensors in flat:
+        for t, v in zip(tensors, torch._utils._unflatten_dense_tensors(f, tensors)):
+            t.copy_(v)
+
+
+def shared_compression_state(hook: CompressionHookState | None) -> dict[str, Any] | None:
+    """What a healing replica takes of a peer's compressed exchange: the step clock, and the compressor's state
+    where it is the same on every replica (``shared_state``: PowerSGD's Q); not what is the peer's own (its
+    error-feedback residuals, DGC's momenta): a restarted replica starts without, like a new worker."""
+    if hook is None:
+        return None
+    state = hook.state_dict()
+    compressor = state["exchange"]["compressor"] if hook.compressor.shared_state else {}
+    return {**state, "exchange": {"feedback": {"residuals": {}}, "compressor": compressor}}
 
 
 def bn_buffers(model: nn.Module) -> list[torch.Tensor]:

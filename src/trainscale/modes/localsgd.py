@@ -14,6 +14,15 @@ Each epoch ends with a round (so evaluation and the checkpoint see one model), w
 statistics and the inner optimizer's momentum averaged over workers: every rank then holds the same
 state, and the checkpoint (rank 0's, plus the outer momentum) resumes the run bit for bit.
 Error-feedback residuals stay per worker and are not checkpointed, as in sync mode.
+
+Under ``--fault-tolerance`` every worker is a torchft replica (see ``modes.fault_tolerance``): each step joins
+the quorum and takes its batch of the job's data position, local steps stand on their own, and a round is
+an exchange over the quorum that is applied only if committed. A round that fails (a member died or hung in
+it) leaves every survivor's local progress in place and is taken again at the next step with whoever is left
+(the compressor's state put back first); the dead member's local steps since the last round are what is
+lost. A restarted replica heals from a live one mid-round: it takes the anchor, the outer momentum and the
+round's step count, and starts the rest of the round from the anchor. The epoch's last round also averages
+the BatchNorm statistics and the inner momentum over the quorum, retried until committed.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
-from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics
+from trainscale.modes.fault_tolerance import buckets, unflatten_into
+from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics, bn_running_stats
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
 
 log = logging.getLogger("trainscale.localsgd")
@@ -101,15 +111,21 @@ class PeriodicMode(SyncMode):
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
         """No DDP: the model itself, with the main rank's parameters and buffers on every worker. Frozen
         parameters (airbench's whitening) are never exchanged."""
-        broadcast_tensors([*model.parameters(), *model.buffers()])
+        if self.replica is not None:
+            self.replica.model = model  # replicas start alike from the seed, and a late one heals
+        else:
+            broadcast_tensors([*model.parameters(), *model.buffers()])
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.anchor = [p.detach().clone().float() for p in self.params]
         self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
                                      nesterov=self.outer_momentum > 0)
         plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
         self.exchange = CompressionHookState(plan.compressor(), plan.granularity, model=model,
-                                             error_feedback=plan.error_feedback, warmup_epochs=plan.warmup_epochs)
+                                             error_feedback=plan.error_feedback, warmup_epochs=plan.warmup_epochs,
+                                             group=self.replica.transport() if self.replica is not None else None)
         self.stats = self.exchange.stats
+        if self.replica is not None:
+            self.replica.compression = self.exchange  # a healing replica takes its shared state
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
@@ -130,40 +146,97 @@ class PeriodicMode(SyncMode):
     def _after_step(self) -> None:
         self.steps["epoch"] += 1
         self.since_round += 1
-        if self.since_round >= self.period():
-            self.average()
+        due = self.since_round >= self.period()
+        if self.replica is None:
+            if due:
+                self.average()
+            return
+        self.replica.advance()  # the local step stands, whatever becomes of the round
+        if due:
+            self._replica_round()
+        else:
+            self.replica.commit(lambda: None)  # the Manager counts local steps too, alike on every replica
 
     @torch.no_grad()
     def average(self) -> None:
         """One round: average the pseudo-gradients, step the anchor, continue every worker from it."""
-        assert self.exchange is not None and self.outer is not None
         start = time.perf_counter()
+        self._apply(self._exchange_deltas())
+        self.stats.exchange_seconds += time.perf_counter() - start
+
+    @torch.no_grad()
+    def _exchange_deltas(self) -> list[torch.Tensor]:
+        """The pseudo-gradients (anchor - local) averaged over workers, through the run's compressor."""
+        assert self.exchange is not None
         params = self.params
         deltas = [(a - p.float()) for a, p in zip(self.anchor, params)]
         if self.exchange.granularity == "entire":
-            averaged = self.exchange.reduce_entire(list(zip(params, deltas)))
-        else:
-            averaged = self.exchange.reduce([(self.exchange.keys.name(p), d) for p, d in zip(params, deltas)])
+            return self.exchange.reduce_entire(list(zip(params, deltas)))
+        return self.exchange.reduce([(self.exchange.keys.name(p), d) for p, d in zip(params, deltas)])
+
+    @torch.no_grad()
+    def _apply(self, averaged: list[torch.Tensor]) -> None:
+        assert self.exchange is not None and self.outer is not None
         self.exchange.end_step()
         for a, g in zip(self.anchor, averaged):
             a.grad = g.to(a.dtype)
         self.outer.step()
-        for a, p in zip(self.anchor, params):
+        for a, p in zip(self.anchor, self.params):
             p.copy_(a)
         self.since_round = 0
-        self.stats.exchange_seconds += time.perf_counter() - start
 
     def after_train_epoch(self, model: nn.Module) -> None:
         """A round if steps are pending, then BN statistics and the inner momentum averaged (see above)."""
+        if self.replica is not None:
+            self._replica_epoch_end(model)
+            return
         if self.since_round:
             self.average()
         average_bn_statistics(model)
-        self._average_inner_state()
+        average_in_place(self._inner_state())
 
-    def _average_inner_state(self) -> None:
+    def _inner_state(self) -> list[torch.Tensor]:
         assert self.inner is not None
-        average_in_place([v for state in self.inner.state.values() for v in state.values()
-                          if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0])
+        return [v for state in self.inner.state.values() for v in state.values()
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
+
+    # ------------------------------------------------------------------------------ under fault tolerance
+
+    @torch.no_grad()
+    def _replica_round(self, also: list[torch.Tensor] | None = None, deltas: bool = True) -> bool:
+        """A round over the quorum (the pseudo-gradients when ``deltas``, and ``also``, averaged beside them),
+        applied only if committed; otherwise the compressor's state is put back, ``also`` is left as it was
+        (it travels as a copy) and the round is due again at the next step. Returns whether it committed."""
+        assert self.replica is not None and self.exchange is not None
+        start, saved = time.perf_counter(), self.exchange.state_dict()
+        flat = buckets(also or [])
+        averaged: list[torch.Tensor] = []
+
+        def exchange() -> None:
+            if deltas:
+                averaged.extend(self._exchange_deltas())
+            self.replica.average([f for f, _ in flat])
+
+        committed = self.replica.commit(exchange)
+        if committed:
+            unflatten_into(flat)
+            if deltas:
+                self._apply(averaged)
+        else:
+            self.exchange.load_state_dict(saved)
+        self.stats.exchange_seconds += time.perf_counter() - start
+        return committed
+
+    def _replica_epoch_end(self, model: nn.Module) -> None:
+        """The epoch's last round (if steps are pending) with the BN statistics and the inner momentum, each
+        try in a fresh quorum, until one commits (a quorum of one always does)."""
+        assert self.replica is not None
+        state = bn_running_stats(model) + self._inner_state()
+        while True:
+            self.replica.quorum()
+            self.replica.fresh = False
+            if self._replica_round(state, deltas=self.since_round > 0):
+                return
 
     # ------------------------------------------------------------------------------ figures and state
 
@@ -187,15 +260,24 @@ class PeriodicMode(SyncMode):
         return {**row, "rounds": rounds, "steps_per_round": steps / rounds if rounds else None}
 
     def state_dict(self) -> dict[str, Any]:
+        """The outer optimizer's state; under fault tolerance also the anchor and the round's step count, which
+        a replica healing mid-round needs (a checkpoint is taken at an epoch's end, where the model is the
+        anchor)."""
         assert self.outer is not None
-        return {"outer": self.outer.state_dict()}
+        state: dict[str, Any] = {"outer": self.outer.state_dict()}
+        if self.replica is not None:
+            state.update(anchor=[a.clone() for a in self.anchor], since_round=self.since_round)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """After the trainer restored the model: the anchor is the model (every epoch ends with a round)."""
+        """After the trainer restored the model: the anchor is the model (every epoch ends with a round), or,
+        healing mid-round, the peer's anchor, from which this replica starts the rest of the round."""
         assert self.outer is not None
         with torch.no_grad():
-            for a, p in zip(self.anchor, self.params):
-                a.copy_(p)
+            for a, p, peer in zip(self.anchor, self.params, state.get("anchor") or self.params):
+                a.copy_(peer)
+                p.copy_(a)
+        self.since_round = int(state.get("since_round", 0))
         if state.get("outer"):
             self.outer.load_state_dict(state["outer"])
 

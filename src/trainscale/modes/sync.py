@@ -163,13 +163,17 @@ class SyncMode(Mode):
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off. Under
         fault tolerance the optimizer averages over the quorum and applies committed steps only."""
-        if self.replica is not None:
-            return CommittingOptimizer(optimizer, model, self.replica)  # type: ignore[return-value]
         if self.compression is not None and self.compression.compressor().replaces_optimizer_momentum:
             for group in optimizer.param_groups:
                 group.update(momentum=0.0, nesterov=False)
             log.info("dgc: optimizer momentum off (DGC's momentum correction replaces it)")
-        return optimizer
+        if self.replica is None:
+            return optimizer
+        committing = CommittingOptimizer(optimizer, model, self.replica, self.compression)
+        if committing.hook is not None:
+            self.hook_state = committing.hook
+            self.stats = committing.hook.stats
+        return committing  # type: ignore[return-value]
 
     def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
         return (ReplicaBatches(train, self.replica), test) if self.replica is not None else (train, test)
@@ -196,6 +200,10 @@ class SyncMode(Mode):
         if not self.sync_bn and self.replica is None:  # fault tolerance averages them every step
             average_bn_statistics(model)
 
+    def epoch_samples(self, counted: int) -> int:
+        """Under fault tolerance each replica counts only its own: the job's are the committed batches."""
+        return counted if self.replica is None else self.replica.epoch_batches * self.replica.batch_size
+
     def epoch_stats(self) -> dict[str, Any]:
         row = self.per_step(self.stats, "epoch")
         if not self.total.steps and type(self.total) is not type(self.stats):
@@ -217,7 +225,8 @@ class SyncMode(Mode):
         bn = "SyncBatchNorm (global batch statistics)" if self.sync_bn else \
             "per-worker batch statistics; running statistics averaged over workers at each epoch end"
         compression = self.compression.describe() if self.compression else {"compress_method": "none"}
-        return {"backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
+        replicas = {"world_size": ft.replicas()} if self.replica is not None else {}  # each one a world of one
+        return {**replicas, "backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
                 "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)"}
 
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
 
@@ -198,3 +199,42 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return sorted(events, key=lambda e: e["time"])
+
+
+def _landed(value: Any) -> torch.futures.Future:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+class QuorumTransport:
+    """The collectives of this step's quorum, for trainscale's compression layer (``compression.collectives
+    .Transport``): a compressed exchange under fault tolerance. A collective that fails (a member died or hung)
+    is reported to the Manager, so the step is not committed, and yields its buffers as they are: the caller
+    throws the result away. Both wait before returning (the exchange runs after the backward, nothing to hide)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def size(self) -> int:
+        return max(1, self.manager.num_participants())
+
+    def rank(self) -> int:
+        return self.manager.participating_rank() or 0
+
+    def all_reduce(self, flat: torch.Tensor) -> torch.futures.Future:
+        self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
+        return _landed(flat)
+
+    def all_gather(self, out: list[torch.Tensor], source: torch.Tensor) -> torch.futures.Future:
+        """On failure every slot holds this replica's own ``source``: a payload its decoder can read (indices in
+        range, sizes that fit), where the slots' memory would be garbage."""
+        if self.manager.errored() is None:
+            try:
+                self.manager._pg.allgather([out], [source], AllgatherOptions()).wait()
+                return _landed(out)
+            except Exception as exc:  # a member left mid-collective: the step is aborted, not the run
+                self.manager.report_error(exc)
+        for slot in out:
+            slot.copy_(source)
+        return _landed(out)

@@ -36,6 +36,11 @@ class Callbacks:
         """After each epoch's training pass, before evaluation and the checkpoint (e.g. to make per-worker
         state such as BatchNorm running statistics identical on every rank)."""
 
+    def epoch_samples(self, counted: int) -> int:
+        """The images the whole job trained on this epoch, given the count summed over this process group. A
+        mode whose workers are worlds of their own (fault tolerance's replicas) counts them itself."""
+        return counted
+
     def epoch_stats(self) -> dict[str, Any]:
         """Figures of the epoch (e.g. bytes on the wire), merged into its metrics.jsonl row."""
         return {}

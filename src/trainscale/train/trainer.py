@@ -167,6 +167,7 @@ class Trainer:
             log.warning("epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
                         epoch + 1, train.skipped_steps)
         self.callbacks.after_train_epoch(self.model)
+        train.samples = self.callbacks.epoch_samples(train.samples)
         translate = self.cfg.tta_translate if epoch + 1 == self.cfg.epochs else 0
         test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta, translate=translate)
         self._account(epoch, train, test)
@@ -228,7 +229,7 @@ class Trainer:
             "step_seconds": train.seconds / train.steps if train.steps else None,
             "elapsed_seconds": self.state.elapsed_seconds,
             "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
-            "train_samples": train.samples, "peak_memory_mb": memory, "world_size": world_size(),
+            "train_samples": train.samples, "peak_memory_mb": memory, "world_size": self.summary_base["world_size"],
             "skipped_steps": train.skipped_steps,
         }
 

@@ -53,6 +53,7 @@ def orthonormalise(p: Tensor) -> Tensor:
 @register_compressor
 class PowerSGD(Compressor):
     name: ClassVar[str] = "powersgd"
+    shared_state: ClassVar[bool] = True
     aggregation: ClassVar[str] = "custom"
     feedback: ClassVar[str] = "always"
 
