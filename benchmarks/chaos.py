@@ -149,9 +149,11 @@ def main() -> int:
     recorded = summary["faults"]
     result = verdict(recorded, clean / faulty, summary.get("replicas_equal"))
     env = environment(torch.device("cpu"))
+    extra_settings = "".join(f", {key} {value}" for key, value in settings.items() if key not in JOB)
     print(f"\nchaos: {args.workers} replicas of {settings['model']} ({settings['dataset']}, {settings['precision']}, "
-          f"{settings['batch_per_worker']} images per replica per step), a fault every {args.every:g} s from "
-          f"{', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}; {env['cpu']}, {env['cpu_count']} CPUs")
+          f"{settings['batch_per_worker']} images per replica per step{extra_settings}), a fault every "
+          f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}; {env['cpu']}, "
+          f"{env['cpu_count']} CPUs")
     report(recorded, result, clean, faulty)
     save_result(args.out / "result.json", {**result, "faults": recorded, "injected": faults, "job": settings,
                                            "fault_free_seconds": clean, "faulty_seconds": faulty,

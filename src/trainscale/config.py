@@ -126,6 +126,8 @@ class RunConfig(Section):
     mode: str = option("auto", "auto (default: sync when several workers, async with --servers, else local), "
                        "local, sync, or a parameter-server mode: async, ps-sync, ma")
     target_acc: float | None = option(None, "test accuracy (fraction) whose first crossing gives time-to-accuracy")
+    eval_every: int = option(1, "evaluate on the test set after every N-th epoch and always after the last (0: after "
+                             "the last only; skipped epochs have no test figures and cannot reach --target-acc)")
     out: str | None = option(None, "run folder (default runs/<model>-<dataset>-<time>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
     checkpoint: bool = option(True, "write a checkpoint every epoch (default on)")

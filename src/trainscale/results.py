@@ -67,7 +67,8 @@ class RunWriter:
         lines = "".join(json.dumps(r) + "\n" for r in self.history)
         atomic_write_text(self.out / "metrics.jsonl", lines)
         tsv = ["epoch\thours\ttop1Accuracy"] + [
-            f"{r['epoch']}\t{r['elapsed_seconds'] / 3600:.8f}\t{100 * (r['test_acc'] or 0):.2f}" for r in self.history
+            f"{r['epoch']}\t{r['elapsed_seconds'] / 3600:.8f}\t{100 * r['test_acc']:.2f}" for r in self.history
+            if r.get("test_acc") is not None  # an epoch without evaluation (--eval-every) has no accuracy to log
         ]
         atomic_write_text(self.out / "logs.tsv", "\n".join(tsv) + "\n")
 

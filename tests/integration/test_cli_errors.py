@@ -12,6 +12,7 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
 @pytest.mark.parametrize("args, fragment", [
     (("--model", "resnet23"), "unknown model 'resnet23' (did you mean 'resnet32'?)"),
     (("--epochs", "0"), "--epochs must be a positive integer"),
+    (("--eval-every", "-1"), "--eval-every must be 0 (the last epoch only) or a positive number of epochs"),
     (("--batch-size", "-4"), "--batch-size must be a positive integer"),
     (("--batch-size", "many"), "invalid int value"),
     (("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA device"),

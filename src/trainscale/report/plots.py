@@ -121,9 +121,10 @@ def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
     runs = [(group, run) for group in part.groups for run in group.runs
             if run.summary.get("dataset") != "synthetic"]  # random images: speed only, no accuracy curve
     for index, (group, run) in enumerate(runs):
-        xs = [m.get(x_key) for m in run.metrics]
-        ys = [100 * m["test_acc"] for m in run.metrics if m.get("test_acc") is not None]
-        if len(xs) == len(ys) and ys:  # line styles cycle so runs with equal curves stay visible
+        evaluated = [m for m in run.metrics if m.get("test_acc") is not None]  # --eval-every skips some epochs
+        xs = [m.get(x_key) for m in evaluated]
+        ys = [100 * m["test_acc"] for m in evaluated]
+        if ys and None not in xs:  # line styles cycle so runs with equal curves stay visible
             ax.plot(xs, ys, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=STYLES[index % len(STYLES)],
                     label=run.run_id if len(group.runs) > 1 else group.label)
     ax.set_xlabel(x_label)

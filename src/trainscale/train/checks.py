@@ -38,6 +38,8 @@ def validate_engine(cfg: CoreConfig) -> None:
     require(cfg.crop_padding >= 0 and cfg.cutout >= 0, "--crop-padding and --cutout must be >= 0")
     require(cfg.target_acc is None or 0 < cfg.target_acc <= 1,
             f"--target-acc is a fraction in (0, 1] (e.g. 0.94), got {cfg.target_acc}")
+    require(cfg.eval_every >= 0, f"--eval-every must be 0 (the last epoch only) or a positive number of epochs, "
+                                 f"got {cfg.eval_every}")
     require(cfg.warmup_epochs is None or 0 <= cfg.warmup_epochs <= cfg.epochs,
             f"--warmup-epochs must be in [0, epochs={cfg.epochs}], got {cfg.warmup_epochs}")
     require(list(cfg.milestones) == sorted(cfg.milestones) and all(m > 0 for m in cfg.milestones),

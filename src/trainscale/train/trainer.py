@@ -169,17 +169,23 @@ class Trainer:
         self.callbacks.after_train_epoch(self.model)
         train.samples = self.callbacks.epoch_samples(train.samples)
         translate = self.cfg.tta_translate if epoch + 1 == self.cfg.epochs else 0
-        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta, translate=translate)
+        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta, translate=translate) \
+            if self.evaluates(epoch) else None
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
         row = self._row(epoch, train, test)
-        row["test_views"] = views_per_image(self.cfg.tta, translate)
+        row["test_views"] = views_per_image(self.cfg.tta, translate) if test else 0
         row.update(mean_over_workers(busy.result()))
         row.update(self.callbacks.epoch_stats())
-        log.info("epoch %d/%d: train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1fs, %.0f img/s",
-                 epoch + 1, self.cfg.epochs, train.loss, train.acc, test.loss, test.acc, row["epoch_seconds"],
-                 row["samples_per_sec"])
+        tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
+        log.info("epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s", epoch + 1, self.cfg.epochs,
+                 train.loss, train.acc, tested, row["epoch_seconds"], row["samples_per_sec"])
         return row
+
+    def evaluates(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (0-based) ends with an evaluation: every ``eval_every``-th and the last."""
+        every = self.cfg.eval_every
+        return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
 
     def freeze_finished(self, epoch: int) -> None:
         """A parameter whose training has ended (``model.train_until``; its lr is zero from then on) stops taking
@@ -194,11 +200,13 @@ class Trainer:
             if name in until and epoch >= until[name]:
                 param.requires_grad_(False)
 
-    def _account(self, epoch: int, train: PassStats, test: PassStats) -> None:
+    def _account(self, epoch: int, train: PassStats, test: PassStats | None) -> None:
         slowest = float(all_reduce_max(torch.tensor([train.seconds], dtype=torch.float64)).item())
         train.seconds = slowest
         self.state.next_epoch = epoch + 1
         self.state.elapsed_seconds += slowest
+        if test is None:
+            return
         self.state.best_test_acc = max(self.state.best_test_acc, test.acc)
         target = self.cfg.target_acc
         if target is not None and self.state.time_to_target_seconds is None and test.acc >= target:
@@ -219,13 +227,14 @@ class Trainer:
                         "start again", epoch + 1, train.loss, self.first_loss, self.summary_base["lr"],
                         self.summary_base["batch_size"], self.cfg.model)
 
-    def _row(self, epoch: int, train: PassStats, test: PassStats) -> dict[str, Any]:
+    def _row(self, epoch: int, train: PassStats, test: PassStats | None) -> dict[str, Any]:
         memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
         return {
             "epoch": epoch + 1,
             "lr": self.optimizer.param_groups[0]["lr"],
-            "train_loss": train.loss, "train_acc": train.acc, "test_loss": test.loss, "test_acc": test.acc,
-            "epoch_seconds": train.seconds, "eval_seconds": test.seconds,
+            "train_loss": train.loss, "train_acc": train.acc, "test_loss": test.loss if test else None,
+            "test_acc": test.acc if test else None, "epoch_seconds": train.seconds,
+            "eval_seconds": test.seconds if test else 0.0,
             "step_seconds": train.seconds / train.steps if train.steps else None,
             "elapsed_seconds": self.state.elapsed_seconds,
             "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
