@@ -49,14 +49,19 @@ def test_fault_free_replicas_learn_what_one_process_learns(tmp_path):
 
 
 def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
-    out, summary = ft_run(tmp_path, "kill", "--inject-fault", "kill:1@6", "--ft-timeout", "5",
-                          epochs=4, subset=8192)
+    """With PowerSGD, so the compressed exchange runs over the quorum too: the kill aborts one step everywhere
+    (compressor state put back) and the restarted replica heals with the shared state (Q). The dense path's
+    faults are the hang test's and the fault-free test's."""
+    out, summary = ft_run(tmp_path, "kill", "--compress", "powersgd", "--powersgd-rank", "2",
+                          "--inject-fault", "kill:1@6", "--ft-timeout", "5", epochs=3, subset=8192)
     (fault,) = summary["faults"]
     assert (fault["kind"], fault["rank"], fault["step"]) == ("kill", 1, 6)
     assert fault["steps_lost"] <= 1 and fault["detection_seconds"] < 2
     assert fault["recovery_seconds"] is not None, "the restarted replica never healed back into the quorum"
     assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2
-    complete_record(out, 4)
+    assert summary["compress_method"] == "powersgd" and summary["world_size"] == 2
+    assert 0 < summary["bytes_sent_per_step"] < summary["dense_bytes_per_step"] / 4
+    complete_record(out, 3)
 
 
 def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
@@ -69,31 +74,19 @@ def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
     complete_record(out, 4)
 
 
-def test_powersgd_survives_a_killed_replica(tmp_path):
-    """The compressed exchange runs over the quorum: a kill aborts one step everywhere (compressor state put
-    back), the restarted replica heals with the shared state (PowerSGD's Q), and the replicas end equal."""
-    out, summary = ft_run(tmp_path, "powersgd", "--compress", "powersgd", "--powersgd-rank", "2",
-                          "--inject-fault", "kill:1@4", "--ft-timeout", "5", epochs=3, subset=8192)
-    (fault,) = summary["faults"]
-    assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
-    assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2
-    assert summary["compress_method"] == "powersgd" and summary["world_size"] == 2
-    assert 0 < summary["bytes_sent_per_step"] < summary["dense_bytes_per_step"] / 4
-    complete_record(out, 3)
-
-
-@pytest.mark.parametrize("mode, extra", [
-    ("localsgd", []), ("diloco", ["--compress", "topk", "--ratio", "0.05", "--error-feedback"])])
-def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path, mode, extra):
-    """Killed as the round at step 8 starts: the survivor's round fails, is taken again at the next step
-    with whoever is left (its local steps kept), the replica heals mid-round and the replicas end equal."""
-    out, summary = ft_run(tmp_path, mode, "--mode", mode, "--sync-every", "4", *extra,
-                          "--inject-fault", "kill:1@8", "--ft-timeout", "5", epochs=3, subset=8192)
+def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
+    """DiLoCo with Top-k rounds (local SGD is the same code with outer lr 1): killed as the round at step 8 starts,
+    the survivor's round fails and is taken again at the next step with whoever is left (its local steps kept), the
+    replica heals mid-round and the replicas end equal."""
+    out, summary = ft_run(tmp_path, "diloco", "--mode", "diloco", "--sync-every", "4", "--compress", "topk",
+                          "--ratio", "0.05", "--error-feedback", "--inject-fault", "kill:1@8", "--ft-timeout", "5",
+                          epochs=3, subset=8192)
     (fault,) = summary["faults"]
     assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
     assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2 and summary["world_size"] == 2
     events = read_events(out / ft.EVENTS_FILE)
     assert any(e["event"] == "aborted" and e["step"] == 8 for e in events), "the round at step 8 did not fail"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["train_samples"] == 8192  # the job's images (each replica trains half), not one replica's
+    # the job's images, not one replica's half: an epoch may leave out less than a step of the largest quorum
+    assert all(8192 - 32 <= r["train_samples"] <= 8192 for r in rows), [r["train_samples"] for r in rows]
     complete_record(out, 3)
