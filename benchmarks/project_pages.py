@@ -34,13 +34,14 @@ def clusters() -> list[str]:
     return sorted(p.stem for p in CLUSTERS.glob("*.toml"))
 
 
-def models_of(names: list[str]) -> list[str]:
+def published_models(names: list[str]) -> dict[str, list[str]]:
+    """Each cluster file's models with published rows, in row order, each file read once."""
+    return {name: list(dict.fromkeys(str(row["model"]) for row in load_cluster(name).published)) for name in names}
+
+
+def models_of(published: dict[str, list[str]]) -> list[str]:
     """The models some cluster file has published rows for, in first-seen order."""
-    seen: dict[str, None] = {}
-    for name in names:
-        for row in load_cluster(name).published:
-            seen.setdefault(str(row["model"]), None)
-    return list(seen)
+    return list(dict.fromkeys(m for models in published.values() for m in models))
 
 
 def cli(*args: str, may_refuse: bool = False) -> tuple[str, str | None]:
@@ -55,11 +56,11 @@ def cli(*args: str, may_refuse: bool = False) -> tuple[str, str | None]:
 
 
 def profile(model: str, out: Path, repeats: int) -> Path:
-    path = out / "profiles" / f"{model}-b{PAGE_BATCH.get(model, 128)}.json"
+    batch = PAGE_BATCH.get(model, 128)
+    path = out / "profiles" / f"{model}-b{batch}.json"
     if not path.exists():
-        print(f"profiling {model} at batch {PAGE_BATCH.get(model, 128)} ...", flush=True)
-        cli("profile", "--model", model, "--batch-size", str(PAGE_BATCH.get(model, 128)), "--repeats", str(repeats),
-            "--out", str(path))
+        print(f"profiling {model} at batch {batch} ...", flush=True)
+        cli("profile", "--model", model, "--batch-size", str(batch), "--repeats", str(repeats), "--out", str(path))
     return path
 
 
@@ -86,12 +87,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/projection"))
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per profile (default 3)")
     args = parser.parse_args()
-    names = clusters()
+    published = published_models(clusters())
     rows, skipped = [], []
-    for model in models_of(names):
+    for model in models_of(published):
         path = profile(model, args.out, args.repeats)
-        for name in names:
-            if any(r["model"] == model for r in load_cluster(name).published):
+        for name, models in published.items():
+            if model in models:
                 planned, refused = projected_rows(name, model, path)
                 rows += planned
                 skipped += [{"cluster": name, "model": model, "reason": refused}] if refused else []
@@ -101,8 +102,8 @@ def main() -> int:
         print(f"not planned: {s['model']} on {s['cluster']}: {s['reason']}")
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "projection.md", table)
-    save_result(args.out / "result.json", {"rows": rows, "skipped": skipped, "profile_batch": PAGE_BATCH, "default_batch": 128,
-                                           "environment": environment(torch.device("cpu"))})
+    save_result(args.out / "result.json", {"rows": rows, "skipped": skipped, "profile_batch": PAGE_BATCH,
+                                           "default_batch": 128, "environment": environment(torch.device("cpu"))})
     print(f"saved {args.out / 'projection.md'} and result.json (profiles in {args.out / 'profiles'})")
     return 0
 

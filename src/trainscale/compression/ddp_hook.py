@@ -147,6 +147,13 @@ class CompressionHookState:
         self.stats.dense_steps += int(self.steps.dense())
         self.steps.step += 1
 
+    def reduce_params(self, items: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+        """Average (parameter, gradient) pairs at this state's granularity: each under its parameter's name, or
+        all as one vector; results come back in the order given."""
+        if self.granularity == "entire":
+            return self.reduce_entire(items)
+        return self.reduce([(self.keys.name(p), g) for p, g in items])
+
     def reduce_entire(self, items: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
         """Average (parameter, gradient) pairs as ONE vector in canonical parameter order; results come
         back in the order given."""

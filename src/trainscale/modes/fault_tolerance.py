@@ -319,11 +319,7 @@ class CommittingOptimizer:
 
         def exchange() -> None:
             self.session.average([f for f, _ in stats])
-            grads = [p.grad for p in params]
-            if hook.granularity == "entire":
-                averaged.extend(hook.reduce_entire(list(zip(params, grads))))
-            else:
-                averaged.extend(hook.reduce([(hook.keys.name(p), g) for p, g in zip(params, grads)]))
+            averaged.extend(hook.reduce_params([(p, p.grad) for p in params]))
 
         if not self.session.commit(exchange):
             hook.load_state_dict(saved)

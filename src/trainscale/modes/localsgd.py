@@ -168,11 +168,7 @@ class PeriodicMode(SyncMode):
     def _exchange_deltas(self) -> list[torch.Tensor]:
         """The pseudo-gradients (anchor - local) averaged over workers, through the run's compressor."""
         assert self.exchange is not None
-        params = self.params
-        deltas = [(a - p.float()) for a, p in zip(self.anchor, params)]
-        if self.exchange.granularity == "entire":
-            return self.exchange.reduce_entire(list(zip(params, deltas)))
-        return self.exchange.reduce([(self.exchange.keys.name(p), d) for p, d in zip(params, deltas)])
+        return self.exchange.reduce_params([(p, a - p.float()) for a, p in zip(self.anchor, self.params)])
 
     @torch.no_grad()
     def _apply(self, averaged: list[torch.Tensor]) -> None:
