@@ -14,6 +14,16 @@ replica healed and back in the quorum). Goals (issue 14, this machine): <= 1 ste
 recovery <= 20 s, throughput kept >= 85% at one fault per 60 s, replicas bitwise equal at the end.
 
     .venv/bin/python benchmarks/chaos.py --every 60 --out runs/chaos
+
+Parameter-server modes (``--set mode=async``, ``ps-sync`` or ``ma``; ``--set servers=S``, default 1) have their own
+guarantees: a dead worker is not restarted; the servers drop it (detection: the fault to the first server that
+did, ``--heartbeat-timeout`` for a hang) and the others train the batches it left, so no batch of an epoch is
+skipped (checked per epoch: ``batches_committed``); recovery is the fault to the first update applied without
+it; steps lost are the victim's uncommitted steps (ma: its local steps since the last average, <= the period).
+Worker 0 writes the run folder and is never a victim, so at most workers - 1 faults. The timer: the job's
+training seconds (every epoch's slowest pass, hand-overs included), the same work in both runs.
+
+    .venv/bin/python benchmarks/chaos.py --every 60 --set mode=async --out runs/chaos-ps
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import torch
 from trainscale.app.launch import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
+from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PS_MODES
 from trainscale.runtime import ft
 from trainscale.train.environment import environment
 
@@ -41,13 +52,18 @@ KINDS = ("kill", "hang")
 GOALS = {"steps_lost": 1, "detection_seconds": 2.0, "recovery_seconds": 20.0, "kept": 0.85}
 
 
+def is_ps(settings: dict[str, Any]) -> bool:
+    return settings.get("mode") in PS_MODES
+
+
 def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str]
             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(summary.json, the fault log's events) of one job; a finished run in ``out`` is reused, so an interrupted
     benchmark resumes."""
     summary = out / "summary.json"
     if not (summary.exists() and "faults" in json.loads(summary.read_text())):
-        cmd = [sys.executable, "-m", "trainscale", "train", "--fault-tolerance", "--workers", str(workers),
+        how = [] if is_ps(settings) else ["--fault-tolerance"]
+        cmd = [sys.executable, "-m", "trainscale", "train", *how, "--workers", str(workers),
                *to_argv(settings), *extra, "--no-progress", "--out", str(out)]
         print("$", " ".join(cmd[2:]), flush=True)
         started = time.monotonic()
@@ -70,6 +86,49 @@ def schedule(steps: int, seconds: float, every: float, workers: int, kinds: list
         out.append(f"{rng.choice(kinds)}:{rng.randrange(workers)}@{max(1, round(k * every * rate))}")
         k += 1
     return out
+
+
+def ps_schedule(steps: int, seconds: float, every: float, workers: int, kinds: list[str], seed: int) -> list[str]:
+    """As ``schedule`` for a parameter-server job: STEP is the victim's own step (every worker's rate is the
+    job's), victims are drawn without replacement from workers 1.. (worker 0 writes the run folder)."""
+    rng, rate, out = random.Random(seed), steps / seconds, []
+    victims = rng.sample(range(1, workers), workers - 1)
+    for k, victim in enumerate(victims, 1):
+        if k * every > seconds - every / 2:
+            break
+        out.append(f"{rng.choice(kinds)}:{victim}@{max(1, round(k * every * rate))}")
+    return out
+
+
+def worker_steps(settings: dict[str, Any], workers: int) -> int:
+    """A worker's own steps over the job (its shard's batches per epoch x epochs)."""
+    samples = int(settings.get("train_subset") or 50000)
+    return settings["epochs"] * (samples // workers // int(settings["batch_per_worker"]))
+
+
+def ps_verdict(faults: list[dict[str, Any]], kept: float, skipped: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """The parameter-server goals: detection and recovery as for replicas, steps lost within the mode's bound (1;
+    ma: its averaging period), no batch skipped, throughput kept."""
+    bound = int(settings.get("average_every") or DEFAULT_AVERAGE_EVERY) if settings.get("mode") == "ma" else 1
+    figures = verdict(faults, kept, True)
+    figures.pop("replicas_equal")
+    figures["batches_skipped"] = skipped
+    figures["steps_lost_bound"] = bound
+    checks = [figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= bound,
+              figures["max_detection_seconds"] is not None
+              and figures["max_detection_seconds"] <= GOALS["detection_seconds"],
+              figures["max_recovery_seconds"] is not None
+              and figures["max_recovery_seconds"] <= GOALS["recovery_seconds"],
+              kept >= GOALS["kept"], skipped == 0]
+    figures["goals_met"] = all(checks) and bool(faults)
+    return figures
+
+
+def batches_skipped(out: Path, settings: dict[str, Any], workers: int) -> int:
+    """Batches of the epochs that no push committed (metrics.jsonl ``batches_committed``)."""
+    per_epoch = worker_steps(settings, workers) // settings["epochs"] * workers
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return sum(per_epoch - r["batches_committed"] for r in rows)
 
 
 def final_step(events: list[dict[str, Any]]) -> int:
@@ -117,6 +176,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults (default 60)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds to draw from (default kill,hang)")
     parser.add_argument("--ft-timeout", type=float, default=1.5, help="--ft-timeout of both runs (default 1.5 s)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
+                        help="parameter-server modes: --heartbeat-timeout of both runs (default 1.5 s)")
     parser.add_argument("--seed", type=int, default=0, help="draws the faults' kinds and replicas (default 0)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a job setting over the default job's, e.g. epochs=3 (repeatable)")
@@ -133,16 +194,56 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    """The parameter-server variant (see the module docstring)."""
+    settings = {"servers": 1, **settings}
+    common = ["--heartbeat-timeout", str(args.heartbeat_timeout)]
+    summary, _ = run_job(args.out / "fault-free", args.workers, settings, common)
+    clean = summary["total_train_seconds"]
+    faults = ps_schedule(worker_steps(settings, args.workers), clean, args.every, args.workers, args.kinds, args.seed)
+    if not faults:
+        too_short(clean, args.every)
+    summary, _ = run_job(args.out / "faults", args.workers, settings, [*common, "--inject-fault", ",".join(faults)])
+    faulty = summary["total_train_seconds"]
+    recorded = summary["faults"]
+    skipped = batches_skipped(args.out / "faults", settings, args.workers)
+    result = ps_verdict(recorded, clean / faulty, skipped, settings)
+    env = environment(torch.device("cpu"))
+    print(f"\nchaos: {settings['mode']} with {args.workers} workers and {settings['servers']} server shard(s), "
+          f"{settings['model']} ({settings['dataset']}, {settings['precision']}, {settings['batch_per_worker']} images "
+          f"per worker per step), a fault every {args.every:g} s from {', '.join(args.kinds)}, --heartbeat-timeout "
+          f"{args.heartbeat_timeout:g}; {env['cpu']}, {env['cpu_count']} CPUs")
+    report(recorded, {**result, "replicas_equal": "n/a (one copy, on the servers)"}, clean, faulty)
+    print(f"batches skipped: {skipped} (goal 0); steps lost bound {result['steps_lost_bound']}; "
+          f"final test accuracy {summary['final_test_acc']:.4f}")
+    save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
+                "faulty_seconds": faulty, "heartbeat_timeout": args.heartbeat_timeout, "environment": env})
+    return 0
+
+
+def too_short(clean: float, every: float) -> None:
+    sys.exit(f"chaos.py: error: the fault-free job ran {clean:.0f} s, too short for a fault every {every:g} s; "
+             "lengthen it (--set epochs=N) or lower --every")
+
+
+def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """result.json: the figures with the job, the faults, the settings and the environment."""
+    save_result(args.out / "result.json", {**result, "every_seconds": args.every, "seed": args.seed,
+                                           "workers": args.workers, "goals": GOALS})
+    print(f"saved {args.out / 'result.json'} (both runs' folders beside it)")
+
+
 def main() -> int:
     args = parse_args()
     settings = {**JOB, **dict(parse_set(item) for item in args.sets)}
+    if is_ps(settings):
+        return ps_main(args, settings)
     common = ["--ft-timeout", str(args.ft_timeout)]
     _, events = run_job(args.out / "fault-free", args.workers, settings, common)
     clean = job_span(events)
     faults = schedule(final_step(events), clean, args.every, args.workers, args.kinds, args.seed)
     if not faults:
-        sys.exit(f"chaos.py: error: the fault-free job ran {clean:.0f} s, too short for a fault every {args.every:g} s; "
-                 "lengthen it (--set epochs=N) or lower --every")
+        too_short(clean, args.every)
     extra = [*common, "--max-restarts", str(len(faults)), "--inject-fault", ",".join(faults)]
     summary, events = run_job(args.out / "faults", args.workers, settings, extra)
     faulty = job_span(events)
@@ -155,12 +256,8 @@ def main() -> int:
           f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}; {env['cpu']}, "
           f"{env['cpu_count']} CPUs")
     report(recorded, result, clean, faulty)
-    save_result(args.out / "result.json", {**result, "faults": recorded, "injected": faults, "job": settings,
-                                           "fault_free_seconds": clean, "faulty_seconds": faulty,
-                                           "every_seconds": args.every, "ft_timeout": args.ft_timeout,
-                                           "seed": args.seed, "workers": args.workers, "goals": GOALS,
-                                           "environment": env})
-    print(f"saved {args.out / 'result.json'} (both runs' folders beside it)")
+    save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
+                "faulty_seconds": faulty, "ft_timeout": args.ft_timeout, "environment": env})
     return 0
 
 

@@ -1,8 +1,8 @@
 """Failure behaviour of the parameter-server modes, through the real `trainscale train` launcher.
 
-A killed worker (TRAINSCALE_FAULT, the launcher's test-only fault injection: SIGKILL of worker 1's
-training process) does not stop an ASGD job: the servers log it and the run finishes its epochs on
-the remaining worker. A killed server (TRAINSCALE_PS_SERVER_FAULT, test-only) ends the job at once
+A killed or hung worker (``--inject-fault``) does not stop the job: the servers drop it, the others
+train the batches it left (no sample of an epoch is skipped), a dead main worker's run folder is taken
+over by the next one, and summary.json records each fault. A killed server (TRAINSCALE_PS_SERVER_FAULT, test-only) ends the job at once
 with one line naming it, instead of leaving the workers waiting.
 """
 
@@ -17,21 +17,58 @@ SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--t
        "--batch-size", "64", "--no-progress", "--workers", "2", "--servers", "2")
 
 
+def rows(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.dist
-def test_killing_a_worker_in_async_mode_lets_the_job_finish(tmp_path):
+def test_a_killed_main_worker_is_taken_over_and_its_batches_go_to_the_others(tmp_path):
+    """Worker 0 evaluates and writes the run folder: killed at its step 4, worker 1 trains the rest of its shard,
+    takes over at the epoch's end, and the run folder holds every epoch."""
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "2", "--out", out, timeout=300,
-                   env={"TRAINSCALE_FAULT": "kill:rank=1:epoch=1:step=3"})
+    proc = run_cli("train", *SYN, "--mode", "async", "--staleness", "0", "--epochs", "2",
+                   "--inject-fault", "kill:0@4", "--out", out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "worker 1: its training process" in proc.stderr and "was killed by signal SIGKILL" in proc.stderr
-    assert "worker 1 is gone" in proc.stderr  # the servers noticed
+    assert "worker 0: its training process" in proc.stderr and "was killed by signal SIGKILL" in proc.stderr
+    assert "worker 1 takes over evaluating and writing the run folder" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["epochs_completed"] == 2 and summary["dead_workers"] == [1]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    # Worker 0 finished both epochs on its own shard (256 samples = 8 steps); worker 1 pushed 3 steps first.
-    assert [r["train_samples"] for r in rows] == [256, 256]
-    assert rows[0]["ps_pushes"] == 8 + 3 and rows[1]["ps_pushes"] == 8
-    assert [r["workers_finished"] for r in rows] == [1, 1]
+    assert summary["epochs_completed"] == 2 and summary["dead_workers"] == [0]
+    (fault,) = summary["faults"]
+    assert fault["kind"] == "kill" and fault["rank"] == 0 and fault["step"] == 4 and fault["steps_lost"] == 1
+    assert fault["handed_over"] and 0 < fault["detection_seconds"] <= fault["recovery_seconds"] < 10
+    # 512 samples = 2 shards of 8 batches of 32. Worker 0 pushed 3 steps, then its 5 other batches (and all 8 of
+    # epoch 2) were trained by worker 1: every batch of both epochs committed, none twice.
+    assert [r["batches_committed"] for r in rows(out)] == [16, 16]
+    assert [r["ps_pushes"] for r in rows(out)] == [16, 16]
+    assert [r["handed_over_batches"] for r in rows(out)] == [5, 8]
+    assert [r["train_samples"] for r in rows(out)] == [13 * 32, 16 * 32]  # the live worker's
+    assert all(r["test_acc"] is not None for r in rows(out))  # evaluated by the worker that took over
+    assert (out / "checkpoint.pt").exists() and summary["pushes_per_sec"] > 0
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", ["ps-sync", "ma"])
+def test_killed_and_hung_workers_are_dropped_and_no_batch_is_skipped(tmp_path, mode):
+    """3 workers: worker 1 is killed at its step 6, worker 2 hangs (SIGSTOP) at its step 17 (epoch 2): the servers
+    drop each (the hung one after --heartbeat-timeout), its supervisor kills the hung one, and worker 0 trains what
+    they left. ma averages every 4 steps: a worker killed at step 6 loses 2 local steps (trained again by others)."""
+    out = tmp_path / "run"
+    proc = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "576", "--test-subset",
+                   "64", "--batch-per-worker", "16", "--no-progress", "--workers", "3", "--servers", "1",
+                   "--mode", mode, "--epochs", "2", "--inject-fault", "kill:1@6,hang:2@17", "--heartbeat-timeout",
+                   "2", "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has been stopped for" in proc.stderr  # the supervisor's watchdog
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dead_workers"] == [1, 2]
+    kill, hang = summary["faults"]
+    assert (kill["kind"], kill["steps_lost"], hang["kind"], hang["steps_lost"]) == \
+        ("kill", 2 if mode == "ma" else 1, "hang", 1)
+    assert kill["detection_seconds"] < 5 and 2 <= hang["detection_seconds"] < 8
+    assert kill["handed_over"] and hang["handed_over"]
+    assert [r["batches_committed"] for r in rows(out)] == [36, 36]  # 3 shards of 12 batches, every epoch
+    if mode == "ps-sync":
+        assert [r["ps_pushes"] for r in rows(out)] == [36, 36]  # each batch pushed once
 
 
 @pytest.mark.dist

@@ -28,7 +28,7 @@ SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--t
 def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir, method, flags, min_ratio):
     out = tmp_path / method
     proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "3", "--batch-size", "200",
+                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "2", "--batch-size", "200",
                    "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
                    "--precision", "bf16", "--workers", "2", "--compress", method, *flags,
                    "--granularity", "layerwise", "--error-feedback", "--out", out, "--no-progress", timeout=900)

@@ -1,6 +1,7 @@
 """Parameter-server flags, roles by rank, and the batches each worker sees."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,6 +43,14 @@ def test_servers_alone_select_async_and_modes_register():
     ({"mode": "async", "servers": 1, "async_momentum": "nan"}, "got 'nan'"),
     ({"mode": "ps-sync", "servers": 1, "async_momentum": "0.5"}, "--async-momentum sets ASGD's server momentum"),
     ({"mode": "ma", "servers": 1, "staleness_lr": False}, "--no-staleness-lr applies to --mode async"),
+    ({"mode": "async", "servers": 1, "heartbeat_timeout": 0}, "--heartbeat-timeout must be > 0"),
+    ({"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:0@3,hang:1@9"]},
+     "every worker of node 0 (0, 1) would die"),
+    ({"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["hang:2@3"]}, "there are only 2 workers (0..1)"),
+    ({"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["link:1@3"]}, "parameter-server jobs take kill"),
+    ({"mode": "ma", "servers": 1, "workers": 3, "inject_fault": ["kill:1@3,hang:1@9"]},
+     "worker 1 already dies in an earlier fault"),
+    ({"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:1"]}, "expected KIND:RANK@STEP"),
 ])
 def test_bad_settings_name_the_flag(bad, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
@@ -123,14 +132,18 @@ def test_warm_start_epochs_train_the_main_worker_on_everything_and_the_others_on
     calls = []
     clock = EpochClock()
     shard = batches(True, rank=0, world_size=2)
-    main = TrainBatches(shard, clock, warm_epochs=1, is_main=True, main=0, on_epoch=lambda e, a: calls.append(a))
-    other = TrainBatches(batches(True, rank=1, world_size=2), clock, 1, False, 0, lambda e, a: calls.append(a))
+    client = SimpleNamespace(worker=0, covers=[])
+    main = TrainBatches(shard, clock, warm_epochs=1, is_main=True, main=0, on_epoch=lambda e, a: calls.append(a),
+                        client=client)
+    other = TrainBatches(batches(True, rank=1, world_size=2), clock, 1, False, 0, lambda e, a: calls.append(a),
+                         SimpleNamespace(worker=1, covers=[]))
     assert (len(main), len(other)) == (12, 0)  # epoch 0: all 100 samples -> 12 batches of 8; none
     assert sum(1 for _ in main.epoch(0)) == 12 and main.finished[0] == 96
     assert list(other.epoch(0)) == []
     clock.next_epoch = 1
     assert len(main) == len(shard) == 6 and same(main.epoch(1), shard.epoch(1))
     assert calls == [(0,), (0,), None]
+    assert client.covers == [(0, b) for b in range(12)] + [(0, b) for b in range(6)]  # each batch, for its push
 
 
 def test_slowdown_is_off_unless_the_test_variable_is_set(monkeypatch):

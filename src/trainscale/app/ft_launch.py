@@ -26,10 +26,9 @@ from typing import Any
 from trainscale.app.config import TrainConfig
 from trainscale.io import atomic_write_text, dumps
 from trainscale.log import relabel
-from trainscale.modes.fault_tolerance import injected_faults
 from trainscale.results import lock_run_folder, read_json, remove_debris
 from trainscale.runtime import ft
-from trainscale.runtime.faults import InjectedFault
+from trainscale.runtime.faults import InjectedFault, injected_faults
 from trainscale.runtime.network import LOCALHOST
 from trainscale.runtime.orphans import become_launcher
 
@@ -153,3 +152,30 @@ def members_before(events: list[dict[str, Any]], t0: float) -> int:
     counts = [e["members"] for e in events if e["event"] == "members" and e["time"] < t0]
     return counts[-1] if counts else 0
 
+
+
+def record_ps_faults(out: Path, injected: list[InjectedFault]) -> None:
+    """A parameter-server job's ``faults`` in summary.json (replaced atomically), from its fault log: per
+    injected fault, detection (the fault to the first server that dropped the worker), recovery (the fault to
+    the first update the servers applied after that: the job going on without it; workers are not
+    restarted), the steps lost (the victim's steps no push committed) and whether its batches were handed over."""
+    events = ft.read_events(out / ft.EVENTS_FILE)
+    fired = [e for e in events if e["event"] == "fault"]
+    if not injected and not fired:
+        return
+    summary = read_json(out / "summary.json")
+    summary["faults"] = [ps_fault_record(fault, events) for fault in fired]
+    if len(fired) < len(injected):
+        log.warning("%d --inject-fault fault(s) never fired: the job ended first", len(injected) - len(fired))
+    atomic_write_text(out / "summary.json", dumps(summary))
+
+
+def ps_fault_record(fault: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
+    t0, victim = fault["time"], fault["rank"]
+    dead = next((e for e in events if e["event"] == "dead" and e["worker"] == victim and e["time"] >= t0), None)
+    resumed = next((e for e in events if e["event"] == "resumed" and dead and e["time"] >= dead["time"]), None)
+    handed = [e for e in events if e["event"] == "handover" and victim in e["owners"] and e["time"] >= t0]
+    return {"kind": fault["kind"], "rank": victim, "step": fault["step"],
+            "detection_seconds": dead["time"] - t0 if dead else None,
+            "recovery_seconds": resumed["time"] - t0 if resumed else None,
+            "steps_lost": fault.get("steps_lost"), "handed_over": bool(handed)}

@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
-from trainscale.app.ft_launch import DEFAULT_RESTARTS, launch_replicas
+from trainscale.app.ft_launch import DEFAULT_RESTARTS, launch_replicas, record_ps_faults
 from trainscale.app.run import load_baseline, run_training
 from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
 from trainscale.errors import ConfigError
@@ -40,6 +40,7 @@ from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
 from trainscale.results import lock_run_folder, read_history, read_json
 from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.faults import injected_faults
 from trainscale.runtime.network import (
     LOCALHOST,
     check_port_free,
@@ -168,6 +169,8 @@ def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    if mode_class(cfg.mode).uses_servers and plan.out is not None:  # deaths and hand-overs (on node 0)
+        env[ft.EVENTS_ENV] = str(plan.out / ft.EVENTS_FILE)
     if cfg.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
     return env
@@ -206,8 +209,11 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
     log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers, servers,
              cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)
+    events = plan.out / ft.EVENTS_FILE if plan.out is not None and cfg.servers else None
     try:
         with lock_run_folder(plan.out):  # for the whole job, restarts included: no second job writes there
+            if events is not None and not cfg.resume and events.exists():
+                events.unlink()
             elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
@@ -221,6 +227,13 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
+    if events is not None and (plan.out / "summary.json").exists():
+        record_ps_faults(plan.out, injected_faults(cfg))
+        done = read_json(plan.out / "summary.json").get("epochs_completed", 0)
+        if done < cfg.epochs:  # every worker died, each one survivable on its own
+            print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.epochs} "
+                  "epoch(s); --resume continues from the last one", file=sys.stderr)
+            return 1
     report(cfg, plan)
     return 0
 

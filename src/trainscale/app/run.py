@@ -96,7 +96,7 @@ def run_folder_held(cfg: CoreConfig) -> Iterator[CoreConfig]:
 def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     """Everything before the first step; errors here happen before any training time is spent."""
     precision = Precision(cfg.precision, device)
-    writer, resume = run_folder(cfg)
+    writer, resume = run_folder(cfg, standby=mode.standby_writer)
     train, test = load_data(cfg)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
@@ -129,7 +129,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
                                     "data_init_seconds": data_init_seconds, **mode.describe()})
     if resume:
         trainer.resume()
-    if writer is not None:
+    if writer is not None and is_main_process():
         on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
         writer.write_config({**cfg.to_dict(), **on_cluster, "out": str(writer.out), "resolved": {
             "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,

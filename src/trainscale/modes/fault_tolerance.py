@@ -36,7 +36,7 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
 from trainscale.log import relabel
-from trainscale.runtime.faults import InjectedFault, parse_injected_fault
+from trainscale.runtime.faults import InjectedFault, injected_faults
 
 log = logging.getLogger("trainscale.ft")
 
@@ -68,11 +68,6 @@ def validate_fault_tolerance(cfg: Any) -> None:
         if fault.kind == "link":
             raise ConfigError("--inject-fault link:... cuts a host's link on an emulated cluster; fault-tolerant jobs "
                               "run on one machine so far: use kill or hang")
-
-
-def injected_faults(cfg: Any) -> list[InjectedFault]:
-    """``--inject-fault``'s faults (the flag's list items may hold several, comma-separated)."""
-    return [parse_injected_fault(text.strip()) for item in cfg.inject_fault or [] for text in item.split(",")]
 
 
 class JobFinished(Exception):

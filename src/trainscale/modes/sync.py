@@ -45,6 +45,7 @@ from trainscale.runtime.dist import (
     set_main_rank,
     world_size,
 )
+from trainscale.runtime.faults import FaultConfig
 from trainscale.runtime.process_group import process_group, worker_device
 
 log = logging.getLogger("trainscale.sync")
@@ -65,7 +66,7 @@ SYNC_BN_NEEDS_CUDA = ("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GP
 
 
 @dataclass
-class SyncConfig(CompressionConfig, CoreConfig):
+class SyncConfig(FaultConfig, CompressionConfig, CoreConfig):
     """Settings of sync mode beyond the launcher's: BatchNorm handling (and the compression section)."""
 
     TITLE: ClassVar[str] = "data parallel (sync mode)"
@@ -76,8 +77,6 @@ class SyncConfig(CompressionConfig, CoreConfig):
                                    "from a peer (--max-restarts per replica; 0 means 5)")
     ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
                                "before the step is dropped and the quorum goes on without it")
-    inject_fault: list[str] | None = option(None, "with --fault-tolerance: faults to inject, KIND:RANK@STEP, "
-                                            "comma-separated (kill = SIGKILL, hang = SIGSTOP), e.g. kill:1@20")
 
 
 @register_mode("sync")

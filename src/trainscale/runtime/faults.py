@@ -12,8 +12,9 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
+from trainscale.config import Section, option
 from trainscale.errors import ConfigError
 
 log = logging.getLogger("trainscale.runtime")
@@ -101,11 +102,12 @@ class InjectedFault:
     rank: int
     step: int
 
-    def fire(self) -> None:
+    def fire(self, **fields: Any) -> None:
+        """Log the fault (with ``fields``) in the job's fault log, then meet it."""
         from trainscale.runtime.ft import log_event
 
-        log.warning("--inject-fault: %s of replica %d at step %d", self.kind, self.rank, self.step)
-        log_event("fault", kind=self.kind, rank=self.rank, step=self.step)
+        log.warning("--inject-fault %s:%d@%d fires", self.kind, self.rank, self.step)
+        log_event("fault", kind=self.kind, rank=self.rank, step=self.step, **fields)
         os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
 
 
@@ -116,3 +118,21 @@ def parse_injected_fault(text: str) -> InjectedFault:
     if kind not in FAULT_KINDS or not rank.isdigit() or not step.isdigit() or int(step) < 1:
         raise ConfigError(f"--inject-fault '{text}': expected {FAULT_FORMAT}")
     return InjectedFault(kind, int(rank), int(step))
+
+
+@dataclass
+class FaultConfig(Section):
+    """``--inject-fault``: shared by the modes that survive a dead worker (sync under --fault-tolerance, the
+    parameter-server modes), each of which checks it against its own rules."""
+
+    TITLE: ClassVar[str] = "fault injection"
+
+    inject_fault: list[str] | None = option(None, "faults to inject, KIND:RANK@STEP, comma-separated (kill = "
+                                            "SIGKILL, hang = SIGSTOP), e.g. kill:1@20. Sync modes need "
+                                            "--fault-tolerance (RANK: a replica, STEP: the job's committed "
+                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps")
+
+
+def injected_faults(cfg: FaultConfig) -> list[InjectedFault]:
+    """``--inject-fault``'s faults (the flag's list items may hold several, comma-separated)."""
+    return [parse_injected_fault(text.strip()) for item in cfg.inject_fault or [] for text in item.split(",")]

@@ -94,3 +94,12 @@ def die_quietly_on_stop() -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
 
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in /proc/PID/stat); False if it is gone."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"

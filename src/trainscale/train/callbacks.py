@@ -28,6 +28,7 @@ class Callbacks:
         return True
 
     run_folder_shared = False
+    standby_writer = False  # this process holds a writer even when it is not main, to take over writing
 
     def before_train_epoch(self, epoch: int) -> None:
         """Before each epoch's training pass (e.g. to step a compression warm-up schedule)."""

@@ -271,16 +271,17 @@ def wants_resume(cfg: CoreConfig, out: Path | None) -> bool:
     return bool(broadcast_object(found))
 
 
-def run_folder(cfg: CoreConfig) -> tuple[RunWriter | None, bool]:
-    """(the run folder on the main process, whether to resume); see ``check_run_folder``. The checks that
-    need only the config come first (see also ``results.lock_run_folder``, which removes a folder it made
-    that a failed check left empty)."""
+def run_folder(cfg: CoreConfig, standby: bool = False) -> tuple[RunWriter | None, bool]:
+    """(the run folder on the main process, and on a ``standby`` one that may take over writing it; whether to
+    resume); see ``check_run_folder``. The checks that need only the config come first (see also
+    ``results.lock_run_folder``, which removes a folder it made that a failed check left empty)."""
     check_model_input(cfg)
-    out = resolve_out(cfg) if is_main_process() else None
-    resume = wants_resume(cfg, out)
+    main = is_main_process()
+    out = resolve_out(cfg) if main or standby else None
+    resume = wants_resume(cfg, out if main else None)
     if out is None:
         return None, resume
-    first_writer = ft.replica() in (None, 0) and restart_count() == 0  # replicas share the folder
+    first_writer = main and ft.replica() in (None, 0) and restart_count() == 0  # replicas share the folder
     if first_writer:
         check_run_folder(out, cfg.resume, cfg)
     if cfg.resume and not resume:

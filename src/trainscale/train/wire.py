@@ -60,6 +60,16 @@ class WireCounter(Callbacks):
             stats["wire_bytes_received_per_step"] = statistics.fmean(e[1] for e in self.epochs)
         return stats
 
+    def writes_run_folder(self) -> bool:
+        return self.inner.writes_run_folder()
+
+    @property
+    def run_folder_shared(self) -> bool:  # type: ignore[override]
+        return self.inner.run_folder_shared
+
+    def epoch_samples(self, counted: int) -> int:
+        return self.inner.epoch_samples(counted)
+
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 

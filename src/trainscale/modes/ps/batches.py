@@ -1,22 +1,27 @@
 """What each parameter-server worker trains and evaluates on.
 
-Training: a worker's own shard (``DeviceBatches`` sharded by worker index and worker count), except
-in the ``--warm-start-epochs`` epochs, when the main worker trains on the whole training set alone
-(Multiverso's warm start) and the others train on nothing and wait at the epoch barrier.
+Training: a worker's own shard (``DeviceBatches`` sharded by worker index and worker count), then its
+share of dead workers' batches (``handover.py``), except in the ``--warm-start-epochs`` epochs, when the
+main worker trains on the whole training set alone (Multiverso's warm start) and the others train on
+nothing and wait at the epoch barrier.
 Evaluation: the main worker evaluates the whole test set on the servers' parameters and the others
-evaluate nothing, so a worker that dies takes no part of the test set with it.
+evaluate nothing, so a worker that dies takes no part of the test set with it. Every worker of node 0
+holds the test set, since any of them may become the main worker (``MainOnly``).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from typing import Any, Callable, Iterator
 
 from trainscale.data import DeviceBatches
 from trainscale.data.sharding import train_shard_size
 from trainscale.errors import ConfigError
+from trainscale.modes.ps.handover import HandOver
 from trainscale.modes.ps.optimizer import EpochClock
+from trainscale.runtime.dist import is_main_process
 
 
 class EmptyBatches:
@@ -48,16 +53,35 @@ def unsharded(batches: Any) -> DeviceBatches:
     return view
 
 
+class MainOnly:
+    """The test batches on whichever worker is the main one when an evaluation starts; none on the others."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner) if is_main_process() else 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        return self.inner.epoch(epoch) if is_main_process() else iter(())
+
+
 class TrainBatches:
     """A worker's training batches per epoch (see the module docstring), timing its own pass.
 
     ``on_epoch(epoch, active)`` is called when an epoch starts (``active``: the workers training in it,
     None for all); ``finished`` holds (samples, seconds) of the worker's last pass, measured up to its
-    last step, before it waits for anyone at the epoch's end.
+    last step, before it waits for anyone at the epoch's end. Each batch of the own shard is noted in
+    ``client.covers`` for the push that commits it. ``progress`` is the fraction of the epoch the trainer
+    sets the learning rate by: a hand-over batch counts as the epoch's last step.
     """
 
     def __init__(self, inner: Any, clock: EpochClock, warm_epochs: int, is_main: bool, main: int,
-                 on_epoch: Callable[[int, tuple[int, ...] | None], None]) -> None:
+                 on_epoch: Callable[[int, tuple[int, ...] | None], None], client: Any,
+                 handover: HandOver | None = None) -> None:
         self.inner = inner
         self.clock = clock
         self.warm_epochs = warm_epochs
@@ -65,7 +89,10 @@ class TrainBatches:
         self.full = unsharded(inner) if warm_epochs and is_main else None
         self.is_main = is_main
         self.on_epoch = on_epoch
+        self.client = client
+        self.handover = handover
         self.finished = (0, 0.0)
+        self.progress = 0.0
 
     def _source(self, epoch: int) -> Any:
         if epoch >= self.warm_epochs:
@@ -84,8 +111,19 @@ class TrainBatches:
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         self.clock.next_epoch = epoch
-        self.on_epoch(epoch, (self.main,) if epoch < self.warm_epochs else None)
-        return self._timed(self._source(epoch).epoch(epoch))
+        warm = epoch < self.warm_epochs
+        self.on_epoch(epoch, (self.main,) if warm else None)
+        own = self._own(self._source(epoch).epoch(epoch), len(self))
+        if warm or self.handover is None:
+            return self._timed(own)
+        return self._timed(itertools.chain(own, self.handover.tail(epoch)))
+
+    def _own(self, batches: Iterator[Any], steps: int) -> Iterator[Any]:
+        for index, batch in enumerate(batches):
+            self.client.covers.append((self.client.worker, index))
+            self.progress = index / steps
+            yield batch
+        self.progress = (steps - 1) / steps if steps else 0.0
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
         start, samples = time.perf_counter(), 0

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from trainscale.modes.ps import handlers
 from trainscale.modes.ps.codec import PushCodec, payload_nbytes
+from trainscale.modes.ps.handover import Plan
 from trainscale.modes.ps.membership import first_line, server_name
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import join, shard_bounds, split
@@ -32,6 +33,15 @@ class PSError(RuntimeError):
 
 class ServerLost(PSError, PeerLost):
     """A server (or the coordinator) stopped answering: the failure is that server's, not this worker's."""
+
+
+class Dropped(PSError):
+    """The servers declared this worker dead (it stopped answering for a while) and went on without it."""
+
+
+def dropped(exc: BaseException) -> Dropped | None:
+    """The ``Dropped`` error a server's ``WorkerDropped`` answer means, else None."""
+    return Dropped(first_line(exc)) if "WorkerDropped" in str(exc) else None
 
 
 class ShardClient:
@@ -50,6 +60,7 @@ class ShardClient:
         self.stats = WorkerStats()
         self.last_staleness = 0
         self.codec = codec
+        self.covers: list[tuple[int, int]] = []  # batches the next push commits (see handover.py)
 
     def begin_epoch(self, epoch: int, active: tuple[int, ...] | None) -> None:
         """Steps are counted per epoch; ``active`` (None = every live worker) is who trains in it."""
@@ -72,6 +83,8 @@ class ShardClient:
         return results
 
     def _error(self, shard: int, what: str, exc: BaseException) -> PSError:
+        if (error := dropped(exc)) is not None:
+            return error
         return ServerLost(f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
                        f"(it died, hung past --rpc-timeout {self.timeout_s:g} s, or raised; see its log)")
 
@@ -85,8 +98,10 @@ class ShardClient:
         pieces = split(flat.detach().cpu().float(), self.bounds)
         if self.codec is not None:
             pieces = self.codec.encode(pieces, self.epoch)
+        covers, self.covers = tuple(self.covers), []
         staleness = self._call(handlers.push, lambda s: (self.worker, self.epoch, self.step, pieces[s], float(lr),
-                                                          self.versions[s], self.active), "push")
+                                                          self.versions[s], self.active, covers if s == 0 else ()),
+                               "push")
         self.stats.push_seconds += time.perf_counter() - start
         self.stats.bytes_pushed += sum(payload_nbytes(p) for p in pieces)
         self.step += 1
@@ -120,8 +135,11 @@ class ShardClient:
                           "resume with the same --servers (and --nnodes)")
         self._call(handlers.load_state, lambda s: (states[s],), "resume")
 
+    def run_totals(self) -> list[dict[str, Any]]:
+        return self._call(handlers.run_totals, lambda s: (), "statistics")
+
     def take_stats(self) -> list[dict[str, Any]]:
-        return self._call(handlers.take_stats, lambda s: (), "statistics")
+        return self._call(handlers.take_stats, lambda s: (self.epoch,), "statistics")
 
     def leave(self) -> None:
         """Tell every server this worker finished cleanly (so it is not mistaken for a dead one).
@@ -162,6 +180,8 @@ class RpcCollectives:
             return rpc.rpc_sync(self.coordinator, handlers.collective, args=(self.worker, self.seq, op, value, src),
                                 timeout=0)
         except Exception as exc:
+            if (error := dropped(exc)) is not None:
+                raise error from None
             if "CollectiveError" in str(exc):  # raised by the coordinator, which is alive
                 raise PSError(f"collective {op} failed: {first_line(exc)}") from None
             raise ServerLost(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
@@ -182,4 +202,8 @@ class RpcCollectives:
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
         return self._run("broadcast", obj if self.worker == src else None, src)
+
+    def plan(self, epoch: int, batches: int, step: int) -> Plan:
+        """The hand-over plan of ``epoch`` (see handover.py): every live worker gets the same one."""
+        return self._run("plan", (epoch, batches, step))
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 from trainscale.compression.config import CompressionConfig
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
+from trainscale.runtime.faults import FaultConfig, injected_faults
 
 PS_MODES = ("async", "ps-sync", "ma")
 DEFAULT_AVERAGE_EVERY = 4
@@ -15,7 +16,7 @@ AUTO = "auto"
 
 
 @dataclass
-class PSConfig(CompressionConfig, CoreConfig):
+class PSConfig(FaultConfig, CompressionConfig, CoreConfig):
     """Server shards per node beside ``--workers``; ``staleness`` bounds ASGD (None: unbounded);
     ``average_every``: ma's period in steps (None: 4); ``async_momentum`` and ``staleness_lr``: ASGD's
     remedies for the momentum asynchrony adds and for stale gradients (see ``resolve_async_momentum``
@@ -35,6 +36,8 @@ class PSConfig(CompressionConfig, CoreConfig):
                                 "applied since its worker pulled (Zhang et al. 2016; default on)")
     warm_start_epochs: int = option(0, "train on the main worker alone for the first E epochs (default 0)")
     rpc_timeout: float = option(300.0, "seconds a push or pull may take before the worker stops with an error")
+    heartbeat_timeout: float = option(10.0, "seconds a worker may leave the servers' ping unanswered before they "
+                                      "drop it (a hung worker) and hand its batches to the others")
 
 
 def parse_async_momentum(text: str) -> float | None:
@@ -87,5 +90,24 @@ def validate_ps(cfg: PSConfig) -> None:
     _require(0 <= cfg.warm_start_epochs < cfg.epochs,
              f"--warm-start-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warm_start_epochs}")
     _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")
+    _require(cfg.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {cfg.heartbeat_timeout}")
+    validate_faults(cfg)
     _require(cfg.max_restarts == 0, "--max-restarts is not supported with parameter-server modes (a dead worker "
                                     "does not stop the job; continue a stopped one with --resume)")
+
+
+def validate_faults(cfg: PSConfig) -> None:
+    """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive."""
+    workers = cfg.workers * max(cfg.nnodes, 1)
+    seen: set[int] = set()
+    for fault in injected_faults(cfg):
+        where = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
+        _require(fault.kind != "link", f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
+                                       "parameter-server jobs take kill or hang")
+        _require(fault.rank < workers, f"{where}: there are only {workers} workers (0..{workers - 1})")
+        _require(fault.rank not in seen, f"{where}: worker {fault.rank} already dies in an earlier fault (a dead "
+                                         "worker is not restarted)")
+        seen.add(fault.rank)
+    _require(not seen or len(seen & set(range(cfg.workers))) < cfg.workers,
+             f"--inject-fault: every worker of node 0 ({', '.join(map(str, range(cfg.workers)))}) would die, and the "
+             "run folder is there; leave one alive")

@@ -13,8 +13,9 @@ from torch import Tensor
 from torch.futures import Future
 
 from trainscale.modes.ps.coordinator import Coordinator
-from trainscale.modes.ps.membership import Membership
+from trainscale.modes.ps.membership import Membership, WorkerDropped
 from trainscale.modes.ps.server import Rule, ShardServer
+from trainscale.modes.ps.stats import merge_server_stats
 
 log = logging.getLogger("trainscale.ps")
 
@@ -26,11 +27,13 @@ _shard: ShardServer | None = None
 _coordinator: Coordinator | None = None
 _membership: Membership | None = None
 _kill_at_push: int | None = None
+_run_totals: dict[str, Any] = merge_server_stats([])
 
 
 def install(shard: ShardServer, membership: Membership, coordinator: Coordinator | None) -> None:
-    global _shard, _coordinator, _membership, _kill_at_push
+    global _shard, _coordinator, _membership, _kill_at_push, _run_totals
     _shard, _coordinator, _membership = shard, coordinator, membership
+    _run_totals = merge_server_stats([])
     _kill_at_push = _server_fault(shard.index) if shard is not None else None
 
 
@@ -50,16 +53,31 @@ def initialize(params: Tensor, rule: Rule) -> int:
     return _shard.initialize(params, rule)
 
 
+def _admit(worker: int) -> None:
+    """A worker the servers declared dead is turned away (see ``membership``)."""
+    if _membership.is_dead(worker):
+        raise WorkerDropped(_membership.dropped_message(worker))
+
+
 def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
-         active: tuple[int, ...] | None) -> int:
+         active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int:
+    """Apply or add the push; server 0 also records the batches it commits (``covers``, see handover.py)."""
     if _kill_at_push is not None and _shard.stats.pushes + 1 >= _kill_at_push:
         log.warning("%s: shard %d kills itself at push %d", SERVER_FAULT_ENV, _shard.index, _kill_at_push)
         os.kill(os.getpid(), signal.SIGKILL)
-    return _shard.push(worker, epoch, step, payload, lr, read_version, active)
+    _admit(worker)
+    staleness = _shard.push(worker, epoch, step, payload, lr, read_version, active)
+    if _coordinator is not None and covers:
+        _coordinator.ledger.commit(epoch, covers)
+    return staleness
 
 
 @rpc.functions.async_execution
 def pull(worker: int, epoch: int, step: int | None, active: tuple[int, ...] | None) -> Future:
+    if _membership.is_dead(worker):
+        fut: Future = Future()
+        fut.set_exception(WorkerDropped(_membership.dropped_message(worker)))
+        return fut
     return _shard.pull(worker, epoch, step, active)
 
 
@@ -71,8 +89,19 @@ def load_state(value: dict[str, Any]) -> None:
     _shard.load_state(value)
 
 
-def take_stats() -> dict[str, Any]:
-    return _shard.take_stats()
+def take_stats(epoch: int | None = None) -> dict[str, Any]:
+    """The shard's counters; server 0 adds how many distinct batches of ``epoch`` pushes committed."""
+    global _run_totals
+    out = _shard.take_stats()
+    if _coordinator is not None and epoch is not None:
+        out["batches_committed"] = _coordinator.ledger.committed(epoch)
+    _run_totals = merge_server_stats([_run_totals, out])
+    return out
+
+
+def run_totals() -> dict[str, Any]:
+    """Every count ``take_stats`` has handed out so far: the run's, for whichever worker writes the summary."""
+    return _run_totals
 
 
 def leave(worker: int) -> None:

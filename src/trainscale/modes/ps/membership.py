@@ -1,10 +1,14 @@
 """Which workers a server still waits for: alive, left (finished cleanly) or dead.
 
 A server pings every live worker over RPC every ``heartbeat_s``. A dead process closes its TensorPipe
-connections, so the ping fails at once with an EOF; a hung one fails after ``timeout_s``. Either way
-the worker is marked dead, logged once, and every listener (the shard's pending rounds and
-staleness waits, the coordinator's pending collectives) re-checks what it was waiting for, so the
-remaining workers carry on instead of waiting forever. Each server process runs its own monitor.
+connections, so the ping fails at once with an EOF; a hung one fails after ``timeout_s``
+(``--heartbeat-timeout``). Either way the worker is marked dead, logged once (and in the job's fault log),
+and every listener (the shard's pending rounds and staleness waits, the coordinator's pending
+collectives) re-checks what it was waiting for, so the remaining workers carry on instead of waiting
+forever. Each server process runs its own monitor.
+
+A worker marked dead stays out: one that was only slow or stopped and comes back gets ``WorkerDropped``
+from every server it calls (its batches have been handed to others), and stops.
 """
 
 from __future__ import annotations
@@ -13,7 +17,13 @@ import logging
 import threading
 from typing import Callable
 
+from trainscale.runtime.ft import log_event
+
 log = logging.getLogger("trainscale.ps")
+
+
+class WorkerDropped(RuntimeError):
+    """Raised by a server to a worker it has already declared dead."""
 
 
 def worker_name(index: int) -> str:
@@ -52,6 +62,14 @@ class Membership:
     def _alive(self) -> set[int]:
         return set(range(self.workers)) - set(self.dead) - self.left
 
+    def is_dead(self, worker: int) -> bool:
+        with self._lock:
+            return worker in self.dead
+
+    def dropped_message(self, worker: int) -> str:
+        return (f"worker {worker} was dropped from the job ({self.dead.get(worker, 'dead')}); the others went on "
+                "and took its batches")
+
     def subscribe(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
@@ -63,6 +81,7 @@ class Membership:
             if worker in self.dead or worker in self.left:
                 return
         log.warning("worker %d is gone (%s); carrying on with the remaining workers", worker, reason)
+        log_event("dead", worker=worker, reason=reason)
         self._change(lambda: self.dead.setdefault(worker, reason))
 
     def _change(self, update: Callable[[], object]) -> None:

@@ -22,12 +22,13 @@ from torch import nn
 from trainscale.errors import ConfigError
 from trainscale.modes.base import SERVER, SUPERVISOR, Mode, Result, register_mode
 from trainscale.modes.ps import handlers
-from trainscale.modes.ps.batches import EmptyBatches, TrainBatches, unsharded
-from trainscale.modes.ps.client import RpcCollectives, ShardClient
+from trainscale.modes.ps.batches import EmptyBatches, MainOnly, TrainBatches, unsharded
+from trainscale.modes.ps.client import PSError, RpcCollectives, ShardClient
 from trainscale.modes.ps.codec import PushCodec, codec_from_config
 from trainscale.modes.ps.config import (DEFAULT_AVERAGE_EVERY, PS_MODES, PSConfig, parse_async_momentum,
                                         resolve_async_momentum, validate_ps)
 from trainscale.modes.ps.coordinator import Coordinator
+from trainscale.modes.ps.handover import HandOver
 from trainscale.modes.ps.membership import Membership, server_name, worker_name
 from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
 from trainscale.modes.ps.server import Rule, ShardServer
@@ -35,13 +36,17 @@ from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
 from trainscale.modes.ps.supervisor import supervise
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.faults import InjectedFault, injected_faults
+from trainscale.runtime.ft import log_event
 from trainscale.runtime.process_group import rpc_session, worker_device
 
 log = logging.getLogger("trainscale.ps")
 
 BATCHNORM = ("BatchNorm running statistics stay local while training and are averaged over the live workers "
              "at each epoch end; they are not on the servers")
-EVALUATION = "main worker, whole test set, on the servers' parameters after the epoch barrier"
+STOPPED_MARGIN_S = 2.0  # a stopped worker is killed this long after the servers may have dropped it
+EVALUATION = ("main worker (node 0's lowest live worker), whole test set, on the servers' parameters after the epoch "
+              "barrier")
 
 
 @dataclass(frozen=True)
@@ -110,8 +115,11 @@ class ParameterServerMode(Mode):
         self.client: ShardClient | None = None
         self.optimizer: PSOptimizer | None = None
         self.batches: TrainBatches | None = None
+        self.collectives: RpcCollectives | None = None
+        self.handover: HandOver | None = None
         self.totals: dict[str, Any] = {"server": merge_server_stats([]), "seconds": 0.0, "worker_samples": None,
-                                       "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0), "worker_seconds": None}
+                                       "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0), "worker_seconds": None,
+                                       "handed_over": 0}
 
     @property
     def role_info(self) -> Role:
@@ -134,8 +142,7 @@ class ParameterServerMode(Mode):
         return serve(self.cfg, self.role_info)
 
     def supervise(self, trainer: Callable[[], Result]) -> Result:
-        is_main = self.cfg.node_rank == 0 and tsdist.local_rank() == 0  # who the election will pick
-        return supervise(trainer, self.role_info.index, is_main=is_main)
+        return supervise(trainer, self.role_info.index, stopped_limit_s=self.cfg.heartbeat_timeout + STOPPED_MARGIN_S)
 
     def worker_device(self, requested: torch.device) -> torch.device:
         """Workers as in sync mode (CUDA: ``cuda:LOCAL_RANK``); servers keep their shard in host memory."""
@@ -151,7 +158,7 @@ class ParameterServerMode(Mode):
         role = self.role_info
         torch.set_num_threads(threads_per_worker(self.cfg.threads, self.cfg.workers))
         with rpc_session(role.name, role.rank, role.world, self.cfg.rpc_timeout, threads=rpc_threads(role)):
-            collectives = RpcCollectives(role.index, role.workers)
+            self.collectives = collectives = RpcCollectives(role.index, role.workers)
             with installed_collectives(collectives):
                 main = tsdist.elect_main_rank(self.cfg.node_rank == 0 and tsdist.local_rank() == 0)
                 with tsdist.quiet_unless_main():
@@ -172,9 +179,13 @@ class ParameterServerMode(Mode):
         rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness),
                                                        codec=spec))
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
-                                     injected_slowdown(self.role_info.index))
+                                     injected_slowdown(self.role_info.index), self._fault())
         self.optimizer.start()
         return self.optimizer
+
+    def _fault(self) -> InjectedFault | None:
+        """This worker's ``--inject-fault`` (the first one naming it; one worker dies once)."""
+        return next((f for f in injected_faults(self.cfg) if f.rank == self.role_info.index), None)
 
     def async_remedies(self, rule: Rule) -> Rule:
         """ASGD's server momentum (``--async-momentum``, resolved for the job's workers) and staleness-aware lr
@@ -192,54 +203,90 @@ class ParameterServerMode(Mode):
                                    staleness_lr=self.cfg.staleness_lr)
 
     def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
-        """Warm-start epochs for training; the whole test set on the main worker only (see batches.py)."""
+        """Warm-start epochs and hand-overs for training; the whole test set on node 0's workers, evaluated by
+        whichever is the main worker at the time (see batches.py)."""
         is_main = tsdist.is_main_process()
+        self.handover = HandOver(self.role_info.index, getattr(train, "inner", train), self.client,
+                                 self.collectives.plan, self.optimizer)
         self.batches = TrainBatches(train, self.clock, self.cfg.warm_start_epochs, is_main, tsdist.main_rank(),
-                                    self.client.begin_epoch)
-        return self.batches, unsharded(test) if is_main else EmptyBatches()
+                                    self.client.begin_epoch, self.client, self.handover)
+        return self.batches, MainOnly(unsharded(test)) if self.standby_writer else EmptyBatches()
+
+    @property
+    def standby_writer(self) -> bool:  # type: ignore[override]
+        """Node 0's workers may take over the run folder (it is on node 0)."""
+        return self.cfg.node_rank == 0
+
+    run_folder_shared = True  # rows so far may have been written by a main worker that died since
+
+    def writes_run_folder(self) -> bool:
+        return tsdist.is_main_process()
 
     def after_train_epoch(self, model: nn.Module) -> None:
-        """Epoch barrier, then every worker takes the servers' parameters and the mean BN statistics."""
+        """Epoch barrier, then every worker takes the servers' parameters and the mean BN statistics, and the
+        main worker is elected again (it may have died)."""
         self.optimizer.end_epoch()
         average_bn_over_live_workers(model)
         self.clock.next_epoch += 1
+        self._elect_main()
+
+    def _elect_main(self) -> None:
+        """The lowest live worker of node 0 evaluates and writes the run folder: worker 0 until it dies."""
+        role, before = self.role_info, tsdist.main_rank()
+        me = torch.tensor([role.index if self.standby_writer else role.workers], dtype=torch.int64)
+        chosen = int(tsdist.all_reduce_min(me).item())
+        if chosen >= role.workers:
+            raise PSError("every worker of node 0 died, and the run folder is there: the job cannot go on (--resume "
+                          "continues it from the last epoch's checkpoint)")
+        if chosen != before:
+            tsdist.set_main_rank(chosen)
+            if chosen == role.index:
+                logging.getLogger("trainscale").setLevel(logging.NOTSET)  # it was quiet (quiet_unless_main)
+                log.warning("worker %d is gone: worker %d takes over evaluating and writing the run folder",
+                            before, chosen)
+                log_event("takeover", worker=chosen, previous=before)
 
     def epoch_stats(self) -> dict[str, Any]:
-        """Per-epoch figures; the collective runs on every worker, the servers are asked by the main one."""
+        """Per-epoch figures: the workers' part summed by one collective (every worker keeps the run's totals,
+        so any may take over), the servers' asked by the main worker."""
         role = self.role_info
         stats = self.client.stats
         samples, seconds = self.batches.finished
-        mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS), dtype=torch.float64)
+        mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS) + 1, dtype=torch.float64)
         mine[:len(WorkerStats.FIELDS)] = torch.tensor(stats.as_list(), dtype=torch.float64)
         mine[len(WorkerStats.FIELDS) + role.index] = samples
         mine[len(WorkerStats.FIELDS) + role.workers + role.index] = seconds
+        mine[-1] = self.handover.trained
         total = tsdist.all_reduce_sum(mine)
         stats.reset()
+        self.handover.trained = 0
+        part = self._accumulate(total)
         if not tsdist.is_main_process():
             return {}
-        return self._row(total)
+        return self._row(part)
 
-    def _row(self, total: torch.Tensor) -> dict[str, Any]:
-        n = len(WorkerStats.FIELDS)
-        workers = dict(zip(WorkerStats.FIELDS, total[:n].tolist()))
-        samples = total[n:n + self.role_info.workers].tolist()
-        seconds = total[n + self.role_info.workers:].tolist()
-        server = merge_server_stats(self.client.take_stats())
-        epoch_seconds = max(seconds) if seconds else 0.0
-        self._accumulate(server, workers, samples, seconds, epoch_seconds)
-        row = epoch_row(server, workers, epoch_seconds, self.role_info.servers)
-        row["worker_samples_per_sec"] = [s / t if t > 0 else 0.0 for s, t in zip(samples, seconds)]
-        row["workers_finished"] = sum(1 for n in samples if n > 0)  # finished this epoch's pass (warm: 1)
-        return row
-
-    def _accumulate(self, server: dict[str, Any], workers: dict[str, float], samples: list[float],
-                    seconds: list[float], epoch_seconds: float) -> None:
+    def _accumulate(self, total: torch.Tensor) -> dict[str, Any]:
+        """This epoch's workers' figures from the summed vector, added to the run's totals."""
+        n, w = len(WorkerStats.FIELDS), self.role_info.workers
+        part = {"workers": dict(zip(WorkerStats.FIELDS, total[:n].tolist())), "samples": total[n:n + w].tolist(),
+                "seconds": total[n + w:-1].tolist(), "handed_over": int(total[-1])}
+        part["epoch_seconds"] = max(part["seconds"]) if part["seconds"] else 0.0
         t = self.totals
-        t["server"] = merge_server_stats([t["server"], server])
-        t["worker"] = {k: t["worker"][k] + workers[k] for k in workers}
-        t["seconds"] += epoch_seconds
-        t["worker_samples"] = [a + b for a, b in zip(t["worker_samples"] or [0.0] * len(samples), samples)]
-        t["worker_seconds"] = [a + b for a, b in zip(t["worker_seconds"] or [0.0] * len(seconds), seconds)]
+        t["worker"] = {k: t["worker"][k] + part["workers"][k] for k in part["workers"]}
+        t["seconds"] += part["epoch_seconds"]
+        t["handed_over"] += part["handed_over"]
+        t["worker_samples"] = [a + b for a, b in zip(t["worker_samples"] or [0.0] * w, part["samples"])]
+        t["worker_seconds"] = [a + b for a, b in zip(t["worker_seconds"] or [0.0] * w, part["seconds"])]
+        return part
+
+    def _row(self, part: dict[str, Any]) -> dict[str, Any]:
+        server = merge_server_stats(self.client.take_stats())
+        self.totals["server"] = merge_server_stats(self.client.run_totals())  # the run's, whoever asked before
+        row = epoch_row(server, part["workers"], part["epoch_seconds"], self.role_info.servers)
+        row["worker_samples_per_sec"] = [s / t if t > 0 else 0.0 for s, t in zip(part["samples"], part["seconds"])]
+        row["workers_finished"] = sum(1 for n in part["samples"] if n > 0)  # finished this epoch's pass (warm: 1)
+        row["handed_over_batches"] = part["handed_over"]  # of dead workers' shards, trained by the live ones
+        return row
 
     def run_stats(self) -> dict[str, Any]:
         """Whole-run figures from the per-epoch totals (no communication: every worker may call it)."""
@@ -248,6 +295,7 @@ class ParameterServerMode(Mode):
             return {}
         run = epoch_row(t["server"], t["worker"], t["seconds"], self.role_info.servers)
         run.pop("ps_pushes")
+        run["handed_over_batches"] = t["handed_over"]
         run["worker_samples_per_sec"] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
                                                                                    t["worker_seconds"])]
         return run
@@ -291,7 +339,9 @@ def average_bn_over_live_workers(model: nn.Module) -> None:
 def serve(cfg: PSConfig, role: Role) -> Result:
     """A server shard's whole life: answer RPCs until every worker has left or died."""
     torch.set_num_threads(cfg.threads or 1)
-    membership = Membership(role.workers, heartbeat_s=1.0, timeout_s=cfg.rpc_timeout)
+    # a ping at least 4 times per timeout, so a hang is seen within 1.25 timeouts
+    membership = Membership(role.workers, heartbeat_s=min(1.0, cfg.heartbeat_timeout / 4),
+                            timeout_s=cfg.heartbeat_timeout)
     shard = ShardServer(role.index, membership)
     handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None)
     try:

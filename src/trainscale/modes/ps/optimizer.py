@@ -25,6 +25,7 @@ from trainscale.runtime.dist import barrier, is_main_process
 from trainscale.modes.ps.client import ShardClient
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import assign, flatten, gradients
+from trainscale.runtime.faults import InjectedFault
 
 log = logging.getLogger("trainscale.ps")
 
@@ -65,7 +66,7 @@ class PSOptimizer(torch.optim.Optimizer):
     """See the module docstring. ``local`` supplies the hyperparameters (and, for ``ma``, the steps)."""
 
     def __init__(self, local: torch.optim.Optimizer, client: ShardClient, rule: Rule, average_every: int,
-                 clock: EpochClock, slowdown_s: float = 0.0) -> None:
+                 clock: EpochClock, slowdown_s: float = 0.0, fault: InjectedFault | None = None) -> None:
         super().__init__([dict(g) for g in local.param_groups], local.defaults)
         self.local = local
         self.client = client
@@ -76,6 +77,9 @@ class PSOptimizer(torch.optim.Optimizer):
         self.params = [p for g in self.param_groups for p in g["params"]]
         self.since_average = 0
         self.anchor: torch.Tensor | None = None
+        self.holding = False  # ma: no average in the middle of a hand-over share (see handover.py)
+        self.fault = fault
+        self.steps_taken = 0
 
     # ------------------------------------------------------------------------------ start and epochs
 
@@ -109,6 +113,10 @@ class PSOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if self.slowdown_s:
             time.sleep(self.slowdown_s)
+        self.steps_taken += 1
+        if self.fault is not None and self.steps_taken == self.fault.step:
+            # what dies with the worker: this step's gradient, and in ma the local steps since the last average
+            self.fault.fire(steps_lost=self.since_average + 1 if self.rule.averages else 1)
         self.client.stats.steps += 1
         if self.rule.averages:
             self._local_step()
@@ -122,7 +130,14 @@ class PSOptimizer(torch.optim.Optimizer):
             mine["lr"] = theirs["lr"]
         self.local.step()
         self.since_average += 1
-        if self.since_average >= self.average_every:
+        if self.since_average >= self.average_every and not self.holding:
+            self._average()
+
+    def flush(self, active: tuple[int, ...] | None) -> None:
+        """ma: push the local steps not averaged yet, in a round of ``active`` (None: the epoch's workers), so
+        the servers hold them; the other rules push every step and have nothing to flush."""
+        if self.rule.averages and self.since_average > 0:
+            self.client.active = active
             self._average()
 
     def _average(self) -> None:

@@ -35,6 +35,7 @@ from torch.futures import Future
 from trainscale.modes.ps.codec import CodecSpec, payload_nbytes
 from trainscale.modes.ps.membership import Membership
 from trainscale.modes.ps.stats import ServerStats
+from trainscale.runtime.ft import log_event
 
 log = logging.getLogger("trainscale.ps")
 
@@ -128,6 +129,8 @@ class ShardServer:
         self.last_round: tuple[int, int] = (-1, -1)
         self.waiting: list[Waiter] = []
         self.stats = ServerStats()
+        self.deaths_seen = 0  # shard 0 logs the first update after each death (the job going on without it)
+        self.note_next_update = False
         membership.subscribe(self.on_membership_change)
 
     # ------------------------------------------------------------------------------- set-up, state
@@ -219,6 +222,8 @@ class ShardServer:
     def on_membership_change(self) -> None:
         """A worker left or died: rounds and staleness waits no longer wait for it."""
         with self.lock:
+            if self.index == 0 and len(self.membership.dead) > self.deaths_seen:
+                self.deaths_seen, self.note_next_update = len(self.membership.dead), True
             if self.rule is not None and self.rule.rounds:
                 self._close_rounds()
             ready = self._ready_waiters()
@@ -238,6 +243,9 @@ class ShardServer:
         self.version += 1
         self.stats.updates += 1
         self.stats.update_seconds += time.perf_counter() - start
+        if self.note_next_update:
+            self.note_next_update = False
+            log_event("resumed", version=self.version)
 
     def _expected(self, active: tuple[int, ...] | None) -> set[int]:
         alive = self.membership.alive()

@@ -46,9 +46,10 @@ def merge_server_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum of shard counters (maxima for the maxima, histograms added bin by bin)."""
     out: dict[str, Any] = {"updates": 0, "pushes": 0, "staleness_sum": 0, "staleness_max": 0, "staleness_hist": {},
                            "clock_gap_max": 0, "update_seconds": 0.0, "bytes_in": 0, "bytes_out": 0,
-                           "dead_workers": []}
+                           "dead_workers": [], "batches_committed": 0}
     for part in parts:
         out["dead_workers"] = sorted(set(out["dead_workers"]) | set(part.get("dead_workers", [])))
+        out["batches_committed"] += part.get("batches_committed", 0)  # server 0's ledger (see handover.py)
         for key in ("updates", "pushes", "staleness_sum", "update_seconds", "bytes_in", "bytes_out"):
             out[key] += part[key]
         for key in ("staleness_max", "clock_gap_max"):
@@ -97,6 +98,7 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
         "staleness_hist": server["staleness_hist"],
         "clock_gap_max": server["clock_gap_max"],
         "dead_workers": server["dead_workers"],
+        "batches_committed": server["batches_committed"],
         "server_update_seconds": server["update_seconds"],
         "server_update_seconds_per_update": server["update_seconds"] / server["updates"] if server["updates"] else 0.0,
         "bytes_pushed_per_step": workers["bytes_pushed"] / steps,

@@ -7,10 +7,15 @@ code) as a child process and waits for it:
 
 * the child finished: pass its summary on (exit 0);
 * the child was killed by a signal (SIGKILL, the OOM killer, a segfault): log it and exit 0, so the
-  agent leaves the others running; the servers notice the dead worker by its closed connections and
-  the rest finish the epoch without its shard;
-* the child raised (a bug, a dead server, a bad flag) or it was the main worker (the one writing the
-  run folder): re-raise its error here, so the agent stops the job with that message.
+  agent leaves the others running; the servers notice the dead worker by its closed connections, the
+  others train its batches (``handover.py``), and if it was the main worker, the next one on node 0
+  takes over evaluating and writing the run folder at the epoch's end;
+* the child was dropped by the servers (it stopped answering their pings for ``--heartbeat-timeout``
+  and came back): as if it had been killed;
+* the child has been stopped (SIGSTOP, a hung host) for longer than the servers wait for it: they have
+  dropped it and handed its batches over, so it is killed here and the job goes on;
+* the child raised (a bug, a dead server, a bad flag): re-raise its error here, so the agent stops the
+  job with that message.
 
 Killing the supervisor itself (not its child) still ends the job: the agent only watches supervisors.
 """
@@ -22,17 +27,20 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.log import setup_logging
 from trainscale.modes.base import Result
-from trainscale.modes.ps.client import PSError, ServerLost
-from trainscale.runtime.orphans import die_quietly_on_stop, die_with_parent
+from trainscale.modes.ps.client import Dropped, PSError, ServerLost
+from trainscale.runtime.orphans import die_quietly_on_stop, die_with_parent, is_stopped
 from trainscale.runtime.worker_errors import kind_of
 
 log = logging.getLogger("trainscale.ps")
+
+WATCH_INTERVAL_S = 0.2
 
 
 def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> None:
@@ -51,38 +59,54 @@ def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> No
         if kind != "user":
             traceback.print_exc()
         plain = isinstance(exc, (TrainscaleError, PSError))
+        kind = "dropped" if isinstance(exc, Dropped) else kind
         conn.send((kind, str(exc) if plain else f"{type(exc).__name__}: {exc}"))
         sys.exit(2 if kind == "user" else 1)
     conn.send(("ok", summary, history))
 
 
-def supervise(trainer: Callable[[], Result], worker: int, is_main: bool) -> Result:
+def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float) -> Result:
     """Run ``trainer`` (picklable: it crosses into a spawned process) as worker ``worker``'s training
-    child; see the module docstring for the outcomes."""
+    child; see the module docstring for the outcomes (``stopped_limit_s``: how long it may stay stopped)."""
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(trainer, sender, os.getpid()), name=f"trainscale-ps-worker{worker}")
     child.start()
     sender.close()
-    message = _receive(receiver)
+    message = _receive(receiver, child.pid, stopped_limit_s)
     child.join()
     if message is not None and message[0] == "ok":
         return message[1], message[2]
+    if message is not None and message[0] == "dropped":
+        log.warning("worker %d: %s", worker, message[1])
+        return {}, []
     if message is not None:
         kind, text = message
         raise {"user": ConfigError, "peer": ServerLost}.get(kind, PSError)(text)
     killed = (child.exitcode or 0) < 0
     how = f"was killed by signal {signal.Signals(-child.exitcode).name}" if killed else \
         f"exited with status {child.exitcode} without a result"
-    if is_main or not killed:
-        role = "the main worker (it writes the run folder)" if is_main else "a worker"
-        raise PSError(f"worker {worker}, {role}, failed: its training process (pid {child.pid}) {how}")
+    if not killed:
+        raise PSError(f"worker {worker} failed: its training process (pid {child.pid}) {how}")
     log.warning("worker %d: its training process (pid %d) %s; the servers and the other workers carry on "
                 "without it", worker, child.pid, how)
     return {}, []
 
 
-def _receive(conn: Any) -> Any:
+def _receive(conn: Any, pid: int, stopped_limit_s: float) -> Any:
+    """The child's last word (None if it died without one); a child stopped for too long is killed."""
+    stopped_since: float | None = None
+    while not conn.poll(WATCH_INTERVAL_S):
+        if not is_stopped(pid):
+            stopped_since = None
+            continue
+        now = time.monotonic()
+        stopped_since = now if stopped_since is None else stopped_since
+        if now - stopped_since > stopped_limit_s:
+            log.warning("worker training process %d has been stopped for %.1f s: killing it (the servers have "
+                        "dropped it)", pid, now - stopped_since)
+            os.kill(pid, signal.SIGKILL)
+            stopped_since = None
     try:
         return conn.recv()
     except EOFError:  # the child died without a word
