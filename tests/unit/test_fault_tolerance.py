@@ -11,7 +11,7 @@ from trainscale.app.ft_launch import fault_records
 from trainscale.compression.collectives import done
 from trainscale.errors import ConfigError
 from trainscale.compression.setup import CompressionPlan
-from trainscale.modes.fault_tolerance import (CommittingOptimizer, Position, ReplicaBatches, buckets,
+from trainscale.modes.fault_tolerance import (CommittingOptimizer, Position, ReplicaBatches, ReplicaSession, buckets,
                                               shared_compression_state)
 from trainscale.runtime.faults import InjectedFault, parse_injected_fault
 
@@ -166,6 +166,8 @@ class CommitSession:
     def commit(self, exchange):
         exchange()
         return self.outcomes.pop(0)
+
+    exchange_committed = ReplicaSession.exchange_committed  # the real one, over this session's commit
 
 
 def compressed_optimizer(method, params, outcomes, error_feedback=True):

@@ -76,11 +76,7 @@ class ManualReducer(Reducer):
         return [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
 
     def reduce(self) -> None:
-        grads = self._grads()
-        if self.state.granularity == "entire":
-            out = self.state.reduce_entire([(p, g) for (_, p), g in zip(self.params, grads)])
-        else:
-            out = self.state.reduce([(name, g) for (name, _), g in zip(self.params, grads)])
+        out = self.state.reduce_params([(p, g) for (_, p), g in zip(self.params, self._grads())])
         for (_, p), avg in zip(self.params, out):
             if p.grad is None:
                 p.grad = avg.view_as(p).to(p.dtype)

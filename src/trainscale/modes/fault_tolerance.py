@@ -165,6 +165,23 @@ class ReplicaSession:
                         self.manager.current_step() + 1)
         return committed
 
+    def exchange_committed(self, owner: Any, also: list[torch.Tensor],
+                           exchange: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor] | None:
+        """A committed compressed exchange: ``exchange()``'s results, with ``also`` averaged in place beside them;
+        or None when the step is not committed, with ``owner``'s state (a compressor's: residuals, Q, the step
+        clock) put back as it was before and ``also`` untouched (it travels as a copy)."""
+        saved, flat, out = owner.state_dict(), buckets(also), []
+
+        def run() -> None:
+            out.extend(exchange())
+            self.average([f for f, _ in flat])
+
+        if not self.commit(run):
+            owner.load_state_dict(saved)
+            return None
+        unflatten_into(flat)
+        return out
+
     def advance(self) -> None:
         """The step's batches are trained on: the job's data position moves past them (one per member)."""
         self.position.batches += self.members
@@ -308,19 +325,11 @@ class CommittingOptimizer:
     def _compressed_step(self, params: list[nn.Parameter]) -> bool:
         hook = self.hook
         assert hook is not None
-        saved = hook.state_dict()  # clones
-        stats = buckets(self.averaged)
-        averaged: list[torch.Tensor] = []
-
-        def exchange() -> None:
-            self.session.average([f for f, _ in stats])
-            averaged.extend(hook.reduce_params([(p, p.grad) for p in params]))
-
-        if not self.session.commit(exchange):
-            hook.load_state_dict(saved)
+        averaged = self.session.exchange_committed(hook, self.averaged,
+                                                   lambda: hook.reduce_params([(p, p.grad) for p in params]))
+        if averaged is None:
             return False
         hook.end_step()
-        unflatten_into(stats)
         for p, g in zip(params, averaged):
             p.grad.copy_(g)
         return True

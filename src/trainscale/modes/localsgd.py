@@ -40,7 +40,6 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
-from trainscale.modes.fault_tolerance import buckets, unflatten_into
 from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics, bn_running_stats
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
 
@@ -204,24 +203,13 @@ class PeriodicMode(SyncMode):
         applied only if committed; otherwise the compressor's state is put back, ``also`` is left as it was
         (it travels as a copy) and the round is due again at the next step. Returns whether it committed."""
         assert self.replica is not None and self.exchange is not None
-        start, saved = time.perf_counter(), self.exchange.state_dict()
-        flat = buckets(also or [])
-        averaged: list[torch.Tensor] = []
-
-        def exchange() -> None:
-            if deltas:
-                averaged.extend(self._exchange_deltas())
-            self.replica.average([f for f, _ in flat])
-
-        committed = self.replica.commit(exchange)
-        if committed:
-            unflatten_into(flat)
-            if deltas:
-                self._apply(averaged)
-        else:
-            self.exchange.load_state_dict(saved)
+        start = time.perf_counter()
+        averaged = self.replica.exchange_committed(self.exchange, also or [],
+                                                   self._exchange_deltas if deltas else list)
+        if averaged is not None and deltas:
+            self._apply(averaged)
         self.stats.exchange_seconds += time.perf_counter() - start
-        return committed
+        return averaged is not None
 
     def _replica_epoch_end(self, model: nn.Module) -> None:
         """The epoch's last round (if steps are pending) with the BN statistics and the inner momentum, each
