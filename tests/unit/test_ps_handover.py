@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.modes.ps.client import Dropped, dropped, raised
 from trainscale.modes.ps.coordinator import Coordinator
 from trainscale.modes.ps.handover import HandOver, Ledger, Plan, owner_view
 from trainscale.modes.ps.membership import Membership, WorkerDropped
@@ -95,3 +96,13 @@ def test_an_owner_view_is_the_owners_shard_without_a_copy_of_the_data():
     view = owner_view(device_batches(0), 2)
     for (a, la), (b, lb) in zip(view.epoch(3), device_batches(2).epoch(3)):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_a_dropped_answer_becomes_one_dropped_error_however_it_arrives():
+    """A handler run with async_execution whose Future failed answers with the exception object itself."""
+    answer = WorkerDropped("worker 2 was dropped from the job (ping failed)")
+    with pytest.raises(WorkerDropped) as caught:
+        raised(answer)
+    assert isinstance(dropped(caught.value), Dropped)
+    assert isinstance(dropped(RuntimeError("On worker0: WorkerDropped: worker 2 was dropped")), Dropped)
+    assert dropped(RuntimeError("EOF")) is None and raised(3) == 3

@@ -17,8 +17,9 @@ from torch import Tensor
 
 from trainscale.modes.ps import handlers
 from trainscale.modes.ps.codec import PushCodec, payload_nbytes
+from trainscale.modes.ps.coordinator import CollectiveError
 from trainscale.modes.ps.handover import Plan
-from trainscale.modes.ps.membership import first_line, server_name
+from trainscale.modes.ps.membership import WorkerDropped, first_line, server_name
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import join, shard_bounds, split
 from trainscale.modes.ps.stats import WorkerStats
@@ -41,7 +42,15 @@ class Dropped(PSError):
 
 def dropped(exc: BaseException) -> Dropped | None:
     """The ``Dropped`` error a server's ``WorkerDropped`` answer means, else None."""
-    return Dropped(first_line(exc)) if "WorkerDropped" in str(exc) else None
+    return Dropped(first_line(exc)) if isinstance(exc, WorkerDropped) or "WorkerDropped" in str(exc) else None
+
+
+def raised(answer: Any) -> Any:
+    """An answer, or the exception it is: a handler run with ``async_execution`` whose Future failed comes back
+    as the exception object, not raised."""
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
 
 
 class ShardClient:
@@ -77,7 +86,7 @@ class ShardClient:
         results = []
         for s, fut in enumerate(futures):
             try:
-                results.append(fut.wait())
+                results.append(raised(fut.wait()))
             except Exception as exc:
                 raise self._error(s, what, exc) from None
         return results
@@ -177,12 +186,12 @@ class RpcCollectives:
     def _run(self, op: str, value: Any, src: int | None = None) -> Any:
         self.seq += 1
         try:
-            return rpc.rpc_sync(self.coordinator, handlers.collective, args=(self.worker, self.seq, op, value, src),
-                                timeout=0)
+            return raised(rpc.rpc_sync(self.coordinator, handlers.collective,
+                                       args=(self.worker, self.seq, op, value, src), timeout=0))
         except Exception as exc:
             if (error := dropped(exc)) is not None:
                 raise error from None
-            if "CollectiveError" in str(exc):  # raised by the coordinator, which is alive
+            if "CollectiveError" in str(exc) or isinstance(exc, CollectiveError):  # the coordinator is alive
                 raise PSError(f"collective {op} failed: {first_line(exc)}") from None
             raise ServerLost(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
                           f"{first_line(exc)}") from None

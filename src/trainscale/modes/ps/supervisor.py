@@ -55,11 +55,10 @@ def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> No
     try:
         summary, history = trainer()
     except BaseException as exc:
-        kind = kind_of(exc)
-        if kind != "user":
+        kind = "dropped" if isinstance(exc, Dropped) else kind_of(exc)
+        if kind not in ("user", "dropped"):
             traceback.print_exc()
         plain = isinstance(exc, (TrainscaleError, PSError))
-        kind = "dropped" if isinstance(exc, Dropped) else kind
         conn.send((kind, str(exc) if plain else f"{type(exc).__name__}: {exc}"))
         sys.exit(2 if kind == "user" else 1)
     conn.send(("ok", summary, history))
@@ -78,7 +77,7 @@ def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float
     if message is not None and message[0] == "ok":
         return message[1], message[2]
     if message is not None and message[0] == "dropped":
-        log.warning("worker %d: %s", worker, message[1])
+        log.warning("%s", message[1])
         return {}, []
     if message is not None:
         kind, text = message
