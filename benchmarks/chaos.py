@@ -110,18 +110,7 @@ def ps_verdict(faults: list[dict[str, Any]], kept: float, skipped: int, settings
     """The parameter-server goals: detection and recovery as for replicas, steps lost within the mode's bound (1;
     ma: its averaging period), no batch skipped, throughput kept."""
     bound = int(settings.get("average_every") or DEFAULT_AVERAGE_EVERY) if settings.get("mode") == "ma" else 1
-    figures = verdict(faults, kept, True)
-    figures.pop("replicas_equal")
-    figures["batches_skipped"] = skipped
-    figures["steps_lost_bound"] = bound
-    checks = [figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= bound,
-              figures["max_detection_seconds"] is not None
-              and figures["max_detection_seconds"] <= GOALS["detection_seconds"],
-              figures["max_recovery_seconds"] is not None
-              and figures["max_recovery_seconds"] <= GOALS["recovery_seconds"],
-              kept >= GOALS["kept"], skipped == 0]
-    figures["goals_met"] = all(checks) and bool(faults)
-    return figures
+    return judged(faults, kept, bound, {"batches_skipped": skipped, "steps_lost_bound": bound}, skipped == 0)
 
 
 def batches_skipped(out: Path, settings: dict[str, Any], workers: int) -> int:
@@ -136,19 +125,26 @@ def final_step(events: list[dict[str, Any]]) -> int:
 
 
 def verdict(faults: list[dict[str, Any]], kept: float, equal: bool | None) -> dict[str, Any]:
+    """The fault-tolerant sync job's goals: the issue's bounds, and the replicas bitwise equal at the end."""
+    return judged(faults, kept, GOALS["steps_lost"], {"replicas_equal": equal}, equal is True)
+
+
+def judged(faults: list[dict[str, Any]], kept: float, steps_bound: int, extra: dict[str, Any], extra_ok: bool
+           ) -> dict[str, Any]:
+    """The worst fault's figures and whether every goal is met: steps lost <= ``steps_bound``, detection and
+    recovery within ``GOALS``, throughput kept, and the mode's own ``extra_ok`` (its figures in ``extra``)."""
     def worst(key: str) -> float | None:
         values = [f[key] for f in faults if f[key] is not None]
         return max(values) if len(values) == len(faults) and values else None
 
     figures = {"max_steps_lost": worst("steps_lost"), "max_detection_seconds": worst("detection_seconds"),
-               "max_recovery_seconds": worst("recovery_seconds"), "throughput_kept": kept,
-               "replicas_equal": equal}
-    checks = [figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= GOALS["steps_lost"],
+               "max_recovery_seconds": worst("recovery_seconds"), "throughput_kept": kept, **extra}
+    checks = [figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= steps_bound,
               figures["max_detection_seconds"] is not None
               and figures["max_detection_seconds"] <= GOALS["detection_seconds"],
               figures["max_recovery_seconds"] is not None
               and figures["max_recovery_seconds"] <= GOALS["recovery_seconds"],
-              kept >= GOALS["kept"], equal is True]
+              kept >= GOALS["kept"], extra_ok]
     return {**figures, "goals_met": all(checks) and bool(faults)}
 
 

@@ -34,3 +34,15 @@ def fault(steps_lost=1, detection=0.5, recovery=8.0):
 ])
 def test_the_goals(faults, kept, equal, met):
     assert chaos.verdict(faults, kept, equal)["goals_met"] is met
+
+
+@pytest.mark.parametrize("mode, lost, skipped, met", [
+    ("async", 1, 0, True),
+    ("async", 2, 0, False),
+    ("ma", 2, 0, True),  # ma loses the local steps since its last average: up to its period (4 by default)
+    ("ma", 5, 0, False),
+    ("ps-sync", 1, 3, False),  # a batch no push committed
+])
+def test_the_parameter_server_goals(mode, lost, skipped, met):
+    result = chaos.ps_verdict([fault(steps_lost=lost)], 0.9, skipped, {"mode": mode})
+    assert result["goals_met"] is met and result["batches_skipped"] == skipped

@@ -106,3 +106,23 @@ def test_a_dropped_answer_becomes_one_dropped_error_however_it_arrives():
     assert isinstance(dropped(caught.value), Dropped)
     assert isinstance(dropped(RuntimeError("On worker0: WorkerDropped: worker 2 was dropped")), Dropped)
     assert dropped(RuntimeError("EOF")) is None and raised(3) == 3
+
+
+def test_the_handlers_answer_a_dropped_worker_with_the_error_rather_than_raise_it():
+    """Raised in a handler, it would reach the worker as a remote traceback; answered, ``raised`` makes it one line."""
+    from trainscale.modes.ps import handlers
+    from trainscale.modes.ps.server import Rule, ShardServer
+
+    members = Membership(2)
+    shard = ShardServer(0, members)
+    shard.initialize(torch.zeros(3), Rule("async"))
+    handlers.install(shard, members, Coordinator(members))
+    try:
+        members.mark_dead(1, "ping timed out")
+        answer = handlers.push(1, 0, 0, torch.ones(3), 0.1, 0, None, ((1, 0),))
+        assert isinstance(answer, WorkerDropped) and shard.version == 0
+        assert handlers._coordinator.ledger.committed(0) == 0  # nothing of it committed
+        with pytest.raises(WorkerDropped):
+            members.refused(1).wait()
+    finally:
+        handlers.uninstall()

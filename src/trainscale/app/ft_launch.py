@@ -30,7 +30,7 @@ from trainscale.results import lock_run_folder, read_json, remove_debris
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault, injected_faults
 from trainscale.runtime.network import LOCALHOST
-from trainscale.runtime.orphans import become_launcher
+from trainscale.runtime.orphans import become_launcher, process_state
 
 log = logging.getLogger("trainscale.launch")
 
@@ -96,17 +96,9 @@ def watch(procs: list[subprocess.Popen], stopped_limit_s: float) -> int:
 def stopped_workers(procs: list[subprocess.Popen]) -> list[int]:
     """Pids of the agents' children in the stopped state (``T`` in /proc/PID/stat)."""
     agents = {p.pid for p in procs}
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] == "T" and int(fields[1]) in agents:
-            out.append(int(entry.name))
-    return out
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    return [pid for pid in pids if (state := process_state(pid)) is not None and state[0] == "T"
+            and state[1] in agents]
 
 
 def record_faults(out: Path, events_path: Path, injected: list[InjectedFault]) -> None:

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 log = logging.getLogger("trainscale.runtime")
 
@@ -96,10 +97,18 @@ def die_quietly_on_stop() -> None:
 
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in /proc/PID/stat); False if it is gone."""
+def process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of process ``pid`` from /proc/PID/stat, or None if it is gone. The command name
+    in parentheses may hold spaces and parentheses, so the fields are read after its last ``)``."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
+        return None
+    state, parent = stat.rsplit(")", 1)[1].split()[:2]
+    return state, int(parent)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state ``T``); False if it is gone."""
+    state = process_state(pid)
+    return state is not None and state[0] == "T"

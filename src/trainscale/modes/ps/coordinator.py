@@ -18,7 +18,7 @@ import torch
 from torch.futures import Future
 
 from trainscale.modes.ps.handover import Ledger
-from trainscale.modes.ps.membership import Membership, WorkerDropped
+from trainscale.modes.ps.membership import Membership
 
 OPS = ("sum", "max", "min", "broadcast", "barrier", "plan")
 
@@ -46,10 +46,10 @@ class Coordinator:
     def contribute(self, worker: int, seq: int, op: str, value: Any, src: int | None = None) -> Future:
         if op not in OPS:
             raise ValueError(f"unknown collective {op!r}")
+        refused = self.membership.refused(worker)  # dropped (e.g. hung past the heartbeat): the others went on
+        if refused is not None:
+            return refused
         fut: Future = Future()
-        if self.membership.is_dead(worker):  # dropped (e.g. hung past the heartbeat): the others went on
-            fut.set_exception(WorkerDropped(self.membership.dropped_message(worker)))
-            return fut
         with self.lock:
             gather = self.pending.setdefault(seq, Gather(op, src))
             if gather.op != op:

@@ -53,19 +53,15 @@ def initialize(params: Tensor, rule: Rule) -> int:
     return _shard.initialize(params, rule)
 
 
-def _admit(worker: int) -> None:
-    """A worker the servers declared dead is turned away (see ``membership``)."""
-    if _membership.is_dead(worker):
-        raise WorkerDropped(_membership.dropped_message(worker))
-
-
 def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
-         active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int:
+         active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int | WorkerDropped:
     """Apply or add the push; server 0 also records the batches it commits (``covers``, see handover.py)."""
     if _kill_at_push is not None and _shard.stats.pushes + 1 >= _kill_at_push:
         log.warning("%s: shard %d kills itself at push %d", SERVER_FAULT_ENV, _shard.index, _kill_at_push)
         os.kill(os.getpid(), signal.SIGKILL)
-    _admit(worker)
+    refusal = _membership.refusal(worker)  # a worker declared dead is turned away
+    if refusal is not None:
+        return refusal
     staleness = _shard.push(worker, epoch, step, payload, lr, read_version, active)
     if _coordinator is not None and covers:
         _coordinator.ledger.commit(epoch, covers)
@@ -74,11 +70,8 @@ def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_versi
 
 @rpc.functions.async_execution
 def pull(worker: int, epoch: int, step: int | None, active: tuple[int, ...] | None) -> Future:
-    if _membership.is_dead(worker):
-        fut: Future = Future()
-        fut.set_exception(WorkerDropped(_membership.dropped_message(worker)))
-        return fut
-    return _shard.pull(worker, epoch, step, active)
+    refused = _membership.refused(worker)  # a worker declared dead is turned away
+    return refused if refused is not None else _shard.pull(worker, epoch, step, active)
 
 
 def state() -> dict[str, Any]:

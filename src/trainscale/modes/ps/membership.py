@@ -17,6 +17,8 @@ import logging
 import threading
 from typing import Callable
 
+from torch.futures import Future
+
 from trainscale.runtime.ft import log_event
 
 log = logging.getLogger("trainscale.ps")
@@ -62,13 +64,25 @@ class Membership:
     def _alive(self) -> set[int]:
         return set(range(self.workers)) - set(self.dead) - self.left
 
-    def is_dead(self, worker: int) -> bool:
+    def refusal(self, worker: int) -> WorkerDropped | None:
+        """The answer to a call from a worker already declared dead, else None. Handlers answer with it rather
+        than raise it (the client raises it, see ``client.raised``): a raised one travels as a remote traceback."""
         with self._lock:
-            return worker in self.dead
+            reason = self.dead.get(worker)
+        if reason is None:
+            return None
+        return WorkerDropped(f"worker {worker} was dropped from the job ({reason}); the others went on and took its "
+                             "batches")
 
-    def dropped_message(self, worker: int) -> str:
-        return (f"worker {worker} was dropped from the job ({self.dead.get(worker, 'dead')}); the others went on "
-                "and took its batches")
+    def refused(self, worker: int) -> Future | None:
+        """``refusal`` for a handler that answers with a Future: a failed one (it reaches the caller as the error
+        object, as ``refusal``'s answer does), else None."""
+        refusal = self.refusal(worker)
+        if refusal is None:
+            return None
+        fut: Future = Future()
+        fut.set_exception(refusal)
+        return fut
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
