@@ -2,9 +2,11 @@
 
 Both runs are ``trainscale train --fault-tolerance`` through the CLI, in this invocation, one after the other: first
 the job without faults, whose step rate places the faults (fault k at the step the job reaches after k x T seconds),
-then the same job with them (``--inject-fault``, kinds and replicas drawn with ``--seed``). Kinds: kill (SIGKILL) and
-hang (SIGSTOP; the launcher's watchdog kills the stopped worker and its agent restarts it). Link cuts need a
-fault-tolerant job on an emulated cluster, which trainscale does not run yet: ``--kinds link`` is refused.
+then the same job with them (``--inject-fault``, kinds and replicas drawn with ``--seed``). Kinds: kill (SIGKILL),
+hang (SIGSTOP; the launcher's watchdog kills the stopped worker and its agent restarts it) and link (the replica's
+host is cut off its emulated cluster's switch for ``--link-down`` seconds, then plugged back in; never host 0, which
+serves the lighthouse). With link among the kinds, or ``--emulated``, both runs go to an emulated cluster of one host
+per replica (``--bandwidth`` links, this machine's cores shared out evenly), made here and deleted at the end.
 
 The timer: from the job's first quorum to the last replica's end (the fault log's ``members`` and ``final`` events):
 training and the per-epoch evaluations, not process start-up and data loading, the same work in both runs, so
@@ -14,6 +16,7 @@ replica healed and back in the quorum). Goals (issue 14, this machine): <= 1 ste
 recovery <= 20 s, throughput kept >= 85% at one fault per 60 s, replicas bitwise equal at the end.
 
     .venv/bin/python benchmarks/chaos.py --every 60 --out runs/chaos
+    .venv/bin/python benchmarks/chaos.py --every 60 --kinds kill,hang,link --out runs/chaos-cluster  # as root
 
 Parameter-server modes (``--set mode=async``, ``ps-sync`` or ``ma``; ``--set servers=S``, default 1) have their own
 guarantees: a dead worker is not restarted; the servers drop it (detection: the fault to the first server that
@@ -29,12 +32,15 @@ training seconds (every epoch's slowest pass, hand-overs included), the same wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 from typing import Any
 
 import torch
@@ -48,7 +54,8 @@ from trainscale.train.environment import environment
 
 JOB = {"model": "airbench", "dataset": "cifar10", "epochs": 3, "train_subset": 25600, "test_subset": 2000,
        "batch_per_worker": 64, "precision": "bf16"}
-KINDS = ("kill", "hang")
+KINDS = ("kill", "hang", "link")
+DEFAULT_KINDS = ("kill", "hang")
 GOALS = {"steps_lost": 1, "detection_seconds": 2.0, "recovery_seconds": 20.0, "kept": 0.85}
 
 
@@ -80,10 +87,13 @@ def job_span(events: list[dict[str, Any]]) -> float:
 
 def schedule(steps: int, seconds: float, every: float, workers: int, kinds: list[str], seed: int) -> list[str]:
     """``--inject-fault`` items: fault k at the step the fault-free job reached after k x ``every`` seconds
-    (none in its last ``every`` / 2 seconds, so each can be seen and healed), kind and replica drawn."""
+    (none in its last ``every`` / 2 seconds, so each can be seen and healed), kind and replica drawn (a link cut
+    from replicas 1..: replica 0's host serves the lighthouse)."""
     rng, rate, out, k = random.Random(seed), steps / seconds, [], 1
     while k * every <= seconds - every / 2:
-        out.append(f"{rng.choice(kinds)}:{rng.randrange(workers)}@{max(1, round(k * every * rate))}")
+        kind = rng.choice(kinds)
+        victim = rng.randrange(1 if kind == "link" else 0, workers)
+        out.append(f"{kind}:{victim}@{max(1, round(k * every * rate))}")
         k += 1
     return out
 
@@ -170,7 +180,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4, help="replicas (default 4)")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults (default 60)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds to draw from (default kill,hang)")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                        help="fault kinds to draw from: kill, hang, link (default kill,hang)")
+    parser.add_argument("--emulated", action="store_true",
+                        help="run on an emulated cluster of one host per replica (implied by link; needs root)")
+    parser.add_argument("--bandwidth", default="1gbit", help="the emulated cluster's links (default 1gbit)")
+    parser.add_argument("--link-down", type=float, default=5.0, help="seconds a link cut lasts (default 5)")
     parser.add_argument("--ft-timeout", type=float, default=1.5, help="--ft-timeout of both runs (default 1.5 s)")
     parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
                         help="parameter-server modes: --heartbeat-timeout of both runs (default 1.5 s)")
@@ -180,9 +195,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"))
     args = parser.parse_args()
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if "link" in args.kinds:
-        parser.error("--kinds link: link cuts need a fault-tolerant job on an emulated cluster, which trainscale "
-                     "does not run yet; use kill and hang")
+    args.emulated = args.emulated or "link" in args.kinds
     if not args.kinds or set(args.kinds) - set(KINDS):
         parser.error(f"--kinds: choose from {', '.join(KINDS)}")
     if args.workers < 2 or args.every < 10:
@@ -229,31 +242,63 @@ def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"saved {args.out / 'result.json'} (both runs' folders beside it)")
 
 
+@contextlib.contextmanager
+def emulated_cluster(args: argparse.Namespace) -> Iterator[list[str]]:
+    """The `train` flags of the runs' place: none on this machine; with ``--emulated`` a cluster of one host per
+    replica, made with `trainscale cluster up` and always deleted."""
+    if not args.emulated:
+        yield []
+        return
+    name = f"chaos{os.getpid() % 10**6}"
+    cli = [sys.executable, "-m", "trainscale", "cluster"]
+    subprocess.run([*cli, "up", name, "--hosts", str(args.workers), "--bandwidth", args.bandwidth], check=True)
+    try:
+        yield ["--cluster", name]
+    finally:
+        subprocess.run([*cli, "down", name], check=False)
+
+
 def main() -> int:
     args = parse_args()
     settings = {**JOB, **dict(parse_set(item) for item in args.sets)}
     if is_ps(settings):
+        if args.emulated:
+            sys.exit("chaos.py: error: the parameter-server variant runs on this machine: leave out link and "
+                     "--emulated")
         return ps_main(args, settings)
-    common = ["--ft-timeout", str(args.ft_timeout)]
-    _, events = run_job(args.out / "fault-free", args.workers, settings, common)
+    with emulated_cluster(args) as place:
+        return sync_main(args, settings, place)
+
+
+def sync_main(args: argparse.Namespace, settings: dict[str, Any], place: list[str]) -> int:
+    """The fault-tolerant sync job (``place``: its `train` flags for an emulated cluster, if any)."""
+    workers = 1 if place else args.workers  # per host
+    common = [*place, "--ft-timeout", str(args.ft_timeout)]
+    _, events = run_job(args.out / "fault-free", workers, settings, common)
     clean = job_span(events)
     faults = schedule(final_step(events), clean, args.every, args.workers, args.kinds, args.seed)
     if not faults:
         too_short(clean, args.every)
-    extra = [*common, "--max-restarts", str(len(faults)), "--inject-fault", ",".join(faults)]
-    summary, events = run_job(args.out / "faults", args.workers, settings, extra)
+    cuts = ["--link-down", str(args.link_down)] if any(f.startswith("link:") for f in faults) else []
+    extra = [*common, *cuts, "--max-restarts", str(len(faults)), "--inject-fault", ",".join(faults)]
+    summary, events = run_job(args.out / "faults", workers, settings, extra)
     faulty = job_span(events)
     recorded = summary["faults"]
     result = verdict(recorded, clean / faulty, summary.get("replicas_equal"))
     env = environment(torch.device("cpu"))
     extra_settings = "".join(f", {key} {value}" for key, value in settings.items() if key not in JOB)
-    print(f"\nchaos: {args.workers} replicas of {settings['model']} ({settings['dataset']}, {settings['precision']}, "
+    where = f" on an emulated cluster of {args.workers} hosts at {args.bandwidth}" if place else ""
+    print(f"\nchaos: {args.workers} replicas{where} of {settings['model']} ({settings['dataset']}, "
+          f"{settings['precision']}, "
           f"{settings['batch_per_worker']} images per replica per step{extra_settings}), a fault every "
-          f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}; {env['cpu']}, "
+          f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}"
+          f"{f', --link-down {args.link_down:g}' if place else ''}; {env['cpu']}, "
           f"{env['cpu_count']} CPUs")
     report(recorded, result, clean, faulty)
     save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
-                "faulty_seconds": faulty, "ft_timeout": args.ft_timeout, "environment": env})
+                "faulty_seconds": faulty, "ft_timeout": args.ft_timeout, "environment": env,
+                "emulated_cluster": {"hosts": args.workers, "bandwidth": args.bandwidth,
+                                     "link_down_seconds": args.link_down} if place else None})
     return 0
 
 

@@ -21,6 +21,7 @@ import torch
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.cli import main
 from trainscale.runtime import cluster as net
+from trainscale.runtime import ft
 
 pytestmark = pytest.mark.cluster
 
@@ -240,6 +241,35 @@ def test_every_other_mode_runs_across_hosts_and_its_bytes_cross_the_links(cluste
         expected = summary["bytes_sent_per_step"] if model_share is None else model_share * 4 * summary["params"]
         assert 1.0 <= wire / expected <= 1.03, (mode, wire, expected)  # measured: 1.002 to 1.010
         assert summary["compute_seconds_per_step"] > 0 and summary["comm_seconds_per_step"] > 0
+
+
+@pytest.mark.skipif(not ft.torchft_available(), reason="torchft is not installed")
+def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(cluster_names: Callable[[], str],
+                                                                     capsys: pytest.CaptureFixture,
+                                                                     tmp_path: Path) -> None:
+    """One replica per host. Host 1's cable is pulled for 2 s at step 4: the step fails everywhere (detected by
+    the all-reduce's timeout), replica 0 goes on alone, replica 1 (alive, cut off) rejoins when the link is back
+    and heals from it. Then replica 0, on the host that serves the lighthouse, is killed at step 30: its node's
+    agent restarts it in host 0's namespace and it heals from replica 1. One step lost per fault, the replicas
+    end bitwise equal, the link is up again. Synthetic data: the run is about faults, not accuracy."""
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    out = tmp_path / "ft"
+    run = run_cli("train", "--cluster", name, "--fault-tolerance", "--workers", "1", "--model", "airbench",
+                  "--dataset", "synthetic", "--epochs", "3", "--train-subset", "2048", "--test-subset", "256",
+                  "--batch-per-worker", "64", "--precision", "bf16", "--no-progress", "--ft-timeout", "1.5",
+                  "--inject-fault", "link:1@4,kill:0@30", "--link-down", "2", "--out", out, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = summary_of(out)
+    cut, kill = summary["faults"]
+    assert (cut["kind"], cut["rank"], cut["step"], kill["kind"], kill["rank"]) == ("link", 1, 4, "kill", 0)
+    assert cut["steps_lost"] <= 1 and kill["steps_lost"] <= 1
+    assert cut["detection_seconds"] < 1.5 + 1.5  # the all-reduce's timeout, and a margin for a loaded machine
+    assert 2 <= cut["recovery_seconds"] < 20, "replica 1 healed before its link was back, or never"
+    assert kill["recovery_seconds"] is not None
+    assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2
+    assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert summary["cluster"]["hosts"] == 2 and net.host_stats(name, 1).state == "up"
 
 
 def test_a_failing_worker_stops_every_host_with_one_line(cluster_names: Callable[[], str],

@@ -18,6 +18,12 @@ def test_faults_go_every_t_seconds_at_the_fault_free_step_rate():
     assert faults == chaos.schedule(600, 300.0, 60.0, 4, ["kill", "hang"], seed=3)  # the seed decides
 
 
+def test_link_cuts_never_take_host_0():
+    """Replica 0's host serves the lighthouse: every cut goes to another replica's host."""
+    faults = chaos.schedule(steps=6000, seconds=3000.0, every=10.0, workers=4, kinds=["link"], seed=0)
+    assert len(faults) > 200 and {int(f.split(":")[1].split("@")[0]) for f in faults} == {1, 2, 3}
+
+
 def fault(steps_lost=1, detection=0.5, recovery=8.0):
     return {"kind": "kill", "rank": 1, "step": 5, "steps_lost": steps_lost, "detection_seconds": detection,
             "recovery_seconds": recovery}

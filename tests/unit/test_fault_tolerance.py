@@ -125,10 +125,38 @@ SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", 
     (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:1"], "KIND:RANK@STEP"),
     (["--workers", "2", "--fault-tolerance", "--mode", "async", "--servers", "1"], "is for --mode diloco, localsgd, sync"),
     (["--workers", "2", "--fault-tolerance", "--ft-timeout", "0"], "--ft-timeout must be"),
+    (["--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3"], "run with --cluster NAME"),
+    (["--workers", "2", "--fault-tolerance", "--link-down", "0"], "--link-down must be a positive"),
+    (["--workers", "2", "--fault-tolerance", "--link-down", "3"], "give one with --inject-fault link"),
+    (["--workers", "2", "--link-down", "3"], "give one with --inject-fault link"),
+    (["--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400",
+      "--inject-fault", "kill:4@3"], "only 4 replicas"),
 ])
 def test_bad_fault_tolerance_settings_are_one_line(tmp_path, flags, fragment):
     assert_one_line_error(run_cli(*SMALL, *flags, "--out", tmp_path / "run"), fragment)
     assert not (tmp_path / "run").exists()
+
+
+def test_fault_tolerance_across_machines_needs_a_shared_run_folder(tmp_path):
+    """Any replica may take over writing the run: every machine must see one --out (no default per machine)."""
+    assert_one_line_error(run_cli(*SMALL, "--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint",
+                                  "127.0.0.1:29400"), "needs --out")
+
+
+@pytest.mark.parametrize("fault, fragment", [("link:0@3", "is on host 0"), ("link:1@3", "is on host 0"),
+                                             ("kill:6@3", "only 6 replicas")])
+def test_link_faults_on_a_cluster_spare_host_0_and_replicas_are_bounded(fault, fragment, monkeypatch):
+    """On a cluster (its facts in the environment, as a node sees them) with 2 replicas per host for 3 hosts:
+    replicas 0 and 1 are host 0's, which serves the lighthouse; a cut elsewhere is accepted."""
+    from trainscale.app.config import build_config
+    from trainscale.runtime.cluster import CLUSTER_ENV
+
+    monkeypatch.setenv(CLUSTER_ENV, '{"name": "c"}')
+    base = {"model": "mlp", "dataset": "synthetic", "workers": 2, "fault_tolerance": True, "nnodes": 3,
+            "rdzv_endpoint": "10.77.0.1:29400", "out": "/tmp/x"}
+    with pytest.raises(ConfigError, match=fragment):
+        build_config({**base, "inject_fault": [fault]})
+    assert build_config({**base, "inject_fault": ["link:2@3"], "link_down": 2.0}).link_down == 2.0
 
 
 class LoneTransport:

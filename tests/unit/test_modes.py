@@ -98,3 +98,34 @@ def test_train_config_is_picklable_for_spawned_workers():
 
     cfg = build_config({"model": "mlp"})
     assert pickle.loads(pickle.dumps(cfg)) == cfg and type(cfg) is TrainConfig
+
+
+def test_the_wire_counter_hands_every_hook_it_does_not_wrap_to_the_mode():
+    """Every public member of Callbacks reaches the wrapped mode: a wrapper that dropped ``before_fit`` left a
+    fault-tolerant replica on a cluster without its state functions (it could not heal a peer)."""
+    import inspect
+
+    from trainscale.train.wire import WireCounter
+
+    calls = []
+
+    class Recording(Callbacks):
+        standby_writer = True
+        run_folder_shared = True
+
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            if callable(value) and not name.startswith("_"):
+                return lambda *args: calls.append(name) or value(*args)
+            return value
+
+    wrapped = WireCounter(Recording(), 4, {"interface": "lo"})
+    assert wrapped.standby_writer is True and wrapped.run_folder_shared is True
+    hooks = [name for name, member in inspect.getmembers(Callbacks) if callable(member) and not name.startswith("_")]
+    arguments = {"before_fit": (dict, dict), "epoch_samples": (3,), "load_state_dict": ({},)}
+    for name in hooks:
+        if name in ("before_train_epoch", "after_train_epoch"):
+            continue  # wrapped: they read the interface counters around the mode's own hook
+        calls.clear()
+        getattr(wrapped, name)(*arguments.get(name, ()))
+        assert calls == [name], name

@@ -37,6 +37,7 @@ from trainscale.app.launch import NODE_REPORT_ENV, check_data, check_devices
 from trainscale.app.run import load_baseline
 from trainscale.errors import ConfigError
 from trainscale.io import read_json
+from trainscale.modes import mode_class
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.orphans import die_with_parent
@@ -77,7 +78,9 @@ def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str,
 
 
 def precheck(cfg: TrainConfig, out: Path) -> None:
-    """What node 0 would refuse, refused here before any node starts (node 0 checks again)."""
+    """What node 0 would refuse, refused here before any node starts (node 0 checks again); the mode's own
+    checks again too, now that the hosts are known (``--inject-fault``'s replicas, say)."""
+    mode_class(cfg.mode).validate(cfg)
     check_devices(cfg)
     check_model_input(cfg)
     load_baseline(cfg)
@@ -97,7 +100,7 @@ def cluster_main(cfg: TrainConfig) -> int:
     """Run the job with one node per host of ``cfg.cluster``; the nodes get the resolved settings as flags."""
     record = check_cluster(cfg.cluster)
     out = resolve_out(cfg)
-    precheck(dataclasses.replace(cfg, nnodes=record["hosts"]), out)  # shards are checked for the whole world
+    precheck(dataclasses.replace(cfg, nnodes=record["hosts"], out=str(out)), out)  # for the whole world
     cpus, threads = host_share(record, cfg)
     hosts = [Host(address) for address in record["addresses"]]
     commands = node_commands(cfg, {**resolved_flags(cfg), "out": str(out), "threads": threads}, hosts)

@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
-from trainscale.app.ft_launch import DEFAULT_RESTARTS, launch_replicas, record_ps_faults
+from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults
 from trainscale.app.run import load_baseline, run_training
 from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
 from trainscale.errors import ConfigError
@@ -200,7 +200,8 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     plan = prepare(cfg)
     os.environ.update(worker_env(cfg, plan))
     if cfg.fault_tolerance:
-        status = launch_replicas(cfg, worker_args(flags, plan), plan.out)
+        meeting = Meeting(plan.endpoint, plan.is_host, bind_address(plan), cfg.nnodes)
+        status = launch_replicas(cfg, worker_args(flags, plan), plan.out, meeting)
         if status == 0:
             report(cfg, plan)
         return status
@@ -242,11 +243,12 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     """One replica of a fault-tolerant job (``ft_launch``): torch's elastic agent with one worker, restarted
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
     die_with_parent(signal.SIGKILL, ft.owner_pid())
-    plan = LaunchPlan(f"{LOCALHOST}:{free_port(LOCALHOST)}", True, uuid.uuid4().hex, Path(cfg.out),
+    address = os.environ.get(ft.ADDRESS_ENV) or LOCALHOST
+    plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.out),
                       threads_per_worker(cfg.threads, cfg.workers))
     become_launcher()
     relabel(f"replica {ft.replica()} agent")
-    config = dataclasses.replace(launch_config(cfg, plan), nproc_per_node=1,
+    config = dataclasses.replace(launch_config(dataclasses.replace(cfg, nnodes=1), plan), nproc_per_node=1,
                                  max_restarts=cfg.max_restarts or DEFAULT_RESTARTS)
     try:
         elastic_launch(config, sys.executable)(*worker_args(flags, plan))

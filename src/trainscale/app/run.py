@@ -46,7 +46,8 @@ log = logging.getLogger("trainscale.train")
 def worker_threads(cfg: CoreConfig) -> int | None:
     """``--threads``; under a launcher, the node's cores split over its workers; otherwise None (torch's
     default)."""
-    local_workers = ft.replicas() if ft.replica() is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    launched = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    local_workers = (cfg.workers or 1) if ft.replica() is not None else launched
     if cfg.threads or not local_workers:
         return cfg.threads
     return threads_per_worker(cfg.threads, local_workers)

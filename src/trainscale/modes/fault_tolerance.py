@@ -36,7 +36,7 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
 from trainscale.log import relabel
-from trainscale.runtime.faults import InjectedFault, injected_faults
+from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, on_cluster
 
 log = logging.getLogger("trainscale.ft")
 
@@ -47,27 +47,41 @@ FT_MODES = ("sync", "localsgd", "diloco")
 
 
 def validate_fault_tolerance(cfg: Any) -> None:
-    """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line)."""
+    """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line). Under
+    ``--cluster`` the parent knows the hosts only once it has read the cluster: it checks again with ``nnodes``
+    set to them (``app.cluster_run``), so replica numbers are bounded there."""
     if cfg.inject_fault and not cfg.fault_tolerance:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
     if cfg.mode not in FT_MODES:
         raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.mode}")
-    if cfg.nnodes > 1 or getattr(cfg, "cluster", None):
-        raise ConfigError("--fault-tolerance runs on one machine so far (--workers N replicas); drop --nnodes/--cluster")
     ft.require_torchft()
     if cfg.precision == "fp16":
         raise ConfigError("--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on "
                           "one replica only)")
     if cfg.ft_timeout <= 0:
         raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.ft_timeout}")
-    workers = cfg.workers or 1
+    if cfg.nnodes > 1 and not cfg.out:
+        raise ConfigError("--fault-tolerance on several machines needs --out, the same folder on a file system "
+                          "every machine shares (any replica may take over writing the run)")
     for fault in injected_faults(cfg):
-        if fault.rank >= workers:
-            raise ConfigError(f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}: there are only {workers} "
-                              f"replicas (0..{workers - 1})")
-        if fault.kind == "link":
-            raise ConfigError("--inject-fault link:... cuts a host's link on an emulated cluster; fault-tolerant jobs "
-                              "run on one machine so far: use kill or hang")
+        validate_injected(fault, cfg)
+
+
+def validate_injected(fault: InjectedFault, cfg: Any) -> None:
+    """One --inject-fault against the job's replicas (``workers`` per node) and, for a link cut, its cluster."""
+    workers = cfg.workers or 1
+    hosts = None if getattr(cfg, "cluster", None) and cfg.nnodes == 1 else cfg.nnodes
+    what = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
+    if hosts is not None and fault.rank >= workers * hosts:
+        raise ConfigError(f"{what}: there are only {workers * hosts} replicas (0..{workers * hosts - 1})")
+    if fault.kind != "link":
+        return
+    if not (getattr(cfg, "cluster", None) or on_cluster()):
+        raise ConfigError(f"{what} cuts a host's link on an emulated cluster: run with --cluster NAME "
+                          "(trainscale cluster up), or use kill or hang")
+    if fault.rank < workers:
+        raise ConfigError(f"{what}: replica {fault.rank} is on host 0, whose link carries the lighthouse every "
+                          f"replica needs; cut another host's (replicas {workers}..)")
 
 
 class JobFinished(Exception):
@@ -89,6 +103,7 @@ class ReplicaSession:
         self.timeout_s = cfg.ft_timeout
         self.quorum_timeout_s = max(cfg.dist_timeout, 60.0)
         self.faults = unfired(injected_faults(cfg), ft.replica())
+        self.link_down_s = cfg.link_down
         self.position = Position()
         self.manager: Any = None
         self.members = 0
@@ -96,6 +111,7 @@ class ReplicaSession:
         self.epoch_batches = 0  # per-worker batches the job's committed steps took in the last epoch
         self.batch_size = 0
         self.fresh = False  # a quorum was joined that no step has used yet
+        self.left = False  # the job was over when this replica came to it
         self.snapshot: Callable[[], dict[str, Any]] | None = None
         self.restore: Callable[[dict[str, Any]], None] | None = None
         self.model: nn.Module | None = None
@@ -119,8 +135,15 @@ class ReplicaSession:
         ft.start_barrier(self.quorum_timeout_s)
         self.quorum()
         if restarted() and self.manager.current_step() == 0 and ft.job_finished():
-            log.warning("the other replicas have finished the job: nothing left to do")
-            raise JobFinished
+            self._leave("the other replicas have finished the job")
+
+    def _leave(self, why: str) -> None:
+        """Leave a job that is over without training: its record is the others' (no ``final`` digest of a stale
+        model), the launcher learns this replica is done from the ``left`` event."""
+        log.warning("%s: nothing left to do", why)
+        ft.log_event("left", step=self.manager.current_step())
+        self.left = True
+        raise JobFinished
 
     def _state(self) -> dict[str, Any]:
         assert self.snapshot is not None
@@ -142,6 +165,8 @@ class ReplicaSession:
         step = self.manager.current_step() + 1
         members = self.manager.num_participants()
         if members != self.members:
+            if self.members and ft.job_finished():  # cut off (a link) or stopped until the others were done
+                self._leave("the other replicas finished the job while this one was away")
             ft.log_event("members", step=step, members=members)
             if self.members:
                 log.warning("step %d: %d replica(s) in the quorum (were %d)", step, members, self.members)
@@ -156,7 +181,7 @@ class ReplicaSession:
         due = self.manager.current_step() + 1
         for fault in [f for f in self.faults if f.step == due]:
             self.faults.remove(fault)
-            fault.fire()
+            fault.fire(self.link_down_s)
         exchange()
         committed = bool(self.manager.should_commit())
         if not committed:
@@ -198,7 +223,7 @@ class ReplicaSession:
 
     def _finished(self) -> None:
         """The end of training: record this replica's final step and the digest of its parameters and buffers."""
-        if self.model is not None:
+        if self.model is not None and not self.left:
             ft.log_event("final", step=self.manager.current_step(), digest=state_digest(self.model))
 
 

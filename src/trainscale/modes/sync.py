@@ -45,7 +45,7 @@ from trainscale.runtime.dist import (
     set_main_rank,
     world_size,
 )
-from trainscale.runtime.faults import FaultConfig
+from trainscale.runtime.faults import FaultConfig, check_link_down
 from trainscale.runtime.process_group import process_group, worker_device
 
 log = logging.getLogger("trainscale.sync")
@@ -103,6 +103,7 @@ class SyncMode(Mode):
 
     @classmethod
     def validate(cls, cfg: SyncConfig) -> None:
+        check_link_down(cfg)
         if cfg.fault_tolerance or cfg.inject_fault:
             validate_fault_tolerance(cfg)
 

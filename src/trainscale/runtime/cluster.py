@@ -284,6 +284,17 @@ def set_link(name: str, index: int, up: bool) -> None:
     run(link_argv(name, index, up))
 
 
+def cut_link(name: str, index: int, seconds: float) -> None:
+    """Take host ``index``'s cable out of the switch for ``seconds``, then back in. The restore runs in a
+    process of its own session, so it happens even when whatever cut the link (a replica, say) dies
+    meanwhile; when the cluster is gone by then, it fails without a word."""
+    set_link(name, index, False)
+    restore = "import subprocess, sys, time; time.sleep(float(sys.argv[1])); subprocess.run(sys.argv[2:])"
+    subprocess.Popen([sys.executable, "-c", restore, str(seconds), *link_argv(name, index, True)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
 def set_rate(name: str, index: int, rate: int) -> None:
     for argv in rate_plan(name, index, rate):
         run(argv)

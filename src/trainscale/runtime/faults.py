@@ -16,10 +16,12 @@ from typing import Any, ClassVar, Iterator
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
+from trainscale.runtime.cluster import cut_link, facts_from_env
 
 log = logging.getLogger("trainscale.runtime")
 
 ENV_VAR = "TRAINSCALE_FAULT"
+NODE_ENV = "TRAINSCALE_NODE_RANK"  # the node (emulated host) a fault-tolerant replica runs on
 ACTIONS = ("kill", "raise")
 
 
@@ -90,25 +92,52 @@ def with_fault_injection(batches: Any, rank: int) -> Any:
 
 FAULT_KINDS = ("kill", "hang", "link")
 FAULT_FORMAT = "KIND:RANK@STEP (KIND kill, hang or link; e.g. kill:1@20)"
+DEFAULT_LINK_DOWN_S = 5.0
 
 
 @dataclass(frozen=True)
 class InjectedFault:
     """``--inject-fault``: replica ``rank`` meets ``kind`` in the job's step ``step`` (1-based, counted in
-    committed steps), after its backward, as the step's exchange starts: ``kill`` sends itself SIGKILL (a crash), ``hang`` SIGSTOP (a
-    process that stops answering; the launcher's watchdog kills it once the others have dropped it)."""
+    committed steps), after its backward, as the step's exchange starts: ``kill`` sends itself SIGKILL (a crash),
+    ``hang`` SIGSTOP (a process that stops answering; the launcher's watchdog kills it once the others have dropped
+    it), ``link`` takes its host's cable out of an emulated cluster's switch for ``--link-down`` seconds (a network
+    partition: the process lives on, cut off, and rejoins once the link is back)."""
 
     kind: str
     rank: int
     step: int
 
-    def fire(self, **fields: Any) -> None:
+    def fire(self, link_down_s: float = 0.0, **fields: Any) -> None:
         """Log the fault (with ``fields``) in the job's fault log, then meet it."""
         from trainscale.runtime.ft import log_event
 
         log.warning("--inject-fault %s:%d@%d fires", self.kind, self.rank, self.step)
+        if self.kind == "link":
+            host = link_host()
+            log_event("fault", kind=self.kind, rank=self.rank, step=self.step, host=host, down_seconds=link_down_s,
+                      **fields)
+            cut_link(cluster_name(), host, link_down_s)
+            return
         log_event("fault", kind=self.kind, rank=self.rank, step=self.step, **fields)
         os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+
+
+def on_cluster() -> bool:
+    """Whether this process belongs to a job on an emulated cluster (where ``link`` faults can be met)."""
+    return facts_from_env() is not None
+
+
+def cluster_name() -> str:
+    facts = facts_from_env()
+    if facts is None:
+        raise ConfigError("--inject-fault link:... cuts a host's link on an emulated cluster; this job is not on "
+                          "one (train --cluster NAME)")
+    return facts["name"]
+
+
+def link_host() -> int:
+    """The emulated host this process runs on (its node rank, which the launcher passes down)."""
+    return int(os.environ.get(NODE_ENV, "0") or 0)
 
 
 def parse_injected_fault(text: str) -> InjectedFault:
@@ -130,9 +159,22 @@ class FaultConfig(Section):
     inject_fault: list[str] | None = option(None, "faults to inject, KIND:RANK@STEP, comma-separated (kill = "
                                             "SIGKILL, hang = SIGSTOP), e.g. kill:1@20. Sync modes need "
                                             "--fault-tolerance (RANK: a replica, STEP: the job's committed "
-                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps")
+                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps. "
+                                            "link = cut RANK's host off an emulated cluster (--cluster, "
+                                            "--fault-tolerance) for --link-down seconds")
+    link_down: float = option(DEFAULT_LINK_DOWN_S, "seconds a link:... fault keeps the host's link down before "
+                              "it is plugged back in")
 
 
 def injected_faults(cfg: FaultConfig) -> list[InjectedFault]:
     """``--inject-fault``'s faults (the flag's list items may hold several, comma-separated)."""
     return [parse_injected_fault(text.strip()) for item in cfg.inject_fault or [] for text in item.split(",")]
+
+
+def check_link_down(cfg: FaultConfig) -> None:
+    """``--link-down``: positive, and only beside a ``link:`` fault (alone it would be silently ignored)."""
+    if cfg.link_down <= 0:
+        raise ConfigError(f"--link-down must be a positive number of seconds, got {cfg.link_down}")
+    if cfg.link_down != DEFAULT_LINK_DOWN_S and not any(f.kind == "link" for f in injected_faults(cfg)):
+        raise ConfigError("--link-down is how long a link:... fault keeps a host cut off; give one with "
+                          "--inject-fault link:RANK@STEP, or leave --link-down out")

@@ -4,14 +4,14 @@ the job's fault log. Only this module creates or destroys torchft's servers and 
 A fault-tolerant job (``--fault-tolerance``) is a set of replicas (one worker each), every one started
 and restarted by its own torch elastic agent, so a dead replica's restart never touches the others. The
 launcher hosts the lighthouse (torchft's quorum server) and a TCPStore for the start barrier, both on
-127.0.0.1. Each replica's Manager agrees on the quorum with the lighthouse every step, reconfigures its
-gloo group when members leave or join, and heals a replica that is behind by copying the live state
+127.0.0.1 (across machines, node 0's launcher on its rendezvous address). Each replica's Manager agrees on
+the quorum with the lighthouse every step, reconfigures its gloo group when members leave or join, and heals a replica that is behind by copying the live state
 from a peer over that same group (torchft's ``PGTransport``).
 
 Where torchft falls short, and what is done here instead:
 - its ManagerServer binds every interface (``[::]``) and advertises the host name; it is made to bind
-  and advertise the replica's loopback address (``_manager_server_on``): single-machine jobs listen on
-  127.0.0.1 only, as every trainscale job does;
+  and advertise the replica's own address (``_manager_server_on``, MASTER_ADDR: the node's address toward
+  node 0): single-machine jobs listen on 127.0.0.1 only, as every trainscale job does;
 - its default HTTP checkpoint transport binds every interface too: ``PGTransport`` is used instead;
 - its lighthouse reports its address by host name: the address is built from the bound port.
 """
@@ -40,6 +40,7 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable
 BARRIER_ENV = "TRAINSCALE_FT_BARRIER"  # host:port of the launcher's start-barrier store
 EVENTS_ENV = "TRAINSCALE_FT_EVENTS"  # the job's fault log (JSON lines)
 OWNER_ENV = "TRAINSCALE_FT_LAUNCHER_PID"  # the launcher that holds the run folder's lock
+ADDRESS_ENV = "TRAINSCALE_FT_ADDRESS"  # where this node's replicas listen (127.0.0.1 on one machine)
 EVENTS_FILE = "ft-events.jsonl"
 HEARTBEAT_S = 0.1
 
@@ -74,15 +75,15 @@ def require_torchft() -> None:
 
 
 @contextlib.contextmanager
-def lighthouse(host: str, heartbeat_timeout_s: float) -> Iterator[str]:
-    """torchft's lighthouse on ``host`` (a free port), quorums of at least one replica; yields its URL.
+def lighthouse(host: str, heartbeat_timeout_s: float, port: int = 0) -> Iterator[str]:
+    """torchft's lighthouse on ``host``:``port`` (0: a free one), quorums of at least one replica; yields its URL.
     A replica whose heartbeats stop for ``heartbeat_timeout_s`` leaves the next quorum; a live one that is late
     (it was sending its state to a healing peer) is waited for as long, or it would have to heal in turn, and the
     one that sends to it would be late next: with 100 ms a chaos run healed someone at every step."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum at info
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind=f"{host}:0", min_replicas=1, join_timeout_ms=int(heartbeat_timeout_s * 1000),
+    server = LighthouseServer(bind=f"{host}:{port}", min_replicas=1, join_timeout_ms=int(heartbeat_timeout_s * 1000),
                               quorum_tick_ms=20,
                               heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000))
     try:
@@ -92,9 +93,9 @@ def lighthouse(host: str, heartbeat_timeout_s: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def barrier_store(host: str) -> Iterator[str]:
-    """A TCPStore on ``host`` for the replicas' start barrier; yields ``host:port``."""
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, use_libuv=True)
+def barrier_store(host: str, port: int = 0) -> Iterator[str]:
+    """A TCPStore on ``host``:``port`` (0: a free one) for the replicas' start barrier; yields ``host:port``."""
+    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=True)
     try:
         yield f"{host}:{store.port}"
     finally:

@@ -57,3 +57,47 @@ class Callbacks:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``'s value; called after the model and optimizer are restored."""
+
+
+class Forwarding(Callbacks):
+    """Callbacks that hand every hook to ``inner``: the base of a wrapper that adds to a few of them (the wire
+    counter), so a hook it does not touch still reaches the mode (a wrapper that forgot ``before_fit`` once left
+    a fault-tolerant replica without its state functions)."""
+
+    def __init__(self, inner: Callbacks) -> None:
+        self.inner = inner
+
+    def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
+        self.inner.before_fit(snapshot, restore)
+
+    def writes_run_folder(self) -> bool:
+        return self.inner.writes_run_folder()
+
+    @property
+    def run_folder_shared(self) -> bool:  # type: ignore[override]
+        return self.inner.run_folder_shared
+
+    @property
+    def standby_writer(self) -> bool:  # type: ignore[override]
+        return self.inner.standby_writer
+
+    def before_train_epoch(self, epoch: int) -> None:
+        self.inner.before_train_epoch(epoch)
+
+    def after_train_epoch(self, model: nn.Module) -> None:
+        self.inner.after_train_epoch(model)
+
+    def epoch_samples(self, counted: int) -> int:
+        return self.inner.epoch_samples(counted)
+
+    def epoch_stats(self) -> dict[str, Any]:
+        return self.inner.epoch_stats()
+
+    def run_stats(self) -> dict[str, Any]:
+        return self.inner.run_stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

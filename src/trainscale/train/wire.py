@@ -5,7 +5,8 @@ interface really sends is larger (TCP/IP headers, gloo's framing, acknowledgemen
 variable-size methods) or a multiple of it (a ring all-reduce sends 2(W-1)/W of the buffer). On an
 emulated host every process of the host shares one interface, so its counters are exactly the host's
 traffic. ``WireCounter`` reads them around each epoch's training pass only (not evaluation, checkpoints
-or start-up) and records, per step, the mean over hosts.
+or start-up) and records, per step, the mean over hosts (under ``--fault-tolerance`` each replica is a world
+of its own: the host of the replica that writes the run folder).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from torch import nn
 
 from trainscale.runtime import all_reduce_sum, barrier, world_size
 from trainscale.runtime.network import interface_counters
-from trainscale.train.callbacks import Callbacks
+from trainscale.train.callbacks import Callbacks, Forwarding
 
 
-class WireCounter(Callbacks):
+class WireCounter(Forwarding):
     """Wraps a mode's callbacks: the interface counters are read right after the mode's epoch set-up and
     right after the pass, before the mode's own end-of-epoch exchange, each time behind a barrier. A
     sender's collective can return while its last bytes still wait in the socket and the shaper (the
@@ -29,7 +30,8 @@ class WireCounter(Callbacks):
     have all been received, so they are counted in the window they belong to, on both sides."""
 
     def __init__(self, inner: Callbacks, steps_per_epoch: int, facts: dict[str, Any]) -> None:
-        self.inner, self.steps, self.facts = inner, max(1, steps_per_epoch), facts
+        super().__init__(inner)
+        self.steps, self.facts = max(1, steps_per_epoch), facts
         self.start = (0, 0)
         self.epochs: list[tuple[float, float]] = []
 
@@ -59,19 +61,3 @@ class WireCounter(Callbacks):
             stats["wire_bytes_sent_per_step"] = statistics.fmean(e[0] for e in self.epochs)
             stats["wire_bytes_received_per_step"] = statistics.fmean(e[1] for e in self.epochs)
         return stats
-
-    def writes_run_folder(self) -> bool:
-        return self.inner.writes_run_folder()
-
-    @property
-    def run_folder_shared(self) -> bool:  # type: ignore[override]
-        return self.inner.run_folder_shared
-
-    def epoch_samples(self, counted: int) -> int:
-        return self.inner.epoch_samples(counted)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)

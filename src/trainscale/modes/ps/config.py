@@ -8,7 +8,7 @@ from typing import ClassVar
 from trainscale.compression.config import CompressionConfig
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
-from trainscale.runtime.faults import FaultConfig, injected_faults
+from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults
 
 PS_MODES = ("async", "ps-sync", "ma")
 DEFAULT_AVERAGE_EVERY = 4
@@ -98,6 +98,7 @@ def validate_ps(cfg: PSConfig) -> None:
 
 def validate_faults(cfg: PSConfig) -> None:
     """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive."""
+    check_link_down(cfg)
     workers = cfg.workers * max(cfg.nnodes, 1)
     seen: set[int] = set()
     for fault in injected_faults(cfg):
