@@ -169,7 +169,8 @@ def report(faults: list[dict[str, Any]], result: dict[str, Any], clean: float, f
     for i, f in enumerate(faults, 1):
         print(f"{i:>2}  {f['kind']:<5} {f['rank']:>4} {f['step']:>5}  {show(f['detection_seconds'], '.2f'):>11}  "
               f"{show(f['recovery_seconds'], '.1f'):>10}  {f['steps_lost']:>10}")
-    print(f"worst: {result['max_steps_lost']} step(s) lost (goal <= {GOALS['steps_lost']}), detection "
+    bound = result.get("steps_lost_bound", GOALS["steps_lost"])
+    print(f"worst: {result['max_steps_lost']} step(s) lost (goal <= {bound}), detection "
           f"{show(result['max_detection_seconds'], '.2f')} s (goal <= {GOALS['detection_seconds']:g}), recovery "
           f"{show(result['max_recovery_seconds'], '.1f')} s (goal <= {GOALS['recovery_seconds']:g}); replicas bitwise "
           f"equal: {result['replicas_equal']}")
