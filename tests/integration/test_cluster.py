@@ -214,6 +214,23 @@ def test_parameter_server_traffic_crosses_the_links(cluster_names: Callable[[], 
     assert summary["cluster"]["hosts"] == 2 and summary["servers"] == 2
 
 
+def test_a_parameter_server_worker_killed_on_another_host_is_logged_and_covered(cluster_names: Callable[[], str],
+                                                                              capsys: pytest.CaptureFixture,
+                                                                              tmp_path: Path) -> None:
+    """Worker 1 lives on host 1: the parent accepts it as a victim (it knows the hosts once it has read the
+    cluster), its fault reaches the shared fault log, and the batches it left are trained by worker 0."""
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    run = run_cli("train", "--cluster", name, "--servers", "1", *TRAIN, "--heartbeat-timeout", "1.5",
+                  "--inject-fault", "kill:1@3", "--out", tmp_path / "ps", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (fault,) = summary_of(tmp_path / "ps")["faults"]
+    assert (fault["kind"], fault["rank"], fault["steps_lost"], fault["handed_over"]) == ("kill", 1, 1, True)
+    assert fault["detection_seconds"] is not None and fault["recovery_seconds"] is not None
+    rows = [json.loads(x) for x in (tmp_path / "ps" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["batches_committed"] for r in rows] == [16]
+
+
 MODES = {  # flags, and what each host's interface sends per step in units of the model's fp32 bytes
     "topk": (("--compress", "topk", "--ratio", "0.01"), None),
     "ps-sync": (("--mode", "ps-sync", "--servers", "1"), 1.0),

@@ -40,7 +40,7 @@ from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
 from trainscale.results import lock_run_folder, read_history, read_json
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.faults import injected_faults
+from trainscale.runtime.faults import injected_faults, on_cluster
 from trainscale.runtime.network import (
     LOCALHOST,
     check_port_free,
@@ -169,11 +169,21 @@ def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    if mode_class(cfg.mode).uses_servers and plan.out is not None:  # deaths and hand-overs (on node 0)
-        env[ft.EVENTS_ENV] = str(plan.out / ft.EVENTS_FILE)
+    log_folder = fault_log_folder(cfg, plan)
+    if mode_class(cfg.mode).uses_servers and log_folder is not None:  # faults, deaths and hand-overs
+        env[ft.EVENTS_ENV] = str(log_folder / ft.EVENTS_FILE)
     if cfg.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
     return env
+
+
+def fault_log_folder(cfg: TrainConfig, plan: LaunchPlan) -> Path | None:
+    """Where this node's processes log faults, deaths and hand-overs: node 0's run folder; on an emulated cluster,
+    whose hosts share one file system, every node's (the same ``--out``). Across real machines only node 0's
+    processes log (another node's folder of that name is not the run's)."""
+    if plan.out is not None:
+        return plan.out
+    return Path(cfg.out) if cfg.out and on_cluster() else None
 
 
 def bind_address(plan: LaunchPlan) -> str:

@@ -36,7 +36,7 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
 from trainscale.log import relabel
-from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, on_cluster
+from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, job_processes, on_cluster
 
 log = logging.getLogger("trainscale.ft")
 
@@ -69,11 +69,10 @@ def validate_fault_tolerance(cfg: Any) -> None:
 
 def validate_injected(fault: InjectedFault, cfg: Any) -> None:
     """One --inject-fault against the job's replicas (``workers`` per node) and, for a link cut, its cluster."""
-    workers = cfg.workers or 1
-    hosts = None if getattr(cfg, "cluster", None) and cfg.nnodes == 1 else cfg.nnodes
+    workers, replicas = cfg.workers or 1, job_processes(cfg)
     what = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
-    if hosts is not None and fault.rank >= workers * hosts:
-        raise ConfigError(f"{what}: there are only {workers * hosts} replicas (0..{workers * hosts - 1})")
+    if replicas is not None and fault.rank >= replicas:
+        raise ConfigError(f"{what}: there are only {replicas} replicas (0..{replicas - 1})")
     if fault.kind != "link":
         return
     if not (getattr(cfg, "cluster", None) or on_cluster()):

@@ -178,3 +178,12 @@ def check_link_down(cfg: FaultConfig) -> None:
     if cfg.link_down != DEFAULT_LINK_DOWN_S and not any(f.kind == "link" for f in injected_faults(cfg)):
         raise ConfigError("--link-down is how long a link:... fault keeps a host cut off; give one with "
                           "--inject-fault link:RANK@STEP, or leave --link-down out")
+
+
+def job_processes(cfg: FaultConfig) -> int | None:
+    """Workers (replicas) of the whole job, ``--workers`` per node: None in a ``--cluster`` parent that has not read
+    its cluster yet (``app.cluster_run`` checks again with ``nnodes`` set to the hosts)."""
+    nodes = getattr(cfg, "nnodes", 1)
+    if getattr(cfg, "cluster", None) and nodes == 1:
+        return None
+    return (getattr(cfg, "workers", None) or 1) * max(nodes, 1)

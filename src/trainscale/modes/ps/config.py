@@ -8,7 +8,7 @@ from typing import ClassVar
 from trainscale.compression.config import CompressionConfig
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
-from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults
+from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults, job_processes
 
 PS_MODES = ("async", "ps-sync", "ma")
 DEFAULT_AVERAGE_EVERY = 4
@@ -99,13 +99,14 @@ def validate_ps(cfg: PSConfig) -> None:
 def validate_faults(cfg: PSConfig) -> None:
     """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive."""
     check_link_down(cfg)
-    workers = cfg.workers * max(cfg.nnodes, 1)
+    workers = job_processes(cfg)
     seen: set[int] = set()
     for fault in injected_faults(cfg):
         where = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
         _require(fault.kind != "link", f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
                                        "parameter-server jobs take kill or hang")
-        _require(fault.rank < workers, f"{where}: there are only {workers} workers (0..{workers - 1})")
+        _require(workers is None or fault.rank < workers, f"{where}: there are only {workers} workers "
+                                                          f"(0..{(workers or 1) - 1})")
         _require(fault.rank not in seen, f"{where}: worker {fault.rank} already dies in an earlier fault (a dead "
                                          "worker is not restarted)")
         seen.add(fault.rank)
