@@ -2,8 +2,9 @@
 
 A killed or hung worker (``--inject-fault``) does not stop the job: the servers drop it, the others
 train the batches it left (no sample of an epoch is skipped), a dead main worker's run folder is taken
-over by the next one, and summary.json records each fault. A killed server (TRAINSCALE_PS_SERVER_FAULT, test-only) ends the job at once
-with one line naming it, instead of leaving the workers waiting.
+over by the next one, and summary.json records each fault. A killed server (``--inject-fault kill:sN@P``) ends the
+job at once with one line naming it, instead of leaving the workers waiting; under ``--max-restarts`` the whole job
+restarts from the last epoch's checkpoint, the server with its state, and finishes.
 """
 
 import json
@@ -74,8 +75,8 @@ def test_killed_and_hung_workers_are_dropped_and_no_batch_is_skipped(tmp_path, m
 @pytest.mark.dist
 def test_a_dead_server_ends_the_job_with_a_clear_error(tmp_path):
     start = time.monotonic()
-    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "2", "--out", tmp_path / "run", timeout=300,
-                   env={"TRAINSCALE_PS_SERVER_FAULT": "server=1:pushes=5"})
+    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "2", "--inject-fault", "kill:s1@5",
+                   "--out", tmp_path / "run", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     # The error is the CLI's last word; Python's resource tracker may still warn after it about the
     # semaphores the killed server could not release, so look for the line rather than take the last one.
@@ -83,3 +84,24 @@ def test_a_dead_server_ends_the_job_with_a_clear_error(tmp_path):
     assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith("trainscale train: error: parameter server rank 3 (local rank 3) failed"), errors
     assert time.monotonic() - start < 120  # ended, not waited out an RPC timeout (300 s)
+
+
+@pytest.mark.dist
+def test_a_killed_server_restarts_with_the_job_under_max_restarts(tmp_path):
+    """Shard 1 dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to each shard): the job restarts, the servers
+    load the state of epoch 1's checkpoint, the workers reconnect to them and the run finishes; worker 1, killed in
+    epoch 1, is back in the restarted job and not killed again. The fault record counts the shard's updates since
+    the checkpoint as lost."""
+    out = tmp_path / "run"
+    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "3", "--max-restarts", "1",
+                   "--inject-fault", "kill:1@2,kill:s1@24", "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # the lost server is one warning per worker
+    worker, server = json.loads((out / "summary.json").read_text())["faults"]
+    assert (worker["kind"], worker["rank"], worker.get("server")) == ("kill", 1, None)
+    assert (server["kind"], server["rank"], server["server"], server["step"]) == ("kill", 1, True, 24)
+    assert server["detection_seconds"] < 5 and server["recovery_seconds"] is not None
+    assert 0 < server["steps_lost"] <= 8  # the updates of epoch 2 before the fault
+    assert [r["epoch"] for r in rows(out)] == [1, 2, 3]
+    assert [r["batches_committed"] for r in rows(out)] == [16, 16, 16]  # every batch of every epoch
+    assert rows(out)[-1]["dead_workers"] == []

@@ -19,9 +19,12 @@ from trainscale.runtime.faults import InjectedFault, parse_injected_fault
 def test_inject_fault_parses_kind_rank_and_step():
     assert parse_injected_fault("kill:1@20") == InjectedFault("kill", 1, 20)
     assert parse_injected_fault("hang:0@1") == InjectedFault("hang", 0, 1)
+    assert parse_injected_fault("kill:s2@30") == InjectedFault("kill", 2, 30, server=True)
+    assert parse_injected_fault("kill:s2@30").text == "kill:s2@30"
 
 
-@pytest.mark.parametrize("text", ["kill", "kill:1", "kill:x@3", "nap:1@3", "kill:1@0", "kill:-1@3", "kill:1@"])
+@pytest.mark.parametrize("text", ["kill", "kill:1", "kill:x@3", "nap:1@3", "kill:1@0", "kill:-1@3", "kill:1@", "kill:s@3",
+                                  "kill:ss1@3"])
 def test_a_malformed_fault_names_the_format(text):
     with pytest.raises(ConfigError, match="KIND:RANK@STEP"):
         parse_injected_fault(text)

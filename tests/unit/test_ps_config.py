@@ -35,7 +35,6 @@ def test_servers_alone_select_async_and_modes_register():
     ({"mode": "async", "servers": 1, "warm_start_epochs": 3}, "--warm-start-epochs must be in [0, epochs=3)"),
     ({"warm_start_epochs": 1}, "--warm-start-epochs is for the parameter-server modes"),
     ({"mode": "async", "servers": 1, "rpc_timeout": 0}, "--rpc-timeout must be > 0"),
-    ({"mode": "async", "servers": 1, "max_restarts": 1}, "--max-restarts is not supported"),
     ({"mode": "async", "servers": 1, "async_momentum": "fast"},
      "--async-momentum must be 'auto' or a number in [0, 1), got 'fast'"),
     ({"mode": "async", "servers": 1, "async_momentum": "1"}, "--async-momentum must be 'auto' or a number in [0, 1)"),
@@ -51,6 +50,12 @@ def test_servers_alone_select_async_and_modes_register():
     ({"mode": "ma", "servers": 1, "workers": 3, "inject_fault": ["kill:1@3,hang:1@9"]},
      "worker 1 already dies in an earlier fault"),
     ({"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:1"]}, "expected KIND:RANK@STEP"),
+    ({"mode": "async", "servers": 2, "workers": 2, "inject_fault": ["hang:s0@3"]}, "can be killed, not hung"),
+    ({"mode": "async", "servers": 2, "workers": 2, "inject_fault": ["kill:s2@3"]}, "only 2 server shard(s) (s0..s1)"),
+    ({"mode": "async", "servers": 2, "workers": 2, "inject_fault": ["kill:s1@3,kill:s1@9"]},
+     "shard 1 already dies in an earlier fault"),
+    ({"mode": "sync", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:s0@3"]},
+     "names a parameter-server shard"),
 ])
 def test_bad_settings_name_the_flag(bad, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):

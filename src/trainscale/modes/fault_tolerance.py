@@ -36,7 +36,8 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
 from trainscale.log import relabel
-from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, job_processes, on_cluster
+from trainscale.runtime.faults import (InjectedFault, check_link_down, injected_faults, job_processes,
+                                      not_yet_fired, on_cluster)
 
 log = logging.getLogger("trainscale.ft")
 
@@ -70,7 +71,10 @@ def validate_fault_tolerance(cfg: Any) -> None:
 def validate_injected(fault: InjectedFault, cfg: Any) -> None:
     """One --inject-fault against the job's replicas (``workers`` per node) and, for a link cut, its cluster."""
     workers, replicas = cfg.workers or 1, job_processes(cfg)
-    what = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
+    what = f"--inject-fault {fault.text}"
+    if fault.server:
+        raise ConfigError(f"{what}: s{fault.rank} names a parameter-server shard; a fault-tolerant job has replicas "
+                          "only (give a replica's number)")
     if replicas is not None and fault.rank >= replicas:
         raise ConfigError(f"{what}: there are only {replicas} replicas (0..{replicas - 1})")
     if fault.kind != "link":
@@ -227,10 +231,8 @@ class ReplicaSession:
 
 
 def unfired(faults: list[InjectedFault], replica: int | None) -> list[InjectedFault]:
-    """This replica's faults that no earlier attempt of it has fired (the job's fault log says which did), so a
-    restarted replica goes on meeting its later faults and never repeats one (a chaos run faults each many times)."""
-    done = {(e["kind"], e["rank"], e["step"]) for e in ft.job_events() if e["event"] == "fault"}
-    return [f for f in faults if f.rank == replica and (f.kind, f.rank, f.step) not in done]
+    """This replica's faults that no earlier attempt of it has fired (a chaos run faults each many times)."""
+    return [f for f in not_yet_fired(faults) if f.rank == replica and not f.server]
 
 
 def quiet(value: bool) -> None:

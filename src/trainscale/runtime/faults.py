@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Iterator
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime.cluster import cut_link, facts_from_env
+from trainscale.runtime.ft import job_events, log_event
 
 log = logging.getLogger("trainscale.runtime")
 
@@ -91,7 +92,7 @@ def with_fault_injection(batches: Any, rank: int) -> Any:
 # ------------------------------------------------------------------ --inject-fault (fault-tolerant runs)
 
 FAULT_KINDS = ("kill", "hang", "link")
-FAULT_FORMAT = "KIND:RANK@STEP (KIND kill, hang or link; e.g. kill:1@20)"
+FAULT_FORMAT = "KIND:RANK@STEP (KIND kill, hang or link; RANK a worker, or sN for server shard N; e.g. kill:1@20)"
 DEFAULT_LINK_DOWN_S = 5.0
 
 
@@ -101,24 +102,29 @@ class InjectedFault:
     committed steps), after its backward, as the step's exchange starts: ``kill`` sends itself SIGKILL (a crash),
     ``hang`` SIGSTOP (a process that stops answering; the launcher's watchdog kills it once the others have dropped
     it), ``link`` takes its host's cable out of an emulated cluster's switch for ``--link-down`` seconds (a network
-    partition: the process lives on, cut off, and rejoins once the link is back)."""
+    partition: the process lives on, cut off, and rejoins once the link is back). ``server``: ``rank`` is a
+    parameter-server shard (written ``sN``) and ``step`` the push it dies at."""
 
     kind: str
     rank: int
     step: int
+    server: bool = False
+
+    @property
+    def text(self) -> str:
+        """The fault as ``--inject-fault`` writes it."""
+        return f"{self.kind}:{'s' if self.server else ''}{self.rank}@{self.step}"
 
     def fire(self, link_down_s: float = 0.0, **fields: Any) -> None:
         """Log the fault (with ``fields``) in the job's fault log, then meet it."""
-        from trainscale.runtime.ft import log_event
-
-        log.warning("--inject-fault %s:%d@%d fires", self.kind, self.rank, self.step)
+        log.warning("--inject-fault %s fires", self.text)
         if self.kind == "link":
             host = link_host()
             log_event("fault", kind=self.kind, rank=self.rank, step=self.step, host=host, down_seconds=link_down_s,
                       **fields)
             cut_link(cluster_name(), host, link_down_s)
             return
-        log_event("fault", kind=self.kind, rank=self.rank, step=self.step, **fields)
+        log_event("fault", kind=self.kind, rank=self.rank, step=self.step, server=self.server, **fields)
         os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
 
 
@@ -141,12 +147,22 @@ def link_host() -> int:
 
 
 def parse_injected_fault(text: str) -> InjectedFault:
-    """``kill:1@20`` -> InjectedFault; anything else is a ConfigError naming the format."""
+    """``kill:1@20`` (or ``kill:s0@20``, a server shard) -> InjectedFault; anything else is a ConfigError naming
+    the format."""
     kind, _, rest = text.partition(":")
     rank, _, step = rest.partition("@")
+    server = rank.startswith("s")
+    rank = rank[1:] if server else rank
     if kind not in FAULT_KINDS or not rank.isdigit() or not step.isdigit() or int(step) < 1:
         raise ConfigError(f"--inject-fault '{text}': expected {FAULT_FORMAT}")
-    return InjectedFault(kind, int(rank), int(step))
+    return InjectedFault(kind, int(rank), int(step), server)
+
+
+def not_yet_fired(faults: list[InjectedFault]) -> list[InjectedFault]:
+    """``faults`` that no earlier attempt of the job has fired (its fault log says which did): a process restarted
+    after one still meets its later faults and never repeats one."""
+    done = {(e["kind"], e["rank"], e["step"], e.get("server", False)) for e in job_events() if e["event"] == "fault"}
+    return [f for f in faults if (f.kind, f.rank, f.step, f.server) not in done]
 
 
 @dataclass
@@ -159,7 +175,8 @@ class FaultConfig(Section):
     inject_fault: list[str] | None = option(None, "faults to inject, KIND:RANK@STEP, comma-separated (kill = "
                                             "SIGKILL, hang = SIGSTOP), e.g. kill:1@20. Sync modes need "
                                             "--fault-tolerance (RANK: a replica, STEP: the job's committed "
-                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps. "
+                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps, "
+                                            "or sN a server shard, STEP its pushes (kill only). "
                                             "link = cut RANK's host off an emulated cluster (--cluster, "
                                             "--fault-tolerance) for --link-down seconds")
     link_down: float = option(DEFAULT_LINK_DOWN_S, "seconds a link:... fault keeps the host's link down before "

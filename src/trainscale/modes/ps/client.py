@@ -24,6 +24,7 @@ from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import join, shard_bounds, split
 from trainscale.modes.ps.stats import WorkerStats
 from trainscale.runtime.worker_errors import PeerLost
+from trainscale.runtime.ft import log_event
 
 log = logging.getLogger("trainscale.ps")
 
@@ -94,6 +95,7 @@ class ShardClient:
     def _error(self, shard: int, what: str, exc: BaseException) -> PSError:
         if (error := dropped(exc)) is not None:
             return error
+        log_event("server_lost", shard=shard)
         return ServerLost(f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
                        f"(it died, hung past --rpc-timeout {self.timeout_s:g} s, or raised; see its log)")
 
@@ -193,6 +195,7 @@ class RpcCollectives:
                 raise error from None
             if "CollectiveError" in str(exc) or isinstance(exc, CollectiveError):  # the coordinator is alive
                 raise PSError(f"collective {op} failed: {first_line(exc)}") from None
+            log_event("server_lost", shard=0)
             raise ServerLost(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
                           f"{first_line(exc)}") from None
 

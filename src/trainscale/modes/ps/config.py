@@ -92,19 +92,28 @@ def validate_ps(cfg: PSConfig) -> None:
     _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")
     _require(cfg.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {cfg.heartbeat_timeout}")
     validate_faults(cfg)
-    _require(cfg.max_restarts == 0, "--max-restarts is not supported with parameter-server modes (a dead worker "
-                                    "does not stop the job; continue a stopped one with --resume)")
 
 
 def validate_faults(cfg: PSConfig) -> None:
-    """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive."""
+    """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive;
+    kill of a server shard, once each."""
     check_link_down(cfg)
     workers = job_processes(cfg)
+    shards = None if workers is None else workers // cfg.workers * cfg.servers
     seen: set[int] = set()
+    killed: set[int] = set()
     for fault in injected_faults(cfg):
-        where = f"--inject-fault {fault.kind}:{fault.rank}@{fault.step}"
+        where = f"--inject-fault {fault.text}"
         _require(fault.kind != "link", f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
                                        "parameter-server jobs take kill or hang")
+        if fault.server:
+            _require(fault.kind == "kill", f"{where}: a server shard can be killed, not hung (a stopped server holds "
+                                           "every worker for --rpc-timeout)")
+            _require(shards is None or fault.rank < shards, f"{where}: there are only {shards} server shard(s) "
+                                                            f"(s0..s{(shards or 1) - 1})")
+            _require(fault.rank not in killed, f"{where}: shard {fault.rank} already dies in an earlier fault")
+            killed.add(fault.rank)
+            continue
         _require(workers is None or fault.rank < workers, f"{where}: there are only {workers} workers "
                                                           f"(0..{(workers or 1) - 1})")
         _require(fault.rank not in seen, f"{where}: worker {fault.rank} already dies in an earlier fault (a dead "

@@ -3,9 +3,6 @@ are module-level functions over this process's shard and coordinator (set by ``i
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
 from typing import Any
 
 import torch.distributed.rpc as rpc
@@ -16,33 +13,23 @@ from trainscale.modes.ps.coordinator import Coordinator
 from trainscale.modes.ps.membership import Membership, WorkerDropped
 from trainscale.modes.ps.server import Rule, ShardServer
 from trainscale.modes.ps.stats import merge_server_stats
+from trainscale.runtime.faults import InjectedFault
+from trainscale.runtime.ft import log_event
 
-log = logging.getLogger("trainscale.ps")
-
-# TEST-ONLY fault injection, never set in real runs: "server=S:pushes=P" makes shard S kill itself
-# (SIGKILL, like a crashed or OOM-killed server) when its P-th push arrives.
-SERVER_FAULT_ENV = "TRAINSCALE_PS_SERVER_FAULT"
 
 _shard: ShardServer | None = None
 _coordinator: Coordinator | None = None
 _membership: Membership | None = None
-_kill_at_push: int | None = None
+_fault: InjectedFault | None = None  # --inject-fault kill:sN@P: this shard dies as its P-th push arrives
+_pushes = 0  # every push this shard has received
 _run_totals: dict[str, Any] = merge_server_stats([])
 
 
-def install(shard: ShardServer, membership: Membership, coordinator: Coordinator | None) -> None:
-    global _shard, _coordinator, _membership, _kill_at_push, _run_totals
-    _shard, _coordinator, _membership = shard, coordinator, membership
+def install(shard: ShardServer, membership: Membership, coordinator: Coordinator | None,
+            fault: InjectedFault | None = None) -> None:
+    global _shard, _coordinator, _membership, _fault, _pushes, _run_totals
+    _shard, _coordinator, _membership, _fault, _pushes = shard, coordinator, membership, fault, 0
     _run_totals = merge_server_stats([])
-    _kill_at_push = _server_fault(shard.index) if shard is not None else None
-
-
-def _server_fault(index: int) -> int | None:
-    text = os.environ.get(SERVER_FAULT_ENV, "")
-    if not text:
-        return None
-    fields = dict(part.split("=", 1) for part in text.split(":"))
-    return int(fields["pushes"]) if int(fields["server"]) == index else None
 
 
 def uninstall() -> None:
@@ -56,9 +43,10 @@ def initialize(params: Tensor, rule: Rule) -> int:
 def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
          active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int | WorkerDropped:
     """Apply or add the push; server 0 also records the batches it commits (``covers``, see handover.py)."""
-    if _kill_at_push is not None and _shard.stats.pushes + 1 >= _kill_at_push:
-        log.warning("%s: shard %d kills itself at push %d", SERVER_FAULT_ENV, _shard.index, _kill_at_push)
-        os.kill(os.getpid(), signal.SIGKILL)
+    global _pushes
+    _pushes += 1
+    if _fault is not None and _pushes >= _fault.step:
+        _fault.fire(version=_shard.version)  # the updates since the last checkpoint are lost with it
     refusal = _membership.refusal(worker)  # a worker declared dead is turned away
     if refusal is not None:
         return refusal
@@ -79,7 +67,9 @@ def state() -> dict[str, Any]:
 
 
 def load_state(value: dict[str, Any]) -> None:
+    """A checkpoint's state (``--resume``, or the whole job restarted after a server's death)."""
     _shard.load_state(value)
+    log_event("restored", shard=_shard.index, version=_shard.version)
 
 
 def take_stats(epoch: int | None = None) -> dict[str, Any]:

@@ -36,8 +36,9 @@ from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
 from trainscale.modes.ps.supervisor import supervise
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.faults import InjectedFault, injected_faults
+from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fired
 from trainscale.runtime.ft import log_event
+from trainscale.train.setup import restart_count
 from trainscale.runtime.process_group import rpc_session, worker_device
 
 log = logging.getLogger("trainscale.ps")
@@ -184,8 +185,10 @@ class ParameterServerMode(Mode):
         return self.optimizer
 
     def _fault(self) -> InjectedFault | None:
-        """This worker's ``--inject-fault`` (the first one naming it; one worker dies once)."""
-        return next((f for f in injected_faults(self.cfg) if f.rank == self.role_info.index), None)
+        """This worker's ``--inject-fault`` (the first one naming it; one worker dies once, and an attempt restarted
+        after a server's death does not meet it again)."""
+        return next((f for f in not_yet_fired(injected_faults(self.cfg))
+                     if not f.server and f.rank == self.role_info.index), None)
 
     def async_remedies(self, rule: Rule) -> Rule:
         """ASGD's server momentum (``--async-momentum``, resolved for the job's workers) and staleness-aware lr
@@ -343,9 +346,12 @@ def serve(cfg: PSConfig, role: Role) -> Result:
     membership = Membership(role.workers, heartbeat_s=min(1.0, cfg.heartbeat_timeout / 4),
                             timeout_s=cfg.heartbeat_timeout)
     shard = ShardServer(role.index, membership)
-    handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None)
+    fault = next((f for f in not_yet_fired(injected_faults(cfg)) if f.server and f.rank == role.index), None)
+    handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None, fault)
     try:
         with rpc_session(role.name, role.rank, role.world, cfg.rpc_timeout, threads=rpc_threads(role)):
+            if restart_count() > 0:  # the job restarted (a server died): back, the checkpoint's state to come
+                log_event("restarted", shard=role.index)
             membership.start()
             try:
                 membership.wait_all_gone()

@@ -15,7 +15,8 @@ code) as a child process and waits for it:
 * the child has been stopped (SIGSTOP, a hung host) for longer than the servers wait for it: they have
   dropped it and handed its batches over, so it is killed here and the job goes on;
 * the child raised (a bug, a dead server, a bad flag): re-raise its error here, so the agent stops the
-  job with that message.
+  job with that message (under ``--max-restarts``, restarts every process: a dead server's way back, from the
+  last epoch's checkpoint). A lost server is one warning line here, the server's own failure the job's.
 
 Killing the supervisor itself (not its child) still ends the job: the agent only watches supervisors.
 """
@@ -56,7 +57,9 @@ def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> No
         summary, history = trainer()
     except BaseException as exc:
         kind = "dropped" if isinstance(exc, Dropped) else kind_of(exc)
-        if kind not in ("user", "dropped"):
+        if kind == "peer":  # another process's failure (a server's): the launcher names that one
+            log.warning("%s", exc)
+        elif kind not in ("user", "dropped"):
             traceback.print_exc()
         plain = isinstance(exc, (TrainscaleError, PSError))
         conn.send((kind, str(exc) if plain else f"{type(exc).__name__}: {exc}"))
