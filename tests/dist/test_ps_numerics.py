@@ -32,7 +32,7 @@ def _server(port: int, index: int, servers: int) -> None:
     from trainscale.modes.ps.mode import Role, serve
 
     _env(port, 1 + index, 1 + servers)
-    cfg = SimpleNamespace(threads=1, rpc_timeout=60.0, heartbeat_timeout=10.0)
+    cfg = SimpleNamespace(threads=1, rpc_timeout=60.0, heartbeat_timeout=10.0, inject_fault=None)
     serve(cfg, Role("server", index, 1, servers, 1 + index, 1 + servers))
 
 
