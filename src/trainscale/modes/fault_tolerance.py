@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -35,6 +34,7 @@ from trainscale.compression.ddp_hook import CompressionHookState
 from trainscale.compression.setup import CompressionPlan
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
+from trainscale.runtime.dist import restart_count
 from trainscale.log import relabel
 from trainscale.runtime.faults import (InjectedFault, check_link_down, injected_faults, job_processes,
                                       not_yet_fired, on_cluster)
@@ -137,7 +137,7 @@ class ReplicaSession:
         self.snapshot, self.restore = snapshot, restore
         ft.start_barrier(self.quorum_timeout_s)
         self.quorum()
-        if restarted() and self.manager.current_step() == 0 and ft.job_finished():
+        if restart_count() > 0 and self.manager.current_step() == 0 and ft.job_finished():
             self._leave("the other replicas have finished the job")
 
     def _leave(self, why: str) -> None:
@@ -239,10 +239,6 @@ def quiet(value: bool) -> None:
     """Only the quorum's first member logs progress (every member computes the same epoch line)."""
     logging.getLogger("trainscale").setLevel(logging.WARNING if value else logging.NOTSET)
 
-
-def restarted() -> bool:
-    """Whether this replica's agent has restarted it (its first attempt fires the injected faults)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
 
 def state_digest(model: nn.Module) -> str:

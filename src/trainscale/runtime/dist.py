@@ -23,6 +23,11 @@ import torch.distributed as dist
 _collectives: Any = None
 
 
+def restart_count() -> int:
+    """How often torch's elastic agent has restarted this job's workers (0 on the first attempt, and outside one)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def use_collectives(impl: Any) -> None:
     """Route every helper below through ``impl`` (None: back to torch.distributed's default group)."""
     global _collectives

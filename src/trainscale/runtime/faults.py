@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Iterator
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime.cluster import cut_link, facts_from_env
+from trainscale.runtime.dist import restart_count
 from trainscale.runtime.ft import job_events, log_event
 
 log = logging.getLogger("trainscale.runtime")
@@ -58,7 +59,7 @@ def parse_fault(text: str) -> Fault:
 def fault_for(rank: int) -> Fault | None:
     """The fault this rank must inject in this attempt, if any."""
     text = os.environ.get(ENV_VAR, "")
-    if not text or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if not text or restart_count() > 0:
         return None
     fault = parse_fault(text)
     return fault if fault.rank == rank else None

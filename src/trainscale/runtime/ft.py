@@ -5,8 +5,8 @@ A fault-tolerant job (``--fault-tolerance``) is a set of replicas (one worker ea
 and restarted by its own torch elastic agent, so a dead replica's restart never touches the others. The
 launcher hosts the lighthouse (torchft's quorum server) and a TCPStore for the start barrier, both on
 127.0.0.1 (across machines, node 0's launcher on its rendezvous address). Each replica's Manager agrees on
-the quorum with the lighthouse every step, reconfigures its gloo group when members leave or join, and heals a replica that is behind by copying the live state
-from a peer over that same group (torchft's ``PGTransport``).
+the quorum with the lighthouse every step, reconfigures its gloo group when members leave or join, and heals a
+replica that is behind by copying the live state from a peer over that same group (torchft's ``PGTransport``).
 
 Where torchft falls short, and what is done here instead:
 - its ManagerServer binds every interface (``[::]``) and advertises the host name; it is made to bind
@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
+from trainscale.runtime.dist import restart_count
 
 REPLICA_ENV = "TRAINSCALE_FT_REPLICA"  # this replica's index, 0..replicas-1
 REPLICAS_ENV = "TRAINSCALE_FT_REPLICAS"
@@ -106,7 +107,7 @@ def start_barrier(timeout_s: float) -> None:
     """Wait until every replica has started (first attempts only: a restarted replica joins the running
     job), so the first quorum holds them all and step 1 is everyone's."""
     address = os.environ.get(BARRIER_ENV)
-    if not address or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    if not address or restart_count() > 0:
         return
     host, port = address.rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))

@@ -26,6 +26,7 @@ from trainscale.config import CoreConfig
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, is_main_process, world_size
 from trainscale.runtime import ft
+from trainscale.runtime.dist import restart_count
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train.environment import environment
 
@@ -254,11 +255,6 @@ def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
     if now["epochs"] < recorded.get("epochs", 0):
         raise ConfigError(f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; "
                           "epochs may only grow")
-
-
-def restart_count() -> int:
-    """How often torch's elastic agent has restarted this job's workers (0 on the first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def wants_resume(cfg: CoreConfig, out: Path | None) -> bool:

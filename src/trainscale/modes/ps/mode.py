@@ -37,8 +37,8 @@ from trainscale.modes.ps.supervisor import supervise
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fired
+from trainscale.runtime.dist import restart_count
 from trainscale.runtime.ft import log_event
-from trainscale.train.setup import restart_count
 from trainscale.runtime.process_group import rpc_session, worker_device
 
 log = logging.getLogger("trainscale.ps")
