@@ -40,8 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -50,6 +49,7 @@ from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
 from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PS_MODES
 from trainscale.runtime import ft
+from trainscale.runtime.faults import DEFAULT_LINK_DOWN_S
 from trainscale.train.environment import environment
 
 JOB = {"model": "airbench", "dataset": "cifar10", "epochs": 3, "train_subset": 25600, "test_subset": 2000,
@@ -186,7 +186,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--emulated", action="store_true",
                         help="run on an emulated cluster of one host per replica (implied by link; needs root)")
     parser.add_argument("--bandwidth", default="1gbit", help="the emulated cluster's links (default 1gbit)")
-    parser.add_argument("--link-down", type=float, default=5.0, help="seconds a link cut lasts (default 5)")
+    parser.add_argument("--link-down", type=float, default=DEFAULT_LINK_DOWN_S,
+                        help=f"seconds a link cut lasts (default {DEFAULT_LINK_DOWN_S:g})")
     parser.add_argument("--ft-timeout", type=float, default=1.5, help="--ft-timeout of both runs (default 1.5 s)")
     parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
                         help="parameter-server modes: --heartbeat-timeout of both runs (default 1.5 s)")
