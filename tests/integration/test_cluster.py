@@ -94,6 +94,19 @@ def test_status_reports_debris(cluster_names: Callable[[], str], capsys: pytest.
     assert f"tsc-{name}-sw" in out and "down --all" in out
 
 
+def test_a_killed_runs_cpu_groups_are_debris_down_removes(cluster_names: Callable[[], str],
+                                                            capsys: pytest.CaptureFixture) -> None:
+    name = cluster_names()
+    if not (net.CGROUP_CPU / "cgroup.procs").is_file():
+        pytest.skip("no cgroup-v1 cpu controller on this machine")
+    net.cpu_group(name, 0).mkdir()
+    assert name in net.leftover_cpu_groups()
+    _, out, _ = cli(capsys, "status")
+    assert f"CPU groups of {name}" in out and "down --all" in out
+    net.destroy(name)
+    assert not net.cpu_group(name, 0).exists() and name not in net.leftover_cpu_groups()
+
+
 def test_bad_inputs_are_one_line(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:
     name, unknown = cluster_names(), cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0

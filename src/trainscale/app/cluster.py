@@ -120,7 +120,8 @@ def down(args: argparse.Namespace) -> int:
     if args.all == bool(args.name):
         raise ConfigError("give either a cluster NAME or --all")
     net.check_tools()
-    names = sorted(set(net.trainscale_namespaces()) | {p.stem for p in _state_files()}) if args.all else [
+    names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()}
+                   ) if args.all else [
         load(args.name)["name"]]
     for name in names:
         removed = bring_down(name)
@@ -141,9 +142,10 @@ def status(args: argparse.Namespace) -> int:
         print(_table(["cluster", "namespace", "address", "rate", "link", "tx_bytes", "rx_bytes"], rows))
     elif not args.name:
         print("no clusters (trainscale cluster up NAME --hosts N --bandwidth RATE makes one)")
-    debris = sorted(set(live) - {r["name"] for r in records}) if not args.name else []
+    debris = sorted((set(live) | net.leftover_cpu_groups()) - {r["name"] for r in records}) if not args.name else []
     if debris:
-        print(f"namespaces with no state file (debris): {', '.join(ns for n in debris for ns in live[n])}; "
+        left = [ns for n in debris for ns in live.get(n) or [f"CPU groups of {n}"]]
+        print(f"namespaces with no state file (debris): {', '.join(left)}; "
               f"remove them with: trainscale cluster down --all")
     return 0
 

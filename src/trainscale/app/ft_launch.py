@@ -31,7 +31,7 @@ from trainscale.io import atomic_write_text, dumps
 from trainscale.log import relabel
 from trainscale.results import lock_run_folder, read_json, remove_debris
 from trainscale.runtime import ft
-from trainscale.runtime.faults import NODE_ENV, InjectedFault, injected_faults
+from trainscale.runtime.faults import NODE_ENV, InjectedFault, injected_faults, job_processes
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state
 
@@ -78,16 +78,12 @@ def meeting_points(meeting: Meeting) -> Iterator[tuple[str, str]]:
 
 def replica_env(cfg: TrainConfig, index: int, points: tuple[str, str], meeting: Meeting,
                 events: Path) -> dict[str, str]:
-    env = {**os.environ, ft.REPLICA_ENV: str(index), ft.REPLICAS_ENV: str(replica_count(cfg)),
+    env = {**os.environ, ft.REPLICA_ENV: str(index), ft.REPLICAS_ENV: str(job_processes(cfg)),
            ft.LIGHTHOUSE_ENV: points[0], ft.BARRIER_ENV: points[1], ft.EVENTS_ENV: str(events),
            ft.OWNER_ENV: str(os.getpid()), ft.ADDRESS_ENV: meeting.address, NODE_ENV: str(cfg.node_rank),
            "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     env.setdefault("GLOO_SOCKET_IFNAME", interface_of(meeting.address))
     return env
-
-
-def replica_count(cfg: TrainConfig) -> int:
-    return (cfg.workers or 1) * cfg.nnodes
 
 
 def launch_replicas(cfg: TrainConfig, argv: list[str], out: Path | None, meeting: Meeting) -> int:
@@ -108,7 +104,7 @@ def launch_replicas(cfg: TrainConfig, argv: list[str], out: Path | None, meeting
             try:
                 status = watch(procs, cfg.ft_timeout + HEARTBEAT_TIMEOUT_S)
                 if status == 0 and out is not None and cfg.nnodes > 1:
-                    wait_for_finals(events, replica_count(cfg))
+                    wait_for_finals(events, job_processes(cfg))
             finally:
                 for proc in procs:
                     if proc.poll() is None:

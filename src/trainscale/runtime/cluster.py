@@ -210,6 +210,14 @@ def trainscale_namespaces() -> dict[str, list[str]]:
     return found
 
 
+def leftover_cpu_groups() -> set[str]:
+    """Cluster names with a CPU group still in the cpu controller (a run killed before its teardown leaves
+    them behind with no namespace): `cluster down --all` removes them too."""
+    if not CGROUP_CPU.is_dir():
+        return set()
+    return {m.group(1) for g in CGROUP_CPU.glob(f"{PREFIX}*-h*") if (m := _NS_RE.match(g.name))}
+
+
 @contextlib.contextmanager
 def _shielded() -> Iterator[None]:
     """Ignore Ctrl-C and SIGTERM while tearing down, so the teardown itself always completes."""

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from trainscale.errors import ConfigError
 from trainscale.runtime.cluster import facts_from_env
+from trainscale.runtime.dist import restart_count
 from trainscale.runtime.network import interface_of, local_address_toward
 from trainscale.runtime.rendezvous import bound_store
 
@@ -69,7 +70,7 @@ def attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"trainscale/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"trainscale/attempt_{restart_count()}", store)
 
 
 def worker_store(timeout: datetime.timedelta, rank: int, world: int) -> dist.Store:
