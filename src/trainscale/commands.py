@@ -105,7 +105,12 @@ def train_worker(cfg: CoreConfig) -> int:
     from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.app.run import run_training
 
-    summary, history = run_worker(cfg) if launched_by_torchrun() else run_training(cfg)
+    from trainscale.runtime.worker_errors import PeerLost
+
+    try:
+        summary, history = run_worker(cfg) if launched_by_torchrun() else run_training(cfg)
+    except PeerLost:  # logged as one warning already; the job's message names the peer's own failure
+        return 1
     owns_folder = summary.get("out") is not None
     if owns_folder and not launched_by_trainscale():  # under `trainscale train --workers N` the parent prints
         print(format_table(history, EPOCH_COLUMNS))

@@ -1,5 +1,6 @@
 """The multi-node path on loopback: two `trainscale train --nnodes 2` agents meet at node 0's c10d
-rendezvous, train as one world of 2, and node 0 alone writes the run folder."""
+rendezvous, train as one world of 2, and node 0 alone writes the run folder; a job restarted on both nodes
+(``--max-restarts``) resumes there."""
 
 import json
 import os
@@ -14,9 +15,9 @@ SMALL = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "-
          "--epochs", "2", "--batch-size", "64", "--no-progress", "--threads", "1")  # two "nodes", one CPU
 
 
-def start_node(rank: int, endpoint: str, out) -> subprocess.Popen:
+def start_node(rank: int, endpoint: str, out, *extra: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "trainscale", "train", *SMALL, "--nnodes", "2", "--node-rank", str(rank),
-            "--rdzv-endpoint", endpoint, "--workers", "1", "--rdzv-timeout", "120", "--out", str(out)]
+            "--rdzv-endpoint", endpoint, "--workers", "1", "--rdzv-timeout", "120", "--out", str(out), *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -34,3 +35,25 @@ def test_two_nodes_on_loopback(tmp_path):
     # Node 0's worker writes the run folder whichever global rank the c10d rendezvous gave it.
     assert not (tmp_path / "node1").exists()
     assert "results in" in outputs[0][0] and "run folder is on node 0" in outputs[1][0]
+
+
+@pytest.mark.dist
+def test_a_server_killed_on_one_node_restarts_the_job_on_both_and_it_resumes(tmp_path):
+    """A parameter server (one per node) dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to each shard). Only its node's agent counts a
+    restart: the other one restarts its processes for the new rendezvous round with its count still 0, so the job
+    must agree it restarted (node 0's main worker resumes its run folder instead of refusing it as another run's)
+    and the victim's node, whose faults no shared log records, must not fire the fault again."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    ps = ("--mode", "async", "--servers", "1", "--epochs", "3", "--max-restarts", "1", "--inject-fault", "kill:s1@24")
+    nodes = [start_node(0, endpoint, tmp_path / "run", *ps), start_node(1, endpoint, tmp_path / "node1", *ps)]
+    outputs = [p.communicate(timeout=300) for p in nodes]
+    for p, (out, err) in zip(nodes, outputs):
+        assert p.returncode == 0, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+    errs = "".join(err for _, err in outputs)
+    assert errs.count("--inject-fault kill:s1@24 fires") == 1 and "never fired" not in errs
+    assert "resumed from" in errs
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["epochs_completed"] == 3 and summary["servers"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]

@@ -31,6 +31,7 @@ def test_fp16_channels_last_on_cuda(tmp_path):
     assert summary["environment"]["device_name"] == torch.cuda.get_device_name(0)
     assert summary["peak_memory_mb"] > 0 and summary["samples_per_sec"] > 0
     assert summary["mode"] == "local" and summary["epochs_completed"] == 2
+    assert 0 < summary["gpu_util"] <= 1, "no GPU utilisation from NVML (nvidia-ml-py is a dependency)"
 
 
 def test_compiled_bf16_on_cuda_is_the_default_device(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from trainscale.errors import ConfigError
 from trainscale.results import LOCK_FILE, lock_holder, lock_run_folder
 from trainscale.runtime import all_reduce_sum, barrier, broadcast_object, is_main_process, rank, world_size
-from trainscale.runtime.dist import NoProcessGroup
+from trainscale.runtime.dist import NoProcessGroup, job_restarted
 from trainscale.train.setup import check_run_folder
 
 
@@ -27,8 +27,18 @@ def test_helpers_are_no_ops_at_world_size_one(monkeypatch):
     barrier()
 
 
+@pytest.mark.parametrize("count, restarted", [(None, False), ("", False), ("0", False), ("2", True)])
+def test_alone_a_process_has_restarted_when_its_agent_says_so(monkeypatch, count, restarted):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    if count is None:
+        monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", count)
+    assert job_restarted() is restarted
+
+
 @pytest.mark.parametrize("call", [lambda: all_reduce_sum(torch.ones(1)), world_size, rank, barrier,
-                                  lambda: broadcast_object(1), is_main_process])
+                                  lambda: broadcast_object(1), is_main_process, job_restarted])
 def test_helpers_raise_when_the_launcher_says_distributed_but_no_group_exists(monkeypatch, call):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(NoProcessGroup, match="WORLD_SIZE=4 says this process is one of 4"):

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from trainscale.train import utilisation
 from trainscale.train.utilisation import Utilisation, allowed_cores
 
 
@@ -51,11 +52,15 @@ def test_gpu_utilisation_is_the_mean_of_the_samples(monkeypatch):
     assert u.result()["gpu_util"] == pytest.approx(0.5)
 
 
-def test_no_gpu_figure_without_nvml(monkeypatch):
+def test_no_gpu_figure_without_nvml_and_one_warning_that_says_why(monkeypatch, caplog):
     def missing(device=None):
-        raise ModuleNotFoundError("pynvml")
+        raise ModuleNotFoundError("No module named 'pynvml'")
 
     monkeypatch.setattr(torch.cuda, "utilization", missing)
-    with Utilisation(torch.device("cuda", 0), cores=1.0) as u:
-        pass
-    assert u.result()["gpu_util"] is None
+    utilisation._warn_once.cache_clear()
+    for _ in range(3):
+        with Utilisation(torch.device("cuda", 0), cores=1.0) as u:
+            pass
+        assert u.result()["gpu_util"] is None
+    warnings = [r.getMessage() for r in caplog.records if "NVML" in r.getMessage()]
+    assert len(warnings) == 1 and "pynvml" in warnings[0] and "nvidia-ml-py" in warnings[0], warnings

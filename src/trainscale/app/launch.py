@@ -13,15 +13,17 @@ exception reaches the agent). On success node 0 prints the table and summary fro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -40,7 +42,7 @@ from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
 from trainscale.results import lock_run_folder, read_history, read_json
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.faults import injected_faults, on_cluster
+from trainscale.runtime.faults import InjectedFault, injected_faults, on_cluster
 from trainscale.runtime.network import (
     LOCALHOST,
     check_port_free,
@@ -153,7 +155,7 @@ def worker_args(flags: dict[str, Any], plan: LaunchPlan) -> list[str]:
     return ["-u", "-m", "trainscale", "train", *to_argv({**flags, **overrides})]
 
 
-def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
+def worker_env(cfg: TrainConfig, plan: LaunchPlan, fault_log: Path | None) -> dict[str, str]:
     """Variables for the agent (this process) and the workers it starts (they inherit its environment).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default torch's agent hands its rendezvous store to the
@@ -169,21 +171,34 @@ def worker_env(cfg: TrainConfig, plan: LaunchPlan) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(plan.threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    log_folder = fault_log_folder(cfg, plan)
-    if mode_class(cfg.mode).uses_servers and log_folder is not None:  # faults, deaths and hand-overs
-        env[ft.EVENTS_ENV] = str(log_folder / ft.EVENTS_FILE)
+    if fault_log is not None:  # a parameter-server job's faults, deaths and hand-overs
+        env[ft.EVENTS_ENV] = str(fault_log / ft.EVENTS_FILE)
     if cfg.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
     return env
 
 
-def fault_log_folder(cfg: TrainConfig, plan: LaunchPlan) -> Path | None:
-    """Where this node's processes log faults, deaths and hand-overs: node 0's run folder; on an emulated cluster,
-    whose hosts share one file system, every node's (the same ``--out``). Across real machines only node 0's
-    processes log (another node's folder of that name is not the run's)."""
-    if plan.out is not None:
-        return plan.out
-    return Path(cfg.out) if cfg.out and on_cluster() else None
+@contextlib.contextmanager
+def fault_log_folder(cfg: TrainConfig, plan: LaunchPlan) -> Iterator[Path | None]:
+    """Where this node's parameter-server processes log faults, deaths and hand-overs (None in other modes): node
+    0's run folder; on an emulated cluster, whose hosts share one file system, every node's (the same ``--out``).
+    On the other nodes of a job across real machines, a folder of this launcher's, removed with it: the run's
+    summary does not see their faults (another node's folder of that name is not the run's), but a restarted
+    attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
+    if not mode_class(cfg.mode).uses_servers:
+        yield None
+    elif plan.out is not None or (cfg.out and on_cluster()):
+        yield plan.out or Path(cfg.out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
+            yield Path(folder)
+
+
+def logged_faults(cfg: TrainConfig) -> list[InjectedFault]:
+    """The injected faults whose firing node 0's fault log is sure to record (for its "never fired" warning):
+    all of them where the nodes share it (one machine, an emulated cluster); none across real machines, where
+    the rendezvous decides which machine runs which worker and shard (``fault_log_folder``)."""
+    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster() else []
 
 
 def bind_address(plan: LaunchPlan) -> str:
@@ -208,7 +223,13 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
     if ft.replica() is not None:
         return run_replica_agent(cfg, flags)
     plan = prepare(cfg)
-    os.environ.update(worker_env(cfg, plan))
+    with fault_log_folder(cfg, plan) as fault_log:
+        os.environ.update(worker_env(cfg, plan, fault_log))
+        return run_agents(cfg, flags, plan)
+
+
+def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int:
+    """This node's part of the job under torch's elastic agent (or the fault-tolerant replicas' launchers)."""
     if cfg.fault_tolerance:
         meeting = Meeting(plan.endpoint, plan.is_host, bind_address(plan), cfg.nnodes)
         status = launch_replicas(cfg, worker_args(flags, plan), plan.out, meeting)
@@ -239,7 +260,7 @@ def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
     if events is not None and (plan.out / "summary.json").exists():
-        record_ps_faults(plan.out, injected_faults(cfg))
+        record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / "summary.json").get("epochs_completed", 0)
         if done < cfg.epochs:  # every worker died, each one survivable on its own
             print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.epochs} "

@@ -129,6 +129,13 @@ def any_rank(flag: torch.Tensor) -> bool:
     return bool(all_reduce_max(flag.detach().reshape(1).float()).item())
 
 
+def job_restarted() -> bool:
+    """Whether torch's elastic agents restarted this job's workers, the same answer on every rank (a collective
+    when distributed). One process's ``restart_count`` cannot say on several nodes: an agent whose own workers
+    did not fail restarts them for the new rendezvous round with its count unchanged (0)."""
+    return any_rank(torch.tensor(restart_count() > 0))
+
+
 def broadcast_object(obj: Any, src: int | None = None) -> Any:
     """Rank ``src``'s ``obj`` (default: the main rank's) on every rank; ``obj`` itself when not distributed."""
     if not is_distributed():

@@ -26,7 +26,7 @@ from trainscale.config import CoreConfig
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, is_main_process, world_size
 from trainscale.runtime import ft
-from trainscale.runtime.dist import restart_count
+from trainscale.runtime.dist import job_restarted
 from trainscale.runtime.orphans import launcher_pid
 from trainscale.train.environment import environment
 
@@ -257,11 +257,11 @@ def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
                           "epochs may only grow")
 
 
-def wants_resume(cfg: CoreConfig, out: Path | None) -> bool:
-    """Whether to load a checkpoint: ``--resume`` or a restarted worker, and the main process (which owns
-    the run folder) finds one; shared so every rank agrees. A run killed before its first checkpoint has
-    none and starts from the beginning."""
-    if not cfg.resume and restart_count() == 0:
+def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
+    """Whether to load a checkpoint: ``--resume`` or a restarted job (``job_restarted``), and the main process
+    (which owns the run folder) finds one; shared so every rank agrees. A run killed before its first
+    checkpoint has none and starts from the beginning."""
+    if not cfg.resume and not restarted:
         return False
     found = out is not None and (out / "checkpoint.pt").exists()
     return bool(broadcast_object(found))
@@ -274,10 +274,11 @@ def run_folder(cfg: CoreConfig, standby: bool = False) -> tuple[RunWriter | None
     check_model_input(cfg)
     main = is_main_process()
     out = resolve_out(cfg) if main or standby else None
-    resume = wants_resume(cfg, out if main else None)
+    restarted = job_restarted()
+    resume = wants_resume(cfg, out if main else None, restarted)
     if out is None:
         return None, resume
-    first_writer = main and ft.replica() in (None, 0) and restart_count() == 0  # replicas share the folder
+    first_writer = main and ft.replica() in (None, 0) and not restarted  # replicas share the folder
     if first_writer:
         check_run_folder(out, cfg.resume, cfg)
     if cfg.resume and not resume:

@@ -3,12 +3,14 @@
 
 CPU: the worker process's CPU time (every thread, from the OS) over the wall time of the pass, divided by the
 cores it may use: its torch threads, or on an emulated cluster its share of the host's CPU quota. GPU: NVML's
-utilisation of the worker's device, sampled every ``period`` seconds by a background thread (None where NVML
-is not installed). Both are per worker; the trainer records the mean over workers per epoch.
+utilisation of the worker's device, sampled every ``period`` seconds by a background thread (None, with one
+warning, where NVML cannot be read: torch reads it through ``pynvml``, which the ``nvidia-ml-py`` dependency brings). Both are per worker; the trainer records the mean over workers per epoch.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import statistics
 import threading
 import time
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+log = logging.getLogger("trainscale.train")
 
 def allowed_cores(facts: dict[str, Any] | None, processes_per_host: int) -> float:
     """The cores this worker may keep busy: its threads, capped by its share of an emulated host's quota."""
@@ -63,6 +66,12 @@ class Utilisation:
 def _nvml_works(device: torch.device) -> bool:
     try:
         torch.cuda.utilization(device)
-    except Exception:  # pynvml missing or NVML unavailable: no GPU figure, never a failed run
+    except Exception as exc:  # pynvml missing or NVML unavailable: no GPU figure, never a failed run
+        _warn_once(f"{type(exc).__name__}: {exc}")
         return False
     return True
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("no GPU utilisation figures: NVML cannot be read (%s); pip install nvidia-ml-py", reason)
