@@ -39,10 +39,11 @@ def test_two_nodes_on_loopback(tmp_path):
 
 @pytest.mark.dist
 def test_a_server_killed_on_one_node_restarts_the_job_on_both_and_it_resumes(tmp_path):
-    """A parameter server (one per node) dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to each shard). Only its node's agent counts a
-    restart: the other one restarts its processes for the new rendezvous round with its count still 0, so the job
-    must agree it restarted (node 0's main worker resumes its run folder instead of refusing it as another run's)
-    and the victim's node, whose faults no shared log records, must not fire the fault again."""
+    """A parameter server (one per node) dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to
+    each shard). Only its node's agent counts a restart: the other one restarts its processes for the new
+    rendezvous round with its count still 0, so the job must agree it restarted (node 0's main worker resumes
+    its run folder instead of refusing it as another run's), and the victim's node, whose faults no shared log
+    records, must not fire the fault again."""
     endpoint = f"127.0.0.1:{free_port()}"
     ps = ("--mode", "async", "--servers", "1", "--epochs", "3", "--max-restarts", "1", "--inject-fault", "kill:s1@24")
     nodes = [start_node(0, endpoint, tmp_path / "run", *ps), start_node(1, endpoint, tmp_path / "node1", *ps)]

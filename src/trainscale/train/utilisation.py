@@ -4,7 +4,8 @@
 CPU: the worker process's CPU time (every thread, from the OS) over the wall time of the pass, divided by the
 cores it may use: its torch threads, or on an emulated cluster its share of the host's CPU quota. GPU: NVML's
 utilisation of the worker's device, sampled every ``period`` seconds by a background thread (None, with one
-warning, where NVML cannot be read: torch reads it through ``pynvml``, which the ``nvidia-ml-py`` dependency brings). Both are per worker; the trainer records the mean over workers per epoch.
+warning, where NVML cannot be read: torch reads it through ``pynvml``, which the ``nvidia-ml-py`` dependency
+brings). Both are per worker; the trainer records the mean over workers per epoch.
 """
 
 from __future__ import annotations
