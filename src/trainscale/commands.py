@@ -104,7 +104,6 @@ def train_worker(cfg: CoreConfig) -> int:
     from trainscale.app.launch import launched_by_trainscale, run_worker
     from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.app.run import run_training
-
     from trainscale.runtime.worker_errors import PeerLost
 
     try:

@@ -120,9 +120,10 @@ def down(args: argparse.Namespace) -> int:
     if args.all == bool(args.name):
         raise ConfigError("give either a cluster NAME or --all")
     net.check_tools()
-    names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()}
-                   ) if args.all else [
-        load(args.name)["name"]]
+    if args.all:
+        names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()})
+    else:
+        names = [load(args.name)["name"]]
     for name in names:
         removed = bring_down(name)
         print(f"cluster {name}: removed {len(removed)} namespaces")

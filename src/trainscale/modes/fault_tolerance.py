@@ -240,7 +240,6 @@ def quiet(value: bool) -> None:
     logging.getLogger("trainscale").setLevel(logging.WARNING if value else logging.NOTSET)
 
 
-
 def state_digest(model: nn.Module) -> str:
     """SHA-256 of every parameter and buffer, in state-dict order: equal digests, bitwise-equal replicas."""
     h = hashlib.sha256()

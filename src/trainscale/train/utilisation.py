@@ -21,6 +21,7 @@ import torch
 
 log = logging.getLogger("trainscale.train")
 
+
 def allowed_cores(facts: dict[str, Any] | None, processes_per_host: int) -> float:
     """The cores this worker may keep busy: its threads, capped by its share of an emulated host's quota."""
     threads = float(torch.get_num_threads())
