@@ -47,7 +47,7 @@ import torch
 from trainscale.app.launch import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
-from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PS_MODES
+from trainscale.modes.ps import DEFAULT_AVERAGE_EVERY, PS_MODES
 from trainscale.runtime import ft
 from trainscale.runtime.faults import DEFAULT_LINK_DOWN_S
 from trainscale.train.environment import environment

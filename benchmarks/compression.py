@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.compression import CompressionStats, Exchange, UnitContext, create_compressor, list_compressors
-from trainscale.compression.methods.sparse import count_for
+from trainscale.compression.methods import count_for
 from trainscale.compression.reducer import make_reducer
 from trainscale.models import create_model
 from trainscale.train.environment import environment

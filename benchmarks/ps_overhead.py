@@ -29,7 +29,6 @@ import os
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -78,17 +77,18 @@ def _stepper(model: torch.nn.Module, opt: torch.optim.Optimizer, batch, precisio
 
 
 def _server(port: int, index: int, workers: int, servers: int, threads: int) -> None:
-    from trainscale.modes.ps.mode import Role, serve
+    from trainscale.app.config import build_config
+    from trainscale.modes.ps import Role, serve
 
     world = workers + servers
     _env(port, workers + index, world, threads)
-    serve(SimpleNamespace(threads=threads, rpc_timeout=120.0),
-          Role("server", index, workers, servers, workers + index, world))
+    cfg = build_config({"mode": "async", "workers": workers, "servers": servers, "threads": threads,
+                        "rpc_timeout": 120.0})
+    serve(cfg, Role("server", index, workers, servers, workers + index, world))
 
 
 def _ps_optimizer(args: argparse.Namespace, worker: int, model: torch.nn.Module):
-    from trainscale.modes.ps.client import ShardClient
-    from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from
+    from trainscale.modes.ps import EpochClock, PSOptimizer, ShardClient, rule_from
 
     local = torch.optim.SGD(model.parameters(), **HYPER)
     client = ShardClient(worker, args.servers, count_parameters(model), timeout_s=120.0)
@@ -101,8 +101,7 @@ def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, thread
     """A second worker that trains through the same server until worker 0 is done timing."""
     from trainscale.runtime import dist as tsdist
     from trainscale.runtime.process_group import rpc_session
-    from trainscale.modes.ps.client import RpcCollectives
-    from trainscale.modes.ps.mode import installed_collectives
+    from trainscale.modes.ps import RpcCollectives, installed_collectives
 
     world = args.workers + args.servers
     _env(port, worker, world, threads)
@@ -121,8 +120,7 @@ def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, thread
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from trainscale.runtime import dist as tsdist
     from trainscale.runtime.process_group import rpc_session
-    from trainscale.modes.ps.client import RpcCollectives
-    from trainscale.modes.ps.mode import installed_collectives
+    from trainscale.modes.ps import RpcCollectives, installed_collectives
 
     ctx = mp.get_context("spawn")
     port, stop = free_port(), ctx.Event()

@@ -8,6 +8,7 @@ here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -109,3 +110,62 @@ def read_toml(path: Path, kind: str, error: type[ConfigError] = ConfigError) -> 
         raise error(f"{kind} {path} cannot be read as text ({type(exc).__name__})") from None
     except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for Python's int conversion
         raise error(f"{kind} {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
+
+
+def check_folder_writable(folder: Path, flag: str = "--out") -> None:
+    """Make ``folder`` (parents too) and a probe file in it, then remove what was made: a path that cannot
+    be written (a parent that is a file, a read-only or special file system, no permission) is one line
+    now, checked the way the run will write (so also as root), not a traceback once the work is done."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
+    made: list[Path] = []
+    try:
+        made = missing_folders(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag} {folder}: cannot write there ({unwritable_reason(folder, exc)}); "
+                          f"choose another {flag}") from None
+    finally:
+        remove_empty(made)
+
+
+def check_folder_permissions(folder: Path, flag: str = "--out") -> None:
+    """``check_folder_writable`` without writing: the nearest existing ancestor must be a folder this
+    process may write into (root passes on a read-only file system; only the probe sees that)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {folder}: cannot write there ({existing} is a file); choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {folder}: cannot write there (no permission in {existing}); choose another {flag}")
+
+
+def unwritable_reason(folder: Path, exc: OSError) -> str:
+    """Why ``folder`` cannot be written: the ancestor that is a file, else the OS's words and path."""
+    with contextlib.suppress(OSError):
+        existing = next((p for p in folder.parents if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            return f"{existing} is a file"
+    return f"{exc.strerror or exc}: {exc.filename or folder}"
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first (what a mkdir would make)."""
+    missing: list[Path] = []
+    for path in (folder, *folder.parents):
+        try:
+            if path.exists():
+                break
+        except OSError:
+            break
+        missing.append(path)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each folder (deepest first) that is still empty; a folder with anything in it stays."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()

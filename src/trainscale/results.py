@@ -26,6 +26,9 @@ EPOCH_FIELDS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc
 SUMMARY_FIELDS = ("model", "params", "dataset", "mode", "world_size", "epochs", "batch_size", "best_test_acc",
                   "final_test_acc", "mean_epoch_seconds", "samples_per_sec", "peak_memory_mb",
                   "total_train_seconds", "time_to_target_seconds", "reference_scope", "skipped_steps", "environment")
+# summary.json keys of a run that exchanges gradients: mean milliseconds per step spent encoding, communicating,
+# hidden behind the backward pass and decoding (steady epochs); ``report`` tables them in this order.
+EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
 # holding only these is still a new run's folder.

@@ -2,8 +2,13 @@
 
 ``LAYERS`` stacks the units (top-level modules and packages), lowest first. A module may import its own unit and
 lower layers, never a higher layer or a sibling unit, and never in a cycle. Imports are read with ``ast`` (also
-inside functions; ``if TYPE_CHECKING:`` blocks skipped), so a wrong one fails here, naming importer, line, target
-and rule, instead of surfacing later as a circular-import error at run time.
+inside functions and ``if TYPE_CHECKING:`` blocks, since a type checker follows those too), so a wrong one fails
+here, naming importer, line, target and rule, instead of surfacing later as a circular-import error at run time.
+
+The scripts in ``benchmarks/`` are a layer above the entry points: they may import any unit and any module directly
+inside a unit (``trainscale.train.loop``), but a sub-package (``trainscale.modes.ps``) only through what its
+``__init__`` exports, never one of its modules (``trainscale.modes.ps.client``), and never a name or module that
+starts with an underscore.
 """
 
 from __future__ import annotations
@@ -58,16 +63,8 @@ def module_names(root: Path) -> dict[str, Path]:
     return names
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
-
-
-def _import_nodes(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [node]
-    children = node.orelse if isinstance(node, ast.If) and _is_type_checking(node.test) else (
-        list(ast.iter_child_nodes(node)))
-    return [found for child in children for found in _import_nodes(child)]
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _resolve(dotted: str, modules: dict[str, Path]) -> str | None:
@@ -164,9 +161,43 @@ def violations(root: Path, layers: tuple[Layer, ...]) -> list[str]:
     return errors
 
 
+def _benchmark_error(imp: Import, names: list[str]) -> str | None:
+    where, parts = imp.importer, imp.target.split(".")
+    private = [part for part in parts if part.startswith("_")] + [name for name in names if name.startswith("_")]
+    if private:
+        return f"{where} line {imp.line} imports {imp.target}: the private name {private[0]} is not for benchmarks"
+    if len(parts) > 3:
+        package = ".".join(parts[:3])
+        return (f"{where} line {imp.line} imports {imp.target}: reaches into the sub-package {package}; "
+                f"import what {package} exports (add it to its __init__ if it is public)")
+    return None
+
+
+def benchmark_violations(folder: Path, root: Path) -> list[str]:
+    """Every import in the scripts under ``folder`` that breaks the benchmark rule against the package ``root``."""
+    modules = module_names(root)
+    errors: list[str] = []
+    for path in sorted(folder.rglob("*.py")):
+        where = path.relative_to(folder.parent).as_posix()
+        for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
+            for target in dict.fromkeys(_targets(node, "", modules)):
+                error = _benchmark_error(Import(where, node.lineno, target), names) if (
+                    target and target.split(".")[0] == ROOT) else None
+                errors += [error] if error else []
+    return errors
+
+
 def test_trainscale_imports_point_down() -> None:
     found = violations(Path(__file__).resolve().parents[2] / "src" / "trainscale", LAYERS)
     assert not found, f"{len(found)} import(s) break the layers:\n" + "\n".join(found)
+
+
+def test_benchmarks_use_public_modules() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    assert any((repo / "benchmarks").glob("*.py")), "no benchmark scripts found: has benchmarks/ moved?"
+    found = benchmark_violations(repo / "benchmarks", repo / "src" / ROOT)
+    assert not found, f"{len(found)} benchmark import(s) reach past the public modules:\n" + "\n".join(found)
 
 
 FAKE_LAYERS = (Layer("base", ("errors", "util"), loose=True), Layer("core", ("core", "data")), Layer("app", ("app",)))
@@ -194,10 +225,45 @@ def test_upward_import_is_reported(tmp_path: Path, text: str, line: int) -> None
         f"trainscale.core.a line {line} imports trainscale.app.main: points up: layer core imports layer app"]
 
 
-def test_type_checking_imports_are_ignored(tmp_path: Path) -> None:
+def test_type_checking_upward_import_is_reported(tmp_path: Path) -> None:
     text = ("import typing\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainscale.app import main\n"
             "if typing.TYPE_CHECKING:\n    import trainscale.app.main\n")
-    assert violations(fake_tree(tmp_path, {"core/a.py": text}), FAKE_LAYERS) == []
+    assert violations(fake_tree(tmp_path, {"core/a.py": text}), FAKE_LAYERS) == [
+        f"trainscale.core.a line {line} imports trainscale.app.main: points up: layer core imports layer app"
+        for line in (4, 6)]
+
+
+def test_type_checking_cycle_is_reported(tmp_path: Path) -> None:
+    a_text = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainscale.core.b import B\n"
+    root = fake_tree(tmp_path, {"core/a.py": a_text, "core/b.py": "from trainscale.core.a import A\n"})
+    (error,) = violations(root, FAKE_LAYERS)
+    assert error.startswith("import cycle between trainscale.core.a, trainscale.core.b:")
+
+
+def _fake_benchmarks(tmp_path: Path, text: str) -> list[str]:
+    root = fake_tree(tmp_path, {"core/deep/__init__.py": "from .inner import f\n", "core/deep/inner.py": "",
+                                "core/a.py": ""})
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "speed.py").write_text(text)
+    return benchmark_violations(tmp_path / "benchmarks", root)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("import os\nfrom trainscale.core.deep.inner import f\n", "line 2 imports trainscale.core.deep.inner: reaches "
+     "into the sub-package trainscale.core.deep; import what trainscale.core.deep exports"),
+    ("def main():\n    import trainscale.core.deep.inner\n", "line 2 imports trainscale.core.deep.inner: reaches"),
+    ("from trainscale.core.deep import inner\n", "line 1 imports trainscale.core.deep.inner: reaches"),
+    ("from trainscale.core.a import _helper\n", "line 1 imports trainscale.core.a: the private name _helper"),
+])
+def test_benchmark_reaching_into_internals_is_reported(tmp_path: Path, text: str, error: str) -> None:
+    (found,) = _fake_benchmarks(tmp_path, text)
+    assert found.startswith(f"benchmarks/speed.py {error}")
+
+
+def test_benchmark_public_imports_pass(tmp_path: Path) -> None:
+    text = ("import trainscale\nfrom trainscale.core import a\nfrom trainscale.core.deep import f\n"
+            "import trainscale.core.a\nfrom trainscale.errors import E\nimport numpy\n")
+    assert _fake_benchmarks(tmp_path, text) == []
 
 
 def test_sideways_import_is_reported(tmp_path: Path) -> None:

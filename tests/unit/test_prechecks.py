@@ -14,7 +14,8 @@ from trainscale.app.config import build_config
 from trainscale.data import ensure_dataset
 from trainscale.errors import ConfigError
 from trainscale.models import create_model, list_models, model_info
-from trainscale.train.setup import check_folder_writable, check_model_input
+from trainscale.io import check_folder_writable
+from trainscale.train.setup import check_model_input
 
 
 def real_forward_fails(name: str, size: int) -> bool:

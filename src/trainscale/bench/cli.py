@@ -41,7 +41,7 @@ def bench_command(args: argparse.Namespace) -> int:
     """0 when every run finished, 1 when some failed (they are recorded and the grid went on)."""
     from trainscale.bench.grid import parse_sets
     from trainscale.bench.runner import BenchOptions, plan, run_grid
-    from trainscale.train.setup import check_folder_writable
+    from trainscale.io import check_folder_writable
 
     check_folder_writable(args.out, "--out")  # a file or an unwritable place: one line before any run
     options = BenchOptions(grid=args.grid, out=args.out, scale=args.scale, timeout=args.timeout,
@@ -79,7 +79,7 @@ def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
 def _batch(config: dict) -> str:
     """Per worker x workers = global, as the run will split it."""
     from trainscale.app.config import TrainConfig
-    from trainscale.train.setup import BatchPlan
+    from trainscale.train import BatchPlan
 
     workers = int(config.get("workers") or 1) * int(config.get("nnodes") or 1)
     plan = BatchPlan.resolve(TrainConfig(**config), workers)

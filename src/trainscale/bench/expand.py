@@ -28,7 +28,7 @@ from trainscale.bench.clusters import take_cluster_keys
 from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
-from trainscale.train.setup import BatchPlan
+from trainscale.train import BatchPlan
 
 SET_SOURCE = "--set"  # the source of a key that --set chose (an error about it names --set, not a line)
 # Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.

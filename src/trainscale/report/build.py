@@ -10,19 +10,19 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
+from trainscale.io import check_folder_writable
 from trainscale.report.aggregate import Partition, partitions
 from trainscale.report.collect import Collection, RunRecord, collect
 from trainscale.report.csvfile import csv_rows, write_csv
+from trainscale.report.document import Report, Section
 from trainscale.report.html import render_html
 from trainscale.report.plots import write_plots
 from trainscale.report.tables import (
-    Table,
     communication,
     configurations,
     crossover,
@@ -33,31 +33,10 @@ from trainscale.report.tables import (
     step_split,
     time_to_target,
 )
-from trainscale.train.setup import check_folder_writable
 
 log = logging.getLogger("trainscale.report")
 
 OUTPUTS = ("results.csv", "results.md", "index.html")
-
-
-@dataclass
-class Section:
-    """One environment's part of the report."""
-
-    title: str
-    tables: list[Table]
-    plots: dict[str, Path]
-    epochs: list[Table] = field(default_factory=list)
-
-
-@dataclass
-class Report:
-    title: str
-    intro: list[str]
-    warnings: list[str]
-    sections: list[Section]
-    problems: Table | None
-    files: list[Path] = field(default_factory=list)
 
 
 def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()) -> Report:

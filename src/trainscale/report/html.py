@@ -6,10 +6,8 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trainscale.report.build import Report, Section
+from trainscale.report.document import Report, Section
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
@@ -30,7 +28,7 @@ details{margin:.3em 0}
 """
 
 
-def render_html(report: "Report") -> str:
+def render_html(report: Report) -> str:
     parts = [f"<h1>{html.escape(report.title)}</h1>"]
     parts += [f"<p>{html.escape(line)}</p>" for line in report.intro]
     parts += [f"<div class='warning'><b>Warning:</b> {html.escape(w)}</div>" for w in report.warnings]
@@ -42,7 +40,7 @@ def render_html(report: "Report") -> str:
             + "\n".join(parts) + "</body></html>\n")
 
 
-def _section(section: "Section") -> str:
+def _section(section: Section) -> str:
     body = [f"<h2>{html.escape(section.title)}</h2>"] + [t.html() for t in section.tables]
     body += ["<h3>Figures</h3>"] + [_figure(title, path) for title, path in section.plots.items()]
     body.append("<h3>Accuracy by epoch</h3>")

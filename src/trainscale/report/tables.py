@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
 from trainscale.report.collect import RunRecord
-from trainscale.train.trainer import EXCHANGE_SPLIT
+from trainscale.results import EXCHANGE_SPLIT
 
 MAX_EPOCH_ROWS = 12
 

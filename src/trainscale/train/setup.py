@@ -5,10 +5,8 @@ the composition root (``app.run``) puts the pieces together with a mode."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from torch import nn
 from trainscale.data import AugmentConfig, ImageTensors, load_dataset
 from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
-from trainscale.io import read_json
+from trainscale.io import check_folder_permissions, check_folder_writable, read_json
 from trainscale.models import create_model, model_info
 from trainscale.config import CoreConfig
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
@@ -163,65 +161,6 @@ def check_not_in_use(out: Path) -> None:
     holder = lock_holder(out)
     if holder is not None and holder not in (os.getpid(), launcher_pid(), ft.owner_pid()):
         raise ConfigError(in_use_message(out, holder))
-
-
-def check_folder_writable(folder: Path, flag: str = "--out") -> None:
-    """Make ``folder`` (parents too) and a probe file in it, then remove what was made: a path that cannot
-    be written (a parent that is a file, a read-only or special file system, no permission) is one line
-    now, checked the way the run will write (so also as root), not a traceback once the work is done."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
-    made: list[Path] = []
-    try:
-        made = missing_folders(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=folder):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{flag} {folder}: cannot write there ({unwritable_reason(folder, exc)}); "
-                          f"choose another {flag}") from None
-    finally:
-        remove_empty(made)
-
-
-def check_folder_permissions(folder: Path, flag: str = "--out") -> None:
-    """``check_folder_writable`` without writing: the nearest existing ancestor must be a folder this
-    process may write into (root passes on a read-only file system; only the probe sees that)."""
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {folder}: cannot write there ({existing} is a file); choose another {flag}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {folder}: cannot write there (no permission in {existing}); choose another {flag}")
-
-
-def unwritable_reason(folder: Path, exc: OSError) -> str:
-    """Why ``folder`` cannot be written: the ancestor that is a file, else the OS's words and path."""
-    with contextlib.suppress(OSError):
-        existing = next((p for p in folder.parents if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            return f"{existing} is a file"
-    return f"{exc.strerror or exc}: {exc.filename or folder}"
-
-
-def missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and those of its parents that do not exist yet, deepest first (what a mkdir would make)."""
-    missing: list[Path] = []
-    for path in (folder, *folder.parents):
-        try:
-            if path.exists():
-                break
-        except OSError:
-            break
-        missing.append(path)
-    return missing
-
-
-def remove_empty(folders: list[Path]) -> None:
-    """Remove each folder (deepest first) that is still empty; a folder with anything in it stays."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 def check_model_input(cfg: CoreConfig) -> None:

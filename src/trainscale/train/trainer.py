@@ -20,7 +20,7 @@ from trainscale.train.scaling import config_mismatches, scaling_efficiency
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
-from trainscale.results import RunWriter
+from trainscale.results import EXCHANGE_SPLIT, RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.utilisation import Utilisation
 
@@ -351,6 +351,3 @@ def projected(summary: dict[str, Any]) -> dict[str, Any]:
     rate = summary.get("samples_per_sec")
     return {"projected": {"target": dilation["target"], "factor": factor, **times,
                           "samples_per_sec": rate * factor if rate else None}}
-
-
-EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")

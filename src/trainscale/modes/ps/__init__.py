@@ -20,8 +20,23 @@ confined to the calls to the dead peer (an immediate EOF) instead of a group, an
 ``@rpc.functions.async_execution`` so waits (the staleness bound, BSP rounds, the workers'
 collectives) hold no thread. For large models on fast links a gloo data plane under the RPC control
 plane would recover the difference.
+
+Public pieces for running a server or a worker outside ``trainscale train`` (as ``benchmarks/ps_overhead.py`` does):
+``serve`` (a server's life), ``installed_collectives`` with ``RpcCollectives`` (a worker's collectives over RPC),
+``ShardClient`` (push/pull) and ``PSOptimizer`` with ``rule_from`` and ``EpochClock`` (a worker's step).
 """
 
-from trainscale.modes.ps.mode import PS_MODES, ParameterServerMode, Role, role_from_env  # noqa: F401  (registers)
+from trainscale.modes.ps.client import RpcCollectives, ShardClient
+from trainscale.modes.ps.config import DEFAULT_AVERAGE_EVERY, PSConfig
+from trainscale.modes.ps.mode import (  # noqa: F401  (registers)
+    PS_MODES,
+    ParameterServerMode,
+    Role,
+    installed_collectives,
+    role_from_env,
+    serve,
+)
+from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from
 
-__all__ = ["PS_MODES", "ParameterServerMode", "Role", "role_from_env"]
+__all__ = ["DEFAULT_AVERAGE_EVERY", "PS_MODES", "EpochClock", "PSConfig", "PSOptimizer", "ParameterServerMode", "Role",
+           "RpcCollectives", "ShardClient", "installed_collectives", "role_from_env", "rule_from", "serve"]
