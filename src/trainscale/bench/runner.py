@@ -145,7 +145,7 @@ def _eta(results: list[RunResult], total: int) -> str:
     return str(_dt.timedelta(seconds=round(seconds)))
 
 
-def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: Any = None) -> RunResult:
+def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: tqdm | None = None) -> RunResult:
     """One run in a child process; a failure or timeout is recorded in the folder and returned, not raised."""
     folder = options.out / "runs" / spec.run_id
     config = write_run_files(folder, spec, resume)
@@ -164,7 +164,7 @@ def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: Any = None)
     return _result(spec, folder, proc.returncode, time.monotonic() - start, timed_out, options.timeout)
 
 
-def _show_epoch(bar: Any, spec: RunSpec, folder: Path) -> None:
+def _show_epoch(bar: tqdm | None, spec: RunSpec, folder: Path) -> None:
     if bar is None:
         return
     try:

@@ -44,10 +44,13 @@ class Transport(Protocol):
     def all_gather(self, out: list[Tensor], source: Tensor) -> Future: ...
 
 
+Carrier = Transport | dist.ProcessGroup | None  # a ``group=`` argument: None is torch.distributed's default group
+
+
 class ProcessGroupTransport:
     """torch.distributed's collectives on ``group`` (WORLD when None); a world of one outside a process group."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
 
     def size(self) -> int:
@@ -72,7 +75,7 @@ class Communicator:
     was in flight. Without a clock the time in flight is added to ``stats.comm_seconds`` directly.
     """
 
-    def __init__(self, stats: CompressionStats, group: Any = None, clock: OverlapClock | None = None) -> None:
+    def __init__(self, stats: CompressionStats, group: Carrier = None, clock: OverlapClock | None = None) -> None:
         self.stats = stats
         self.transport: Transport = group if isinstance(group, Transport) else ProcessGroupTransport(group)
         self.clock = clock

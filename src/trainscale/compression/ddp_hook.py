@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainscale.compression.base import Compressor
+from trainscale.compression.collectives import Carrier
 from trainscale.compression.exchange import Exchange
 from trainscale.compression.stats import CompressionStats
 from trainscale.errors import ConfigError
@@ -110,7 +111,7 @@ class CompressionHookState:
 
     def __init__(self, compressor: Compressor, granularity: str = "layerwise", *, model: nn.Module | None = None,
                  error_feedback: bool = False, warmup_steps: int = 0, warmup_epochs: int = 0,
-                 stats: CompressionStats | None = None, group: Any = None) -> None:
+                 stats: CompressionStats | None = None, group: Carrier = None) -> None:
         self.granularity = canonical_granularity(granularity)
         stats = stats or CompressionStats(method=compressor.name, granularity=self.granularity)
         self.clock = OverlapClock(stats)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from trainscale.compression.base import Compressor, Payload, UnitContext
-from trainscale.compression.collectives import Communicator, Future, done
+from trainscale.compression.collectives import Carrier, Communicator, Future, done
 from trainscale.compression.feedback import ErrorFeedback
 from trainscale.compression.stats import CompressionStats
 from trainscale.runtime.comm_hooks import OverlapClock
@@ -84,7 +84,8 @@ class Exchange:
     """
 
     def __init__(self, compressor: Compressor, *, error_feedback: bool = False,
-                 stats: CompressionStats | None = None, group: Any = None, clock: OverlapClock | None = None) -> None:
+                 stats: CompressionStats | None = None, group: Carrier = None,
+                 clock: OverlapClock | None = None) -> None:
         self.compressor = compressor
         self.stats = stats or CompressionStats(method=compressor.name)
         self.comm = Communicator(self.stats, group, clock)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainscale.compression.base import Compressor, create_compressor
+from trainscale.compression.collectives import Carrier
 from trainscale.compression.ddp_hook import ENTIRE_KEY, CompressionHookState, compression_hook, unwrap
 from trainscale.compression.stats import CompressionStats
 
@@ -89,7 +90,7 @@ class ManualReducer(Reducer):
 
 def make_reducer(model: nn.Module, method: str | Compressor = "none", granularity: str = "layerwise", *,
                  error_feedback: bool = False, warmup_steps: int = 0, warmup_epochs: int = 0,
-                 group: Any = None, **params: Any) -> Reducer:
+                 group: Carrier = None, **params: Any) -> Reducer:
     """A reducer for ``model``: hook-based for a DDP model, manual (call ``.reduce()``) otherwise.
 
     ``method`` is a registry name (``params`` go to ``create_compressor``) or a ready compressor.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from trainscale.data.tensors import ImageTensors
@@ -12,7 +13,8 @@ from trainscale.registry import Registry
 DATASETS: Registry[ImageTensors] = Registry("dataset")
 
 
-def _load_cifar(name: str, *, train: bool, data_dir: Any, verify: bool, download: bool, **_: Any) -> ImageTensors:
+def _load_cifar(name: str, *, train: bool, data_dir: str | os.PathLike[str] | None, verify: bool, download: bool,
+                **_: Any) -> ImageTensors:
     # CIFAR is always returned at 32x32 (``image_size`` is ignored): upscaling for a larger model is
     # done per batch on the device by ``AugmentConfig.resize``, which keeps the stored data small.
     from trainscale.data.cifar import load_cifar
@@ -41,7 +43,7 @@ def synthetic(*, train: bool, image_size: int | None, synthetic_size: int, **_: 
 
 
 @DATASETS.register("imagefolder", num_classes=None, image_size=224, downloadable=False)
-def imagefolder(*, train: bool, data_dir: Any, image_size: int | None, **_: Any) -> ImageTensors:
+def imagefolder(*, train: bool, data_dir: Path | str | None, image_size: int | None, **_: Any) -> ImageTensors:
     from trainscale.data.download import ENV_VAR
     from trainscale.data.imagefolder import load_folder_as_tensors
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainscale.config import CoreConfig, Section
+from trainscale.data import Batches
 from trainscale.registry import Registry
 from trainscale.runtime.dist import world_size
 from trainscale.train.callbacks import Callbacks
@@ -71,7 +72,7 @@ class Mode(Callbacks):
         """The optimizer the training loop steps (parameter-server modes: one that pushes and pulls)."""
         return optimizer
 
-    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
+    def wrap_batches(self, train: Batches, test: Batches) -> tuple[Batches, Batches]:
         """The training and test batches the trainer iterates (parameter-server modes: warm-start epochs,
         evaluation of the whole test set on the main worker)."""
         return train, test

@@ -33,7 +33,7 @@ def _placement(parts: list[Partition]) -> dict[int, tuple[Any, str, float | None
     return found
 
 
-def _row(r: RunRecord, partition: Any, group: str, efficiency: float | None, baseline: str) -> dict[str, Any]:
+def _row(r: RunRecord, partition: int | str, group: str, efficiency: float | None, baseline: str) -> dict[str, Any]:
     row: dict[str, Any] = {"run_id": r.run_id, "label": r.label, "grid": r.grid, "status": r.status,
                            "error": r.error, "folder": str(r.folder), "repeat": r.bench.get("repeat", ""),
                            "partition": partition, "group": group,

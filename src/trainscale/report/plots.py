@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Callable, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainscale.report.aggregate import (  # noqa: E402
@@ -67,7 +68,7 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
     return written
 
 
-def _save(path: Path, draw: Any) -> Path:
+def _save(path: Path, draw: Callable[[Axes], None]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=DPI)
     try:
         draw(ax)
@@ -78,7 +79,7 @@ def _save(path: Path, draw: Any) -> Path:
     return path
 
 
-def _save_pair(path: Path, draw: Any) -> Path:
+def _save_pair(path: Path, draw: Callable[[Sequence[Axes]], None]) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=DPI)
     try:
         draw(axes)
@@ -89,7 +90,7 @@ def _save_pair(path: Path, draw: Any) -> Path:
     return path
 
 
-def _save_row(path: Path, panels: int, draw: Any) -> Path:
+def _save_row(path: Path, panels: int, draw: Callable[[list[Axes]], None]) -> Path:
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.5), dpi=DPI, sharey=True, squeeze=False)
     try:
         draw(list(axes[0]))
@@ -110,21 +111,21 @@ def _by_network(part: Partition) -> dict[str, list[Group]]:
     return {network_text(groups[0].first): groups for _, groups in sorted(found.items(), reverse=True)}
 
 
-def _networks(axes: list[Any], networks: dict[str, list[Group]]) -> None:
+def _networks(axes: list[Axes], networks: dict[str, list[Group]]) -> None:
     for ax, (network, groups) in zip(axes, networks.items()):
         _accuracy(ax, Partition({}, groups, [r for g in groups for r in g.runs]), "elapsed_seconds",
                   "training time (s)")
         ax.set_title(network)
 
 
-def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
+def _accuracy(ax: Axes, part: Partition, x_key: str, x_label: str) -> None:
     runs = [(group, run) for group in part.groups for run in group.runs
             if run.summary.get("dataset") != "synthetic"]  # random images: speed only, no accuracy curve
     for index, (group, run) in enumerate(runs):
         evaluated = [m for m in run.metrics if m.get("test_acc") is not None]  # --eval-every skips some epochs
-        xs = [m.get(x_key) for m in evaluated]
+        xs: list[float] = [m[x_key] for m in evaluated if m.get(x_key) is not None]
         ys = [100 * m["test_acc"] for m in evaluated]
-        if ys and None not in xs:  # line styles cycle so runs with equal curves stay visible
+        if ys and len(xs) == len(ys):  # line styles cycle so runs with equal curves stay visible
             ax.plot(xs, ys, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=STYLES[index % len(STYLES)],
                     label=run.run_id if len(group.runs) > 1 else group.label)
     ax.set_xlabel(x_label)
@@ -135,12 +136,12 @@ def _accuracy(ax: Any, part: Partition, x_key: str, x_label: str) -> None:
     _legend(ax)
 
 
-def _side_by_side(axes: Any, part: Partition) -> None:
+def _side_by_side(axes: Sequence[Axes], part: Partition) -> None:
     _accuracy(axes[0], part, "epoch", "epoch")
     _accuracy(axes[1], part, "elapsed_seconds", "training time (s)")
 
 
-def _legend(ax: Any) -> None:
+def _legend(ax: Axes) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small", loc="best")
 
@@ -165,7 +166,7 @@ def _family_label(groups: list[Group]) -> str:
             f"lr {g.summary('lr')}")
 
 
-def _scaling(axes: Any, part: Partition) -> None:
+def _scaling(axes: Sequence[Axes], part: Partition) -> None:
     for label, groups in families(part).items():
         workers = [g.world_size for g in groups]
         rates = [g.stat(run_throughput) for g in groups]
@@ -187,11 +188,11 @@ def _scaling(axes: Any, part: Partition) -> None:
         _legend(ax)
 
 
-def _bytes(axes: Any, part: Partition) -> None:
+def _bytes(axes: Sequence[Axes], part: Partition) -> None:
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     for g in groups:
         acc = 100 * (g.stat(lambda r: r.summary.get("best_test_acc")).mean or 0)
-        axes[0].scatter([g.stat(bytes_per_step).mean], [acc], label=g.label)
+        axes[0].scatter([g.stat(bytes_per_step).mean or 0], [acc], label=g.label)
         ratio = g.stat(compression_ratio).mean
         if ratio:
             axes[1].scatter([ratio], [acc], label=g.label)

@@ -76,7 +76,7 @@ class HookState:
     """What a hook needs: where to count, which group to talk to (None = the default group), and the
     clock that times its steps."""
 
-    def __init__(self, stats: CommStats | None = None, process_group: Any = None) -> None:
+    def __init__(self, stats: CommStats | None = None, process_group: dist.ProcessGroup | None = None) -> None:
         self.stats = stats if stats is not None else CommStats()
         self.process_group = process_group
         self.clock = OverlapClock(self.stats)
@@ -86,7 +86,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def allreduce_mean(tensor: torch.Tensor, process_group: Any = None,
+def allreduce_mean(tensor: torch.Tensor, process_group: dist.ProcessGroup | None = None,
                    clock: "OverlapClock | None" = None) -> torch.futures.Future[torch.Tensor]:
     """Average ``tensor`` over the group in place, asynchronously; the future yields the tensor.
 

@@ -11,16 +11,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
 
 
-# A mode's own collectives in place of torch.distributed's default group: parameter-server workers
-# use RPC ones (trainscale.modes.ps.client.RpcCollectives) that survive dead workers. Duck-typed:
-# rank(), world_size(), barrier(), all_reduce(tensor, ReduceOp), broadcast_object(obj, src).
-_collectives: Any = None
+class Collectives(Protocol):
+    """A mode's own collectives in place of torch.distributed's default group: parameter-server workers
+    use RPC ones (trainscale.modes.ps.client.RpcCollectives) that survive dead workers."""
+
+    def rank(self) -> int: ...
+
+    def world_size(self) -> int: ...
+
+    def barrier(self) -> None: ...
+
+    def all_reduce(self, values: torch.Tensor, op: Any) -> torch.Tensor: ...
+
+    def broadcast_object(self, obj: Any, src: int) -> Any: ...
+
+
+_collectives: Collectives | None = None
 
 
 def restart_count() -> int:
@@ -28,7 +40,7 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def use_collectives(impl: Any) -> None:
+def use_collectives(impl: Collectives | None) -> None:
     """Route every helper below through ``impl`` (None: back to torch.distributed's default group)."""
     global _collectives
     _collectives = impl

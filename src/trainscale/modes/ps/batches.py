@@ -16,7 +16,7 @@ import itertools
 import time
 from typing import Any, Callable, Iterator
 
-from trainscale.data import DeviceBatches
+from trainscale.data import Batches, DeviceBatches
 from trainscale.data.sharding import train_shard_size
 from trainscale.errors import ConfigError
 from trainscale.modes.ps.handover import HandOver
@@ -37,7 +37,7 @@ class EmptyBatches:
         return iter(())
 
 
-def unsharded(batches: Any) -> DeviceBatches:
+def unsharded(batches: Batches) -> DeviceBatches:
     """The same in-memory batches as one world of one: every sample, same seeds and augmentation.
 
     A shallow copy sharing the device tensors; only the shard fields change (checked against a fresh
@@ -56,7 +56,7 @@ def unsharded(batches: Any) -> DeviceBatches:
 class MainOnly:
     """The test batches on whichever worker is the main one when an evaluation starts; none on the others."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Batches) -> None:
         self.inner = inner
 
     def __len__(self) -> int:
@@ -79,7 +79,7 @@ class TrainBatches:
     sets the learning rate by: a hand-over batch counts as the epoch's last step.
     """
 
-    def __init__(self, inner: Any, clock: EpochClock, warm_epochs: int, is_main: bool, main: int,
+    def __init__(self, inner: Batches, clock: EpochClock, warm_epochs: int, is_main: bool, main: int,
                  on_epoch: Callable[[int, tuple[int, ...] | None], None], client: Any,
                  handover: HandOver | None = None) -> None:
         self.inner = inner

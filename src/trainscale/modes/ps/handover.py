@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+from trainscale.data import DeviceBatches
 from trainscale.runtime.ft import log_event
 
 log = logging.getLogger("trainscale.ps")
@@ -93,7 +94,7 @@ class Ledger:
         return plan
 
 
-def owner_view(batches: Any, owner: int) -> Any:
+def owner_view(batches: DeviceBatches, owner: int) -> DeviceBatches:
     """``batches`` (a worker's ``DeviceBatches``) as worker ``owner``'s shard: a shallow copy sharing the data."""
     view = copy.copy(batches)
     view.rank = owner

@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar, Iterator
 import torch
 from torch import nn
 
+from trainscale.data import Batches
 from trainscale.errors import ConfigError
 from trainscale.modes.base import SERVER, SUPERVISOR, Mode, Result, register_mode
 from trainscale.modes.ps import handlers
@@ -37,7 +38,7 @@ from trainscale.modes.ps.supervisor import supervise
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fired
-from trainscale.runtime.dist import restart_count
+from trainscale.runtime.dist import Collectives, restart_count
 from trainscale.runtime.ft import log_event
 from trainscale.runtime.process_group import rpc_session, worker_device
 
@@ -87,7 +88,7 @@ def role_from_env(workers_per_node: int, servers_per_node: int, env: dict[str, s
 
 
 @contextlib.contextmanager
-def installed_collectives(collectives: Any) -> Iterator[None]:
+def installed_collectives(collectives: Collectives) -> Iterator[None]:
     tsdist.use_collectives(collectives)
     try:
         yield
@@ -205,7 +206,7 @@ class ParameterServerMode(Mode):
         return dataclasses.replace(rule, momentum=momentum, nesterov=rule.nesterov and momentum > 0,
                                    staleness_lr=self.cfg.staleness_lr)
 
-    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
+    def wrap_batches(self, train: Batches, test: Batches) -> tuple[Batches, Batches]:
         """Warm-start epochs and hand-overs for training; the whole test set on node 0's workers, evaluated by
         whichever is the main worker at the time (see batches.py)."""
         is_main = tsdist.is_main_process()

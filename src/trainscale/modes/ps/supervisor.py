@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 import traceback
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from trainscale.errors import ConfigError, TrainscaleError
@@ -44,7 +45,7 @@ log = logging.getLogger("trainscale.ps")
 WATCH_INTERVAL_S = 0.2
 
 
-def _child_main(trainer: Callable[[], Result], conn: Any, supervisor: int) -> None:
+def _child_main(trainer: Callable[[], Result], conn: Connection, supervisor: int) -> None:
     """The training child: dies with its supervisor (SIGKILL, also if it died while this one started), and
     silently when the agent stops the job (see ``runtime.orphans``). It starts no processes, but spawning
     made spawn its default: locks made here (tqdm's) would be named semaphores that the supervisor's
@@ -95,7 +96,7 @@ def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float
     return {}, []
 
 
-def _receive(conn: Any, pid: int, stopped_limit_s: float) -> Any:
+def _receive(conn: Connection, pid: int, stopped_limit_s: float) -> Any:
     """The child's last word (None if it died without one); a child stopped for too long is killed."""
     stopped_since: float | None = None
     while not conn.poll(WATCH_INTERVAL_S):
