@@ -4,6 +4,7 @@
 lower layers, never a higher layer or a sibling unit, and never in a cycle. Imports are read with ``ast`` (also
 inside functions and ``if TYPE_CHECKING:`` blocks, since a type checker follows those too), so a wrong one fails
 here, naming importer, line, target and rule, instead of surfacing later as a circular-import error at run time.
+A name that starts with an underscore is private to its unit: no other unit imports it.
 
 The scripts in ``benchmarks/`` are a layer above the entry points: they may import any unit and any module directly
 inside a unit (``trainscale.train.loop``), but a sub-package (``trainscale.modes.ps``) only through what its
@@ -155,10 +156,25 @@ def violations(root: Path, layers: tuple[Layer, ...]) -> list[str]:
     edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]
     errors = [NO_LAYER.format(name) for name in unplaced]
     errors += [error for imp in edges if (error := _layer_error(imp, where, layers))]
+    errors += [error for name, path in modules.items() for error in private_imports(name, path, modules)]
     for component in _cycles(edges):
         inside = "".join(f"\n    {imp}" for imp in edges if {imp.importer, imp.target} <= component)
         errors.append(f"import cycle between {', '.join(sorted(component))}:{inside}")
     return errors
+
+
+def private_imports(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """Names starting with an underscore that module ``name`` takes from another unit (a private helper crossing
+    packages: give it a public name in a home both may import)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            for alias, target in zip(node.names, _targets(node, package, modules)):
+                if alias.name.startswith("_") and target and _unit(target) != _unit(name):
+                    found.append(f"{Import(name, node.lineno, target)}: takes the private name {alias.name} "
+                                 "from another unit")
+    return found
 
 
 def _benchmark_error(imp: Import, names: list[str]) -> str | None:
@@ -270,6 +286,13 @@ def test_sideways_import_is_reported(tmp_path: Path) -> None:
     root = fake_tree(tmp_path, {"core/a.py": "from trainscale.data.b import x\n", "data/b.py": ""})
     (error,) = violations(root, FAKE_LAYERS)
     assert error.startswith("trainscale.core.a line 1 imports trainscale.data.b: sideways")
+
+
+def test_private_name_from_another_unit_is_reported(tmp_path: Path) -> None:
+    root = fake_tree(tmp_path, {"core/a.py": "from trainscale.core.b import _ok\n", "core/b.py": "",
+                                "app/main.py": "def f():\n    from ..core.b import _helper\n"})
+    assert violations(root, FAKE_LAYERS) == [
+        "trainscale.app.main line 2 imports trainscale.core.b: takes the private name _helper from another unit"]
 
 
 def test_cycle_is_reported(tmp_path: Path) -> None:
