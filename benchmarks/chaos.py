@@ -48,6 +48,7 @@ from trainscale.app.launch import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
 from trainscale.modes.ps import DEFAULT_AVERAGE_EVERY, PS_MODES
+from trainscale.record import K
 from trainscale.runtime import ft
 from trainscale.runtime.faults import DEFAULT_LINK_DOWN_S
 from trainscale.train.environment import environment
@@ -68,7 +69,7 @@ def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str]
     """(summary.json, the fault log's events) of one job; a finished run in ``out`` is reused, so an interrupted
     benchmark resumes."""
     summary = out / "summary.json"
-    if not (summary.exists() and "faults" in json.loads(summary.read_text())):
+    if not (summary.exists() and K.faults in json.loads(summary.read_text())):
         how = [] if is_ps(settings) else ["--fault-tolerance"]
         cmd = [sys.executable, "-m", "trainscale", "train", *how, "--workers", str(workers),
                *to_argv(settings), *extra, "--no-progress", "--out", str(out)]
@@ -127,7 +128,7 @@ def batches_skipped(out: Path, settings: dict[str, Any], workers: int) -> int:
     """Batches of the epochs that no push committed (metrics.jsonl ``batches_committed``)."""
     per_epoch = worker_steps(settings, workers) // settings["epochs"] * workers
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return sum(per_epoch - r["batches_committed"] for r in rows)
+    return sum(per_epoch - r[K.batches_committed] for r in rows)
 
 
 def final_step(events: list[dict[str, Any]]) -> int:
@@ -210,13 +211,13 @@ def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     settings = {"servers": 1, **settings}
     common = ["--heartbeat-timeout", str(args.heartbeat_timeout)]
     summary, _ = run_job(args.out / "fault-free", args.workers, settings, common)
-    clean = summary["total_train_seconds"]
+    clean = summary[K.total_train_seconds]
     faults = ps_schedule(worker_steps(settings, args.workers), clean, args.every, args.workers, args.kinds, args.seed)
     if not faults:
         too_short(clean, args.every)
     summary, _ = run_job(args.out / "faults", args.workers, settings, [*common, "--inject-fault", ",".join(faults)])
-    faulty = summary["total_train_seconds"]
-    recorded = summary["faults"]
+    faulty = summary[K.total_train_seconds]
+    recorded = summary[K.faults]
     skipped = batches_skipped(args.out / "faults", settings, args.workers)
     result = ps_verdict(recorded, clean / faulty, skipped, settings)
     env = environment(torch.device("cpu"))
@@ -226,7 +227,7 @@ def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
           f"{args.heartbeat_timeout:g}; {env['cpu']}, {env['cpu_count']} CPUs")
     report(recorded, {**result, "replicas_equal": "n/a (one copy, on the servers)"}, clean, faulty)
     print(f"batches skipped: {skipped} (goal 0); steps lost bound {result['steps_lost_bound']}; "
-          f"final test accuracy {summary['final_test_acc']:.4f}")
+          f"final test accuracy {summary[K.final_test_acc]:.4f}")
     save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
                 "faulty_seconds": faulty, "heartbeat_timeout": args.heartbeat_timeout, "environment": env})
     return 0
@@ -285,8 +286,8 @@ def sync_main(args: argparse.Namespace, settings: dict[str, Any], place: list[st
     extra = [*common, *cuts, "--max-restarts", str(len(faults)), "--inject-fault", ",".join(faults)]
     summary, events = run_job(args.out / "faults", workers, settings, extra)
     faulty = job_span(events)
-    recorded = summary["faults"]
-    result = verdict(recorded, clean / faulty, summary.get("replicas_equal"))
+    recorded = summary[K.faults]
+    result = verdict(recorded, clean / faulty, summary.get(K.replicas_equal))
     env = environment(torch.device("cpu"))
     extra_settings = "".join(f", {key} {value}" for key, value in settings.items() if key not in JOB)
     where = f" on an emulated cluster of {args.workers} hosts at {args.bandwidth}" if place else ""

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from trainscale.bench.timing import Timing, save_result, time_interleaved
 from trainscale.models import count_parameters, create_model
+from trainscale.record import K
 from trainscale.runtime.network import free_port
 from trainscale.train.environment import environment
 from trainscale.train.precision import Precision
@@ -226,7 +227,7 @@ def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
                 subprocess.run([sys.executable, "-m", "trainscale", "train", *flags, "--out", str(folder)],
                                check=True, stdout=subprocess.DEVNULL)
                 summary = json.loads((folder / "summary.json").read_text())
-                out[name].append(summary["steady_epoch_seconds"] or summary["mean_epoch_seconds"])
+                out[name].append(summary[K.steady_epoch_seconds] or summary[K.mean_epoch_seconds])
     return out
 
 

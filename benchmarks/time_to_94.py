@@ -31,6 +31,7 @@ import torch
 from trainscale.app.launch import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
+from trainscale.record import K
 from trainscale.train.environment import environment
 
 TARGET = 0.94
@@ -40,7 +41,7 @@ GOALS = {("airbench94", "cpu"): 15 * 60.0, ("airbench94", "cuda"): 2.5}  # secon
 def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, sets: list[str]) -> dict[str, Any]:
     """One seed through the CLI, or its summary when ``out`` already holds the finished run."""
     summary = out / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("reference_scope"):
+    if summary.exists() and json.loads(summary.read_text()).get(K.reference_scope):
         return json.loads(summary.read_text())
     extra = to_argv(dict(parse_set(item) for item in sets))
     cmd = [sys.executable, "-m", "trainscale", "train", "--recipe", recipe, "--seed", str(seed), "--device",
@@ -91,12 +92,12 @@ def main() -> int:
     rows = []
     for seed in range(args.runs):
         summary = run_seed(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, args.sets)
-        scope = summary["reference_scope"]
+        scope = summary[K.reference_scope]
         rows.append({"seed": seed, "acc": scope["test_acc"], "reference_seconds": scope["seconds"],
-                     "train_seconds": summary["total_train_seconds"], "out": summary["out"]})
+                     "train_seconds": summary[K.total_train_seconds], "out": summary[K.out]})
     figures = report(rows, args.recipe, args.device, machine)
     save_result(args.out / "result.json", {"runs": rows, **figures, "recipe": args.recipe, "device": args.device, "precision": args.precision,
-                                           "sets": args.sets, "timer_scope": summary["reference_scope"]["scope"],
+                                           "sets": args.sets, "timer_scope": summary[K.reference_scope]["scope"],
                                            "environment": env})
     print(f"saved {args.out / 'result.json'} (each run's config.json and summary.json in its folder)")
     return 0

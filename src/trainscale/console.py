@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from trainscale.record import K
+
 Column = tuple[str, str, Callable[[Any], str]]
 
 
@@ -16,16 +18,16 @@ def _num(fmt: str) -> Callable[[Any], str]:
 
 
 EPOCH_COLUMNS: list[Column] = [
-    ("epoch", "epoch", str),
-    ("lr", "lr", _num(".4f")),
-    ("train_loss", "train loss", _num(".4f")),
-    ("train_acc", "train acc", _pct),
-    ("test_loss", "test loss", _num(".4f")),
-    ("test_acc", "test acc", _pct),
-    ("epoch_seconds", "epoch s", _num(".1f")),
-    ("elapsed_seconds", "total s", _num(".1f")),
-    ("samples_per_sec", "img/s", _num(".0f")),
-    ("peak_memory_mb", "peak MB", _num(".0f")),
+    (K.epoch, "epoch", str),
+    (K.lr, "lr", _num(".4f")),
+    (K.train_loss, "train loss", _num(".4f")),
+    (K.train_acc, "train acc", _pct),
+    (K.test_loss, "test loss", _num(".4f")),
+    (K.test_acc, "test acc", _pct),
+    (K.epoch_seconds, "epoch s", _num(".1f")),
+    (K.elapsed_seconds, "total s", _num(".1f")),
+    (K.samples_per_sec, "img/s", _num(".0f")),
+    (K.peak_memory_mb, "peak MB", _num(".0f")),
 ]
 
 
@@ -42,39 +44,40 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> s
 def exchange_line(summary: dict[str, Any]) -> str:
     """Per step: encode, collectives in flight (and how much of that the backward pass hid), decode."""
     ms = _num(".1f")
-    parts = [f"in flight {ms(summary['comm_ms_per_step'])}"]
-    if summary.get("hidden_ms_per_step") is not None:
-        parts[0] += f" ({ms(summary['hidden_ms_per_step'])} hidden under backward)"
-    if summary.get("encode_ms_per_step") is not None:
-        parts = [f"encode {ms(summary['encode_ms_per_step'])}", *parts, f"decode {ms(summary.get('decode_ms_per_step'))}"]
+    parts = [f"in flight {ms(summary[K.comm_ms_per_step])}"]
+    if summary.get(K.hidden_ms_per_step) is not None:
+        parts[0] += f" ({ms(summary[K.hidden_ms_per_step])} hidden under backward)"
+    if summary.get(K.encode_ms_per_step) is not None:
+        parts = [f"encode {ms(summary[K.encode_ms_per_step])}", *parts,
+                 f"decode {ms(summary.get(K.decode_ms_per_step))}"]
     return "exchange per step (ms): " + ", ".join(parts)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    env = summary.get("environment") or {}
-    ttt = summary.get("time_to_target_seconds")
-    target = summary.get("target_acc")
+    env = summary.get(K.environment) or {}
+    ttt = summary.get(K.time_to_target_seconds)
+    target = summary.get(K.target_acc)
     lines = [
-        f"model {summary['model']} ({summary['params']:,} params) on {summary['dataset']}, mode {summary['mode']}, "
-        f"{summary['world_size']} worker(s), global batch {summary['batch_size']}, {summary['precision']}, "
+        f"model {summary[K.model]} ({summary[K.params]:,} params) on {summary[K.dataset]}, mode {summary[K.mode]}, "
+        f"{summary[K.world_size]} worker(s), global batch {summary[K.batch_size]}, {summary[K.precision]}, "
         f"{env.get('device_name', '?')}",
-        f"best test acc {_pct(summary.get('best_test_acc'))}, final {_pct(summary.get('final_test_acc'))} "
-        f"after {summary.get('epochs_completed')} epoch(s)",
-        f"training {summary['total_train_seconds']:.1f} s, {_num('.1f')(summary.get('mean_epoch_seconds'))} s/epoch, "
-        f"{_num('.0f')(summary.get('samples_per_sec'))} img/s, peak memory "
-        f"{_num('.0f')(summary.get('peak_memory_mb'))} MB",
+        f"best test acc {_pct(summary.get(K.best_test_acc))}, final {_pct(summary.get(K.final_test_acc))} "
+        f"after {summary.get(K.epochs_completed)} epoch(s)",
+        f"training {summary[K.total_train_seconds]:.1f} s, {_num('.1f')(summary.get(K.mean_epoch_seconds))} s/epoch, "
+        f"{_num('.0f')(summary.get(K.samples_per_sec))} img/s, peak memory "
+        f"{_num('.0f')(summary.get(K.peak_memory_mb))} MB",
     ]
-    if summary.get("compute_seconds_per_step") is not None:
-        step, compute, comm = (1e3 * summary[k] for k in ("step_seconds", "compute_seconds_per_step",
-                                                          "comm_seconds_per_step"))
+    if summary.get(K.compute_seconds_per_step) is not None:
+        step, compute, comm = (1e3 * summary[k] for k in (K.step_seconds, K.compute_seconds_per_step,
+                                                          K.comm_seconds_per_step))
         lines.append(f"step {step:.1f} ms = compute {compute:.1f} + communication {comm:.1f} (steady epochs)")
-    if summary.get("comm_ms_per_step") is not None:
+    if summary.get(K.comm_ms_per_step) is not None:
         lines.append(exchange_line(summary))
     if target is not None:
-        reached = f"{ttt:.1f} s (epoch {summary.get('epoch_to_target')})" if ttt is not None else "not reached"
+        reached = f"{ttt:.1f} s (epoch {summary.get(K.epoch_to_target)})" if ttt is not None else "not reached"
         lines.append(f"time to {_pct(target)}: {reached}")
-    lines.append(f"timer: {summary.get('timer_scope')}")
-    scope = summary.get("reference_scope")
+    lines.append(f"timer: {summary.get(K.timer_scope)}")
+    scope = summary.get(K.reference_scope)
     if scope:
         lines.append(f"in airbench's timer scope (data-based init + training + last evaluation, {scope['test_views']} "
                      f"view(s)): {_pct(scope['test_acc'])} in {scope['seconds']:.1f} s")

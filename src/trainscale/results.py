@@ -1,12 +1,14 @@
 """The run folder: the contract that reports, benchmarks and later tools read.
 
 - ``config.json``: the resolved configuration.
-- ``metrics.jsonl``: one JSON object per finished epoch (see ``EPOCH_FIELDS``).
-- ``summary.json``: the run's result (see ``SUMMARY_FIELDS``), rewritten after every epoch.
+- ``metrics.jsonl``: one JSON object per finished epoch (its keys: ``record.K``, ``record.EPOCH_FIELDS`` in every row).
+- ``summary.json``: the run's result (``record.K``; ``record.SUMMARY_FIELDS`` in every run), rewritten after every
+  epoch, and once more after a fault-tolerant job with its fault records (``RunWriter.merge_summary``).
 - ``logs.tsv``: DAWNBench format: epoch, hours of training, top-1 test accuracy in percent.
 - ``checkpoint.pt``: the last finished epoch (see ``checkpoint.py``).
 - ``.lock``: held by the job writing the folder (see ``lock_run_folder``); readers ignore it.
-Accuracies in the JSON files are fractions in 0..1; every file is replaced atomically.
+Accuracies in the JSON files are fractions in 0..1; every file is replaced atomically. ``RunWriter`` is the one
+writer of the two JSON files: producers hand it parts (dicts keyed by ``record.K``), it merges them.
 """
 
 from __future__ import annotations
@@ -15,20 +17,13 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, clean, dumps, read_json, read_jsonl
-
-EPOCH_FIELDS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds",
-                "eval_seconds", "elapsed_seconds", "samples_per_sec", "peak_memory_mb", "skipped_steps", "test_views")
-SUMMARY_FIELDS = ("model", "params", "dataset", "mode", "world_size", "epochs", "batch_size", "best_test_acc",
-                  "final_test_acc", "mean_epoch_seconds", "samples_per_sec", "peak_memory_mb",
-                  "total_train_seconds", "time_to_target_seconds", "reference_scope", "skipped_steps", "environment")
-# summary.json keys of a run that exchanges gradients: mean milliseconds per step spent encoding, communicating,
-# hidden behind the backward pass and decoding (steady epochs); ``report`` tables them in this order.
-EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")
+from trainscale.record import EPOCH_FIELDS, EXCHANGE_SPLIT, METRICS, SUMMARY, SUMMARY_FIELDS, K, merge
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
 # holding only these is still a new run's folder.
@@ -57,26 +52,36 @@ class RunWriter:
 
     def restore_history(self, last_epoch: int) -> None:
         """On resume keep the epochs the checkpoint covers and drop any written after it."""
-        path = self.out / "metrics.jsonl"
-        rows = read_jsonl(path) if path.exists() else []
-        self.history = [r for r in rows if r["epoch"] <= last_epoch]
+        rows = read_history(self.out)
+        self.history = [r for r in rows if r[K.epoch] <= last_epoch]
         self._write_history()
 
-    def add_epoch(self, row: dict[str, Any]) -> None:
-        self.history.append(clean(row))
+    def add_epoch(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one epoch's row, merged from its producers' parts (``record.merge``); returns the row."""
+        row = clean(merge(*parts, file=METRICS))
+        self.history.append(row)
         self._write_history()
+        return row
 
     def _write_history(self) -> None:
         lines = "".join(json.dumps(r) + "\n" for r in self.history)
-        atomic_write_text(self.out / "metrics.jsonl", lines)
+        atomic_write_text(self.out / METRICS, lines)
         tsv = ["epoch\thours\ttop1Accuracy"] + [
-            f"{r['epoch']}\t{r['elapsed_seconds'] / 3600:.8f}\t{100 * r['test_acc']:.2f}" for r in self.history
-            if r.get("test_acc") is not None  # an epoch without evaluation (--eval-every) has no accuracy to log
+            f"{r[K.epoch]}\t{r[K.elapsed_seconds] / 3600:.8f}\t{100 * r[K.test_acc]:.2f}" for r in self.history
+            if r.get(K.test_acc) is not None  # an epoch without evaluation (--eval-every) has no accuracy to log
         ]
         atomic_write_text(self.out / "logs.tsv", "\n".join(tsv) + "\n")
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.out / "summary.json", dumps(summary))
+    def write_summary(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace summary.json by the merge of ``parts`` (``record.merge``); returns what was written."""
+        summary = merge(*parts, file=SUMMARY)
+        atomic_write_text(self.out / SUMMARY, dumps(summary))
+        return summary
+
+    def merge_summary(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
+        """Add ``parts`` to the summary.json already there (a later producer's, e.g. the fault records a
+        fault-tolerant launcher adds after the job), replaced atomically; returns what was written."""
+        return self.write_summary(read_summary(self.out), *parts)
 
 
 def remove_debris(out: Path) -> None:
@@ -177,9 +182,15 @@ def _recorded_pid(fd: int) -> int:
 
 def read_history(out: Path) -> list[dict[str, Any]]:
     """The per-epoch rows of a run folder (a torn last line tolerated, see ``io.read_jsonl``)."""
-    path = Path(out) / "metrics.jsonl"
+    path = Path(out) / METRICS
     return read_jsonl(path) if path.exists() else []
 
 
-__all__ = ["EPOCH_FIELDS", "LAUNCHER_FILES", "LOCK_FILE", "SUMMARY_FIELDS", "RunWriter", "dumps", "lock_holder",
-           "lock_run_folder", "read_history", "read_json"]
+def read_summary(out: Path) -> dict[str, Any]:
+    """A run folder's summary.json (an error when it is missing or not JSON: callers check it is there)."""
+    summary: dict[str, Any] = read_json(Path(out) / SUMMARY)
+    return summary
+
+
+__all__ = ["EPOCH_FIELDS", "EXCHANGE_SPLIT", "LAUNCHER_FILES", "LOCK_FILE", "SUMMARY_FIELDS", "RunWriter", "dumps",
+           "lock_holder", "lock_run_folder", "read_history", "read_json", "read_summary"]

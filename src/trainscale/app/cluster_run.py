@@ -38,6 +38,7 @@ from trainscale.app.run import load_baseline
 from trainscale.errors import ConfigError
 from trainscale.io import read_json
 from trainscale.modes import mode_class
+from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.orphans import die_with_parent
@@ -110,18 +111,18 @@ def cluster_main(cfg: TrainConfig) -> int:
                  for i, (_, argv) in enumerate(commands)]
         status = Nodes(argvs, env, groups, Path(tmp)).run()
     if status == 0:
-        summary = read_json(out / "summary.json")
+        summary = read_json(out / SUMMARY)
         print(wire_line(summary))
-        if summary.get("projected"):
+        if summary.get(K.projected):
             print(projected_line(summary))
     return status
 
 
 def wire_line(summary: dict[str, Any]) -> str:
-    c = summary["cluster"]
+    c = summary[K.cluster]
     rtt = f"{c['rtt_seconds'] * 1e3:.3f} ms" if c.get("rtt_seconds") is not None else "not measured"
     text = f"cluster {c['name']}: {c['hosts']} hosts at {net.format_rate(c['rate_bps'])}, round trip {rtt}"
-    wire, counted = summary.get("wire_bytes_sent_per_step"), summary.get("bytes_sent_per_step")
+    wire, counted = summary.get(K.wire_bytes_sent_per_step), summary.get(K.bytes_sent_per_step)
     if wire is not None:
         text += f"; each host's interface sent {wire / 2**20:.3f} MiB per step"
         if counted:
@@ -131,10 +132,10 @@ def wire_line(summary: dict[str, Any]) -> str:
 
 def projected_line(summary: dict[str, Any]) -> str:
     """The run's figures on the target cluster of a time-dilated emulation."""
-    p = summary["projected"]
-    parts = [f"step {1e3 * p['step_seconds']:.1f} ms" if p.get("step_seconds") else None,
-             f"{p['samples_per_sec']:,.0f} images/s" if p.get("samples_per_sec") else None,
-             f"{p['steady_epoch_seconds']:.2f} s per epoch" if p.get("steady_epoch_seconds") else None]
+    p = summary[K.projected]
+    parts = [f"step {1e3 * p[K.step_seconds]:.1f} ms" if p.get(K.step_seconds) else None,
+             f"{p[K.samples_per_sec]:,.0f} images/s" if p.get(K.samples_per_sec) else None,
+             f"{p[K.steady_epoch_seconds]:.2f} s per epoch" if p.get(K.steady_epoch_seconds) else None]
     return f"projected to {p['target']} (times / {p['factor']:.3g}): " + ", ".join(x for x in parts if x)
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trainscale.app.config import TrainConfig
-from trainscale.io import atomic_write_text, dumps
 from trainscale.log import relabel
-from trainscale.results import lock_run_folder, read_json, remove_debris
+from trainscale.record import SUMMARY, K
+from trainscale.results import RunWriter, lock_run_folder, remove_debris
 from trainscale.runtime import ft
 from trainscale.runtime.faults import NODE_ENV, InjectedFault, injected_faults, job_processes
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
@@ -113,7 +113,7 @@ def launch_replicas(cfg: TrainConfig, argv: list[str], out: Path | None, meeting
     if out is None:
         return status
     remove_debris(out)  # of a replica killed while writing
-    if status == 0 and (out / "summary.json").exists():
+    if status == 0 and (out / SUMMARY).exists():
         record_faults(out, events, injected_faults(cfg))
     return status
 
@@ -161,19 +161,17 @@ def stopped_workers(procs: list[subprocess.Popen]) -> list[int]:
 
 
 def record_faults(out: Path, events_path: Path, injected: list[InjectedFault]) -> None:
-    """Add ``faults`` and ``replicas_equal`` to summary.json (replaced atomically)."""
+    """Add ``faults``, ``replicas_equal`` and ``replicas_finished`` to summary.json, through its writer."""
     events = ft.read_events(events_path)
-    summary = read_json(out / "summary.json")
-    summary["faults"] = fault_records(events)
-    fired = {(f["kind"], f["rank"], f["step"]) for f in summary["faults"]}
+    faults = fault_records(events)
+    fired = {(f["kind"], f["rank"], f["step"]) for f in faults}
     for fault in injected:
         if (fault.kind, fault.rank, fault.step) not in fired:
             log.warning("--inject-fault %s:%d@%d never fired: the job ended at step %s", fault.kind, fault.rank,
                         fault.step, max((e["step"] for e in events if e["event"] == "final"), default="?"))
     digests = {e["replica"]: e["digest"] for e in events if e["event"] == "final"}
-    summary["replicas_equal"] = len(set(digests.values())) == 1 if digests else None
-    summary["replicas_finished"] = len(digests)
-    atomic_write_text(out / "summary.json", dumps(summary))
+    RunWriter(out, clean=False).merge_summary({K.faults: faults, K.replicas_equal: len(set(digests.values())) == 1
+                                               if digests else None, K.replicas_finished: len(digests)})
 
 
 def fault_records(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,7 +204,7 @@ def members_before(events: list[dict[str, Any]], t0: float) -> int:
 
 
 def record_ps_faults(out: Path, injected: list[InjectedFault]) -> None:
-    """A parameter-server job's ``faults`` in summary.json (replaced atomically), from its fault log: per
+    """A parameter-server job's ``faults`` in summary.json (through its writer), from its fault log: per
     injected fault, detection (the fault to the first server that dropped the worker), recovery (the fault to
     the first update the servers applied after that: the job going on without it; workers are not
     restarted), the steps lost (the victim's steps no push committed) and whether its batches were handed over."""
@@ -214,11 +212,9 @@ def record_ps_faults(out: Path, injected: list[InjectedFault]) -> None:
     fired = [e for e in events if e["event"] == "fault"]
     if not injected and not fired:
         return
-    summary = read_json(out / "summary.json")
-    summary["faults"] = [ps_fault_record(fault, events) for fault in fired]
+    RunWriter(out, clean=False).merge_summary({K.faults: [ps_fault_record(fault, events) for fault in fired]})
     if len(fired) < len(injected):
         log.warning("%d --inject-fault fault(s) never fired: the job ended first", len(injected) - len(fired))
-    atomic_write_text(out / "summary.json", dumps(summary))
 
 
 def ps_fault_record(fault: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from trainscale.io import atomic_write_text, dumps
 from trainscale.log import relabel
 from trainscale.modes import mode_class
 from trainscale.modes.ps.stats import summary_line as ps_summary_line
+from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_history, read_json
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import InjectedFault, injected_faults, on_cluster
@@ -259,9 +260,9 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
-    if events is not None and (plan.out / "summary.json").exists():
+    if events is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))
-        done = read_json(plan.out / "summary.json").get("epochs_completed", 0)
+        done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
         if done < cfg.epochs:  # every worker died, each one survivable on its own
             print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.epochs} "
                   "epoch(s); --resume continues from the last one", file=sys.stderr)
@@ -381,7 +382,7 @@ def report(cfg: TrainConfig, plan: LaunchPlan) -> None:
     if plan.out is None:
         print(f"node {cfg.node_rank}: all workers finished; the run folder is on node 0")
         return
-    summary = read_json(plan.out / "summary.json")
+    summary = read_json(plan.out / SUMMARY)
     history = read_history(plan.out)
     print(format_table(history, EPOCH_COLUMNS))
     print(format_summary(summary))
@@ -390,15 +391,15 @@ def report(cfg: TrainConfig, plan: LaunchPlan) -> None:
 
 
 def comm_line(summary: dict[str, Any]) -> str:
-    if summary.get("servers"):  # parameter-server modes
+    if summary.get(K.servers):  # parameter-server modes
         return ps_summary_line(summary)
-    sent = summary.get("bytes_sent_per_step")
-    calls = summary.get("allreduce_calls_per_step")
-    text = f"{summary.get('mode')} over {summary.get('backend')}, world size {summary.get('world_size')}"
-    if summary.get("sync_every"):
-        text += f", averaging every {summary['sync_every']} steps (outer lr {summary.get('outer_lr'):g})"
+    sent = summary.get(K.bytes_sent_per_step)
+    calls = summary.get(K.allreduce_calls_per_step)
+    text = f"{summary.get(K.mode)} over {summary.get(K.backend)}, world size {summary.get(K.world_size)}"
+    if summary.get(K.sync_every):
+        text += f", averaging every {summary[K.sync_every]} steps (outer lr {summary.get(K.outer_lr):g})"
     if sent is not None:
         text += f": {sent / 2**20:.2f} MiB handed to collectives per worker per step in {calls:.3g} call(s)"
-    if summary.get("scaling_efficiency") is not None:
-        text += f"; scaling efficiency {100 * summary['scaling_efficiency']:.1f}% vs --baseline"
+    if summary.get(K.scaling_efficiency) is not None:
+        text += f"; scaling efficiency {100 * summary[K.scaling_efficiency]:.1f}% vs --baseline"
     return text

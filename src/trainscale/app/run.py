@@ -21,12 +21,12 @@ import torch
 from trainscale.config import CoreConfig
 from trainscale.data import DeviceBatches
 from trainscale.errors import ConfigError
-from trainscale.io import read_json
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
 from trainscale.modes.fault_tolerance import JobFinished
-from trainscale.results import lock_run_folder
+from trainscale.record import SUMMARY, K, merge
+from trainscale.results import lock_run_folder, read_summary
 from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime import ft
 from trainscale.runtime.cluster import facts_from_env
@@ -125,9 +125,9 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
                       train_model=mode.wrap_model(model, device), callbacks=callbacks,
                       baseline=load_baseline(cfg) if writer is not None else None,
                       cores=allowed_cores(facts, cfg.workers + getattr(cfg, "servers", 0)),
-                      summary_base={**summary_base(cfg, plan, params, device, want,
-                                                   train_batches.num_samples * world_size(), writer),
-                                    "data_init_seconds": data_init_seconds, **mode.describe()})
+                      summary_base=merge(summary_base(cfg, plan, params, device, want,
+                                                      train_batches.num_samples * world_size(), writer),
+                                         {K.data_init_seconds: data_init_seconds}, mode.describe()))
     if resume:
         trainer.resume()
     if writer is not None and is_main_process():
@@ -143,7 +143,6 @@ def load_baseline(cfg: CoreConfig) -> dict[str, Any] | None:
     too, so a wrong folder is not found only at the very end."""
     if not cfg.baseline:
         return None
-    path = Path(cfg.baseline) / "summary.json"
-    if not path.is_file():
-        raise ConfigError(f"--baseline {cfg.baseline}: no summary.json there; give the folder of a finished run")
-    return read_json(path)
+    if not (Path(cfg.baseline) / SUMMARY).is_file():
+        raise ConfigError(f"--baseline {cfg.baseline}: no {SUMMARY} there; give the folder of a finished run")
+    return read_summary(Path(cfg.baseline))

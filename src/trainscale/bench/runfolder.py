@@ -16,6 +16,7 @@ from typing import Any
 
 from trainscale.bench.expand import HASH_EXCLUDE, RunSpec, defaults
 from trainscale.errors import ConfigError
+from trainscale.record import SUMMARY, K
 from trainscale.results import LAUNCHER_FILES
 
 MARKER, RUN_TOML, LOG, ERROR = LAUNCHER_FILES  # what train accepts in a new run's folder
@@ -42,8 +43,8 @@ def folder_state(folder: Path, spec: RunSpec) -> State:
         return State.TODO
     _check_marker(folder, spec)
     _check_config(folder, spec)
-    summary = _read(folder / "summary.json")
-    if summary and summary.get("epochs_completed") == spec.config["epochs"]:
+    summary = _read(folder / SUMMARY)
+    if summary and summary.get(K.epochs_completed) == spec.config["epochs"]:
         return State.DONE
     return State.RESUME if (folder / "checkpoint.pt").exists() else State.TODO
 

@@ -38,6 +38,7 @@ from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 from trainscale.io import append_jsonl, atomic_write_text, read_json
+from trainscale.record import SUMMARY, K
 
 log = logging.getLogger("trainscale.bench")
 
@@ -193,7 +194,7 @@ def _result(spec: RunSpec, folder: Path, code: int | None, seconds: float, timed
 
 def _completed(folder: Path) -> int | None:
     try:
-        return json.loads((folder / "summary.json").read_text()).get("epochs_completed")
+        return json.loads((folder / SUMMARY).read_text()).get(K.epochs_completed)
     except (OSError, ValueError):
         return None
 

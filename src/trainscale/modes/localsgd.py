@@ -41,6 +41,7 @@ from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
 from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics, bn_running_stats
+from trainscale.record import K
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
 
 log = logging.getLogger("trainscale.localsgd")
@@ -236,12 +237,12 @@ class PeriodicMode(SyncMode):
         row = stats.per_step()
         steps, rounds = self.steps[period], stats.steps
         scale = rounds / steps if steps else 0.0
-        for key in ("bytes_sent_per_step", "dense_bytes_per_step", "wire_bytes_per_step", "allreduce_calls_per_step",
-                    "encode_ms_per_step", "decode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step",
-                    "comm_seconds_per_step"):
+        for key in (K.bytes_sent_per_step, K.dense_bytes_per_step, K.wire_bytes_per_step, K.allreduce_calls_per_step,
+                    K.encode_ms_per_step, K.decode_ms_per_step, K.comm_ms_per_step, K.hidden_ms_per_step,
+                    K.comm_seconds_per_step):
             if row.get(key) is not None:
                 row[key] *= scale
-        return {**row, "rounds": rounds, "steps_per_round": steps / rounds if rounds else None}
+        return {**row, K.rounds: rounds, K.steps_per_round: steps / rounds if rounds else None}
 
     def state_dict(self) -> dict[str, Any]:
         """The outer optimizer's state; under fault tolerance also the anchor and the round's step count, which

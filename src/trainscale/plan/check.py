@@ -18,6 +18,7 @@ from trainscale.plan.costs import Link
 from trainscale.plan.methods import MethodSpec
 from trainscale.plan.predict import MODES, Prediction, Setting, predict
 from trainscale.plan.profile import Profile
+from trainscale.record import K
 
 COMPRESSION_KEYS = ("compress", "method", "granularity", "ratio", "threshold", "qstates", "qsgd_bucket",
                     "powersgd_rank")
@@ -51,15 +52,15 @@ def method_spec(config: dict[str, Any]) -> MethodSpec:
 def setting_for_run(config: dict[str, Any], summary: dict[str, Any]) -> Setting | None:
     """The Setting an emulated-cluster run ran in, or None (not on an emulated cluster, or a mode the planner
     does not model)."""
-    cluster = summary.get("cluster") or {}
-    mode = str(summary.get("mode") or config.get("mode"))
+    cluster = summary.get(K.cluster) or {}
+    mode = str(summary.get(K.mode) or config.get("mode"))
     if not cluster.get("hosts") or mode not in MODES:
         return None
     rate = min(cluster.get("rates_bps") or [cluster["rate_bps"]])
     link = Link(rate / 8.0, (cluster.get("rtt_seconds") or 0.0) / 2)
     sync_every = config.get("sync_every") or (DEFAULT_SYNC_EVERY if mode in ("localsgd", "diloco") else 1)
     return Setting(int(cluster["hosts"]), int(config.get("workers") or 1), link, None, mode, method_spec(config),
-                   int(sync_every), int(config.get("servers") or 1), batch_size=int(summary["batch_per_worker"]))
+                   int(sync_every), int(config.get("servers") or 1), batch_size=int(summary[K.batch_per_worker]))
 
 
 def profile_key(model: str, batch: int, precision: str, threads: int | None, cpus: float | None) -> tuple[Any, ...]:
@@ -71,9 +72,9 @@ def key_of_profile(p: Profile) -> tuple[Any, ...]:
 
 
 def key_of_run(summary: dict[str, Any]) -> tuple[Any, ...]:
-    cluster = summary.get("cluster") or {}
-    return profile_key(str(summary.get("model")), int(summary.get("batch_per_worker") or 0),
-                       str(summary.get("precision")), cluster.get("threads_per_process"), cluster.get("cpus_per_host"))
+    cluster = summary.get(K.cluster) or {}
+    return profile_key(str(summary.get(K.model)), int(summary.get(K.batch_per_worker) or 0),
+                       str(summary.get(K.precision)), cluster.get("threads_per_process"), cluster.get("cpus_per_host"))
 
 
 def check_run(name: str, config: dict[str, Any], summary: dict[str, Any],
@@ -81,11 +82,11 @@ def check_run(name: str, config: dict[str, Any], summary: dict[str, Any],
     """The run beside its prediction, or None when it cannot be predicted (no cluster, no profile, no timing)."""
     setting = setting_for_run(config, summary)
     profile = profiles.get(key_of_run(summary))
-    if setting is None or profile is None or not summary.get("step_seconds"):
+    if setting is None or profile is None or not summary.get(K.step_seconds):
         return None
     if not setting.spec.dense and setting.spec.text not in profile.compressors:
         return None
-    return Check(name, setting, float(summary["step_seconds"]), summary.get("comm_seconds_per_step"),
+    return Check(name, setting, float(summary[K.step_seconds]), summary.get(K.comm_seconds_per_step),
                  predict(profile, setting), profile)
 
 

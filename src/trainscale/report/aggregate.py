@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from trainscale.bench.expand import HASH_EXCLUDE, significant
 from trainscale.modes.ps.config import PS_MODES
-from trainscale.train.scaling import SAME_CONFIG, scaling_efficiency, throughput
+from trainscale.record import SAME_CONFIG, K, scaling_efficiency, throughput
 from trainscale.report.collect import RunRecord
 
 ENV_KEYS = ("device_name", "torch")
@@ -73,7 +73,7 @@ class Group:
 
     @property
     def world_size(self) -> int:
-        return int(self.summary("world_size") or 1)
+        return int(self.summary(K.world_size) or 1)
 
 
 @dataclass
@@ -91,7 +91,7 @@ def env_key(record: RunRecord) -> tuple[str, ...]:
 
 def group_key(record: RunRecord) -> str:
     """Canonical config without seed and plumbing (from config.json; summary fields when it is absent)."""
-    config = record.config or {k: v for k, v in record.summary.items() if k not in ("environment", "out")}
+    config = record.config or {k: v for k, v in record.summary.items() if k not in (K.environment, K.out)}
     return json.dumps(significant(config, GROUP_EXCLUDE), sort_keys=True, default=str)
 
 
@@ -143,7 +143,7 @@ def add_efficiency(groups: list[Group]) -> None:
         mean = base.stat(run_throughput).mean
         if not mean:
             continue
-        reference = {"samples_per_sec": mean, "world_size": base.world_size}
+        reference = {K.samples_per_sec: mean, K.world_size: base.world_size}
         group.efficiency = [scaling_efficiency(r.summary, reference) for r in group.runs if run_throughput(r)]
         group.baseline = base.label
 
@@ -152,7 +152,7 @@ def find_baseline(group: Group, groups: list[Group]) -> Group | None:
     """The 1-worker group this one scales from (itself when it has one worker)."""
     if group.world_size == 1:
         return group
-    wanted = {k: group.summary(k) for k in (*SAME_CONFIG, "batch_per_worker")}
+    wanted = {k: group.summary(k) for k in (*SAME_CONFIG, K.batch_per_worker)}
     candidates = [g for g in groups if g.world_size == 1 and all(g.summary(k) == v for k, v in wanted.items())]
     return max(candidates, key=lambda g: _similarity(group, g), default=None)
 
@@ -162,4 +162,4 @@ def _similarity(a: Group, b: Group) -> int:
 
 
 def uses_parameter_server(group: Group) -> bool:
-    return group.config("mode", group.summary("mode")) in PS_MODES or bool(group.config("servers"))
+    return group.config("mode", group.summary(K.mode)) in PS_MODES or bool(group.config("servers"))

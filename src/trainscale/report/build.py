@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_writable
+from trainscale.record import K
 from trainscale.report.aggregate import Partition, partitions
 from trainscale.report.collect import Collection, RunRecord, collect
 from trainscale.report.csvfile import csv_rows, write_csv
@@ -110,11 +111,11 @@ def describe_runs(records: list[RunRecord]) -> str:
     if not made:
         return "no run has been made yet"
     pairs = [(r.config or r.bench.get("config") or {}, r.summary) for r in made]
-    models = _distinct(c.get("model") or s.get("model") for c, s in pairs)
-    epochs = _distinct(c.get("epochs") or s.get("epochs") for c, s in pairs)
+    models = _distinct(c.get("model") or s.get(K.model) for c, s in pairs)
+    epochs = _distinct(c.get("epochs") or s.get(K.epochs) for c, s in pairs)
     subsets = _distinct(c.get("train_subset") or "all" for c, _ in pairs)
-    datasets = _distinct(c.get("dataset") or s.get("dataset") for c, s in pairs)
-    per_epoch = _distinct(s.get("train_samples_per_epoch") for _, s in pairs)
+    datasets = _distinct(c.get("dataset") or s.get(K.dataset) for c, s in pairs)
+    per_epoch = _distinct(s.get(K.train_samples_per_epoch) for _, s in pairs)
     text = (f"{len(made)} run(s) of {_or(models)} for {_or(epochs)} epoch{'' if epochs == ['1'] else 's'} on "
             f"{_or(subsets)} {_or(datasets)} training images")
     return text + (f" ({_or(per_epoch)} per epoch)" if per_epoch else "")

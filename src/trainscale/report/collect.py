@@ -17,6 +17,7 @@ from typing import Any
 
 from trainscale.errors import ConfigError, DataError
 from trainscale.io import read_json, read_jsonl
+from trainscale.record import SUMMARY, K
 from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
@@ -47,7 +48,7 @@ class RunRecord:
 
     @property
     def environment(self) -> dict[str, Any]:
-        return self.summary.get("environment") or {}
+        return self.summary.get(K.environment) or {}
 
     @property
     def ok(self) -> bool:
@@ -79,7 +80,7 @@ def collect(dirs: list[Path]) -> Collection:
 def _walk(top: Path, warnings: list[str]) -> list[RunRecord]:
     grids = sorted(p.parent for p in top.rglob("grid.json"))
     records = [r for g in grids for r in grid_records(g, warnings)]
-    for summary in sorted(top.rglob("summary.json")):
+    for summary in sorted(top.rglob(SUMMARY)):
         if not any(g in summary.parents for g in grids):
             records.append(plain_record(summary.parent, warnings))
     return records
@@ -89,10 +90,10 @@ def plain_record(folder: Path, warnings: list[str] | None = None) -> RunRecord:
     """A run folder made by `trainscale train` directly: ok only when its summary covers every epoch."""
     record = read_run(RunRecord(folder, "ok"), warnings)
     summary = record.summary
-    if record.ok and (summary.get("epochs_completed") is None
-                      or summary.get("epochs_completed") != summary.get("epochs")):
+    if record.ok and (summary.get(K.epochs_completed) is None
+                      or summary.get(K.epochs_completed) != summary.get(K.epochs)):
         record.status = "incomplete"
-        record.error = f"{summary.get('epochs_completed')} of {summary.get('epochs')} epochs finished"
+        record.error = f"{summary.get(K.epochs_completed)} of {summary.get(K.epochs)} epochs finished"
     return record
 
 
@@ -100,7 +101,7 @@ def read_run(record: RunRecord, warnings: list[str] | None) -> RunRecord:
     """Fill ``record`` from its folder's files; one that cannot be read makes the run corrupt (never ok),
     said in one warning naming the file."""
     try:
-        record.summary = _object(record.folder / "summary.json")
+        record.summary = _object(record.folder / SUMMARY)
         record.config = _config(record.folder)
         record.metrics = read_history(record.folder)
     except DataError as exc:

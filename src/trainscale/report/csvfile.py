@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainscale.record import K
 from trainscale.report.aggregate import Partition, run_throughput
 from trainscale.report.collect import RunRecord
 
@@ -40,7 +41,7 @@ def _row(r: RunRecord, partition: int | str, group: str, efficiency: float | Non
                            "throughput_images_per_sec": run_throughput(r) if r.ok else None,
                            "scaling_efficiency": efficiency, "efficiency_baseline": baseline}
     for key, value in r.summary.items():
-        if key == "environment":
+        if key == K.environment:
             row.update({f"environment.{k}": v for k, v in (value or {}).items()})
         else:
             row[key] = value

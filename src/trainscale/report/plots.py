@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from trainscale.record import K  # noqa: E402
 from trainscale.report.aggregate import (  # noqa: E402
     GROUP_EXCLUDE,
     Group,
@@ -45,14 +46,14 @@ FAMILY_EXCLUDE = GROUP_EXCLUDE | {"workers", "mode", "batch_size", "devices"}
 def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]:
     """Every figure this partition has data for: title -> PNG path."""
     figures = {
-        "Test accuracy against epoch": ("accuracy_epoch", lambda ax: _accuracy(ax, part, "epoch", "epoch")),
+        "Test accuracy against epoch": ("accuracy_epoch", lambda ax: _accuracy(ax, part, K.epoch, "epoch")),
         "Test accuracy against training time": ("accuracy_time",
-                                                lambda ax: _accuracy(ax, part, "elapsed_seconds",
+                                                lambda ax: _accuracy(ax, part, K.elapsed_seconds,
                                                                      "training time (s)")),
     }
     written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
     if len({uses_parameter_server(g) for g in part.groups
-            if g.world_size > 1 and g.summary("dataset") != "synthetic"}) == 2:
+            if g.world_size > 1 and g.summary(K.dataset) != "synthetic"}) == 2:
         written["BSP and parameter-server training: test accuracy against epoch and against time"] = _save_pair(
             out / f"accuracy_bsp_async{suffix}.png", lambda axes: _side_by_side(axes, part))
     if len({g.world_size for g in part.groups}) > 1:
@@ -105,40 +106,40 @@ def _by_network(part: Partition) -> dict[str, list[Group]]:
     """Real-data runs on emulated clusters, by network, fastest first."""
     found: dict[float, list[Group]] = {}
     for g in part.groups:
-        cluster = g.summary("cluster")
-        if cluster and g.summary("dataset") != "synthetic":
+        cluster = g.summary(K.cluster)
+        if cluster and g.summary(K.dataset) != "synthetic":
             found.setdefault(min(cluster.get("rates_bps") or [cluster["rate_bps"]]), []).append(g)
     return {network_text(groups[0].first): groups for _, groups in sorted(found.items(), reverse=True)}
 
 
 def _networks(axes: list[Axes], networks: dict[str, list[Group]]) -> None:
     for ax, (network, groups) in zip(axes, networks.items()):
-        _accuracy(ax, Partition({}, groups, [r for g in groups for r in g.runs]), "elapsed_seconds",
+        _accuracy(ax, Partition({}, groups, [r for g in groups for r in g.runs]), K.elapsed_seconds,
                   "training time (s)")
         ax.set_title(network)
 
 
 def _accuracy(ax: Axes, part: Partition, x_key: str, x_label: str) -> None:
     runs = [(group, run) for group in part.groups for run in group.runs
-            if run.summary.get("dataset") != "synthetic"]  # random images: speed only, no accuracy curve
+            if run.summary.get(K.dataset) != "synthetic"]  # random images: speed only, no accuracy curve
     for index, (group, run) in enumerate(runs):
-        evaluated = [m for m in run.metrics if m.get("test_acc") is not None]  # --eval-every skips some epochs
+        evaluated = [m for m in run.metrics if m.get(K.test_acc) is not None]  # --eval-every skips some epochs
         xs: list[float] = [m[x_key] for m in evaluated if m.get(x_key) is not None]
-        ys = [100 * m["test_acc"] for m in evaluated]
+        ys = [100 * m[K.test_acc] for m in evaluated]
         if ys and len(xs) == len(ys):  # line styles cycle so runs with equal curves stay visible
             ax.plot(xs, ys, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=STYLES[index % len(STYLES)],
                     label=run.run_id if len(group.runs) > 1 else group.label)
     ax.set_xlabel(x_label)
     ax.set_ylabel("test accuracy (%)")
-    if x_key == "epoch":
+    if x_key == K.epoch:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     _legend(ax)
 
 
 def _side_by_side(axes: Sequence[Axes], part: Partition) -> None:
-    _accuracy(axes[0], part, "epoch", "epoch")
-    _accuracy(axes[1], part, "elapsed_seconds", "training time (s)")
+    _accuracy(axes[0], part, K.epoch, "epoch")
+    _accuracy(axes[1], part, K.elapsed_seconds, "training time (s)")
 
 
 def _legend(ax: Axes) -> None:
@@ -161,9 +162,9 @@ def families(part: Partition) -> dict[str, list[Group]]:
 
 def _family_label(groups: list[Group]) -> str:
     g = groups[0]
-    kind = f"{g.summary('mode')}, " if uses_parameter_server(g) else ""
-    return (f"{kind}{g.summary('model')}, {g.summary('batch_per_worker')}/worker, {g.summary('precision')}, "
-            f"lr {g.summary('lr')}")
+    kind = f"{g.summary(K.mode)}, " if uses_parameter_server(g) else ""
+    return (f"{kind}{g.summary(K.model)}, {g.summary(K.batch_per_worker)}/worker, {g.summary(K.precision)}, "
+            f"lr {g.summary(K.lr)}")
 
 
 def _scaling(axes: Sequence[Axes], part: Partition) -> None:
@@ -191,7 +192,7 @@ def _scaling(axes: Sequence[Axes], part: Partition) -> None:
 def _bytes(axes: Sequence[Axes], part: Partition) -> None:
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     for g in groups:
-        acc = 100 * (g.stat(lambda r: r.summary.get("best_test_acc")).mean or 0)
+        acc = 100 * (g.stat(lambda r: r.summary.get(K.best_test_acc)).mean or 0)
         axes[0].scatter([g.stat(bytes_per_step).mean or 0], [acc], label=g.label)
         ratio = g.stat(compression_ratio).mean
         if ratio:

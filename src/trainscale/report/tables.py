@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from trainscale.record import EXCHANGE_SPLIT, K
 from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
 from trainscale.report.collect import RunRecord
-from trainscale.results import EXCHANGE_SPLIT
 
 MAX_EPOCH_ROWS = 12
 
@@ -57,7 +57,7 @@ def _md_row(cells: list[str]) -> str:
 
 def epoch_seconds(r: RunRecord) -> float | None:
     """Steady state (epochs after the first, which carries warm-up) when there are several, else all."""
-    return r.summary.get("steady_epoch_seconds") or r.summary.get("mean_epoch_seconds")
+    return r.summary.get(K.steady_epoch_seconds) or r.summary.get(K.mean_epoch_seconds)
 
 
 def _summary(name: str) -> Any:
@@ -65,34 +65,34 @@ def _summary(name: str) -> Any:
 
 
 def final_train_acc(r: RunRecord) -> float | None:
-    return r.metrics[-1].get("train_acc") if r.metrics else None
+    return r.metrics[-1].get(K.train_acc) if r.metrics else None
 
 
 def bytes_per_step(r: RunRecord) -> float | None:
     """What one worker moves per step: collective payload (sync), or pushed + pulled (parameter server)."""
     s = r.summary
-    if s.get("bytes_sent_per_step") is not None:
-        return s["bytes_sent_per_step"]
-    if s.get("bytes_pushed_per_step") is not None:
-        return s["bytes_pushed_per_step"] + (s.get("bytes_pulled_per_step") or 0.0)
+    if s.get(K.bytes_sent_per_step) is not None:
+        return s[K.bytes_sent_per_step]
+    if s.get(K.bytes_pushed_per_step) is not None:
+        return s[K.bytes_pushed_per_step] + (s.get(K.bytes_pulled_per_step) or 0.0)
     return None
 
 
 def compression_ratio(r: RunRecord) -> float | None:
     s = r.summary
-    if s.get("compression_ratio") is not None:
-        return s["compression_ratio"]
-    if s.get("dense_bytes_per_step") and s.get("bytes_sent_per_step"):
-        return s["dense_bytes_per_step"] / s["bytes_sent_per_step"]
+    if s.get(K.compression_ratio) is not None:
+        return s[K.compression_ratio]
+    if s.get(K.dense_bytes_per_step) and s.get(K.bytes_sent_per_step):
+        return s[K.dense_bytes_per_step] / s[K.bytes_sent_per_step]
     return 1.0 if bytes_per_step(r) and _method(r) == "none" else None
 
 
 def _method(r: RunRecord) -> str:
-    return str(r.summary.get("compress_method") or r.config.get("compress") or "none")
+    return str(r.summary.get(K.compress_method) or r.config.get("compress") or "none")
 
 
 def batch_text(g: Group) -> str:
-    per, total, n = g.summary("batch_per_worker"), g.summary("batch_size"), g.world_size
+    per, total, n = g.summary(K.batch_per_worker), g.summary(K.batch_size), g.world_size
     return f"{per}x{n}={total}" if n > 1 and per else str(total)
 
 
@@ -108,9 +108,9 @@ def _runs(g: Group) -> str:
 
 
 def configurations(part: Partition) -> Table:
-    rows = [[g.label, str(g.summary("model")), str(g.world_size), "1" if _on_gpu(g) else "0",
+    rows = [[g.label, str(g.summary(K.model)), str(g.world_size), "1" if _on_gpu(g) else "0",
              "on" if uses_parameter_server(g) else "off", batch_text(g), _lr(g),
-             g.stat(epoch_seconds).text(".1f"), _pct(g.stat(_summary("best_test_acc"))), _runs(g)]
+             g.stat(epoch_seconds).text(".1f"), _pct(g.stat(_summary(K.best_test_acc))), _runs(g)]
             for g in part.groups]
     return Table("Configurations", ["Short Name", "model", "processes", "GPUs per process", "parameter server",
                                     "batch size", "initial LR", "seconds per epoch", "best validation accuracy",
@@ -122,11 +122,11 @@ def _on_gpu(g: Group) -> bool:
 
 
 def _lr(g: Group) -> str:
-    return format(g.summary("lr"), "g") if g.summary("lr") is not None else "-"
+    return format(g.summary(K.lr), "g") if g.summary(K.lr) is not None else "-"
 
 
 def _config_notes(part: Partition) -> list[str]:
-    scopes = sorted({str(r.summary.get("timer_scope")) for r in part.runs})
+    scopes = sorted({str(r.summary.get(K.timer_scope)) for r in part.runs})
     return ["batch size: per worker x workers = global batch; initial LR: the configured peak rate after any "
             "linear scaling (onecycle and warm-up schedules ramp up to it)",
             "seconds per epoch: mean over epochs after the first when a run has several (the first carries "
@@ -139,12 +139,12 @@ def scaling(part: Partition) -> Table:
     columns = ["Short Name", "model", "workers", "batch size", "images/s",
                *(["scaling efficiency"] if with_eff else []), "seconds per epoch", "training time (s)",
                "train accuracy", "test accuracy", "peak memory (MB)"]
-    rows = [[g.label, str(g.summary("model")), str(g.world_size), batch_text(g),
+    rows = [[g.label, str(g.summary(K.model)), str(g.world_size), batch_text(g),
              g.stat(run_throughput).text(".0f") + _busy(g),
              *([_efficiency(g)] if with_eff else []), g.stat(epoch_seconds).text(".1f"),
-             g.stat(_summary("total_train_seconds")).text(".1f"), _pct(g.stat(final_train_acc)),
-             _pct(g.stat(_summary("final_test_acc"))), g.stat(_summary("peak_memory_mb")).text(".0f")]
-            for g in sorted(part.groups, key=lambda g: (str(g.summary("model")), g.world_size))]
+             g.stat(_summary(K.total_train_seconds)).text(".1f"), _pct(g.stat(final_train_acc)),
+             _pct(g.stat(_summary(K.final_test_acc))), g.stat(_summary(K.peak_memory_mb)).text(".0f")]
+            for g in sorted(part.groups, key=lambda g: (str(g.summary(K.model)), g.world_size))]
     notes = ["images/s: training images per second over all workers, from the same epochs as seconds per epoch; "
              "in brackets, as the MXNet page writes it, workers-utilisation: each worker's device busy (GPU: NVML; "
              "CPU: process CPU time over wall time and the cores it may use), mean over workers and steady epochs",
@@ -156,8 +156,8 @@ def scaling(part: Partition) -> Table:
 
 
 def _busy(g: Group) -> str:
-    util = g.stat(lambda r: r.summary.get("gpu_util") if r.summary.get("gpu_util") is not None
-                  else r.summary.get("cpu_util"))
+    util = g.stat(lambda r: r.summary.get(K.gpu_util) if r.summary.get(K.gpu_util) is not None
+                  else r.summary.get(K.cpu_util))
     return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.values else ""
 
 
@@ -173,11 +173,11 @@ def communication(part: Partition) -> Table | None:
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, _method(g.first), _opt(g.config("ratio")), str(g.summary("compress_granularity")
+    rows = [[g.label, _method(g.first), _opt(g.config("ratio")), str(g.summary(K.compress_granularity)
              or g.config("granularity") or "-"), str(g.world_size),
              g.stat(bytes_per_step).text(",.0f"), g.stat(compression_ratio).text(".1f"),
              g.stat(lambda r: _half(compression_ratio(r))).text(".1f"),
-             _pct(g.stat(_summary("best_test_acc"))), g.stat(epoch_seconds).text(".1f"),
+             _pct(g.stat(_summary(K.best_test_acc))), g.stat(epoch_seconds).text(".1f"),
              _relative(g, _peer(part, g, "none")), _relative(g, _peer(part, g, "bf16"))] for g in groups]
     return Table("Communication", ["Short Name", "method", "ratio", "granularity", "workers", "bytes per step",
                                    "compression vs fp32", "compression vs bf16", "best validation accuracy",
@@ -195,14 +195,14 @@ def communication(part: Partition) -> Table | None:
 def time_to_target(part: Partition) -> Table | None:
     """Time to the target accuracy of each method on each network, against dense fp32 and bf16 all-reduce
     on the same network (the slow-links grid's table)."""
-    groups = [g for g in part.groups if g.summary("target_acc") is not None and g.summary("cluster")]
+    groups = [g for g in part.groups if g.summary(K.target_acc) is not None and g.summary(K.cluster)]
     if not groups:
         return None
     groups.sort(key=lambda g: (-_rate(g), str(g.label)))
-    rows = [[g.label, str(g.summary("mode")), _method(g.first), network_text(g.first), _ttt_text(g),
+    rows = [[g.label, str(g.summary(K.mode)), _method(g.first), network_text(g.first), _ttt_text(g),
              _ttt_relative(g, _peer(part, g, "none")), _ttt_relative(g, _peer(part, g, "bf16")),
-             _pct(g.stat(_summary("final_test_acc"))), g.stat(bytes_per_step).text(",.0f")] for g in groups]
-    target = _pct(groups[0].stat(_summary("target_acc")))
+             _pct(g.stat(_summary(K.final_test_acc))), g.stat(bytes_per_step).text(",.0f")] for g in groups]
+    target = _pct(groups[0].stat(_summary(K.target_acc)))
     return Table(f"Time to {target} test accuracy", ["Short Name", "mode", "method", "network",
                  "time to target (s)", "vs fp32", "vs bf16", "final test accuracy", "bytes per step"], rows,
                  ["time to target: training time (evaluation excluded) until the end of the first epoch whose test "
@@ -218,7 +218,7 @@ def crossover(part: Partition, planner: Callable[[Group], str] | None = None) ->
     ``planner``, the planner's crossover of step time beside it."""
     families: dict[str, list[Group]] = {}
     for g in part.groups:
-        if g.summary("target_acc") is not None and g.summary("cluster") and _peer(part, g, "none") is not g:
+        if g.summary(K.target_acc) is not None and g.summary(K.cluster) and _peer(part, g, "none") is not g:
             families.setdefault(" ".join(map(str, _method_key(g))), []).append(g)
     rows = []
     for groups in families.values():
@@ -226,7 +226,7 @@ def crossover(part: Partition, planner: Callable[[Group], str] | None = None) ->
         points = sorted((rate, ratio) for rate, ratio in points if ratio is not None)
         if len(points) > 1:
             rows.append([groups[0].first.bench.get("short_name") or groups[0].label, _method(groups[0].first),
-                         str(groups[0].summary("mode")),
+                         str(groups[0].summary(K.mode)),
                          ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points), _crossing(points),
                          *([planner(groups[0])] if planner else [])])
     if not rows:
@@ -249,11 +249,11 @@ def _method_key(g: Group) -> tuple[str, ...]:
     config = g.first.config or {}
     knobs = ("compress", "ratio", "granularity", "powersgd_rank", "qstates", "sync_every", "outer_lr",
              "outer_momentum", "servers", "error_feedback")
-    return (str(g.summary("mode")), _method(g.first), *(str(config.get(k)) for k in knobs if config.get(k)))
+    return (str(g.summary(K.mode)), _method(g.first), *(str(config.get(k)) for k in knobs if config.get(k)))
 
 
 def _rate(g: Group) -> float:
-    cluster = g.summary("cluster") or {}
+    cluster = g.summary(K.cluster) or {}
     return float(min(cluster.get("rates_bps") or [cluster.get("rate_bps") or 0]))
 
 
@@ -264,8 +264,8 @@ def _rate_text(rate: float) -> str:
 
 def _ttt(r: RunRecord) -> tuple[float | None, bool]:
     """(seconds, reached): the time to target, or the whole training time when it was not reached."""
-    reached = r.summary.get("time_to_target_seconds")
-    return (reached, True) if reached is not None else (r.summary.get("total_train_seconds"), False)
+    reached = r.summary.get(K.time_to_target_seconds)
+    return (reached, True) if reached is not None else (r.summary.get(K.total_train_seconds), False)
 
 
 def _ttt_text(g: Group) -> str:
@@ -309,9 +309,10 @@ def _half(ratio: float | None) -> float | None:
 def _peer(part: Partition, g: Group, method: str) -> Group | None:
     """The group that differs from ``g`` only in sending ``method`` (its dense fp32 or bf16 baseline)."""
     def setting(h: Group) -> tuple[Any, ...]:
-        return (h.summary("model"), h.world_size, h.summary("precision"), network_text(h.first), h.summary("batch_size"))
+        return (h.summary(K.model), h.world_size, h.summary(K.precision), network_text(h.first),
+                h.summary(K.batch_size))
     return next((h for h in part.groups if _method(h.first) == method and setting(h) == setting(g)
-                 and h.summary("mode") in ("sync", "local", g.summary("mode"))), None)
+                 and h.summary(K.mode) in ("sync", "local", g.summary(K.mode))), None)
 
 
 def _relative(g: Group, base: Group | None) -> str:
@@ -325,15 +326,15 @@ def step_split(part: Partition) -> Table | None:
     """Where a step's time goes (runs that measured it: sync and parameter-server modes), beside the network
     it ran on and, on an emulated cluster, what each host's interface really sent; the exchange itself
     split into encode, time in flight (and how much of it the backward pass hid) and decode."""
-    groups = [g for g in part.groups if any(r.summary.get("compute_seconds_per_step") is not None for r in g.runs)]
+    groups = [g for g in part.groups if any(r.summary.get(K.compute_seconds_per_step) is not None for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, str(g.summary("mode")), _method(g.first), str(g.world_size), network_text(g.first),
-             *(g.stat(_scaled(name, 1e3)).text(".1f") for name in ("step_seconds", "compute_seconds_per_step",
-                                                                  "comm_seconds_per_step")),
+    rows = [[g.label, str(g.summary(K.mode)), _method(g.first), str(g.world_size), network_text(g.first),
+             *(g.stat(_scaled(name, 1e3)).text(".1f") for name in (K.step_seconds, K.compute_seconds_per_step,
+                                                                  K.comm_seconds_per_step)),
              g.stat(_comm_share).text(".0%"),
              *(g.stat(_summary(name)).text(".1f") for name in EXCHANGE_SPLIT),
-             g.stat(_scaled("wire_bytes_sent_per_step", 2**-20)).text(".2f"),
+             g.stat(_scaled(K.wire_bytes_sent_per_step, 2**-20)).text(".2f"),
              g.stat(run_throughput).text(".0f")] for g in groups]
     return Table("Step time: compute and communication", ["Short Name", "mode", "method", "workers", "network",
                  "step (ms)", "compute (ms)", "communication (ms)", "communication share", "encode (ms)",
@@ -351,7 +352,7 @@ def step_split(part: Partition) -> Table | None:
 
 
 def network_text(r: RunRecord) -> str:
-    cluster = r.summary.get("cluster")
+    cluster = r.summary.get(K.cluster)
     if not cluster:
         return "one machine"
     rates = sorted(set(cluster.get("rates_bps") or [cluster["rate_bps"]]))
@@ -360,7 +361,7 @@ def network_text(r: RunRecord) -> str:
 
 
 def _comm_share(r: RunRecord) -> float | None:
-    step, comm = r.summary.get("step_seconds"), r.summary.get("comm_seconds_per_step")
+    step, comm = r.summary.get(K.step_seconds), r.summary.get(K.comm_seconds_per_step)
     return comm / step if step and comm is not None else None
 
 
@@ -377,9 +378,9 @@ def epochs_table(run: RunRecord) -> Table:
     over a long run)."""
     rows = run.metrics
     step = max(1, -(-len(rows) // MAX_EPOCH_ROWS))
-    shown = [r for r in rows if r["epoch"] % step == 0 or r is rows[-1]]
-    body = [[str(r["epoch"]), _fmt_pct(r.get("train_acc")), _fmt_pct(r.get("test_acc")),
-             _fmt(r.get("epoch_seconds"), ".1f"), _fmt(r.get("elapsed_seconds"), ".1f")] for r in shown]
+    shown = [r for r in rows if r[K.epoch] % step == 0 or r is rows[-1]]
+    body = [[str(r[K.epoch]), _fmt_pct(r.get(K.train_acc)), _fmt_pct(r.get(K.test_acc)),
+             _fmt(r.get(K.epoch_seconds), ".1f"), _fmt(r.get(K.elapsed_seconds), ".1f")] for r in shown]
     return Table(f"{run.run_id}", ["epoch", "train accuracy", "validation accuracy", "time (s)", "elapsed (s)"], body)
 
 

@@ -32,6 +32,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from trainscale.record import K
+
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
@@ -57,11 +59,11 @@ class CommStats:
     def per_step(self) -> "dict[str, float | None]":
         """What metrics.jsonl and summary.json carry (None before the first step)."""
         s = self.steps
-        return {"bytes_sent_per_step": self.bytes_sent / s if s else None,
-                "allreduce_calls_per_step": self.calls / s if s else None,
-                "comm_seconds_per_step": self.exchange_seconds / s if s else None,
-                "comm_ms_per_step": 1e3 * self.comm_seconds / s if s else None,
-                "hidden_ms_per_step": 1e3 * self.hidden_seconds / s if s else None}
+        return {K.bytes_sent_per_step: self.bytes_sent / s if s else None,
+                K.allreduce_calls_per_step: self.calls / s if s else None,
+                K.comm_seconds_per_step: self.exchange_seconds / s if s else None,
+                K.comm_ms_per_step: 1e3 * self.comm_seconds / s if s else None,
+                K.hidden_ms_per_step: 1e3 * self.hidden_seconds / s if s else None}
 
     def add(self, other: "CommStats") -> None:
         for name in ("bytes_sent", "calls", "steps", "exchange_seconds", "comm_seconds", "hidden_seconds"):

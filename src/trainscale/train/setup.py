@@ -21,6 +21,7 @@ from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
 from trainscale.models import create_model, model_info
 from trainscale.config import CoreConfig
+from trainscale.record import K
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, is_main_process, world_size
 from trainscale.runtime import ft
@@ -228,10 +229,11 @@ def run_folder(cfg: CoreConfig, standby: bool = False) -> tuple[RunWriter | None
 
 def summary_base(cfg: CoreConfig, plan: BatchPlan, params: int, device: torch.device, image_size: int,
                  epoch_samples: int, writer: RunWriter | None) -> dict[str, Any]:
+    """The run's description: the first part of summary.json (keys: ``record.K``)."""
     return {
-        "out": str(writer.out) if writer else None,
-        "model": cfg.model, "params": params, "dataset": cfg.dataset, "mode": cfg.mode, "world_size": world_size(),
-        "epochs": cfg.epochs, "batch_size": plan.global_batch, "batch_per_worker": plan.per_worker, "lr": plan.lr,
-        "precision": cfg.precision, "image_size": image_size, "train_samples_per_epoch": epoch_samples,
-        "seed": cfg.seed, "environment": environment(device),
+        K.out: str(writer.out) if writer else None,
+        K.model: cfg.model, K.params: params, K.dataset: cfg.dataset, K.mode: cfg.mode, K.world_size: world_size(),
+        K.epochs: cfg.epochs, K.batch_size: plan.global_batch, K.batch_per_worker: plan.per_worker, K.lr: plan.lr,
+        K.precision: cfg.precision, K.image_size: image_size, K.train_samples_per_epoch: epoch_samples,
+        K.seed: cfg.seed, K.environment: environment(device),
     }

@@ -16,11 +16,11 @@ from trainscale.config import CoreConfig
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
 from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcast_object, is_distributed, is_main_process, world_size
-from trainscale.train.scaling import config_mismatches, scaling_efficiency
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
-from trainscale.results import EXCHANGE_SPLIT, RunWriter
+from trainscale.record import EXCHANGE_SPLIT, METRICS, PROJECTED_TIMES, K, config_mismatches, merge, scaling_efficiency
+from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.utilisation import Utilisation
 
@@ -118,7 +118,7 @@ class Trainer:
         self.callbacks.before_fit(self.snapshot, self.restore)
         warm = self.cfg.compile or self.precision.device.type == "cuda"
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
-            self.summary_base["warmup_seconds"] = self.warm_up()
+            self.summary_base[K.warmup_seconds] = self.warm_up()
         for epoch in range(self.state.next_epoch, self.cfg.epochs):
             row = self.run_epoch(epoch)
             if self.writer is not None and self.callbacks.writes_run_folder():
@@ -137,8 +137,8 @@ class Trainer:
         stays out of every timer (airbench's warm-up run). Returns its seconds."""
         started = time.perf_counter()
         saved, rng = copy.deepcopy(self.model.state_dict()), rng_state()
-        device, batch = self.precision.device, self.summary_base["batch_per_worker"]
-        size = self.summary_base["image_size"]
+        device, batch = self.precision.device, self.summary_base[K.batch_per_worker]
+        size = self.summary_base[K.image_size]
         layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -173,13 +173,12 @@ class Trainer:
             if self.evaluates(epoch) else None
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
-        row = self._row(epoch, train, test)
-        row["test_views"] = views_per_image(self.cfg.tta, translate) if test else 0
-        row.update(mean_over_workers(busy.result()))
-        row.update(self.callbacks.epoch_stats())
+        views = {K.test_views: views_per_image(self.cfg.tta, translate) if test else 0}
+        row = merge(self._row(epoch, train, test), views, mean_over_workers(busy.result()),
+                    self.callbacks.epoch_stats(), file=METRICS)
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
         log.info("epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s", epoch + 1, self.cfg.epochs,
-                 train.loss, train.acc, tested, row["epoch_seconds"], row["samples_per_sec"])
+                 train.loss, train.acc, tested, row[K.epoch_seconds], row[K.samples_per_sec])
         return row
 
     def evaluates(self, epoch: int) -> bool:
@@ -224,29 +223,29 @@ class Trainer:
         if is_main_process():
             log.warning("epoch %d: the mean training loss %.3f is above the first step's %.3f: the run is not "
                         "learning; the learning rate (%g at batch %d) is probably too high for %s: lower --lr and "
-                        "start again", epoch + 1, train.loss, self.first_loss, self.summary_base["lr"],
-                        self.summary_base["batch_size"], self.cfg.model)
+                        "start again", epoch + 1, train.loss, self.first_loss, self.summary_base[K.lr],
+                        self.summary_base[K.batch_size], self.cfg.model)
 
     def _row(self, epoch: int, train: PassStats, test: PassStats | None) -> dict[str, Any]:
         memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
         return {
-            "epoch": epoch + 1,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "train_loss": train.loss, "train_acc": train.acc, "test_loss": test.loss if test else None,
-            "test_acc": test.acc if test else None, "epoch_seconds": train.seconds,
-            "eval_seconds": test.seconds if test else 0.0,
-            "step_seconds": train.seconds / train.steps if train.steps else None,
-            "elapsed_seconds": self.state.elapsed_seconds,
-            "samples_per_sec": train.samples / train.seconds if train.seconds > 0 else 0.0,
-            "train_samples": train.samples, "peak_memory_mb": memory, "world_size": self.summary_base["world_size"],
-            "skipped_steps": train.skipped_steps,
+            K.epoch: epoch + 1,
+            K.lr: self.optimizer.param_groups[0]["lr"],
+            K.train_loss: train.loss, K.train_acc: train.acc, K.test_loss: test.loss if test else None,
+            K.test_acc: test.acc if test else None, K.epoch_seconds: train.seconds,
+            K.eval_seconds: test.seconds if test else 0.0,
+            K.step_seconds: train.seconds / train.steps if train.steps else None,
+            K.elapsed_seconds: self.state.elapsed_seconds,
+            K.samples_per_sec: train.samples / train.seconds if train.seconds > 0 else 0.0,
+            K.train_samples: train.samples, K.peak_memory_mb: memory, K.world_size: self.summary_base[K.world_size],
+            K.skipped_steps: train.skipped_steps,
         }
 
     def _reference_scope(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Only for a run that has finished all its epochs (the reference times a whole run)."""
-        if not rows or self.state.next_epoch < self.cfg.epochs or rows[-1]["epoch"] != self.cfg.epochs:
+        if not rows or self.state.next_epoch < self.cfg.epochs or rows[-1][K.epoch] != self.cfg.epochs:
             return None
-        return reference_scope(self.summary_base.get("data_init_seconds") or 0.0, self.state.elapsed_seconds,
+        return reference_scope(self.summary_base.get(K.data_init_seconds) or 0.0, self.state.elapsed_seconds,
                                rows[-1], self.cfg.target_acc)
 
     def _checkpoint(self) -> None:
@@ -255,39 +254,40 @@ class Trainer:
         save_checkpoint(self.writer.checkpoint_path, {**self.snapshot(), "rng": rng_state()})
 
     def summary(self) -> dict[str, Any]:
-        summary = self._summary()
-        summary.update(self.callbacks.run_stats())
-        summary.update(step_split(self.writer.history if self.writer else []))
-        summary.update(projected(summary))
-        if self.baseline is not None and summary["samples_per_sec"]:
-            summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
-            summary["scaling_baseline"] = {"out": self.baseline.get("out"),
-                                           "world_size": self.baseline.get("world_size"),
-                                           "config_mismatches": config_mismatches(summary, self.baseline)}
-        return summary
-
-    def _summary(self) -> dict[str, Any]:
+        """summary.json from its producers' parts (``record.merge``, a later part winning): the run's
+        description, the engine's results, the mode's figures, the step split; then what is derived from
+        those (the dilated cluster's projection, the scaling against ``--baseline``)."""
         rows = self.writer.history if self.writer else []
-        seconds = [r["epoch_seconds"] for r in rows]
-        samples = sum(r["train_samples"] for r in rows)
+        summary = merge(self.summary_base, self._results(rows), self.callbacks.run_stats(), step_split(rows))
+        return merge(summary, projected(summary), self._scaling(summary))
+
+    def _scaling(self, summary: dict[str, Any]) -> dict[str, Any]:
+        if self.baseline is None or not summary[K.samples_per_sec]:
+            return {}
+        return {K.scaling_efficiency: scaling_efficiency(summary, self.baseline),
+                K.scaling_baseline: {"out": self.baseline.get(K.out), "world_size": self.baseline.get(K.world_size),
+                                     "config_mismatches": config_mismatches(summary, self.baseline)}}
+
+    def _results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        seconds = [r[K.epoch_seconds] for r in rows]
+        samples = sum(r[K.train_samples] for r in rows)
         return {
-            **self.summary_base,
-            "epochs_completed": self.state.next_epoch,
-            "best_test_acc": self.state.best_test_acc,
-            "final_test_acc": rows[-1]["test_acc"] if rows else None,
-            "mean_epoch_seconds": statistics.fmean(seconds) if seconds else None,
-            "steady_epoch_seconds": statistics.fmean(seconds[1:]) if len(seconds) > 1 else None,
-            "samples_per_sec": samples / self.state.elapsed_seconds if self.state.elapsed_seconds else None,
-            "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=None),
-            "total_train_seconds": self.state.elapsed_seconds,
-            "total_eval_seconds": sum(r["eval_seconds"] for r in rows),
-            "skipped_steps": sum(r.get("skipped_steps", 0) for r in rows),
-            "target_acc": self.cfg.target_acc,
-            "time_to_target_seconds": self.state.time_to_target_seconds,
-            "epoch_to_target": self.state.epoch_to_target,
-            "timer_scope": TIMER_SCOPE,
-            "reference_scope": self._reference_scope(rows),
-            **{key: _steady_mean(rows, key) for key in ("cpu_util", "gpu_util")},
+            K.epochs_completed: self.state.next_epoch,
+            K.best_test_acc: self.state.best_test_acc,
+            K.final_test_acc: rows[-1][K.test_acc] if rows else None,
+            K.mean_epoch_seconds: statistics.fmean(seconds) if seconds else None,
+            K.steady_epoch_seconds: statistics.fmean(seconds[1:]) if len(seconds) > 1 else None,
+            K.samples_per_sec: samples / self.state.elapsed_seconds if self.state.elapsed_seconds else None,
+            K.peak_memory_mb: max((r[K.peak_memory_mb] for r in rows), default=None),
+            K.total_train_seconds: self.state.elapsed_seconds,
+            K.total_eval_seconds: sum(r[K.eval_seconds] for r in rows),
+            K.skipped_steps: sum(r.get(K.skipped_steps, 0) for r in rows),
+            K.target_acc: self.cfg.target_acc,
+            K.time_to_target_seconds: self.state.time_to_target_seconds,
+            K.epoch_to_target: self.state.epoch_to_target,
+            K.timer_scope: TIMER_SCOPE,
+            K.reference_scope: self._reference_scope(rows),
+            **{key: _steady_mean(rows, key) for key in (K.cpu_util, K.gpu_util)},
         }
 
 
@@ -295,9 +295,9 @@ def reference_scope(data_init_seconds: float, train_seconds: float, last: dict[s
                     target: float | None) -> dict[str, Any]:
     """The run's time as airbench counts it (``REFERENCE_SCOPE``), and its time to ``target`` in that scope: the
     whole time when the last evaluation reaches the target (the reference judges only that one), else None."""
-    seconds = data_init_seconds + train_seconds + last["eval_seconds"]
-    reached = target is not None and last["test_acc"] >= target
-    return {"name": "airbench", "seconds": seconds, "test_acc": last["test_acc"], "test_views": last.get("test_views"),
+    seconds = data_init_seconds + train_seconds + last[K.eval_seconds]
+    reached = target is not None and last[K.test_acc] >= target
+    return {"name": "airbench", "seconds": seconds, "test_acc": last[K.test_acc], "test_views": last.get(K.test_views),
             "target_acc": target, "time_to_target_seconds": seconds if reached else None, "scope": REFERENCE_SCOPE}
 
 
@@ -307,14 +307,14 @@ def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
     both halves come from the same epochs; likewise the exchange's own split (encode, in flight, hidden
     under backward, decode) where the mode reports it."""
     steady = rows[1:] if len(rows) > 1 else rows
-    steps = [r["step_seconds"] for r in steady if r.get("step_seconds")]
+    steps = [r[K.step_seconds] for r in steady if r.get(K.step_seconds)]
     if not steps or len(steps) != len(steady):
         return {}
-    out: dict[str, Any] = {"step_seconds": statistics.fmean(steps)}
-    comm = [r.get("comm_seconds_per_step") for r in steady]
+    out: dict[str, Any] = {K.step_seconds: statistics.fmean(steps)}
+    comm = [r.get(K.comm_seconds_per_step) for r in steady]
     if all(c is not None for c in comm):
-        out["comm_seconds_per_step"] = statistics.fmean(comm)
-        out["compute_seconds_per_step"] = max(0.0, out["step_seconds"] - out["comm_seconds_per_step"])
+        out[K.comm_seconds_per_step] = statistics.fmean(comm)
+        out[K.compute_seconds_per_step] = max(0.0, out[K.step_seconds] - out[K.comm_seconds_per_step])
     for key in EXCHANGE_SPLIT:
         values = [r.get(key) for r in steady]
         if all(v is not None for v in values):
@@ -336,18 +336,14 @@ def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None
     return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
 
 
-PROJECTED_TIMES = ("step_seconds", "compute_seconds_per_step", "comm_seconds_per_step", "mean_epoch_seconds",
-                   "steady_epoch_seconds", "total_train_seconds", "time_to_target_seconds")
-
-
 def projected(summary: dict[str, Any]) -> dict[str, Any]:
     """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
     dilation factor, its throughput multiplied by it: the target cluster's figures."""
-    dilation = (summary.get("cluster") or {}).get("dilation")
+    dilation = (summary.get(K.cluster) or {}).get("dilation")
     if not dilation:
         return {}
     factor = float(dilation["factor"])
     times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
-    rate = summary.get("samples_per_sec")
-    return {"projected": {"target": dilation["target"], "factor": factor, **times,
+    rate = summary.get(K.samples_per_sec)
+    return {K.projected: {"target": dilation["target"], "factor": factor, **times,
                           "samples_per_sec": rate * factor if rate else None}}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainscale.record import K
 from trainscale.runtime import all_reduce_sum, barrier, world_size
 from trainscale.runtime.network import interface_counters
 from trainscale.train.callbacks import Callbacks, Forwarding
@@ -52,12 +53,12 @@ class WireCounter(Forwarding):
     def epoch_stats(self) -> dict[str, Any]:
         stats = self.inner.epoch_stats()
         if self.epochs:
-            stats["wire_bytes_sent_per_step"], stats["wire_bytes_received_per_step"] = self.epochs[-1]
+            stats[K.wire_bytes_sent_per_step], stats[K.wire_bytes_received_per_step] = self.epochs[-1]
         return stats
 
     def run_stats(self) -> dict[str, Any]:
-        stats = {**self.inner.run_stats(), "cluster": self.facts}
+        stats = {**self.inner.run_stats(), K.cluster: self.facts}
         if self.epochs:
-            stats["wire_bytes_sent_per_step"] = statistics.fmean(e[0] for e in self.epochs)
-            stats["wire_bytes_received_per_step"] = statistics.fmean(e[1] for e in self.epochs)
+            stats[K.wire_bytes_sent_per_step] = statistics.fmean(e[0] for e in self.epochs)
+            stats[K.wire_bytes_received_per_step] = statistics.fmean(e[1] for e in self.epochs)
         return stats

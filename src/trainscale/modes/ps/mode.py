@@ -35,6 +35,7 @@ from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from, in
 from trainscale.modes.ps.server import Rule, ShardServer
 from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
 from trainscale.modes.ps.supervisor import supervise
+from trainscale.record import K
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fired
@@ -287,9 +288,9 @@ class ParameterServerMode(Mode):
         server = merge_server_stats(self.client.take_stats())
         self.totals["server"] = merge_server_stats(self.client.run_totals())  # the run's, whoever asked before
         row = epoch_row(server, part["workers"], part["epoch_seconds"], self.role_info.servers)
-        row["worker_samples_per_sec"] = [s / t if t > 0 else 0.0 for s, t in zip(part["samples"], part["seconds"])]
-        row["workers_finished"] = sum(1 for n in part["samples"] if n > 0)  # finished this epoch's pass (warm: 1)
-        row["handed_over_batches"] = part["handed_over"]  # of dead workers' shards, trained by the live ones
+        row[K.worker_samples_per_sec] = [s / t if t > 0 else 0.0 for s, t in zip(part["samples"], part["seconds"])]
+        row[K.workers_finished] = sum(1 for n in part["samples"] if n > 0)  # finished this epoch's pass (warm: 1)
+        row[K.handed_over_batches] = part["handed_over"]  # of dead workers' shards, trained by the live ones
         return row
 
     def run_stats(self) -> dict[str, Any]:
@@ -298,9 +299,9 @@ class ParameterServerMode(Mode):
         if t["worker_samples"] is None:
             return {}
         run = epoch_row(t["server"], t["worker"], t["seconds"], self.role_info.servers)
-        run.pop("ps_pushes")
-        run["handed_over_batches"] = t["handed_over"]
-        run["worker_samples_per_sec"] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
+        run.pop(K.ps_pushes)
+        run[K.handed_over_batches] = t["handed_over"]
+        run[K.worker_samples_per_sec] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
                                                                                    t["worker_seconds"])]
         return run
 

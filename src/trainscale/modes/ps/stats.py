@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainscale.record import K
+
 
 @dataclass
 class ServerStats:
@@ -91,31 +93,31 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
     pushes = server["pushes"] / max(servers, 1)
     steps = max(workers["steps"], 1.0)
     return {
-        "ps_pushes": pushes,
-        "pushes_per_sec": pushes / epoch_seconds if epoch_seconds > 0 else 0.0,
-        "staleness_mean": server["staleness_sum"] / server["pushes"] if server["pushes"] else 0.0,
-        "staleness_max": server["staleness_max"],
-        "staleness_hist": server["staleness_hist"],
-        "clock_gap_max": server["clock_gap_max"],
-        "dead_workers": server["dead_workers"],
-        "batches_committed": server["batches_committed"],
-        "server_update_seconds": server["update_seconds"],
-        "server_update_seconds_per_update": server["update_seconds"] / server["updates"] if server["updates"] else 0.0,
-        "bytes_pushed_per_step": workers["bytes_pushed"] / steps,
-        "bytes_pulled_per_step": workers["bytes_pulled"] / steps,
-        "push_seconds_per_step": workers["push_seconds"] / steps,
-        "pull_seconds_per_step": workers["pull_seconds"] / steps,
-        "wait_seconds_per_step": workers["wait_seconds"] / steps,
-        "comm_seconds_per_step": (workers["push_seconds"] + workers["pull_seconds"] + workers["wait_seconds"]) / steps,
+        K.ps_pushes: pushes,
+        K.pushes_per_sec: pushes / epoch_seconds if epoch_seconds > 0 else 0.0,
+        K.staleness_mean: server["staleness_sum"] / server["pushes"] if server["pushes"] else 0.0,
+        K.staleness_max: server["staleness_max"],
+        K.staleness_hist: server["staleness_hist"],
+        K.clock_gap_max: server["clock_gap_max"],
+        K.dead_workers: server["dead_workers"],
+        K.batches_committed: server["batches_committed"],
+        K.server_update_seconds: server["update_seconds"],
+        K.server_update_seconds_per_update: server["update_seconds"] / server["updates"] if server["updates"] else 0.0,
+        K.bytes_pushed_per_step: workers["bytes_pushed"] / steps,
+        K.bytes_pulled_per_step: workers["bytes_pulled"] / steps,
+        K.push_seconds_per_step: workers["push_seconds"] / steps,
+        K.pull_seconds_per_step: workers["pull_seconds"] / steps,
+        K.wait_seconds_per_step: workers["wait_seconds"] / steps,
+        K.comm_seconds_per_step: (workers["push_seconds"] + workers["pull_seconds"] + workers["wait_seconds"]) / steps,
     }
 
 
 def summary_line(summary: dict[str, Any]) -> str:
     """One line for the console after a parameter-server run."""
-    text = (f"{summary.get('ps_rule')} through {summary.get('servers')} server shard(s) over RPC, "
-            f"{summary.get('workers')} worker(s)")
-    if summary.get("pushes_per_sec") is not None:
-        text += (f": {summary['pushes_per_sec']:.1f} pushes/s, staleness mean {summary['staleness_mean']:.2f} max "
-                 f"{summary['staleness_max']}, {summary['bytes_pushed_per_step'] / 2**20:.2f} MiB pushed + "
-                 f"{summary['bytes_pulled_per_step'] / 2**20:.2f} MiB pulled per worker step")
+    text = (f"{summary.get(K.ps_rule)} through {summary.get(K.servers)} server shard(s) over RPC, "
+            f"{summary.get(K.workers)} worker(s)")
+    if summary.get(K.pushes_per_sec) is not None:
+        text += (f": {summary[K.pushes_per_sec]:.1f} pushes/s, staleness mean {summary[K.staleness_mean]:.2f} max "
+                 f"{summary[K.staleness_max]}, {summary[K.bytes_pushed_per_step] / 2**20:.2f} MiB pushed + "
+                 f"{summary[K.bytes_pulled_per_step] / 2**20:.2f} MiB pulled per worker step")
     return text
