@@ -4,6 +4,13 @@
 lower layers, never a higher layer or a sibling unit, and never in a cycle. Imports are read with ``ast`` (also
 inside functions; ``if TYPE_CHECKING:`` blocks skipped), so a wrong one fails here, naming importer, line, target
 and rule, instead of surfacing later as a circular-import error at run time.
+
+``cluster`` (emulated clusters: the `cluster` command, the `train --cluster` launcher, time dilation, the wire
+counter and the seam a run on a cluster installs) stands beside ``app`` in a loose layer: its launcher runs on the
+app's pre-flight and launcher, and the app's composition root installs its seam, so each imports the other (module
+cycles still fail). Its runtime floor (namespaces, links, CPU groups, probes) is ``runtime.cluster`` and
+``runtime.netprobe``: only the runtime layer creates or destroys namespaces, and fault injection and the planner,
+below ``app``, use it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("compression+train", ("compression", "train")),
     Layer("modes", ("modes",)),
     Layer("plan", ("plan",)),
-    Layer("app", ("app",)),
+    Layer("app", ("app", "cluster"), loose=True),
     Layer("bench", ("bench",)),
     Layer("report", ("report",)),
     Layer("entry points", ("cli", "commands", "__main__"), loose=True),

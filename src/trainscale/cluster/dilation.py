@@ -50,3 +50,20 @@ def dilated_rates(target: str, profile_path: str | None, hosts: int | None,
                                  "target_rate_bps": int(spec.inter.bandwidth * 8),
                                  "this_step_seconds": profile.compute_seconds, "target_step_seconds": target_step,
                                  "text": text}
+
+
+PROJECTED_TIMES = ("step_seconds", "compute_seconds_per_step", "comm_seconds_per_step", "mean_epoch_seconds",
+                   "steady_epoch_seconds", "total_train_seconds", "time_to_target_seconds")
+
+
+def projected(summary: dict[str, Any]) -> dict[str, Any]:
+    """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
+    dilation factor, its throughput multiplied by it: the target cluster's figures."""
+    dilation = (summary.get("cluster") or {}).get("dilation")
+    if not dilation:
+        return {}
+    factor = float(dilation["factor"])
+    times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
+    rate = summary.get("samples_per_sec")
+    return {"projected": {"target": dilation["target"], "factor": factor, **times,
+                          "samples_per_sec": rate * factor if rate else None}}

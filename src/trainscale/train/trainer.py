@@ -258,7 +258,8 @@ class Trainer:
         summary = self._summary()
         summary.update(self.callbacks.run_stats())
         summary.update(step_split(self.writer.history if self.writer else []))
-        summary.update(projected(summary))
+        for derived in self.callbacks.derived_stats():
+            summary.update(derived(summary))
         if self.baseline is not None and summary["samples_per_sec"]:
             summary["scaling_efficiency"] = scaling_efficiency(summary, self.baseline)
             summary["scaling_baseline"] = {"out": self.baseline.get("out"),
@@ -334,23 +335,6 @@ def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None
         return dict(values)
     summed = all_reduce_sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)) / world_size()
     return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
-
-
-PROJECTED_TIMES = ("step_seconds", "compute_seconds_per_step", "comm_seconds_per_step", "mean_epoch_seconds",
-                   "steady_epoch_seconds", "total_train_seconds", "time_to_target_seconds")
-
-
-def projected(summary: dict[str, Any]) -> dict[str, Any]:
-    """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
-    dilation factor, its throughput multiplied by it: the target cluster's figures."""
-    dilation = (summary.get("cluster") or {}).get("dilation")
-    if not dilation:
-        return {}
-    factor = float(dilation["factor"])
-    times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
-    rate = summary.get("samples_per_sec")
-    return {"projected": {"target": dilation["target"], "factor": factor, **times,
-                          "samples_per_sec": rate * factor if rate else None}}
 
 
 EXCHANGE_SPLIT = ("encode_ms_per_step", "comm_ms_per_step", "hidden_ms_per_step", "decode_ms_per_step")
