@@ -79,6 +79,9 @@ def train(args: argparse.Namespace) -> int:
         from trainscale.app.launch import launch
 
         return launch(cfg, flags)
+    from trainscale.app.preflight import preflight
+
+    preflight(cfg, data=False)  # what a dry run refuses; the data is checked as this process loads it
     return train_worker(cfg)
 
 

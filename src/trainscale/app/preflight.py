@@ -1,11 +1,12 @@
 """The one pre-flight: every check that can run before any worker starts, in one order, with one result.
 
-The dry run (``app.dryrun``), the launcher on this machine (``app.launch``) and the emulated-cluster launcher
-(``cluster.launch``) all run ``preflight``, so a dry run refuses exactly what the run would, with the same line
-(a ConfigError or DataError: one line, exit 2). In order: the hosts file (``--hosts``: the parent checks only
-that, each machine's launcher runs its own pre-flight); the ``--cluster`` (up, its namespaces there) and the
-mode's own checks again now that its hosts are known; the devices and precision; the model's input size; on
-node 0 the ``--baseline`` and the run folder; the data, and a full batch for every rank of the whole world.
+The dry run (``app.dryrun``), a run in this process (``commands.train``), the launcher on this machine
+(``app.launch``) and the emulated-cluster launcher (``cluster.launch``) all run ``preflight``, so a dry run refuses
+exactly what the run would, with the same line (a ConfigError or DataError: one line, exit 2). In order: the hosts
+file (``--hosts``: the parent checks only that, each machine's launcher runs its own pre-flight); the
+``--cluster`` (up, its namespaces there) and the mode's own checks again now that its hosts are known; the
+devices and precision; the model's input size; on node 0 the ``--baseline`` and the run folder; the data, and a
+full batch for every rank of the whole world.
 
 ``dry`` changes how, never what: nothing is written (the run folder is judged from permissions, not a probe
 file) and nothing downloaded (the data must already be there). Left out, since they act on the world: the
@@ -51,8 +52,10 @@ class Checked:
         return self.cfg.workers * self.nodes
 
 
-def preflight(cfg: TrainConfig, dry: bool = False) -> Checked:
-    """Run every check on ``cfg`` (see the module's docstring); ``dry``: write and download nothing."""
+def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked:
+    """Run every check on ``cfg`` (see the module's docstring); ``dry``: write and download nothing. ``data``
+    False: a run in this process, which loads the data itself right after and checks it with the same
+    ``check_fits``, so it is not loaded twice."""
     if cfg.hosts is not None:
         hosts = parse_hosts(cfg.hosts)
         return Checked(cfg, hosts=hosts, nodes=len(hosts))
@@ -66,6 +69,8 @@ def preflight(cfg: TrainConfig, dry: bool = False) -> Checked:
     if out is not None:  # node 0's first worker owns the run folder (and reads --baseline)
         load_baseline(cfg)
         check_run_folder(out, cfg.resume, dataclasses.replace(cfg, dry_run=False), probe=not dry)
+    if not data:
+        return Checked(cfg, cluster=record, out=out, nodes=cfg.nnodes)
     n_train, n_test = sample_counts(cfg, download=not dry)
     batch = check_fits(cfg, n_train, n_test, cfg.workers * cfg.nnodes)
     return Checked(cfg, cluster=record, out=out, nodes=cfg.nnodes, batch=batch, train_samples=n_train,
