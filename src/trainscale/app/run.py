@@ -117,7 +117,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     schedule = create_schedule(cfg)
     optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
-    facts = facts_from_env()  # on an emulated cluster: its seam (bytes on the wire, facts, dilation)
+    facts = facts_from_env()  # on an emulated cluster: count the bytes its interfaces send
     callbacks = with_cluster(mode, len(train_batches), facts)
     trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
                       train_batches=train_batches, test_batches=test_batches,
