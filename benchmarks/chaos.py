@@ -44,7 +44,7 @@ from typing import Any, Iterator
 
 import torch
 
-from trainscale.app.launch import to_argv
+from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
 from trainscale.modes.ps import DEFAULT_AVERAGE_EVERY, PS_MODES

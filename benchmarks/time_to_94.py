@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trainscale.app.launch import to_argv
+from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import parse_set
 from trainscale.bench.timing import save_result
 from trainscale.record import K

@@ -97,7 +97,7 @@ def build_parser() -> Parser:
         d = data_sub.add_parser(name, help=text)
         d.add_argument("--dataset", default="cifar10", choices=["cifar10", "cifar100"])
         d.add_argument("--data-dir", default=None, help="target folder (else $TRAINSCALE_DATA, else ~/.cache)")
-    from trainscale.app.cluster import add_cluster_parser
+    from trainscale.cluster.command import add_cluster_parser
     from trainscale.bench.cli import add_bench_parser
     from trainscale.report.cli import add_report_parser
 

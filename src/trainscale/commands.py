@@ -35,7 +35,7 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def cluster(args: argparse.Namespace) -> int:
-    from trainscale.app.cluster import cluster_command
+    from trainscale.cluster.command import cluster_command
 
     return cluster_command(args)
 
@@ -70,7 +70,7 @@ def train(args: argparse.Namespace) -> int:
 
         return hosts_main(cfg, flags)
     if cfg.cluster is not None:
-        from trainscale.app.cluster_run import cluster_main
+        from trainscale.cluster.launch import cluster_main
 
         return cluster_main(cfg)
     if launched_by_torchrun():
@@ -79,6 +79,9 @@ def train(args: argparse.Namespace) -> int:
         from trainscale.app.launch import launch
 
         return launch(cfg, flags)
+    from trainscale.app.preflight import preflight
+
+    preflight(cfg, data=False)  # what a dry run refuses; the data is checked as this process loads it
     return train_worker(cfg)
 
 
@@ -140,7 +143,7 @@ def models(args: argparse.Namespace) -> int:
 
 def recipes() -> int:
     """Each recipe's settings (as `trainscale train` flags, spelled as the launcher passes them on) and its source."""
-    from trainscale.app.launch import to_argv
+    from trainscale.app.worker_env import to_argv
     from trainscale.recipes import get_recipe, list_recipes
 
     for name in list_recipes():

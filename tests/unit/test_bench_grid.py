@@ -382,7 +382,7 @@ def test_a_grid_of_absurdly_many_runs_is_refused_before_any_config_is_built(tmp_
 
 
 def test_cluster_hosts_and_bandwidth_name_a_cluster_the_bench_makes(tmp_path):
-    from trainscale.bench.clusters import bench_cluster, take_cluster_keys
+    from trainscale.cluster.bench import bench_cluster, take_cluster_keys
 
     path = tmp_path / "g.toml"
     path.write_text('name = "c"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n'

@@ -10,6 +10,13 @@ The scripts in ``benchmarks/`` are a layer above the entry points: they may impo
 inside a unit (``trainscale.train.loop``), but a sub-package (``trainscale.modes.ps``) only through what its
 ``__init__`` exports, never one of its modules (``trainscale.modes.ps.client``), and never a name or module that
 starts with an underscore.
+
+``cluster`` (emulated clusters: the `cluster` command, the `train --cluster` launcher, time dilation, the wire
+counter and the seam a run on a cluster installs) stands beside ``app`` in a loose layer: its launcher runs on the
+app's pre-flight and launcher, and the app's composition root installs its seam, so each imports the other (module
+cycles still fail). Its runtime floor (namespaces, links, CPU groups, probes) is ``runtime.cluster`` and
+``runtime.netprobe``: only the runtime layer creates or destroys namespaces, and fault injection and the planner,
+below ``app``, use it.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("compression+train", ("compression", "train")),
     Layer("modes", ("modes",)),
     Layer("plan", ("plan",)),
-    Layer("app", ("app",)),
+    Layer("app", ("app", "cluster"), loose=True),
     Layer("bench", ("bench",)),
     Layer("report", ("report",)),
     Layer("entry points", ("cli", "commands", "__main__"), loose=True),

@@ -105,7 +105,7 @@ def test_the_wire_counter_hands_every_hook_it_does_not_wrap_to_the_mode():
     fault-tolerant replica on a cluster without its state functions (it could not heal a peer)."""
     import inspect
 
-    from trainscale.train.wire import WireCounter
+    from trainscale.cluster.wire import WireCounter
 
     calls = []
 

@@ -9,7 +9,8 @@ from trainscale.cli import build_parser
 from trainscale.errors import ConfigError
 from trainscale.runtime.faults import Fault, parse_fault
 from trainscale.app.hosts import node_commands, parse_hosts
-from trainscale.app.launch import describe_failure, to_argv
+from trainscale.app.failures import describe_failure
+from trainscale.app.worker_env import to_argv
 from trainscale.runtime.network import check_port_free, parse_endpoint, wait_reachable
 from trainscale.train.scaling import config_mismatches, scaling_efficiency
 from trainscale.app.config import build_config

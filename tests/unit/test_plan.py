@@ -226,7 +226,7 @@ class TestDilation:
         return path
 
     def test_links_slowed_by_the_compute_ratio(self, tmp_path, monkeypatch):
-        from trainscale.app import dilation
+        from trainscale.cluster import dilation
         from trainscale.plan.describe import load_device
 
         monkeypatch.setattr(dilation, "cpu_count", lambda: 2)
@@ -238,7 +238,7 @@ class TestDilation:
         assert "every link runs" in record["text"]
 
     def test_profile_under_other_cpus_is_refused(self, tmp_path, monkeypatch):
-        from trainscale.app import dilation
+        from trainscale.cluster import dilation
 
         monkeypatch.setattr(dilation, "cpu_count", lambda: 2)
         with pytest.raises(ConfigError, match="profile again with --cpus 0.4"):
@@ -247,7 +247,7 @@ class TestDilation:
             dilation.dilated_rates("pslite-gtx980", str(self.profile_file(tmp_path, 0.4)), 4, None)
 
     def test_summary_projected_back(self):
-        from trainscale.train.trainer import projected
+        from trainscale.cluster.dilation import projected
 
         summary = {"step_seconds": 2.0, "samples_per_sec": 100.0, "steady_epoch_seconds": 50.0,
                    "cluster": {"dilation": {"target": "t", "factor": 4.0}}}

@@ -12,6 +12,7 @@ from trainscale import record
 from trainscale.app.config import build_config
 from trainscale.app.ft_launch import record_faults, record_ps_faults
 from trainscale.app.run import run_training
+from trainscale.cluster.dilation import projected
 from trainscale.compression.setup import CompressionPlan
 from trainscale.compression.stats import CompressionStats
 from trainscale.modes.ps.stats import epoch_row, merge_server_stats
@@ -20,7 +21,7 @@ from trainscale.results import RunWriter, read_summary
 from trainscale.runtime import ft
 from trainscale.runtime.comm_hooks import CommStats
 from trainscale.runtime.faults import InjectedFault
-from trainscale.train.trainer import projected, step_split
+from trainscale.train.trainer import step_split
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TINY = {"model": "mlp", "dataset": "synthetic", "train_subset": 256, "test_subset": 64, "batch_size": 64, "epochs": 2,

@@ -22,7 +22,8 @@ from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.app.config import TrainConfig
-from trainscale.app.launch import DEFAULT_MULTINODE_ID, to_argv
+from trainscale.app.rendezvous import DEFAULT_MULTINODE_ID
+from trainscale.app.worker_env import to_argv
 
 DEFAULT_PORT = 29400  # torch's default c10d rendezvous port
 _LINE = re.compile(r"^(?P<host>[^\s#]+)(?:\s+slots=(?P<slots>\d+))?\s*$")

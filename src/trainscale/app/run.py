@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
+from trainscale.cluster.seam import with_cluster
 from trainscale.config import CoreConfig
 from trainscale.data import DeviceBatches
 from trainscale.errors import ConfigError
@@ -36,7 +37,6 @@ from trainscale.runtime.orphans import launcher_pid
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
-from trainscale.train.wire import WireCounter
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
 from trainscale.train.utilisation import allowed_cores
 
@@ -118,7 +118,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
     facts = facts_from_env()  # on an emulated cluster: count the bytes its interfaces send
-    callbacks = WireCounter(mode, len(train_batches), facts) if facts else mode
+    callbacks = with_cluster(mode, len(train_batches), facts)
     trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
                       train_batches=train_batches, test_batches=test_batches,
                       lr_at=lambda t: plan.lr * schedule(t), writer=writer,

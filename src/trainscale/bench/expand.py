@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainscale.bench.clusters import take_cluster_keys
+from trainscale.cluster.bench import take_cluster_keys
 from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError

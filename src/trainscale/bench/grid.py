@@ -41,7 +41,7 @@ ROW_KEYS = ("short_name", "axes", "scale")
 SCALE_KEYS = ("description", "repeats", "axes", "rows")
 # Set by the runner for every run: neither a grid nor --set may choose them.
 RUNNER_OWNED = ("out", "resume", "progress", "config", "dry_run")
-# Grid keys that are no `trainscale train` flag: an emulated cluster the bench makes (bench.clusters).
+# Grid keys that are no `trainscale train` flag: an emulated cluster the bench makes (cluster.bench).
 CLUSTER_KEY_TYPES = {"cluster_hosts": "int", "bandwidth": "str"}
 
 

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from trainscale.bench import process
-from trainscale.bench.clusters import cluster_for
+from trainscale.cluster.bench import cluster_for
 from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
@@ -119,7 +119,7 @@ def _skipped(spec: RunSpec) -> RunResult:
 
 
 def _run_all(options: BenchOptions, todo: list[RunSpec], states: dict[str, State]) -> list[RunResult]:
-    """Run ``todo`` grouped by emulated cluster (``bench.clusters``), so each is made once and deleted after
+    """Run ``todo`` grouped by emulated cluster (``cluster.bench``), so each is made once and deleted after
     its last run."""
     results: list[RunResult] = []
     groups: dict[str | None, list[RunSpec]] = {}

@@ -50,7 +50,7 @@ FT_MODES = ("sync", "localsgd", "diloco")
 def validate_fault_tolerance(cfg: Any) -> None:
     """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line). Under
     ``--cluster`` the parent knows the hosts only once it has read the cluster: it checks again with ``nnodes``
-    set to them (``app.cluster_run``), so replica numbers are bounded there."""
+    set to them (``app.preflight``), so replica numbers are bounded there."""
     if cfg.inject_fault and not cfg.fault_tolerance:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
     if cfg.mode not in FT_MODES:

@@ -200,7 +200,7 @@ def check_link_down(cfg: FaultConfig) -> None:
 
 def job_processes(cfg: FaultConfig) -> int | None:
     """Workers (replicas) of the whole job, ``--workers`` per node: None in a ``--cluster`` parent that has not read
-    its cluster yet (``app.cluster_run`` checks again with ``nnodes`` set to the hosts)."""
+    its cluster yet (``app.preflight`` checks again with ``nnodes`` set to the hosts)."""
     nodes = getattr(cfg, "nnodes", 1)
     if getattr(cfg, "cluster", None) and nodes == 1:
         return None

@@ -64,7 +64,7 @@ def attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
     keys (their gloo addresses, the init barrier's counters): connections refused or a hang in
     ``init_process_group``. A per-attempt prefix gives every attempt a clean key space. (On several
     nodes the agents' restart counts can differ, so `trainscale train` turns the sharing off instead:
-    see ``launch.worker_env``.)
+    see ``app.worker_env``.)
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None

@@ -50,6 +50,11 @@ class Callbacks:
         """Whole-run figures, merged into summary.json."""
         return {}
 
+    def derived_stats(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Functions of the finished summary whose figures are merged into it last, when every other figure is
+        there (e.g. an emulated cluster's times projected to the cluster it stands for)."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """What the mode needs to resume bit for bit besides the model and optimizer (e.g. an outer
         optimizer's momentum); stored in each checkpoint as ``mode``."""
@@ -95,6 +100,9 @@ class Forwarding(Callbacks):
 
     def run_stats(self) -> dict[str, Any]:
         return self.inner.run_stats()
+
+    def derived_stats(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
+        return self.inner.derived_stats()
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

@@ -19,7 +19,7 @@ from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcas
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
-from trainscale.record import EXCHANGE_SPLIT, METRICS, PROJECTED_TIMES, K, config_mismatches, merge, scaling_efficiency
+from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
 from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.utilisation import Utilisation
@@ -259,7 +259,9 @@ class Trainer:
         those (the dilated cluster's projection, the scaling against ``--baseline``)."""
         rows = self.writer.history if self.writer else []
         summary = merge(self.summary_base, self._results(rows), self.callbacks.run_stats(), step_split(rows))
-        return merge(summary, projected(summary), self._scaling(summary))
+        for derived in self.callbacks.derived_stats():
+            summary = merge(summary, derived(summary))
+        return merge(summary, self._scaling(summary))
 
     def _scaling(self, summary: dict[str, Any]) -> dict[str, Any]:
         if self.baseline is None or not summary[K.samples_per_sec]:
@@ -336,14 +338,3 @@ def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None
     return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
 
 
-def projected(summary: dict[str, Any]) -> dict[str, Any]:
-    """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
-    dilation factor, its throughput multiplied by it: the target cluster's figures."""
-    dilation = (summary.get(K.cluster) or {}).get("dilation")
-    if not dilation:
-        return {}
-    factor = float(dilation["factor"])
-    times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
-    rate = summary.get(K.samples_per_sec)
-    return {K.projected: {"target": dilation["target"], "factor": factor, **times,
-                          "samples_per_sec": rate * factor if rate else None}}

@@ -11,7 +11,7 @@ import contextlib
 import re
 from typing import Any, Iterator
 
-from trainscale.app.cluster import bring_down, bring_up, state_path
+from trainscale.cluster.command import bring_down, bring_up, state_path
 from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 

@@ -42,6 +42,18 @@ def load(name: str) -> dict:
     return read_json(path)
 
 
+def check_cluster(name: str) -> dict:
+    """The cluster's record, once its namespaces are known to be there (the pre-flight of a run on it)."""
+    net.check_tools()
+    record = load(name)
+    live = set(net.trainscale_namespaces().get(record["name"], []))
+    gone = [ns for ns in record["namespaces"] if ns not in live]
+    if gone:
+        raise ConfigError(f"cluster '{name}' is recorded but {', '.join(gone)} is gone (a reboot?): "
+                          f"trainscale cluster down {name}, then up again")
+    return record
+
+
 def save(record: dict) -> None:
     path = state_path(record["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +83,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def up(args: argparse.Namespace) -> int:
     name = net.validate_name(args.name)
     if args.dilate_to:
-        from trainscale.app.dilation import dilated_rates
+        from trainscale.cluster.dilation import dilated_rates
 
         rates, dilation = dilated_rates(args.dilate_to, args.profile, args.hosts, args.bandwidth)
     else:

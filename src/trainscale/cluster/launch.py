@@ -1,15 +1,16 @@
 """`trainscale train --cluster NAME`: the same job as on real machines, one node per emulated host.
 
-The parent (what the user ran) checks what it can before any node starts (the cluster is up, the devices,
-the model's input, the run folder, the data), then starts on host i, inside its network namespace,
-``python -m trainscale train <the same flags> --nnodes N --node-rank i --rdzv-endpoint 10.77.0.1:29400
---out OUT``: each node is an ordinary node of a multi-machine job (``app.launch``), so the rendezvous is at
-host 0's address and every listener is bound to the host's own interface, exactly as across real machines.
+The parent (what the user ran) runs the pre-flight (``app.preflight``: the cluster is up, the mode's checks
+with its hosts, the devices, the model's input, the run folder, the data) before any node starts, then starts
+on host i, inside its network namespace, ``python -m trainscale train <the same flags> --nnodes N --node-rank i
+--rdzv-endpoint 10.77.0.1:29400 --out OUT``: each node is an ordinary node of a multi-machine job
+(``app.launch``), so the rendezvous is at host 0's address and every listener is bound to the host's own
+interface, exactly as across real machines.
 
 Cores: the hosts share this machine's, so each host gets an equal share: ``--threads`` per worker from it,
 and where the cgroup-v1 cpu controller is there, a CFS quota of that many CPUs per host
 (``runtime.cluster.cpu_quotas``). Both are recorded in summary.json's ``cluster`` with the rates and the
-measured round trip; the workers add the kernel's bytes on the wire (``train.wire``).
+measured round trip; the workers add the kernel's bytes on the wire (``cluster.seam``).
 
 Nodes run in sessions of their own and die with this process (parent-death signal). When one fails, the
 others are stopped and only the failed node's messages are shown; Ctrl-C stops them all with one line.
@@ -18,7 +19,6 @@ others are stopped and only the failed node's messages are shown; Ctrl-C stops t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -30,36 +30,20 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from trainscale.app.cluster import load
 from trainscale.app.config import TrainConfig
+from trainscale.app.failures import NODE_REPORT_ENV
 from trainscale.app.hosts import Host, node_commands
-from trainscale.app.launch import NODE_REPORT_ENV, check_data, check_devices
-from trainscale.app.run import load_baseline
-from trainscale.errors import ConfigError
+from trainscale.app.preflight import preflight
 from trainscale.io import read_json
-from trainscale.modes import mode_class
 from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.orphans import die_with_parent
-from trainscale.train.setup import check_model_input, check_run_folder, resolve_out
 
 STOP_GRACE_S = 15.0
 FAILURE_SETTLE_S = 3.0
 POLL_S = 0.2
 ERROR_PREFIX = "trainscale train: error: "
-
-
-def check_cluster(name: str) -> dict[str, Any]:
-    """The cluster's record, once its namespaces are known to be there."""
-    net.check_tools()
-    record = load(name)
-    live = set(net.trainscale_namespaces().get(record["name"], []))
-    gone = [ns for ns in record["namespaces"] if ns not in live]
-    if gone:
-        raise ConfigError(f"cluster '{name}' is recorded but {', '.join(gone)} is gone (a reboot?): "
-                          f"trainscale cluster down {name}, then up again")
-    return record
 
 
 def host_share(record: dict[str, Any], cfg: TrainConfig) -> tuple[float, int]:
@@ -78,17 +62,6 @@ def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str,
             **({"dilation": record["dilation"]} if record.get("dilation") else {})}
 
 
-def precheck(cfg: TrainConfig, out: Path) -> None:
-    """What node 0 would refuse, refused here before any node starts (node 0 checks again); the mode's own
-    checks again too, now that the hosts are known (``--inject-fault``'s replicas, say)."""
-    mode_class(cfg.mode).validate(cfg)
-    check_devices(cfg)
-    check_model_input(cfg)
-    load_baseline(cfg)
-    check_run_folder(out, cfg.resume, cfg)
-    check_data(cfg)
-
-
 def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
     """Every setting that differs from its default, as flags: a node must not read ``--config`` again, where
     ``cluster`` (or a bench's ``cluster_hosts``) would send it back here."""
@@ -99,9 +72,9 @@ def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
 
 def cluster_main(cfg: TrainConfig) -> int:
     """Run the job with one node per host of ``cfg.cluster``; the nodes get the resolved settings as flags."""
-    record = check_cluster(cfg.cluster)
-    out = resolve_out(cfg)
-    precheck(dataclasses.replace(cfg, nnodes=record["hosts"], out=str(out)), out)  # for the whole world
+    checked = preflight(cfg)  # for the whole world: the cluster's hosts are its nodes
+    record, out = checked.cluster, checked.out
+    assert record is not None and out is not None
     cpus, threads = host_share(record, cfg)
     hosts = [Host(address) for address in record["addresses"]]
     commands = node_commands(cfg, {**resolved_flags(cfg), "out": str(out), "threads": threads}, hosts)

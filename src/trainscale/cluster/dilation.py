@@ -13,6 +13,7 @@ from typing import Any
 from trainscale.errors import ConfigError
 from trainscale.plan.describe import load_cluster, load_device
 from trainscale.plan.profile import load_profile
+from trainscale.record import PROJECTED_TIMES, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 
@@ -50,3 +51,17 @@ def dilated_rates(target: str, profile_path: str | None, hosts: int | None,
                                  "target_rate_bps": int(spec.inter.bandwidth * 8),
                                  "this_step_seconds": profile.compute_seconds, "target_step_seconds": target_step,
                                  "text": text}
+
+
+
+def projected(summary: dict[str, Any]) -> dict[str, Any]:
+    """On a time-dilated emulated cluster (``cluster up --dilate-to``): the run's times divided by the
+    dilation factor, its throughput multiplied by it: the target cluster's figures."""
+    dilation = (summary.get(K.cluster) or {}).get("dilation")
+    if not dilation:
+        return {}
+    factor = float(dilation["factor"])
+    times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
+    rate = summary.get(K.samples_per_sec)
+    return {K.projected: {"target": dilation["target"], "factor": factor, **times,
+                          "samples_per_sec": rate * factor if rate else None}}

@@ -1,0 +1,95 @@
+"""A node's failed workers, triaged: which rank's failure caused the others', in one line, and the node report
+that lets a parent of several nodes (``train --cluster``) name the root cause among them.
+
+torch's agent hands over every failed process (``ProcessFailure``) with what the worker recorded through
+``@record`` (``runtime.worker_errors``: message, failure kind, nanosecond stamp).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from trainscale.io import atomic_write_text, dumps
+
+NODE_REPORT_ENV = "TRAINSCALE_NODE_REPORT"  # where a node writes its failure for `train --cluster`
+CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
+
+
+def recorded_field(failure: ProcessFailure, key: str) -> Any:
+    """A field of the worker's error file (``kind``, ``time_ns``: see ``worker_errors``), None without one."""
+    message = failure.message
+    return message.get(key) if isinstance(message, dict) else None
+
+
+def recorded_kind(failure: ProcessFailure) -> str | None:
+    """The failure kind the worker recorded (``worker_errors.kind_of``), None when it recorded none."""
+    return recorded_field(failure, "kind")
+
+
+def recorded_message(failure: ProcessFailure) -> str:
+    """The exception a worker recorded through ``@record`` ("" when it died without one)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message") or ""
+    return "" if message.startswith("To enable traceback") else message.strip()
+
+
+def failure_text(failure: ProcessFailure) -> str:
+    """One line for a failed worker: its exception, the signal that killed it, or its exit code."""
+    message = recorded_message(failure)
+    if message:
+        first = message.splitlines()[0]
+        return first if len(first) <= 400 else first[:400] + "..."
+    if failure.exitcode < 0:
+        return f"killed by signal {failure.signal_name()}"
+    return f"exited with status {failure.exitcode} (no exception recorded; see its output above)"
+
+
+def is_consequence(failure: ProcessFailure) -> bool:
+    """A worker the agent stopped (SIGTERM, or a recorded ``stopped``) or one that recorded losing a peer
+    (closed connection, collective timeout, dead server): an effect of the root cause, not the cause."""
+    if failure.exitcode == -signal.SIGTERM and recorded_kind(failure) is None:
+        return True
+    return recorded_kind(failure) in CONSEQUENCES
+
+
+def failure_time_ns(failure: ProcessFailure) -> int:
+    """When the failure was recorded: the worker's own nanosecond stamp (a root cause records before its
+    peers notice it), else the agent's whole-second timestamp (a process killed without a word)."""
+    stamp = recorded_field(failure, "time_ns")
+    return int(stamp) if stamp is not None else int(failure.timestamp) * 10**9
+
+
+def root_cause(failures: dict[int, ProcessFailure]) -> int:
+    """The rank whose failure caused the others: the earliest that is not a consequence of another."""
+    return min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
+
+
+def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int) -> None:
+    """For a parent that runs several nodes (``train --cluster``) and must name the root cause among
+    them: this node's failure line, whether it is a consequence, and when it was recorded."""
+    path = os.environ.get(NODE_REPORT_ENV)
+    if path:
+        failure = failures[root_cause(failures)]
+        atomic_write_text(Path(path), dumps({"message": message, "status": status,
+                                             "consequence": is_consequence(failure),
+                                             "time_ns": failure_time_ns(failure)}))
+
+
+def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:
+    """(one line naming the root-cause rank and its error, exit status): the earliest failure that is
+    not a consequence of another; the agent then stopped the rest. ``first_server``: in parameter-server
+    modes, local ranks from this one on are servers, and are named so."""
+    rank = root_cause(failures)
+    failure = failures[rank]
+    kind = "parameter server" if first_server is not None and failure.local_rank >= first_server else "worker"
+    line = f"{kind} rank {rank} (local rank {failure.local_rank}) failed: {failure_text(failure)}"
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        line += f"; the other workers were stopped (rank {', '.join(map(str, others))})"
+    return line, 2 if failure.exitcode == 2 or recorded_kind(failure) == "user" else 1

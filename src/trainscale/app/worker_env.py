@@ -1,0 +1,81 @@
+"""What the workers of a launched job start with: their command line (the parent's `train` flags, with the
+resolved run folder) and the environment the agent hands them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from trainscale.app.config import TrainConfig
+from trainscale.modes import mode_class
+from trainscale.runtime import ft
+from trainscale.runtime.faults import InjectedFault, injected_faults, on_cluster
+
+
+def to_argv(flags: dict[str, Any]) -> list[str]:
+    """Parsed `train` flags back to command-line form (switches as --x/--no-x, lists comma-joined)."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        name = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(name if value else "--no-" + name[2:])
+        elif isinstance(value, (list, tuple)):
+            argv += [name, ",".join(map(str, value))]
+        else:
+            argv += [name, str(value)]
+    return argv
+
+
+def worker_args(flags: dict[str, Any], out: Path | None) -> list[str]:
+    """Arguments after ``sys.executable``: the same `train` flags, with the resolved run folder ``out``."""
+    overrides = {"out": str(out)} if out is not None else {}
+    return ["-u", "-m", "trainscale", "train", *to_argv({**flags, **overrides})]
+
+
+def worker_env(cfg: TrainConfig, threads: int, fault_log: Path | None) -> dict[str, str]:
+    """Variables for the agent (this process) and the workers it starts (they inherit its environment).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default torch's agent hands its rendezvous store to the
+    workers and keeps it across restarts; restarted workers then find the dead ones' keys (gloo
+    addresses, init counters) and fail with "Connection refused" or hang in init_process_group (seen
+    here in 2 of 5 restarts). Unshared, each rendezvous round gets a fresh store on a fresh port,
+    the same on every node. (``process_group.attempt_store`` covers an external torchrun on one node.)
+
+    TORCH_CPP_LOG_LEVEL=ERROR in parameter-server jobs (unless already set): RPC shuts down locally
+    (see ``process_group.rpc_session``), and TensorPipe logs a C++ warning on every peer for every
+    connection that closes, a screenful at each normal exit. The PS reports dead peers itself.
+    """
+    env = {"OMP_NUM_THREADS": str(threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    if fault_log is not None:  # a parameter-server job's faults, deaths and hand-overs
+        env[ft.EVENTS_ENV] = str(fault_log / ft.EVENTS_FILE)
+    if cfg.devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
+    return env
+
+
+@contextlib.contextmanager
+def fault_log_folder(cfg: TrainConfig, out: Path | None) -> Iterator[Path | None]:
+    """Where this node's parameter-server processes log faults, deaths and hand-overs (None in other modes): node
+    0's run folder ``out``; on an emulated cluster, whose hosts share one file system, every node's (the same
+    ``--out``). On the other nodes of a job across real machines, a folder of this launcher's, removed with it: the
+    run's summary does not see their faults (another node's folder of that name is not the run's), but a restarted
+    attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
+    if not mode_class(cfg.mode).uses_servers:
+        yield None
+    elif out is not None or (cfg.out and on_cluster()):
+        yield out or Path(cfg.out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
+            yield Path(folder)
+
+
+def logged_faults(cfg: TrainConfig) -> list[InjectedFault]:
+    """The injected faults whose firing node 0's fault log is sure to record (for its "never fired" warning):
+    all of them where the nodes share it (one machine, an emulated cluster); none across real machines, where
+    the rendezvous decides which machine runs which worker and shard (``fault_log_folder``)."""
+    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster() else []
