@@ -77,3 +77,28 @@ def test_bad_profile_input_is_one_line(tmp_path, args, fragment):
     proc = run_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_out_that_is_not_a_file_is_refused_before_profiling(tmp_path):
+    """A FIFO made here stands for any special file (root's /dev/null was replaced by a regular file): refused
+    in one line, left as it was, and before the profile is measured (no wait on the FIFO either)."""
+    import os
+    import stat
+
+    out = tmp_path / "p.json"
+    os.mkfifo(out)
+    proc = run_cli("profile", "--model", "mlp", "--repeats", "1000000", "--out", out, timeout=60)
+    assert_one_line_error(proc, f"--out {out} is a FIFO, not a regular file")
+    assert stat.S_ISFIFO(os.lstat(out).st_mode)
+
+
+def test_plan_plot_that_is_not_a_file_is_refused_before_planning(profile, tmp_path):
+    import os
+    import stat
+
+    plot = tmp_path / "sweep.png"
+    os.mkfifo(plot)
+    proc = run_cli("plan", "--profile", profile, "--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2",
+                   "--plot", plot, timeout=120)
+    assert_one_line_error(proc, f"--plot {plot} is a FIFO, not a regular file")
+    assert stat.S_ISFIFO(os.lstat(plot).st_mode) and proc.stdout == ""

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.data.checksums import FORMATS, FormatSpec, md5_file, verify_files
 from trainscale.errors import ConfigError, DataError
+from trainscale.io import check_output, open_output
 
 log = logging.getLogger("trainscale.data")
 
@@ -54,7 +55,7 @@ def fetch_url(url: str, dest: Path, *, progress: bool = True, timeout: float = 6
 
     request = urllib.request.Request(url, headers={"User-Agent": "trainscale"})
     written = 0
-    with urllib.request.urlopen(request, timeout=timeout) as response, open(dest, "wb") as out:
+    with urllib.request.urlopen(request, timeout=timeout) as response, open_output(dest) as out:
         length = response.headers.get("Content-Length")
         total = int(length) if length else None
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=url.rsplit("/", 1)[-1],
@@ -157,6 +158,7 @@ def download_dataset(
             raise DataError(f"{archive} does not contain the folder {spec.folder}; delete it and download again")
         target.mkdir(exist_ok=True)
         for item in extracted.iterdir():
+            check_output(target / item.name, "data file")
             os.replace(item, target / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

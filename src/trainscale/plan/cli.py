@@ -9,6 +9,7 @@ from typing import Any
 
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
+from trainscale.io import check_output, save_figure
 from trainscale.plan.describe import ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
@@ -128,11 +129,10 @@ def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.legend(title="link")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list[dict[str, Any]]:
@@ -171,6 +171,8 @@ def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
 
 
 def run_plan(cfg: PlanConfig) -> int:
+    if cfg.sweep:
+        check_output(cfg.plot, "--plot")
     profile = load_profile(cfg.profile)
     check_profile_model(cfg, profile)
     setting, cluster, origin = setting_from(cfg, profile)

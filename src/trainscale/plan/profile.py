@@ -28,7 +28,7 @@ from torch import nn
 from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text
+from trainscale.io import atomic_write_text, check_output
 from trainscale.models import create_model, list_models, model_info
 from trainscale.plan.methods import MethodSpec, parse_spec
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
@@ -391,6 +391,7 @@ def profile_command(cfg: ProfileConfig) -> Profile:
     out = Path(cfg.out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name such as {out / 'profile.json'}")
+    check_output(out, "--out")  # before the minutes of profiling, not after
     with limits(cfg):
         profile = measure(cfg, specs)
     atomic_write_text(out, profile.to_json() + "\n")

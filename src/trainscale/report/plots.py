@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from trainscale.io import save_figure  # noqa: E402
 from trainscale.report.aggregate import (  # noqa: E402
     GROUP_EXCLUDE,
     Group,
@@ -72,7 +73,7 @@ def _save(path: Path, draw: Any) -> Path:
     try:
         draw(ax)
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -83,7 +84,7 @@ def _save_pair(path: Path, draw: Any) -> Path:
     try:
         draw(axes)
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -94,7 +95,7 @@ def _save_row(path: Path, panels: int, draw: Any) -> Path:
     try:
         draw(list(axes[0]))
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path

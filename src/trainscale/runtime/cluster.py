@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.io import atomic_write_text
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -266,7 +267,7 @@ def hosts_text(cluster: Cluster, index: int, own_name: str | None = None) -> str
 def write_hosts_file(cluster: Cluster, index: int) -> None:
     folder = NETNS_ETC / host_ns(cluster.name, index)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts").write_text(hosts_text(cluster, index, socket.gethostname()))
+    atomic_write_text(folder / "hosts", hosts_text(cluster, index, socket.gethostname()))
 
 
 def create(cluster: Cluster) -> None:
