@@ -20,6 +20,12 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
     (("--target-acc", "94"), "fraction"),
     (("--train-subset", "60000"), "60000"),
     (("--schedule", "cosin"), "did you mean 'cosine'"),
+    (("--lr", "nan"), "--lr must be a finite number, got nan"),
+    (("--lr", "inf", "--dry-run"), "--lr must be a finite number, got inf"),
+    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "nan", "--dry-run"),
+     "--link-down must be a finite number"),
+    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "1e12"),
+     "--link-down must be a positive number and <= 3600"),
 ])
 def test_bad_train_flags(tmp_path, args, fragment):
     proc = run_cli("train", *SYN, "--model", "mlp", "--out", tmp_path / "run", *args)
@@ -126,3 +132,11 @@ def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
     proc = run_cli("train", *TINY, *args, env=NO_NETWORK)
     assert_one_line_error(proc, "File name too long")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_bench_timeout_must_be_finite_and_positive(tmp_path, value):
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\n[base]\nmodel = "mlp"\n')
+    assert_one_line_error(run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
+                          "argument --timeout: must be")

@@ -152,16 +152,14 @@ def test_run_folder_lock_is_never_a_symlink(tmp_path):
     victim.write_text("keep me")
     out = folder(tmp_path / "run")
     (out / ".lock").symlink_to(victim)
-    with pytest.raises(ConfigError, match="symlink"):
-        with lock_run_folder(out):
-            pass
+    with pytest.raises(ConfigError, match="symlink"), lock_run_folder(out):
+        pass
     assert victim.read_text() == "keep me"
     (out / ".lock").unlink()
     fifo(out / ".lock")
     assert lock_holder(out) is None  # a FIFO is looked at, never waited on
-    with pytest.raises(ConfigError, match="FIFO"):
-        with lock_run_folder(out):
-            pass
+    with pytest.raises(ConfigError, match="FIFO"), lock_run_folder(out):
+        pass
 
 
 def test_symlink_to_a_file_is_written_through_keeping_mode(tmp_path):
