@@ -140,3 +140,12 @@ def test_bench_timeout_must_be_finite_and_positive(tmp_path, value):
     grid.write_text('name = "g"\n[base]\nmodel = "mlp"\n')
     assert_one_line_error(run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
                           "argument --timeout: must be")
+
+
+@pytest.mark.parametrize("command", [("up", "--hosts", "2", "--bandwidth", "1gbit"), ("down",)])
+@pytest.mark.parametrize("name", ["demo\n", "a/b", "x" * 17])
+def test_a_cluster_name_outside_the_safe_alphabet_is_one_line(tmp_path, command, name):
+    """Refused before anything is made (the name is checked first, root or not)."""
+    proc = run_cli("cluster", command[0], name, *command[1:], env={"TRAINSCALE_CLUSTER_STATE": str(tmp_path)})
+    assert_one_line_error(proc, "cluster name must be")
+    assert list(tmp_path.iterdir()) == []
