@@ -149,3 +149,12 @@ def test_a_cluster_name_outside_the_safe_alphabet_is_one_line(tmp_path, command,
     proc = run_cli("cluster", command[0], name, *command[1:], env={"TRAINSCALE_CLUSTER_STATE": str(tmp_path)})
     assert_one_line_error(proc, "cluster name must be")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_data_verify_hints_only_what_it_and_data_download_take(tmp_path):
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    (folder / "data_batch_1.bin").write_bytes(b"not cifar")
+    proc = run_cli("data", "verify", "--data-dir", tmp_path)
+    assert_one_line_error(proc, f"and run `trainscale data download --dataset cifar10 --data-dir {tmp_path}`")
+    assert "--no-verify" not in proc.stderr

@@ -18,8 +18,8 @@ def add_bench_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml "
                    "(the Keras-MXNet scaling study)")
     p.add_argument("--out", type=Path, required=True, help="results folder (re-run the same command to resume)")
-    p.add_argument("--scale", default="quick", help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
-                   "the default) or full (the original study's own settings, for GPU machines)")
+    p.add_argument("--scale", default=None, help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
+                   "the default for a grid with scales) or full (the original study's own settings, for GPU machines)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="a `trainscale train` setting for every run of the grid, e.g. --set epochs=2, --set "
                    "precision=bf16, --set milestones=[2,3] (repeatable; VALUE is a TOML value, a bare word is "

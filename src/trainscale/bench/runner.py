@@ -58,7 +58,7 @@ class RunResult:
 class BenchOptions:
     grid: Path
     out: Path
-    scale: str | None = "quick"
+    scale: str | None = None  # --scale as given; see effective_scale
     timeout: float | None = None
     update: bool = False
     python: str = sys.executable
@@ -90,9 +90,16 @@ def overrides(options: BenchOptions) -> dict[str, Any]:
     return {**sets, "data_dir": str(folder.resolve())}
 
 
+DEFAULT_SCALE = "quick"
+
+
 def effective_scale(options: BenchOptions, grid: Grid) -> str | None:
-    """``--scale`` for a grid with scales; None for one without (its settings are the only ones)."""
-    return options.scale if grid.scales else None
+    """``--scale``, else ``quick`` for a grid with scales and None for one without (its settings are the only
+    ones). A ``--scale`` the grid does not have is refused when the runs are planned, also on a grid without
+    scales: running it anyway would record runs the user did not ask for."""
+    if options.scale is None:
+        return DEFAULT_SCALE if grid.scales else None
+    return options.scale
 
 
 def run_grid(options: BenchOptions) -> list[RunResult]:
