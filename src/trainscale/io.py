@@ -8,9 +8,9 @@ needs it) and a rename over ``/dev/null`` would turn the device into a file. Cha
 too, not written through: a report, profile or plot is meant to be read back, and one aimed at a device is a
 mistaken path far more often than a wish to discard it. A symlink to a regular file (or to nothing yet) is
 written through: its target is replaced, the link stays, and a replaced file keeps its mode (and, as root,
-its owner). Append-only logs (``metrics.jsonl``,
-``grid.jsonl``) can still end in a torn line when a process is killed mid-append elsewhere; the reader
-here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere else.
+its owner). Append-only logs (``grid.jsonl``, the fault log) can still end in a torn line when a process is
+killed mid-append; the reader here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere
+else.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import math
 import os
 import stat
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
+
+import tomllib
 
 from trainscale.errors import ConfigError, DataError
 
@@ -52,9 +53,11 @@ def output_problem(path: Path) -> str | None:
     return f"is {kind}{link}, not a regular file; trainscale writes only regular files"
 
 
-def check_output(path: Path | str, label: str = "output") -> None:
+def check_output(path: Path | str, label: str = "output", probe: bool = False) -> None:
     """Refuse, in one line, an output path that exists and is not a regular file, or whose nearest existing
-    folder is a file or not writable; commands call it before their long work, writers again before writing."""
+    folder is a file or not writable; commands call it before their long work (with ``probe``: a temporary
+    file made and removed in its folder, when that exists, so a file system that takes no files, such as
+    /proc, is said now too), writers again before writing."""
     path = Path(path)
     problem = output_problem(path)
     if problem:
@@ -64,6 +67,13 @@ def check_output(path: Path | str, label: str = "output") -> None:
         raise ConfigError(f"{label} {path}: cannot write there ({existing} is not a folder): choose another path")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{label} {path}: cannot write there (no permission in {existing}): choose another path")
+    if probe and existing is not None and existing == _target(path).parent:
+        try:
+            with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{label} {path}: cannot write there ({exc.strerror or exc}): choose another path") \
+                from None
 
 
 def _target(path: Path) -> Path:
@@ -100,8 +110,11 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     path = Path(path)
     check_output(path)
     target = _target(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise ConfigError(f"output {path}: cannot write there ({exc.strerror or exc}): choose another path") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -57,6 +57,14 @@ def test_cluster_file_plan(profile):
     (("--hosts", "2", "--bandwidth", "1gbit", "--device", "nope"), "unknown device 'nope'"),
     (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "hosts=2"), "expected workers=1,2,4"),
     (("--hosts", "2", "--bandwidth", "1gbit", "--latency", "fast"), "--latency must look like 50us"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "bandwidth="), "give at least one value"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=99999999999"), "every count must be 1 to"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "sweep.xyz"), "cannot draw .xyz"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "/proc/sweep.png"),
+     "--plot /proc/sweep.png: cannot write there"),
+    (("--hosts", "0", "--bandwidth", "1gbit"), "--hosts must be >= 1"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--device-step-ms", "nan"), "--device-step-ms must be a finite number"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--mode", "localsgd", "--sync-every", "0"), "--sync-every must be >= 1"),
 ])
 def test_bad_plan_input_is_one_line(profile, args, fragment):
     assert_one_line_error(run_cli("plan", "--profile", profile, *args), fragment)
@@ -72,6 +80,8 @@ def test_missing_profile_is_one_line(tmp_path):
     (("--compress", "topk:k=3"), "topk takes ratio and granularity, not 'k'"),
     (("--compress", "zip"), "unknown method 'zip'"),
     (("--warmup", "0"), "--warmup must be at least 1"),
+    (("--out", "/proc/p.json"), "--out /proc/p.json: cannot write there"),
+    (("--cpus", "nan"), "--cpus must be a finite number"),
 ])
 def test_bad_profile_input_is_one_line(tmp_path, args, fragment):
     proc = run_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)

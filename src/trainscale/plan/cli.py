@@ -10,7 +10,7 @@ from typing import Any
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
 from trainscale.io import check_output, save_figure
-from trainscale.plan.describe import ClusterSpec, Device, load_device
+from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
 from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
@@ -66,12 +66,15 @@ def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]
         if not eq or key not in ("workers", "bandwidth"):
             raise ConfigError(f"--sweep {item!r}: expected workers=1,2,4 or bandwidth=100mbit,1gbit")
         axes[key] = [v.strip() for v in values.split(",") if v.strip()]
+        if not axes[key]:
+            raise ConfigError(f"--sweep {item!r}: give at least one value, e.g. {key}=" + (
+                "1,2,4" if key == "workers" else "100mbit,1gbit"))
     try:
         workers = [int(w) for w in axes.get("workers", [str(setting.workers)])]
     except ValueError:
         raise ConfigError(f"--sweep workers={','.join(axes['workers'])}: whole numbers, e.g. 1,2,4,8") from None
-    if any(w < 1 for w in workers):
-        raise ConfigError("--sweep workers: every count must be at least 1")
+    if any(not 1 <= w <= MAX_COUNT for w in workers):
+        raise ConfigError(f"--sweep workers: every count must be 1 to {MAX_COUNT}")
     bandwidths = axes.get("bandwidth", [format_rate(int(setting.link.bandwidth * 8))])
     for text in bandwidths:
         with_bandwidth(setting, text)  # a bad rate fails here, before any table
@@ -113,6 +116,17 @@ def print_sweep(result: dict[str, Any], setting: Setting) -> None:
         print(f"\nbeats bf16 all-reduce below ({setting.mode}, {max(result['workers'])} workers):")
         print(format_table(result["crossover"], [("method", "method", str),
                                                  ("below", "bandwidth", str)]))
+
+
+def check_plot(path: Path) -> None:
+    """``--plot``: a file trainscale may write, in a format matplotlib draws (its suffix; none: PNG)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    kind = path.suffix.lstrip(".").lower()
+    if kind and kind not in kinds:
+        raise ConfigError(f"--plot {path}: cannot draw .{kind} files; use one of .{', .'.join(sorted(kinds))}")
+    check_output(path, "--plot", probe=True)
 
 
 def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
@@ -172,7 +186,7 @@ def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
 
 def run_plan(cfg: PlanConfig) -> int:
     if cfg.sweep:
-        check_output(cfg.plot, "--plot")
+        check_plot(Path(cfg.plot))
     profile = load_profile(cfg.profile)
     check_profile_model(cfg, profile)
     setting, cluster, origin = setting_from(cfg, profile)

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import ClusterSpec, load_cluster, load_device, parse_link
+from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_link
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.predict import MODES, Setting
 from trainscale.plan.profile import Profile
@@ -22,8 +22,8 @@ class PlanConfig(Section):
                           "coding times)")
     model: str | None = option(None, "the model the plan is for; refused if the profile measured another")
     cluster: str | None = option(None, "a cluster file: a name in configs/clusters (e.g. pslite-gtx980) or a path")
-    hosts: int | None = option(None, "hosts, without --cluster", at_least=1)
-    workers_per_host: int = option(1, "workers (devices) per host, without --cluster", at_least=1)
+    hosts: int | None = option(None, "hosts, without --cluster", at_least=1, at_most=MAX_COUNT)
+    workers_per_host: int = option(1, "workers (devices) per host, without --cluster", at_least=1, at_most=MAX_COUNT)
     bandwidth: str | None = option(None, "link rate between hosts, tc's units: 100mbit, 1gbit, 10gbit")
     latency: str = option("0us", "one-way latency per message between hosts: 50us, 1ms")
     intra_bandwidth: str = option("10000gbit", "link rate between the workers of one host (default: no limit)")
