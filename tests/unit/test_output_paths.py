@@ -188,3 +188,11 @@ def test_check_output_names_the_kind_and_the_flag(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="is not a folder"):
         check_output(tmp_path / "file" / "p.png", "--plot")
+
+
+def test_download_never_renames_over_a_special_archive_path(tmp_path):
+    from trainscale.data.checksums import FORMATS
+    from trainscale.data.download import download_dataset
+
+    archive = fifo(tmp_path / FORMATS["cifar10-binary"].archive)
+    refuses(archive, lambda p: download_dataset("cifar10", tmp_path, url=(tmp_path / "none").as_uri(), progress=False))

@@ -16,8 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
-from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.data.checksums import FORMATS, FormatSpec, md5_file, verify_files
+from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.errors import ConfigError, DataError
 from trainscale.io import check_output, open_output
 
@@ -133,6 +133,7 @@ def download_dataset(
         raise DataError(f"cannot create the data folder {root} ({exc}); pass a writable --data-dir") from exc
 
     archive = root / spec.archive
+    check_output(archive, "data file")  # renamed over below: only a regular file or nothing may be there
     if not (archive.is_file() and md5_file(archive) == md5):
         partial = root / (spec.archive + ".part")
         log.info("downloading %s from %s into %s", name, url, root)
