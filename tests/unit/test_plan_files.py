@@ -136,3 +136,24 @@ def test_profile_whose_step_takes_no_time_plans_nothing(tmp_path):
 def test_profile_that_is_a_folder_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=f"--profile {tmp_path}: cannot be read"):
         load_profile(tmp_path)
+
+
+def test_plan_json_stays_json_when_a_figure_is_not_finite(tmp_path, capsys, monkeypatch):
+    """Machine-readable output: NaN or inf (here a prediction on a link of no latency and a zero step) is
+    written as null, never as the NaN that strict JSON readers refuse."""
+    from trainscale.plan import cli
+    from trainscale.plan.plan import PlanConfig
+
+    path = tmp_path / "p.json"
+    path.write_text(make_profile().to_json())
+    real = cli.predict
+
+    def with_nan(*args: Any, **kw: Any) -> Any:
+        prediction = real(*args, **kw)
+        prediction.scaling_efficiency = math.nan
+        return prediction
+
+    monkeypatch.setattr(cli, "predict", with_nan)
+    assert cli.run_plan(PlanConfig(profile=str(path), hosts=2, bandwidth="1gbit", json=True)) == 0
+    plan = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert plan["scaling_efficiency"] is None

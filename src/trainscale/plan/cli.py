@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
-from trainscale.io import check_output, save_figure
+from trainscale.io import check_output, dumps, save_figure
 from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
@@ -199,7 +198,7 @@ def run_plan(cfg: PlanConfig) -> int:
     if cluster is not None and cluster.published:
         result["published"] = projection(profile, setting, cluster)
     if cfg.json:
-        print(json.dumps(result, indent=2))
+        print(dumps(result), end="")  # NaN/inf as null: the output stays JSON every reader parses
     else:
         print_plan(profile, setting, prediction, origin)
         if cfg.sweep:
