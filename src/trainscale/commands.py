@@ -87,11 +87,10 @@ def train(args: argparse.Namespace) -> int:
 
 def train_dry_run(cfg: CoreConfig) -> int:
     """`train --dry-run`: the checks, then the resolved config as JSON on stdout; nothing is written."""
-    import json
-
     from trainscale.app.dryrun import dry_run
+    from trainscale.io import dumps
 
-    print(json.dumps(dry_run(cfg), indent=2))
+    print(dumps(dry_run(cfg)), end="")  # NaN/inf as null: the output stays JSON every reader parses
     return 0
 
 

@@ -7,27 +7,37 @@ launcher); a plug-in with settings of its own (a compressor family, a training m
 section in its own package and the composition root (``app.config``) joins them into one flat
 ``TrainConfig``, so ``cfg.lr`` and ``cfg.servers`` read the same way and ``config.json`` stays flat.
 
-This module is a leaf: dataclasses and metadata only, no validation (each owner validates its section)
-and no imports of the rest of trainscale.
+This module is a leaf: dataclasses and metadata only (it imports only ``errors``). Each owner validates its
+section; what every number field shares is checked here, once, when a section is made: a float must be
+finite (``--lr nan`` or ``inf`` would train until the loss overflows; a timeout of ``inf`` overflows the
+timers), and a field may declare its range with ``option(above=, at_least=, at_most=)``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
+from trainscale.errors import ConfigError
+
+MAX_WAIT_S = 7 * 86400.0  # the longest timeout a setting may ask for (torch's timers take milliseconds)
+
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
-           aliases: Sequence[str] = (), choices: Sequence[str] | None = None) -> Any:
+           aliases: Sequence[str] = (), choices: Sequence[str] | None = None, above: float | None = None,
+           at_least: float | None = None, at_most: float | None = None) -> Any:
     """A config field: ``default`` (a list is copied per instance), the help line, and how the flag is
     spelled when it is not ``--`` plus the field name with dashes (``short``: e.g. ``-K``; ``aliases``:
-    other long spellings). ``choices`` limits a string field."""
+    other long spellings). ``choices`` limits a string field; ``above``, ``at_least`` and ``at_most`` a
+    number field (None, the absent value, always passes)."""
     meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases),
-            "choices": tuple(choices) if choices else None}
+            "choices": tuple(choices) if choices else None,
+            "bounds": {"above": above, "at_least": at_least, "at_most": at_most}}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -46,10 +56,36 @@ def section_of(cls: type, name: str) -> type:
     raise KeyError(name)
 
 
+def bound_problem(value: Any, above: float | None = None, at_least: float | None = None,
+                  at_most: float | None = None) -> str | None:
+    """What a number must be when ``value`` is not (None when it is fine, or not a number): finite for a
+    float, then within the bounds given."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number"
+    limits = [(above, ">", value > (above or 0)), (at_least, ">=", value >= (at_least or 0)),
+              (at_most, "<=", value <= (at_most or 0))]
+    if all(ok for bound, _, ok in limits if bound is not None):
+        return None
+    words = ["a positive number" if sign == ">" and bound == 0 else f"{sign} {bound:g}"
+             for bound, sign, _ in limits if bound is not None]
+    return " and ".join(words)
+
+
 class Section:
-    """Base of every config section; ``TITLE`` heads the section's group in ``--help``."""
+    """Base of every config section; ``TITLE`` heads the section's group in ``--help``. Making one checks
+    every number field (see ``bound_problem``), so a flag, a TOML file, a recipe and a dry run all refuse
+    the same values in the same words."""
 
     TITLE: ClassVar[str] = "options"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            problem = bound_problem(value, **f.metadata.get("bounds", {}))
+            if problem:
+                raise ConfigError(f"{flag_name(f)} must be {problem}, got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -99,7 +135,7 @@ class OptimConfig(Section):
     schedule: str = option("onecycle", "onecycle, step, cosine or constant")
     warmup_epochs: float | None = option(None, "linear warm-up length (onecycle: the peak epoch)")
     milestones: list[int] = option([41, 61], "step schedule: 1-based epochs where lr *= gamma, e.g. 41,61")
-    gamma: float = option(0.1, "step schedule factor")
+    gamma: float = option(0.1, "step schedule factor", above=0)
     label_smoothing: float = option(0.0, "label smoothing")
     tta: bool = option(False, "flip test-time augmentation at evaluation")
     tta_translate: int = option(0, "with --tta, the last evaluation also averages the views shifted by N pixels "
@@ -149,7 +185,8 @@ class LaunchConfig(Section):
     rdzv_endpoint: str | None = option(None, "HOST:PORT of the c10d rendezvous on node 0 (single node: a free "
                                        "local port)")
     rdzv_id: str | None = option(None, "job id shared by all nodes (default: 'trainscale' for several nodes)")
-    rdzv_timeout: float = option(300.0, "seconds to wait for all nodes to join, and for node 0's endpoint")
+    rdzv_timeout: float = option(300.0, "seconds to wait for all nodes to join, and for node 0's endpoint",
+                                 above=0, at_most=MAX_WAIT_S)
     hosts: str | None = option(None, "file with one host per line ('host' or 'host slots=N'): print the per-node "
                                "commands")
     ssh: bool = option(False, "with --hosts: run the per-node commands over ssh instead of printing them")
@@ -160,7 +197,8 @@ class LaunchConfig(Section):
     backend: str = option("auto", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=("auto", "gloo", "nccl"))
     max_restarts: int = option(0, "let the elastic agent restart failed workers N times; they resume from the last "
                                "finished epoch's checkpoint")
-    dist_timeout: float = option(300.0, "seconds any collective may wait for a peer before the job fails")
+    dist_timeout: float = option(300.0, "seconds any collective may wait for a peer before the job fails",
+                                 above=0, at_most=MAX_WAIT_S)
     baseline: str | None = option(None, "a previous 1-worker run folder: summary.json gets scaling_efficiency "
                                   "against it")
 

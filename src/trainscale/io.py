@@ -1,42 +1,165 @@
 """Files that survive interruptions: atomic writes, JSON without NaN, and JSON Lines read back after a crash.
 
 Every file trainscale writes goes through a temporary file beside its target, fsync and a rename, so a
-reader sees the old file or the new one, never half of one. Append-only logs (``metrics.jsonl``,
-``grid.jsonl``) can still end in a torn line when a process is killed mid-append elsewhere; the reader
-here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere else.
+reader sees the old file or the new one, never half of one. Only regular files are ever replaced: a path that
+exists and is anything else (a device node, a FIFO, a socket, a folder; a symlink to one) is refused with a
+ConfigError before anything is written (``check_output``), since trainscale often runs as root (``cluster``
+needs it) and a rename over ``/dev/null`` would turn the device into a file. Character devices are refused
+too, not written through: a report, profile or plot is meant to be read back, and one aimed at a device is a
+mistaken path far more often than a wish to discard it. A symlink to a regular file (or to nothing yet) is
+written through: its target is replaced, the link stays, and a replaced file keeps its mode (and, as root,
+its owner). Append-only logs (``grid.jsonl``, the fault log) can still end in a torn line when a process is
+killed mid-append; the reader here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere
+else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
+import stat
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
+
+import tomllib
 
 from trainscale.errors import ConfigError, DataError
 
 log = logging.getLogger("trainscale.io")
 
 
-def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``."""
+KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+         (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def output_problem(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (None when it can be tried): it exists, a symlink followed,
+    and is not a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # nothing there yet; a parent that is a file fails the write with the OS's words
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
+    link = " (through a symlink)" if os.path.islink(path) else ""
+    return f"is {kind}{link}, not a regular file; trainscale writes only regular files"
+
+
+def check_output(path: Path | str, label: str = "output", probe: bool = False) -> None:
+    """Refuse, in one line, an output path that exists and is not a regular file, or whose nearest existing
+    folder is a file or not writable; commands call it before their long work (with ``probe``: a temporary
+    file made and removed in its folder, when that exists, so a file system that takes no files, such as
+    /proc, is said now too), writers again before writing."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    problem = output_problem(path)
+    if problem:
+        raise ConfigError(f"{label} {path} {problem}: choose another path")
+    existing = next((p for p in _target(path).parents if os.path.lexists(p)), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{label} {path}: cannot write there ({existing} is not a folder): choose another path")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{label} {path}: cannot write there (no permission in {existing}): choose another path")
+    if probe and existing is not None and existing == _target(path).parent:
+        try:
+            with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{label} {path}: cannot write there ({exc.strerror or exc}): choose another path") \
+                from None
+
+
+def _target(path: Path) -> Path:
+    """Where a write of ``path`` lands: a symlink's target (created when absent), else ``path`` itself."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else path
+
+
+def _new_file_mode() -> int:
+    """0o666 less the umask (mkstemp makes 0o600 files, which other users could no longer read)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    return 0o644
+
+
+def _match_existing(fd: int, path: Path) -> None:
+    """Give the new file the mode of the one it replaces (and its owner, when root may set it)."""
+    try:
+        old = os.stat(path)
+    except OSError:
+        os.fchmod(fd, _new_file_mode())
+        return
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+    if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
+        with contextlib.suppress(OSError):
+            os.fchown(fd, old.st_uid, old.st_gid)
+
+
+def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``; a ``path``
+    that exists and is not a regular file is a ConfigError, checked before writing and again just before
+    the rename (the rename never replaces anything else)."""
+    path = Path(path)
+    check_output(path)
+    target = _target(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise ConfigError(f"output {path}: cannot write there ({exc.strerror or exc}): choose another path") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            _match_existing(f.fileno(), target)
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        check_output(target)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def open_regular(path: Path, flags: int, follow: bool = True) -> int:
+    """``os.open`` of a regular file (created 0o666 less the umask with ``O_CREAT``): a FIFO is never waited
+    on and a device never written, since what was opened is checked before anything is done with it; a
+    ConfigError names what is there instead. ``follow=False``: a symlink is refused too (lock files, which
+    are truncated and written in place)."""
+    extra = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    check_output(path)
+    try:
+        fd = os.open(path, flags | extra, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink with O_NOFOLLOW; a FIFO nobody reads
+            kind = "a symlink" if exc.errno == errno.ELOOP else "a FIFO"
+            raise ConfigError(f"output {path} is {kind}, not a regular file; trainscale writes only regular "
+                              "files: choose another path") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        check_output(path)
+        raise ConfigError(f"output {path} is not a regular file; trainscale writes only regular files: choose "
+                          "another path")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_output(path: Path, append: bool = False) -> BinaryIO:
+    """A regular file opened for writing in place (a log a child process streams into), truncated unless
+    ``append``; anything else at ``path`` is refused as ``open_regular`` does."""
+    path = Path(path)
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0))
+    if not append:
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -87,14 +210,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one object as a line. A torn last line left by an interrupted append is cut off first (with a
     warning), so it never ends up as corruption in the middle of the file; the line goes out in one write."""
-    path = Path(path)
-    if path.exists():
-        data = path.read_bytes()
+    with open_output(Path(path), append=True) as f:
+        data = Path(path).read_bytes()
         if data and not data.endswith(b"\n"):
             log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
-            with open(path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-    with open(path, "ab") as f:
+            f.truncate(data.rfind(b"\n") + 1)
         f.write((json.dumps(clean(obj)) + "\n").encode())
 
 
@@ -169,3 +289,12 @@ def remove_empty(folders: list[Path]) -> None:
     for folder in folders:
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def save_figure(fig: Any, path: Path, **options: Any) -> Path:
+    """A matplotlib figure written atomically as ``atomic_write_bytes`` writes (its format from the suffix,
+    PNG when there is none)."""
+    path = Path(path)
+    kind = path.suffix.lstrip(".").lower() or "png"
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format=kind, **options))
+    return path

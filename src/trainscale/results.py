@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, clean, dumps, read_json, read_jsonl
+from trainscale.io import atomic_write_text, clean, dumps, open_regular, read_json, read_jsonl
 from trainscale.record import EPOCH_FIELDS, EXCHANGE_SPLIT, METRICS, SUMMARY, SUMMARY_FIELDS, K, merge
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
@@ -125,7 +125,7 @@ def _take_lock(out: Path) -> int | None:
     while True:
         try:
             out.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, follow=False)
         except OSError:
             return None
         try:
@@ -163,8 +163,8 @@ def lock_holder(out: Path) -> int | None:
     """The pid of the process holding ``out``'s lock (0 while it has not written it yet), None when free.
     A shared probe, so checks running side by side do not see each other as holders."""
     try:
-        fd = os.open(Path(out) / LOCK_FILE, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+        fd = os.open(Path(out) / LOCK_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:  # absent, or not a lock file trainscale made (a symlink; a FIFO is opened, never waited on)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -20,6 +20,12 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
     (("--target-acc", "94"), "fraction"),
     (("--train-subset", "60000"), "60000"),
     (("--schedule", "cosin"), "did you mean 'cosine'"),
+    (("--lr", "nan"), "--lr must be a finite number, got nan"),
+    (("--lr", "inf", "--dry-run"), "--lr must be a finite number, got inf"),
+    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "nan", "--dry-run"),
+     "--link-down must be a finite number"),
+    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "1e12"),
+     "--link-down must be a positive number and <= 3600"),
 ])
 def test_bad_train_flags(tmp_path, args, fragment):
     proc = run_cli("train", *SYN, "--model", "mlp", "--out", tmp_path / "run", *args)
@@ -126,3 +132,29 @@ def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
     proc = run_cli("train", *TINY, *args, env=NO_NETWORK)
     assert_one_line_error(proc, "File name too long")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_bench_timeout_must_be_finite_and_positive(tmp_path, value):
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\n[base]\nmodel = "mlp"\n')
+    assert_one_line_error(run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
+                          "argument --timeout: must be")
+
+
+@pytest.mark.parametrize("command", [("up", "--hosts", "2", "--bandwidth", "1gbit"), ("down",)])
+@pytest.mark.parametrize("name", ["demo\n", "a/b", "x" * 17])
+def test_a_cluster_name_outside_the_safe_alphabet_is_one_line(tmp_path, command, name):
+    """Refused before anything is made (the name is checked first, root or not)."""
+    proc = run_cli("cluster", command[0], name, *command[1:], env={"TRAINSCALE_CLUSTER_STATE": str(tmp_path)})
+    assert_one_line_error(proc, "cluster name must be")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_verify_hints_only_what_it_and_data_download_take(tmp_path):
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    (folder / "data_batch_1.bin").write_bytes(b"not cifar")
+    proc = run_cli("data", "verify", "--data-dir", tmp_path)
+    assert_one_line_error(proc, f"and run `trainscale data download --dataset cifar10 --data-dir {tmp_path}`")
+    assert "--no-verify" not in proc.stderr

@@ -57,6 +57,14 @@ def test_cluster_file_plan(profile):
     (("--hosts", "2", "--bandwidth", "1gbit", "--device", "nope"), "unknown device 'nope'"),
     (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "hosts=2"), "expected workers=1,2,4"),
     (("--hosts", "2", "--bandwidth", "1gbit", "--latency", "fast"), "--latency must look like 50us"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "bandwidth="), "give at least one value"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=99999999999"), "every count must be 1 to"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "sweep.xyz"), "cannot draw .xyz"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "/proc/sweep.png"),
+     "--plot /proc/sweep.png: cannot write there"),
+    (("--hosts", "0", "--bandwidth", "1gbit"), "--hosts must be >= 1"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--device-step-ms", "nan"), "--device-step-ms must be a finite number"),
+    (("--hosts", "2", "--bandwidth", "1gbit", "--mode", "localsgd", "--sync-every", "0"), "--sync-every must be >= 1"),
 ])
 def test_bad_plan_input_is_one_line(profile, args, fragment):
     assert_one_line_error(run_cli("plan", "--profile", profile, *args), fragment)
@@ -72,8 +80,35 @@ def test_missing_profile_is_one_line(tmp_path):
     (("--compress", "topk:k=3"), "topk takes ratio and granularity, not 'k'"),
     (("--compress", "zip"), "unknown method 'zip'"),
     (("--warmup", "0"), "--warmup must be at least 1"),
+    (("--out", "/proc/p.json"), "--out /proc/p.json: cannot write there"),
+    (("--cpus", "nan"), "--cpus must be a finite number"),
 ])
 def test_bad_profile_input_is_one_line(tmp_path, args, fragment):
     proc = run_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_out_that_is_not_a_file_is_refused_before_profiling(tmp_path):
+    """A FIFO made here stands for any special file (root's /dev/null was replaced by a regular file): refused
+    in one line, left as it was, and before the profile is measured (no wait on the FIFO either)."""
+    import os
+    import stat
+
+    out = tmp_path / "p.json"
+    os.mkfifo(out)
+    proc = run_cli("profile", "--model", "mlp", "--repeats", "1000000", "--out", out, timeout=60)
+    assert_one_line_error(proc, f"--out {out} is a FIFO, not a regular file")
+    assert stat.S_ISFIFO(os.lstat(out).st_mode)
+
+
+def test_plan_plot_that_is_not_a_file_is_refused_before_planning(profile, tmp_path):
+    import os
+    import stat
+
+    plot = tmp_path / "sweep.png"
+    os.mkfifo(plot)
+    proc = run_cli("plan", "--profile", profile, "--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2",
+                   "--plot", plot, timeout=120)
+    assert_one_line_error(proc, f"--plot {plot} is a FIFO, not a regular file")
+    assert stat.S_ISFIFO(os.lstat(plot).st_mode) and proc.stdout == ""

@@ -294,3 +294,19 @@ def test_descendants_finds_the_process_tree():
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("scales", ["", '[scale.quick]\nepochs = 1\n'])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_scale_the_grid_lacks_is_one_line_and_status_2(tmp_path, capsys, scales, dry_run):
+    """Also on a grid without scales: running its own settings under a name the user asked for would record
+    runs they did not ask for."""
+    from trainscale.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\n' + scales)
+    flags = ["--dry-run"] if dry_run else []
+    assert main(["bench", str(grid), "--out", str(tmp_path / "o"), "--scale", "full", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grid has no scale 'full'; its scales are: " in err[0], err
+    assert not (tmp_path / "o").exists()

@@ -13,7 +13,8 @@ def test_valid_names(name: str) -> None:
     assert net.validate_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "-a", "a b", "a_b", "a/b", "a.b", "x" * 17, "é", "a\nb"])
+@pytest.mark.parametrize("name", ["", "-a", "a b", "a_b", "a/b", "a.b", "x" * 17, "é", "a\nb", "a\n", "demo\n",
+                                  "a\t", "a\x00", "..", "x" * 16 + "\n"])
 def test_invalid_names_are_one_line(name: str) -> None:
     with pytest.raises(ConfigError) as info:
         net.validate_name(name)
@@ -114,3 +115,19 @@ def test_needs_root_and_tools_in_one_line(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(net.os, "geteuid", lambda: 1000)
     with pytest.raises(ConfigError, match="needs root"):
         net.check_tools()
+
+
+def test_a_cluster_removes_only_its_own_paths(tmp_path) -> None:
+    """``tsc-a-h*`` also matches cluster ``a-h1``'s namespaces: ``down a`` must leave that cluster alone."""
+    for ns in ("tsc-a-h0", "tsc-a-h1", "tsc-a-h1-h0", "tsc-a-h1-h1", "tsc-ab-h0"):
+        (tmp_path / ns).mkdir()
+    assert [p.name for p in net._of("a", tmp_path.glob("tsc-a-h*"))] == ["tsc-a-h0", "tsc-a-h1"]
+    assert [p.name for p in net._of("a-h1", tmp_path.glob("tsc-a-h1-h*"))] == ["tsc-a-h1-h0", "tsc-a-h1-h1"]
+
+
+@pytest.mark.parametrize("name", ["a/b", "x" * 17, "a.b"])
+def test_train_refuses_a_cluster_name_before_anything_starts(name: str) -> None:
+    from trainscale.app.config import build_config
+
+    with pytest.raises(ConfigError, match="cluster name must be"):
+        build_config({"cluster": name, "workers": 1})

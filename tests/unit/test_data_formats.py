@@ -269,7 +269,8 @@ def test_checksum_mismatch_message(tmp_path: Path) -> None:
         verify_files(folder, "cifar10-binary", table)
     message = str(err.value)
     assert "data_batch_2.bin" in message and table["data_batch_2.bin"].md5 in message and actual in message
-    assert "--no-verify" in message and "trainscale data download" in message and "\n" not in message
+    assert f"trainscale data download --dataset cifar10 --data-dir {tmp_path}" in message and "\n" not in message
+    assert "--no-verify" not in message  # `data verify` prints it too, and takes no such flag
 
 
 def test_size_mismatch_message(tmp_path: Path) -> None:
@@ -283,8 +284,20 @@ def test_size_mismatch_message(tmp_path: Path) -> None:
 
 
 def test_missing_file_message(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="data_batch_1.bin is missing.*--no-verify"):
+    with pytest.raises(DataError, match="data_batch_1.bin is missing; delete .* and run `trainscale data download"):
         verify_files(tmp_path, "cifar10-binary")
+
+
+def test_train_adds_the_flag_it_takes_to_skip_the_check(tmp_path: Path) -> None:
+    from trainscale.app.config import build_config
+    from trainscale.train.setup import load_data
+
+    folder = tmp_path / "cifar-10-batches-bin"
+    write_cifar10_binary(folder)  # not the official files: the official checksums fail
+    cfg = build_config({"model": "mlp", "dataset": "cifar10", "data_dir": str(tmp_path), "download": False})
+    with pytest.raises(DataError, match=r"trainscale data download --dataset cifar10 .*, or train without the "
+                       r"check \(--no-verify\)$"):
+        load_data(cfg)
 
 
 @pytest.mark.realdata
@@ -297,7 +310,7 @@ def test_real_file_corruption_detected(cifar10_dir: Path, tmp_path: Path) -> Non
         verify_files(tmp_path, "cifar10-binary", names=["data_batch_1.bin"])
     message = str(err.value)
     assert "data_batch_1.bin" in message and "5dd7e06a14cb22eb9f671a540d1b7c25" in message
-    assert md5_file(copy) in message and "--no-verify" in message
+    assert md5_file(copy) in message and "trainscale data download" in message
     with open(copy, "r+b") as f:
         f.truncate(30_000_000)
     with pytest.raises(DataError, match="expected 30730000 bytes, got 30000000 bytes"):

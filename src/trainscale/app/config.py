@@ -24,6 +24,7 @@ from trainscale.io import read_toml
 from trainscale.models import model_info
 from trainscale.modes import list_modes, mode_class
 from trainscale.recipes import get_recipe
+from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -181,6 +182,8 @@ def validate_launch(cfg: CoreConfig) -> None:
     require(cfg.nnodes == 1 or cfg.rdzv_endpoint is not None,
             "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
     require(not cfg.ssh or cfg.hosts is not None, "--ssh runs the per-node commands of --hosts FILE; give --hosts")
+    if cfg.cluster is not None:
+        validate_name(cfg.cluster)
     require(cfg.cluster is None or (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.hosts) == (1, 0, None, None),
             "--cluster places one node on each emulated host itself: leave out --nnodes, --node-rank, "
             "--rdzv-endpoint and --hosts")

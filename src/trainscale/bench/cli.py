@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainscale.config import bound_problem
+
 if TYPE_CHECKING:
     from trainscale.bench.expand import RunSpec
     from trainscale.bench.grid import Grid
@@ -16,8 +18,8 @@ def add_bench_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml "
                    "(the Keras-MXNet scaling study)")
     p.add_argument("--out", type=Path, required=True, help="results folder (re-run the same command to resume)")
-    p.add_argument("--scale", default="quick", help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
-                   "the default) or full (the original study's own settings, for GPU machines)")
+    p.add_argument("--scale", default=None, help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
+                   "the default for a grid with scales) or full (the original study's own settings, for GPU machines)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="a `trainscale train` setting for every run of the grid, e.g. --set epochs=2, --set "
                    "precision=bf16, --set milestones=[2,3] (repeatable; VALUE is a TOML value, a bare word is "
@@ -28,13 +30,25 @@ def add_bench_parser(p: argparse.ArgumentParser) -> None:
                    help="folder holding the dataset, for every run: --set data_dir=DIR, but checked to exist "
                    "before any run starts and recorded as an absolute path (with neither this nor a data_dir in "
                    "the grid, runs look in $TRAINSCALE_DATA, else ~/.cache/trainscale)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds one run may take before it is stopped "
+    p.add_argument("--timeout", type=_seconds, default=None, help="seconds one run may take before it is stopped "
                    "and recorded as failed (default: no limit)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit (nothing is written)")
     p.add_argument("--allow-ssh", action="store_true", help="let the grid set `hosts`/`ssh` (its runs then start "
                    "commands on the machines its hosts files name); refused without it")
     p.add_argument("--update", action="store_true", help="allow a results folder planned from other settings: "
                    "runs whose settings still match are kept, the others run")
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a finite positive number (NaN would never stop a run, a negative one stops every run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    problem = bound_problem(value, above=0)
+    if problem:
+        raise argparse.ArgumentTypeError(f"must be {problem} (seconds), got {text}")
+    return value
 
 
 def bench_command(args: argparse.Namespace) -> int:

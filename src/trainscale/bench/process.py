@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from trainscale.io import open_output
+
 log = logging.getLogger("trainscale.bench")
 
 GRACE_SECONDS = 15.0
@@ -24,7 +26,7 @@ POLL_SECONDS = 1.0
 
 def start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group."""
-    with open(log_path, "wb") as out:
+    with open_output(log_path) as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
 

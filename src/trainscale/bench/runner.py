@@ -37,7 +37,7 @@ from trainscale.cluster.bench import cluster_for
 from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
-from trainscale.io import append_jsonl, atomic_write_text, read_json
+from trainscale.io import append_jsonl, atomic_write_text, open_regular, read_json
 from trainscale.record import SUMMARY, K
 
 log = logging.getLogger("trainscale.bench")
@@ -59,7 +59,7 @@ class RunResult:
 class BenchOptions:
     grid: Path
     out: Path
-    scale: str | None = "quick"
+    scale: str | None = None  # --scale as given; see effective_scale
     timeout: float | None = None
     update: bool = False
     python: str = sys.executable
@@ -91,9 +91,16 @@ def overrides(options: BenchOptions) -> dict[str, Any]:
     return {**sets, "data_dir": str(folder.resolve())}
 
 
+DEFAULT_SCALE = "quick"
+
+
 def effective_scale(options: BenchOptions, grid: Grid) -> str | None:
-    """``--scale`` for a grid with scales; None for one without (its settings are the only ones)."""
-    return options.scale if grid.scales else None
+    """``--scale``, else ``quick`` for a grid with scales and None for one without (its settings are the only
+    ones). A ``--scale`` the grid does not have is refused when the runs are planned, also on a grid without
+    scales: running it anyway would record runs the user did not ask for."""
+    if options.scale is None:
+        return DEFAULT_SCALE if grid.scales else None
+    return options.scale
 
 
 def run_grid(options: BenchOptions) -> list[RunResult]:
@@ -187,7 +194,7 @@ def _result(spec: RunSpec, folder: Path, code: int | None, seconds: float, timed
         error = "exited with status 0 but summary.json does not cover every epoch"
     else:
         error = _error_line(tail) or f"exited with status {code}"
-    (folder / ERROR).write_text(f"{error}\nexit status: {code}\n\n--- last lines of {LOG} ---\n" + "\n".join(tail)
+    atomic_write_text(folder / ERROR, f"{error}\nexit status: {code}\n\n--- last lines of {LOG} ---\n" + "\n".join(tail)
                                 + "\n")
     return RunResult(spec.run_id, spec.name, "timeout" if timed_out else "failed", seconds, code, error)
 
@@ -226,7 +233,7 @@ def _now() -> str:
 def _locked(out: Path) -> Iterator[None]:
     """One bench at a time per results folder (a second one would run the same runs twice)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as handle:
+    with os.fdopen(open_regular(out / ".lock", os.O_WRONLY | os.O_CREAT, follow=False), "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -23,7 +23,19 @@ CIFAR_IMAGE_BYTES = 3 * 32 * 32
 CIFAR10_RECORD_BYTES = 1 + CIFAR_IMAGE_BYTES  # label byte + pixels
 CIFAR100_RECORD_BYTES = 2 + CIFAR_IMAGE_BYTES  # coarse label byte + fine label byte + pixels
 
-FIX_HINT = "delete the folder and run `trainscale data download`, or pass --no-verify"
+
+
+class ChecksumError(DataError):
+    """A data file is missing or fails its size or MD5 check. The message says how to fetch the files again,
+    which every command can do; a command that can skip the check (``train --no-verify``) adds that itself."""
+
+
+def fix_hint(folder: Path, dataset: str | None) -> str:
+    """How to get good files back: valid whichever command printed it (``data verify`` takes no
+    ``--no-verify``), and naming the dataset and folder so the download lands where the check looked."""
+    if dataset is None:
+        return "delete the folder and run `trainscale data download`"
+    return f"delete {folder} and run `trainscale data download --dataset {dataset} --data-dir {folder.parent}`"
 
 
 @dataclass(frozen=True)
@@ -140,28 +152,28 @@ def clear_verification_cache() -> None:
         _verified.clear()
 
 
-def verify_file(path: Path, spec: FileSpec) -> None:
+def verify_file(path: Path, spec: FileSpec, hint: str = fix_hint(Path("."), None)) -> None:
     """Check one file's presence, size, then MD5; raise DataError saying what is wrong and what to do."""
     path = Path(path)
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise DataError(f"{path} is missing; {FIX_HINT}") from None
+        raise ChecksumError(f"{path} is missing; {hint}") from None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, spec.size, spec.md5)
     with _verified_lock:
         if key in _verified:
             return
     if spec.size is not None and st.st_size != spec.size:
-        raise DataError(
+        raise ChecksumError(
             f"{path} has the wrong size (expected {spec.size} bytes, got {st.st_size} bytes; "
-            f"truncated or altered); {FIX_HINT}"
+            f"truncated or altered); {hint}"
         )
     if spec.md5 is not None:
         actual = md5_file(path)
         if actual != spec.md5.lower():
-            raise DataError(
+            raise ChecksumError(
                 f"{path} failed its checksum (expected MD5 {spec.md5}, got {actual}; corrupted or altered); "
-                f"{FIX_HINT}"
+                f"{hint}"
             )
     with _verified_lock:
         _verified.add(key)
@@ -181,10 +193,11 @@ def verify_files(
     costs a ``stat`` per file.
     """
     files = dict(table) if table is not None else dict(get_format(fmt).files)
+    hint = fix_hint(Path(folder), FORMATS[fmt].dataset if fmt in FORMATS else None)
     selected = list(files) if names is None else list(names)
     for name in selected:
         spec = files.get(name)
         if spec is None:
             raise ConfigError(f"no checksum entry for '{name}' in the {fmt} table")
-        verify_file(Path(folder) / name, spec)
+        verify_file(Path(folder) / name, spec, hint)
 

@@ -16,9 +16,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
-from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.data.checksums import FORMATS, FormatSpec, md5_file, verify_files
+from trainscale.data.cifar import CIFAR_NAMES, find_cifar_folder
 from trainscale.errors import ConfigError, DataError
+from trainscale.io import check_output, open_output
 
 log = logging.getLogger("trainscale.data")
 
@@ -54,7 +55,7 @@ def fetch_url(url: str, dest: Path, *, progress: bool = True, timeout: float = 6
 
     request = urllib.request.Request(url, headers={"User-Agent": "trainscale"})
     written = 0
-    with urllib.request.urlopen(request, timeout=timeout) as response, open(dest, "wb") as out:
+    with urllib.request.urlopen(request, timeout=timeout) as response, open_output(dest) as out:
         length = response.headers.get("Content-Length")
         total = int(length) if length else None
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=url.rsplit("/", 1)[-1],
@@ -132,6 +133,7 @@ def download_dataset(
         raise DataError(f"cannot create the data folder {root} ({exc}); pass a writable --data-dir") from exc
 
     archive = root / spec.archive
+    check_output(archive, "data file")  # renamed over below: only a regular file or nothing may be there
     if not (archive.is_file() and md5_file(archive) == md5):
         partial = root / (spec.archive + ".part")
         log.info("downloading %s from %s into %s", name, url, root)
@@ -157,6 +159,7 @@ def download_dataset(
             raise DataError(f"{archive} does not contain the folder {spec.folder}; delete it and download again")
         target.mkdir(exist_ok=True)
         for item in extracted.iterdir():
+            check_output(target / item.name, "data file")
             os.replace(item, target / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

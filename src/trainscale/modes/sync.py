@@ -25,7 +25,7 @@ from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import CompressionPlan, plan_from_config
 from trainscale.compression.setup import ddp_kwargs as compression_ddp_kwargs
 from trainscale.compression.setup import make_hook as make_compression_hook
-from trainscale.config import CoreConfig, option
+from trainscale.config import MAX_WAIT_S, CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
 from trainscale.modes.fault_tolerance import (
@@ -76,7 +76,8 @@ class SyncConfig(FaultConfig, CompressionConfig, CoreConfig):
                                    "costs at most the step in flight, survivors go on, it is restarted and heals "
                                    "from a peer (--max-restarts per replica; 0 means 5)")
     ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
-                               "before the step is dropped and the quorum goes on without it")
+                               "before the step is dropped and the quorum goes on without it",
+                               at_most=MAX_WAIT_S)
 
 
 @register_mode("sync")

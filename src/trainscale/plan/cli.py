@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import ClusterSpec, Device, load_device
+from trainscale.io import check_output, dumps, save_figure
+from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
 from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
@@ -65,12 +65,15 @@ def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]
         if not eq or key not in ("workers", "bandwidth"):
             raise ConfigError(f"--sweep {item!r}: expected workers=1,2,4 or bandwidth=100mbit,1gbit")
         axes[key] = [v.strip() for v in values.split(",") if v.strip()]
+        if not axes[key]:
+            raise ConfigError(f"--sweep {item!r}: give at least one value, e.g. {key}=" + (
+                "1,2,4" if key == "workers" else "100mbit,1gbit"))
     try:
         workers = [int(w) for w in axes.get("workers", [str(setting.workers)])]
     except ValueError:
         raise ConfigError(f"--sweep workers={','.join(axes['workers'])}: whole numbers, e.g. 1,2,4,8") from None
-    if any(w < 1 for w in workers):
-        raise ConfigError("--sweep workers: every count must be at least 1")
+    if any(not 1 <= w <= MAX_COUNT for w in workers):
+        raise ConfigError(f"--sweep workers: every count must be 1 to {MAX_COUNT}")
     bandwidths = axes.get("bandwidth", [format_rate(int(setting.link.bandwidth * 8))])
     for text in bandwidths:
         with_bandwidth(setting, text)  # a bad rate fails here, before any table
@@ -114,6 +117,17 @@ def print_sweep(result: dict[str, Any], setting: Setting) -> None:
                                                  ("below", "bandwidth", str)]))
 
 
+def check_plot(path: Path) -> None:
+    """``--plot``: a file trainscale may write, in a format matplotlib draws (its suffix; none: PNG)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    kind = path.suffix.lstrip(".").lower()
+    if kind and kind not in kinds:
+        raise ConfigError(f"--plot {path}: cannot draw .{kind} files; use one of .{', .'.join(sorted(kinds))}")
+    check_output(path, "--plot", probe=True)
+
+
 def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib
 
@@ -128,11 +142,10 @@ def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.legend(title="link")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list[dict[str, Any]]:
@@ -171,6 +184,8 @@ def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
 
 
 def run_plan(cfg: PlanConfig) -> int:
+    if cfg.sweep:
+        check_plot(Path(cfg.plot))
     profile = load_profile(cfg.profile)
     check_profile_model(cfg, profile)
     setting, cluster, origin = setting_from(cfg, profile)
@@ -183,7 +198,7 @@ def run_plan(cfg: PlanConfig) -> int:
     if cluster is not None and cluster.published:
         result["published"] = projection(profile, setting, cluster)
     if cfg.json:
-        print(json.dumps(result, indent=2))
+        print(dumps(result), end="")  # NaN/inf as null: the output stays JSON every reader parses
     else:
         print_plan(profile, setting, prediction, origin)
         if cfg.sweep:

@@ -9,6 +9,7 @@ as a path first, then in ``./configs/<kind>/`` and in the checkout's ``configs/<
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from trainscale.plan.costs import Link
 from trainscale.runtime.cluster import parse_rate
 
 FASTEST_LINK = 10_000_000_000_000  # 10 Tbit/s: above any NVLink generation
+MAX_COUNT = 2**20  # hosts, devices, workers or images a plan may count: far beyond any cluster planned
 _LATENCY_RE = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|ms|s)$")
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 CHECKOUT_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -89,6 +91,8 @@ def find_file(name: str, kind: str) -> Path:
     if direct.suffix == ".toml" or direct.parent != Path("."):
         if direct.is_file():
             return direct
+        if direct.exists():
+            raise ConfigError(f"{kind[:-1]} file {name} is not a file; give a .toml file")
         raise ConfigError(f"{kind[:-1]} file {name} not found")
     for root in (Path("configs"), CHECKOUT_CONFIGS):
         if (root / kind / f"{name}.toml").is_file():
@@ -97,47 +101,111 @@ def find_file(name: str, kind: str) -> Path:
     raise ConfigError(f"unknown {kind[:-1]} {name!r}; known: {', '.join(known) or 'none'} (or give a .toml path)")
 
 
-def _require(raw: dict[str, Any], key: str, where: str) -> Any:
-    if key not in raw:
-        raise ConfigError(f"{where}: missing key {key!r}")
-    return raw[key]
+_HEADER_RE = re.compile(r"^\s*\[")
+_NAMES = {str: "text", int: "a whole number", float: "a number", dict: "a table", list: "an array"}
 
 
-def _positive(value: Any, what: str) -> Any:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{what} must be a positive number, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class _Table:
+    """One table of a device or cluster file with where it is, so every problem is one line naming the file,
+    the line (where TOML gives one: a key written as ``key = value`` under its header), the table and the key."""
+
+    path: Path
+    text: str
+    raw: dict[str, Any]
+    header: str = ""  # "[link.inter]", "[[published]]"; "" for the top level
+    nth: int = 0  # which [[header]] of an array of tables
+
+    def where(self, key: str | None = None) -> str:
+        lines = self.text.splitlines()
+        heads = [i for i, line in enumerate(lines) if line.strip().split("#")[0].strip() == self.header]
+        start = (heads[self.nth] + 1) if self.header and self.nth < len(heads) else 0
+        found = start if self.header and start else None
+        for i in range(start, len(lines)):
+            if _HEADER_RE.match(lines[i]):
+                break
+            if key is not None and re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
+                found = i + 1
+                break
+        table = f" {self.header}" + (f" #{self.nth + 1}" if self.header.startswith("[[") else "") if self.header \
+            else ""
+        return f"{self.path}{f':{found}' if found else ''}:{table}" + (f" key {key!r}" if key else "")
+
+    def get(self, key: str, kind: type, default: Any = ..., positive: bool = False) -> Any:
+        """``key``'s value, of type ``kind`` (an int is a float too), finite and, with ``positive``, > 0;
+        ``default`` when absent, else absence is an error."""
+        if key not in self.raw:
+            if default is ...:
+                raise ConfigError(f"{self.where()} missing key {key!r}")
+            return default
+        value = self.raw[key]
+        numeric = kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (numeric and (kind is float or isinstance(value, int)) or kind not in (int, float)
+                and isinstance(value, kind)):
+            raise ConfigError(f"{self.where(key)} must be {_NAMES[kind]}, got {ascii(value)[:60]}")
+        if numeric and not (math.isfinite(value) and (value > 0 or not positive)):
+            raise ConfigError(f"{self.where(key)} must be a {'positive' if positive else 'finite'} number, got "
+                              f"{value}")
+        if kind is int and numeric and value > MAX_COUNT:
+            raise ConfigError(f"{self.where(key)} must be at most {MAX_COUNT}, got {value}")
+        return float(value) if kind is float else value
+
+    def table(self, key: str, header: str) -> _Table | None:
+        value = self.get(key, dict, None)
+        return None if value is None else _Table(self.path, self.text, value, header)
+
+    def tables(self, key: str) -> list[_Table]:
+        rows = self.get(key, list, [])
+        if not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"{self.where(key)} must be an array of tables ([[{key}]]), got {ascii(rows)[:60]}")
+        return [_Table(self.path, self.text, r, f"[[{key}]]", i) for i, r in enumerate(rows)]
+
+
+def _read(path: Path, kind: str) -> _Table:
+    text, raw = read_toml(path, kind)
+    return _Table(path, text, raw)
 
 
 def load_device(name: str) -> Device:
     path = find_file(name, "devices")
-    _, raw = read_toml(path, "device file")
-    rows = []
-    for i, t in enumerate(raw.get("throughput", [])):
-        where = f"{path} [[throughput]] #{i + 1}"
-        rows.append(Throughput(str(_require(t, "model", where)), int(_positive(_require(t, "batch_size", where),
-                                                                                  f"{where} batch_size")),
-                               float(_positive(_require(t, "images_per_sec", where), f"{where} images_per_sec")),
-                               str(t.get("precision", "fp32")), str(_require(t, "source", where))))
-    return Device(str(raw.get("name", path.stem)), str(raw.get("description", "")), tuple(rows))
+    top = _read(path, "device file")
+    rows = [Throughput(t.get("model", str), t.get("batch_size", int, positive=True),
+                       t.get("images_per_sec", float, positive=True), t.get("precision", str, "fp32"),
+                       t.get("source", str)) for t in top.tables("throughput")]
+    return Device(top.get("name", str, path.stem), top.get("description", str, ""), tuple(rows))
 
 
-def _link(raw: dict[str, Any] | None, where: str) -> Link | None:
-    if raw is None:
+def _link(table: _Table | None) -> Link | None:
+    if table is None:
         return None
-    return parse_link(str(_require(raw, "bandwidth", where)), str(raw.get("latency", "0us")), f"{where} bandwidth")
+    bandwidth, latency = table.get("bandwidth", str), table.get("latency", str, "0us")
+    return parse_link(bandwidth, latency, table.where("bandwidth"))
+
+
+PUBLISHED_NUMBERS = {"batch_size": int, "devices": int, "images_per_sec": float}  # required, > 0
+PUBLISHED_OPTIONAL = {"hosts": int, "workers_per_host": int, "global_batch_size": int, "seconds_per_epoch": float}
+
+
+def _published(row: _Table) -> dict[str, Any]:
+    """One published figure, its numbers checked (> 0, whole where they count) and its hosts fitting its devices."""
+    values = {**row.raw, "model": row.get("model", str), "mode": row.get("mode", str),
+              "source": row.get("source", str, "")}
+    values.update({k: row.get(k, kind, positive=True) for k, kind in PUBLISHED_NUMBERS.items()})
+    values.update({k: row.get(k, kind, None, positive=True) for k, kind in PUBLISHED_OPTIONAL.items() if k in row.raw})
+    if values.get("hosts", 1) > values["devices"]:
+        raise ConfigError(f"{row.where('hosts')} is {values['hosts']}, more than its {values['devices']} devices")
+    return values
 
 
 def load_cluster(name: str) -> ClusterSpec:
     path = find_file(name, "clusters")
-    _, raw = read_toml(path, "cluster file")
-    links = raw.get("link", {})
-    spec = ClusterSpec(str(raw.get("name", path.stem)), str(raw.get("description", "")),
-                       int(_positive(_require(raw, "hosts", str(path)), f"{path}: hosts")),
-                       int(_positive(raw.get("devices_per_host", 1), f"{path}: devices_per_host")),
-                       raw.get("device"), _link(links.get("inter"), f"{path} [link.inter]"),
-                       _link(links.get("intra"), f"{path} [link.intra]"), tuple(raw.get("published", [])),
-                       str(raw.get("source", "")))
+    top = _read(path, "cluster file")
+    links = top.table("link", "[link]") or _Table(path, top.text, {}, "[link]")
+    device = top.get("device", str, None)
+    spec = ClusterSpec(top.get("name", str, path.stem), top.get("description", str, ""),
+                       top.get("hosts", int, positive=True), top.get("devices_per_host", int, 1, positive=True),
+                       device, _link(links.table("inter", "[link.inter]")), _link(links.table("intra", "[link.intra]")),
+                       tuple(_published(row) for row in top.tables("published")), top.get("source", str, ""))
     if spec.hosts > 1 and spec.inter is None:
         raise ConfigError(f"{path}: {spec.hosts} hosts need a [link.inter] with a bandwidth")
     if spec.devices_per_host > 1 and spec.intra is None:

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import ClusterSpec, load_cluster, load_device, parse_link
+from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_link
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.predict import MODES, Setting
 from trainscale.plan.profile import Profile
@@ -22,17 +22,18 @@ class PlanConfig(Section):
                           "coding times)")
     model: str | None = option(None, "the model the plan is for; refused if the profile measured another")
     cluster: str | None = option(None, "a cluster file: a name in configs/clusters (e.g. pslite-gtx980) or a path")
-    hosts: int | None = option(None, "hosts, without --cluster")
-    workers_per_host: int = option(1, "workers (devices) per host, without --cluster")
+    hosts: int | None = option(None, "hosts, without --cluster", at_least=1, at_most=MAX_COUNT)
+    workers_per_host: int = option(1, "workers (devices) per host, without --cluster", at_least=1, at_most=MAX_COUNT)
     bandwidth: str | None = option(None, "link rate between hosts, tc's units: 100mbit, 1gbit, 10gbit")
     latency: str = option("0us", "one-way latency per message between hosts: 50us, 1ms")
     intra_bandwidth: str = option("10000gbit", "link rate between the workers of one host (default: no limit)")
     device: str | None = option(None, "plan for this device (configs/devices) instead of this machine's profile")
-    device_step_ms: float | None = option(None, "or give the target device's step time in ms at the profile's batch")
+    device_step_ms: float | None = option(None, "or give the target device's step time in ms at the profile's batch",
+                                          above=0)
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
-    sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)")
-    servers: int = option(1, "parameter-server shards per host (on one host: in all)")
+    sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)", at_least=1)
+    servers: int = option(1, "parameter-server shards per host (on one host: in all)", at_least=1)
     sweep: list[str] = option([], "workers=1,2,4,8 bandwidth=100mbit,1gbit,10gbit: a table over both, the "
                               "crossover bandwidth of every profiled compressor, and a plot")
     plot: str = option("plan_sweep.png", "where --sweep draws scaling efficiency against workers")

@@ -14,9 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
@@ -28,7 +31,7 @@ from torch import nn
 from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text
+from trainscale.io import atomic_write_text, check_output
 from trainscale.models import create_model, list_models, model_info
 from trainscale.plan.methods import MethodSpec, parse_spec
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
@@ -152,13 +155,81 @@ def load_profile(path: str | Path) -> Profile:
         raise ConfigError(f"--profile {path}: no such file; make one with trainscale profile --out {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ConfigError(f"--profile {path}: not JSON; make one with trainscale profile --out {path}") from None
+    except OSError as exc:  # a folder, a FIFO's error, no permission
+        raise ConfigError(f"--profile {path}: cannot be read ({exc.strerror or exc}); give a profile file") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ConfigError(f"--profile {path}: not a trainscale profile ({FORMAT}); make one with trainscale profile")
     try:
-        return _profile_from(raw)
+        profile = _profile_from(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--profile {path}: damaged ({type(exc).__name__}: {exc}); make it again with "
                           f"trainscale profile") from None
+    problem = profile_problem(profile)
+    if problem:
+        raise ConfigError(f"--profile {path}: {problem}; make it again with trainscale profile")
+    return profile
+
+
+def profile_problem(profile: Profile) -> str | None:
+    """What is wrong with a profile read back (None when nothing): every field of the type it is declared
+    with, every number finite and >= 0, and a step that takes time (the planner divides by it)."""
+    problem = _field_problem(profile, "")
+    if problem:
+        return problem
+    if not profile.compute_seconds > 0 or profile.batch_size < 1:
+        return f"its step takes {profile.compute_seconds} s at batch {profile.batch_size}, which plans nothing"
+    bad = next((f"{name}.repeats" for name, t in _timings(profile) if t.repeats < 1), None)
+    return f"{bad} is below 1" if bad else None
+
+
+def _timings(profile: Profile) -> list[tuple[str, Timing]]:
+    return [*((n, getattr(profile, n)) for n in ("data", "forward", "backward", "optimizer")),
+            *((f"compressors.{k}.{n}", getattr(c, n)) for k, c in profile.compressors.items() for n in ("encode",
+                                                                                                       "decode"))]
+
+
+def _field_problem(obj: Any, prefix: str) -> str | None:
+    """The first field of dataclass ``obj`` whose value does not fit its declared type (numbers finite and
+    >= 0), named by its path in the file, with the value found."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name
+        problem = _value_problem(hints[f.name], value, name)
+        if problem:
+            return problem
+    return None
+
+
+def _value_problem(hint: Any, value: Any, name: str) -> str | None:
+    if dataclasses.is_dataclass(hint):
+        return _field_problem(value, name + ".")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return None if value is None else _value_problem(next(a for a in args if a is not type(None)), value, name)
+    if origin is list:
+        inner = args[0]
+        if typing.get_origin(inner) is tuple and isinstance(value, list):  # JSON's tuples are lists
+            return next((f"{name} holds {ascii(v)[:40]}, not a [kind, bytes] pair" for v in value if not (
+                len(v) == 2 and isinstance(v[0], str) and _number_problem(int, v[1], name) is None)), None)
+        if not isinstance(value, list):
+            return f"{name} must be a list, got {ascii(value)[:40]}"
+        return next((p for i, v in enumerate(value) if (p := _value_problem(inner, v, f"{name}[{i}]"))), None)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{name} must be an object, got {ascii(value)[:40]}"
+        return next((p for k, v in value.items() if (p := _value_problem(args[1], v, f"{name}.{k}"))), None)
+    return _number_problem(hint, value, name)
+
+
+def _number_problem(hint: Any, value: Any, name: str) -> str | None:
+    if hint is str:
+        return None if isinstance(value, str) else f"{name} must be text, got {ascii(value)[:40]}"
+    if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int if hint is int else (int, float)):
+            return f"{name} must be a {'whole ' if hint is int else ''}number, got {ascii(value)[:40]}"
+        if not (math.isfinite(value) and value >= 0):
+            return f"{name} must be a finite number >= 0, got {value}"
+    return None
 
 
 def _profile_from(raw: dict[str, Any]) -> Profile:
@@ -391,6 +462,7 @@ def profile_command(cfg: ProfileConfig) -> Profile:
     out = Path(cfg.out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name such as {out / 'profile.json'}")
+    check_output(out, "--out", probe=True)  # before the minutes of profiling, not after
     with limits(cfg):
         profile = measure(cfg, specs)
     atomic_write_text(out, profile.to_json() + "\n")

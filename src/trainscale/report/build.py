@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
-from trainscale.io import check_folder_writable
+from trainscale.io import atomic_write_text, check_folder_writable, check_output
 from trainscale.record import K
 from trainscale.report.aggregate import Partition, partitions
 from trainscale.report.collect import Collection, RunRecord, collect
@@ -55,8 +55,8 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
                     [_section(p, i, len(parts), out, profiles) for i, p in enumerate(parts, start=1)],
                     problems(collection.records))
     write_csv(out / "results.csv", csv_rows(collection.records, parts))
-    (out / "results.md").write_text(render_markdown(report))
-    (out / "index.html").write_text(render_html(report))
+    atomic_write_text(out / "results.md", render_markdown(report))
+    atomic_write_text(out / "index.html", render_html(report))
     report.files = [out / name for name in OUTPUTS] + [p for s in report.sections for p in s.plots.values()]
     log.info("report of %d run(s) in %d environment(s) written to %s", len(collection.records), len(parts), out)
     return report
@@ -69,6 +69,7 @@ def _prepare_out(out: Path) -> None:
     check_folder_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     for old in [*(out / n for n in OUTPUTS), *out.glob("*.png")]:
+        check_output(old, "--out")  # only files are replaced or removed, never a device, FIFO or folder
         old.unlink(missing_ok=True)
 
 

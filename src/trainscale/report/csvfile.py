@@ -5,10 +5,12 @@ check any number in the tables against its run without opening JSON files."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+from trainscale.io import atomic_write_text
 from trainscale.record import K
 from trainscale.report.aggregate import Partition, run_throughput
 from trainscale.report.collect import RunRecord
@@ -55,11 +57,12 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     columns = list(LEAD)
     for row in rows:
         columns += [k for k in row if k not in columns]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(v) for k, v in row.items()})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    atomic_write_text(path, text.getvalue())
 
 
 def _cell(value: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from trainscale.io import save_figure
 from trainscale.plan.check import Check, check_run, key_of_profile, mean_absolute_error
 from trainscale.plan.methods import MethodSpec
 from trainscale.plan.predict import crossover, crossover_text
@@ -70,7 +71,7 @@ def planned_plot(part: Partition, profiles: Profiles, path: Path) -> Path | None
            title=f"planner against {len(done)} runs (MAPE {100 * mean_absolute_error(done):.1f}%)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

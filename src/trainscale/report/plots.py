@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from trainscale.io import save_figure  # noqa: E402
 from trainscale.record import K  # noqa: E402
 from trainscale.report.aggregate import (  # noqa: E402
     GROUP_EXCLUDE,
@@ -74,7 +75,7 @@ def _save(path: Path, draw: Callable[[Axes], None]) -> Path:
     try:
         draw(ax)
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -85,7 +86,7 @@ def _save_pair(path: Path, draw: Callable[[Sequence[Axes]], None]) -> Path:
     try:
         draw(axes)
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -96,7 +97,7 @@ def _save_row(path: Path, panels: int, draw: Callable[[list[Axes]], None]) -> Pa
     try:
         draw(list(axes[0]))
         fig.tight_layout()
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.io import atomic_write_text
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -44,7 +45,7 @@ CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
 CFS_PERIOD_US = 100_000
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9-]{{0,{MAX_NAME - 1}}}")  # fullmatch: no trailing newline
 _NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
 _OWN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
@@ -56,8 +57,10 @@ class CommandError(TrainscaleError):
 
 
 def validate_name(name: str) -> str:
-    """Cluster names become namespace names and file names: letters, digits and '-', at most 16 characters."""
-    if not (_NAME_RE.match(name) and len(name) <= MAX_NAME):
+    """Cluster names become namespace, CPU group and /etc/netns folder names (``tsc-NAME-h63``: 24 characters at
+    most): ASCII letters, digits and '-', at most 16 characters, nothing else (a newline or '/' would leave
+    debris that neither ``status`` nor ``down`` can name)."""
+    if not (isinstance(name, str) and _NAME_RE.fullmatch(name)):
         raise ConfigError(f"cluster name must be 1-{MAX_NAME} letters, digits or '-' (not starting with '-'), "
                           f"got {name!r}")
     return name
@@ -240,10 +243,15 @@ def destroy(name: str) -> list[str]:
         namespaces = trainscale_namespaces().get(name, [])
         for ns in namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        _remove_groups(sorted(CGROUP_CPU.glob(f"{PREFIX}{name}-h*")) if CGROUP_CPU.is_dir() else [], wait_s=0)
-        for folder in NETNS_ETC.glob(f"{PREFIX}{name}-h*"):
+        _remove_groups(_of(name, CGROUP_CPU.glob(f"{PREFIX}{name}-h*")) if CGROUP_CPU.is_dir() else [], wait_s=0)
+        for folder in _of(name, NETNS_ETC.glob(f"{PREFIX}{name}-h*")):
             shutil.rmtree(folder, ignore_errors=True)
     return namespaces
+
+
+def _of(name: str, paths: Iterator[Path]) -> list[Path]:
+    """The paths of cluster ``name`` itself: ``tsc-a-h*`` also matches cluster ``a-h1``'s ``tsc-a-h1-h0``."""
+    return sorted(p for p in paths if (m := _NS_RE.match(p.name)) and m.group(1) == name)
 
 
 def hosts_text(cluster: Cluster, index: int, own_name: str | None = None) -> str:
@@ -266,7 +274,7 @@ def hosts_text(cluster: Cluster, index: int, own_name: str | None = None) -> str
 def write_hosts_file(cluster: Cluster, index: int) -> None:
     folder = NETNS_ETC / host_ns(cluster.name, index)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts").write_text(hosts_text(cluster, index, socket.gethostname()))
+    atomic_write_text(folder / "hosts", hosts_text(cluster, index, socket.gethostname()))
 
 
 def create(cluster: Cluster) -> None:

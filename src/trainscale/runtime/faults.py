@@ -181,7 +181,7 @@ class FaultConfig(Section):
                                             "link = cut RANK's host off an emulated cluster (--cluster, "
                                             "--fault-tolerance) for --link-down seconds")
     link_down: float = option(DEFAULT_LINK_DOWN_S, "seconds a link:... fault keeps the host's link down before "
-                              "it is plugged back in")
+                              "it is plugged back in (at most an hour)", above=0, at_most=3600)
 
 
 def injected_faults(cfg: FaultConfig) -> list[InjectedFault]:

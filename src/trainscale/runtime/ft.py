@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
+from trainscale.io import open_regular
 from trainscale.runtime.dist import restart_count
 
 REPLICA_ENV = "TRAINSCALE_FT_REPLICA"  # this replica's index, 0..replicas-1
@@ -172,7 +173,7 @@ def log_event(event: str, **fields: Any) -> None:
     if not path:
         return
     line = json.dumps({"event": event, "time": time.time(), "replica": replica(), **fields}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_regular(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())
     finally:

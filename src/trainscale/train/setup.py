@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from trainscale.data import AugmentConfig, ImageTensors, load_dataset
+from trainscale.data.checksums import ChecksumError
 from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
@@ -69,10 +70,14 @@ def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, int]:
 
 
 def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
+    """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes."""
     size = cfg.image_size if cfg.dataset == "synthetic" else None
     common = dict(data_dir=cfg.data_dir, verify=cfg.verify, download=cfg.download, image_size=size)
-    train = load_dataset(cfg.dataset, train=True, **common, **synthetic_size(cfg, cfg.train_subset))
-    test = load_dataset(cfg.dataset, train=False, **common, **synthetic_size(cfg, cfg.test_subset))
+    try:
+        train = load_dataset(cfg.dataset, train=True, **common, **synthetic_size(cfg, cfg.train_subset))
+        test = load_dataset(cfg.dataset, train=False, **common, **synthetic_size(cfg, cfg.test_subset))
+    except ChecksumError as exc:
+        raise ChecksumError(f"{exc}, or train without the check (--no-verify)") from None
     if cfg.train_subset:
         train = train.subset(cfg.train_subset)
     if cfg.test_subset:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainscale.compression.config import CompressionConfig
-from trainscale.config import CoreConfig, option
+from trainscale.config import MAX_WAIT_S, CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults, job_processes
 
@@ -35,9 +35,11 @@ class PSConfig(FaultConfig, CompressionConfig, CoreConfig):
     staleness_lr: bool = option(True, "async: scale each pushed gradient by 1/(1 + its staleness), the updates "
                                 "applied since its worker pulled (Zhang et al. 2016; default on)")
     warm_start_epochs: int = option(0, "train on the main worker alone for the first E epochs (default 0)")
-    rpc_timeout: float = option(300.0, "seconds a push or pull may take before the worker stops with an error")
+    rpc_timeout: float = option(300.0, "seconds a push or pull may take before the worker stops with an error",
+                                at_most=MAX_WAIT_S)
     heartbeat_timeout: float = option(10.0, "seconds a worker may leave the servers' ping unanswered before they "
-                                      "drop it (a hung worker) and hand its batches to the others")
+                                      "drop it (a hung worker) and hand its batches to the others",
+                                      at_most=MAX_WAIT_S)
 
 
 def parse_async_momentum(text: str) -> float | None:
