@@ -1,5 +1,6 @@
 """`trainscale train --mode async|ps-sync --compress ...`: compressed pushes end to end, bytes measured exactly."""
 
+import itertools
 import json
 import math
 
@@ -38,7 +39,7 @@ def units_at(sizes: tuple[int, ...], shards: int) -> list[int]:
     units, start = [], 0
     for size in sizes:
         edges = [start, *(c for c in cuts if start < c < start + size), start + size]
-        units += [b - a for a, b in zip(edges, edges[1:])]
+        units += [b - a for a, b in itertools.pairwise(edges)]
         start += size
     return units
 

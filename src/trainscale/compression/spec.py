@@ -18,8 +18,13 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from trainscale.compression.base import Compressor, canonical_method, compressor_params, create_compressor
-from trainscale.compression.base import list_compressors
+from trainscale.compression.base import (
+    Compressor,
+    canonical_method,
+    compressor_params,
+    create_compressor,
+    list_compressors,
+)
 from trainscale.compression.ddp_hook import GRANULARITIES, CompressionHookState, canonical_granularity
 from trainscale.errors import ConfigError
 

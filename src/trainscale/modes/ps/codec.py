@@ -16,7 +16,8 @@ computed from the all-reduced first one) have no parameter-server form: workers 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

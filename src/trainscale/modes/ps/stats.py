@@ -129,6 +129,7 @@ def summary_line(summary: dict[str, Any]) -> str:
                  f"{summary['bytes_pulled_per_step'] / 2**20:.2f} MiB pulled per worker step")
     method = summary.get("compress_method") or "none"
     if method != "none" and summary.get("bytes_per_push"):
-        text += (f"; {method} pushes of {summary['bytes_per_push']:,.0f} bytes"
-                 + (f" ({summary['compression_ratio']:.1f}x less than fp32)" if summary.get("compression_ratio") else ""))
+        ratio = summary.get("compression_ratio")
+        text += f"; {method} pushes of {summary['bytes_per_push']:,.0f} bytes"
+        text += f" ({ratio:.1f}x less than fp32)" if ratio else ""
     return text
