@@ -14,7 +14,7 @@ from trainscale.compression.spec import CompressionSpec
 from trainscale.errors import ConfigError
 from trainscale.modes.ps.codec import PushCodec, codec_spec, decode_push, payload_nbytes, push_compressor
 from trainscale.modes.ps.membership import Membership
-from trainscale.modes.ps.mode import ParameterServerMode, Role, unit_sizes
+from trainscale.modes.ps.mode import ParameterServerMode, Role, servers_momentum_for, unit_sizes
 from trainscale.modes.ps.server import Rule, ShardServer
 from trainscale.modes.ps.shards import shard_bounds, split
 from trainscale.modes.ps.stats import epoch_row, merge_server_stats
@@ -82,10 +82,14 @@ def test_powersgd_has_no_parameter_server_form_and_says_why():
         push_compressor(CompressionSpec("powersgd", "entire"))
 
 
-def test_dgc_pushes_are_accepted():
+def test_dgc_pushes_are_accepted_and_switch_the_servers_momentum_off():
     model = small_model()
     codec = ps_mode("async", compress="dgc", ratio=0.01).push_codec(model, list(model.parameters()))
     assert codec.compressor.replaces_optimizer_momentum and codec.feedback is None  # DGC keeps its own residual
+    rule = Rule("async", momentum=0.4, nesterov=True)
+    assert servers_momentum_for(rule, codec) == Rule("async", momentum=0.0, nesterov=False)
+    topk = ps_mode("async", compress="topk", ratio=0.01).push_codec(model, list(model.parameters()))
+    assert servers_momentum_for(rule, topk) is rule and servers_momentum_for(rule, None) is rule
 
 
 # --- compressed pushes: round trip with error feedback ---------------------------------------------------

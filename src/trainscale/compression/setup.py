@@ -35,6 +35,7 @@ def ddp_kwargs(plan: CompressionSpec, model: nn.Module) -> dict[str, Any]:
 def validate_compression(cfg: CompressionConfig, seed: int, epochs: int) -> CompressionSpec:
     """The method exists and takes the given parameters with valid values; the warm-up fits the run."""
     plan = plan_from_config(cfg, seed)
+    plan.warn_if_unwise()
     if not 0 <= cfg.compress_warmup_epochs < epochs:
         raise ConfigError(f"--compress-warmup-epochs must be in [0, epochs={epochs}), "
                           f"got {cfg.compress_warmup_epochs}")

@@ -115,11 +115,15 @@ class CompressionSpec:
         if "seed" in accepted and seed is not None:
             params["seed"] = seed
         spec = cls(method, granularity, params, bool(cfg.error_feedback), int(cfg.compress_warmup_epochs))
-        if spec.compressor().noisy and spec.error_feedback:  # bad values fail here, before any worker starts
+        spec.compressor()  # bad values fail here, before any worker starts
+        return spec
+
+    def warn_if_unwise(self) -> None:
+        """Log what the settings' own checks cannot refuse but a user should know (once, at validation)."""
+        if self.error_feedback and self.compressor().noisy:
             log.warning("--error-feedback with %s: an unbiased stochastic quantiser's error can exceed its input, "
                         "and fed back it grows from step to step (training may diverge); leave error feedback off, "
-                        "or use more levels and smaller buckets", method)
-        return spec
+                        "or use more levels and smaller buckets", self.method)
 
     @classmethod
     def parse(cls, text: str) -> CompressionSpec:

@@ -180,10 +180,7 @@ class ParameterServerMode(Mode):
                                   self.cfg.rpc_timeout, codec)
         rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness),
                                                        codec=codec.spec if codec is not None else None))
-        if codec is not None and codec.compressor.replaces_optimizer_momentum and rule.momentum:
-            rule = dataclasses.replace(rule, momentum=0.0, nesterov=False)
-            log.info("%s: the servers' momentum off (its momentum correction on the workers replaces it)",
-                     codec.spec.method)
+        rule = servers_momentum_for(rule, codec)
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
                                      injected_slowdown(self.role_info.index), self._fault())
         self.optimizer.start()
@@ -331,6 +328,15 @@ class ParameterServerMode(Mode):
         """The compression keys sync mode reports (``compress_method``, ...), for the pushes."""
         codec = self.client.codec if self.client is not None else None
         return codec.spec.describe() if codec is not None else {"compress_method": "none"}
+
+
+def servers_momentum_for(rule: Rule, codec: PushCodec | None) -> Rule:
+    """``rule`` with the servers' momentum off where the compressor applies momentum itself on the workers (DGC's
+    momentum correction; sync mode switches the optimizer's off alike), else unchanged."""
+    if codec is None or not codec.compressor.replaces_optimizer_momentum or not rule.momentum:
+        return rule
+    log.info("%s: the servers' momentum off (its momentum correction on the workers replaces it)", codec.spec.method)
+    return dataclasses.replace(rule, momentum=0.0, nesterov=False)
 
 
 def unit_sizes(model: nn.Module, params: list[torch.Tensor]) -> list[tuple[str, int]]:
