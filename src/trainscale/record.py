@@ -173,6 +173,8 @@ class K:
     server_update_seconds_per_update = Key("server_update_seconds_per_update", float, S, "per shard update", BOTH)
     bytes_pushed_per_step = Key("bytes_pushed_per_step", float, BYTES, "a worker's push payload per step", BOTH)
     bytes_pulled_per_step = Key("bytes_pulled_per_step", float, BYTES, "a worker's pull payload per step", BOTH)
+    bytes_per_push = Key("bytes_per_push", float, BYTES, "a compressed push's payload (--compress)", BOTH)
+    dense_bytes_per_push = Key("dense_bytes_per_push", float, BYTES, "the same push in fp32", BOTH)
     push_seconds_per_step = Key("push_seconds_per_step", float, S, "a worker's push time per step", BOTH)
     pull_seconds_per_step = Key("pull_seconds_per_step", float, S, "a worker's pull time per step", BOTH)
     wait_seconds_per_step = Key("wait_seconds_per_step", float, S, "a worker's wait for the staleness bound", BOTH)

@@ -7,6 +7,8 @@ the method has any), so DDP hooks, manual reducers and parameter servers share t
 
 Entry points:
 
+* ``CompressionSpec``: the one description of a run's compression (method, parameters, granularity, error
+  feedback, warm-up), read once from the flags or the planner's text; every user below builds from it.
 * ``make_reducer(model, method, granularity, error_feedback=..., **params)``: what a training loop
   calls (hook for DDP models, manual ``.reduce()`` after backward otherwise).
 * ``CompressionHookState`` + ``compression_hook``: the standard DDP comm hook for your own loop.
@@ -34,15 +36,18 @@ from trainscale.compression.ddp_hook import (
 from trainscale.compression.exchange import Exchange
 from trainscale.compression.feedback import ErrorFeedback
 from trainscale.compression.reducer import HookReducer, ManualReducer, Reducer, make_reducer
+from trainscale.compression.spec import FLAG_PARAMS, CompressionSpec
 from trainscale.compression.stats import CompressionStats
 
 __all__ = [
     "COMPRESSORS",
     "GRANULARITIES",
     "CompressionHookState",
+    "CompressionSpec",
     "CompressionStats",
     "Compressor",
     "ErrorFeedback",
+    "FLAG_PARAMS",
     "Exchange",
     "HookReducer",
     "ManualReducer",

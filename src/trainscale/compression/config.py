@@ -1,4 +1,5 @@
-"""The compression section of the configuration (its checks: ``setup.validate_compression``).
+"""The compression section of the configuration (read into one ``spec.CompressionSpec``; its checks:
+``setup.validate_compression``).
 
 Seed 004 (the layer-wise compression study) spells some settings differently, and both spellings work:
 ``--method topk`` for ``--compress topk``, ``--compress layerwise`` / ``entiremodel`` for
@@ -15,7 +16,7 @@ from trainscale.config import Section, option
 
 @dataclass
 class CompressionConfig(Section):
-    TITLE: ClassVar[str] = "compressed communication (sync mode)"
+    TITLE: ClassVar[str] = "compressed communication (sync, localsgd, diloco; parameter-server pushes)"
 
     compress: str = option("none", "none, fp16, bf16, randomk, topk, threshold, terngrad, qsgd, signsgd, "
                            "efsignsgd, powersgd, dgc (or the layer-wise compression study's layerwise/entiremodel, "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainscale.compression.config import CompressionConfig
-from trainscale.compression.setup import plan_from_config
+from trainscale.compression.spec import CompressionSpec
 from trainscale.modes.localsgd import DEFAULT_SYNC_EVERY
 from trainscale.plan.costs import Link
 from trainscale.plan.methods import MethodSpec
@@ -44,9 +44,7 @@ class Check:
 def method_spec(config: dict[str, Any]) -> MethodSpec:
     """The compressor a run used, as the profile names it (a rounding seed is no part of its cost)."""
     section = CompressionConfig(**{k: config[k] for k in COMPRESSION_KEYS if config.get(k) is not None})
-    plan = plan_from_config(section, 0)
-    params = {k: v for k, v in plan.params.items() if k != "seed"}
-    return MethodSpec(plan.method, plan.granularity, params)
+    return CompressionSpec.from_config(section)  # no seed: the profile's key leaves it out
 
 
 def setting_for_run(config: dict[str, Any], summary: dict[str, Any]) -> Setting | None:

@@ -5,7 +5,8 @@ previous one; what ends after backward is exposed, the rest is hidden. Layer-wis
 bucket inside its hook, on the backward thread (encode delays the rest of backward), and decode when
 its collective lands; entire-model ones code once after backward, with nothing to overlap. All-gather
 methods decode every worker's payload. The parameter server (push, then pull, after backward) is bound
-by the host links that carry the shards' traffic; asynchronous workers also share their host's link
+by the host links that carry the shards' traffic (pushes carry the compressor's payload, encoded by the worker
+and decoded by the servers; pulls the fp32 parameters); asynchronous workers also share their host's link
 with the server's replies to the other hosts, which a processor-sharing queue models: with o seconds of
 others' traffic per step, step = c + own x step / (step - o). Local SGD and DiLoCo exchange the model
 every H steps. Everything is per worker and per step; the device's compute is this machine's (the
@@ -159,13 +160,13 @@ def _sync(profile: Profile, setting: Setting) -> _Step:
     return _Step(exposed, wire, encode, decode, _link_bytes(collectives, setting.workers))
 
 
-def _ps_bytes(profile: Profile, setting: Setting) -> float:
-    return float(sum(n for _, n in _collectives(profile, setting.spec)))
+def _ps_bytes(profile: Profile, setting: Setting) -> tuple[float, float]:
+    """(push, pull) bytes per worker step: pushes carry the compressor's payload, pulls the fp32 parameters."""
+    return float(sum(n for _, n in _collectives(profile, setting.spec))), float(profile.gradient_bytes)
 
 
-def _push(profile: Profile, setting: Setting) -> float:
+def _transfer(nbytes: float, setting: Setting) -> float:
     """One push (or pull): one host's workers to shards in host memory, or shards spread over the hosts."""
-    nbytes = _ps_bytes(profile, setting)
     if setting.hosts == 1:
         link = setting.intra or Link(math.inf)
         return parameter_server(nbytes, setting.workers, setting.servers, link, link)
@@ -174,21 +175,34 @@ def _push(profile: Profile, setting: Setting) -> float:
 
 def _ps_link_bytes(profile: Profile, setting: Setting) -> float:
     h, g = setting.hosts, setting.per_host
-    return 2.0 * g * (h - 1) / h * _ps_bytes(profile, setting) if h > 1 else 0.0
+    return g * (h - 1) / h * sum(_ps_bytes(profile, setting)) if h > 1 else 0.0
+
+
+def _ps_coding(profile: Profile, setting: Setting) -> tuple[float, float]:
+    """(encode, decode) seconds of compressed pushes per step: the worker encodes its push; the servers decode
+    every worker's, ``workers / servers`` pushes per shard."""
+    if setting.spec.dense:
+        return 0.0, 0.0
+    c = profile.compressor(setting.spec)
+    scale = setting.compute_scale
+    return c.encode.median * scale, c.decode.median * scale * setting.workers / setting.servers
 
 
 def _ps_sync(profile: Profile, setting: Setting) -> _Step:
-    wire = 2.0 * _push(profile, setting)
-    return _Step(wire, wire, link_bytes=_ps_link_bytes(profile, setting))
+    encode, decode = _ps_coding(profile, setting)
+    wire = sum(_transfer(n, setting) for n in _ps_bytes(profile, setting))
+    return _Step(encode + wire + decode, wire, encode, decode, _ps_link_bytes(profile, setting))
 
 
 def _async(profile: Profile, setting: Setting) -> _Step:
-    own = 2.0 * _push(profile, setting)
-    others = own / 2.0 if setting.hosts > 1 else 0.0  # the host's shard answers the other hosts' pulls
+    push, pull = (_transfer(n, setting) for n in _ps_bytes(profile, setting))
+    encode, decode = _ps_coding(profile, setting)
+    own = encode + push + decode + pull
+    others = pull if setting.hosts > 1 else 0.0  # the host's shard answers the other hosts' pulls
     c = profile.compute_seconds * setting.compute_scale
     total = c + others + own
     step = (total + math.sqrt(max(0.0, total * total - 4.0 * c * others))) / 2.0
-    return _Step(step - c, own, link_bytes=_ps_link_bytes(profile, setting))
+    return _Step(step - c, push + pull, encode, decode, _ps_link_bytes(profile, setting))
 
 
 def _periodic(profile: Profile, setting: Setting) -> _Step:

@@ -115,6 +115,8 @@ class ShardClient:
                                "push")
         self.stats.push_seconds += time.perf_counter() - start
         self.stats.bytes_pushed += sum(payload_nbytes(p) for p in pieces)
+        self.stats.dense_bytes_pushed += 4 * flat.numel()
+        self.stats.pushes += 1
         self.step += 1
         self.last_staleness = max(staleness)
 

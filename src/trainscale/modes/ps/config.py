@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainscale.compression.config import CompressionConfig
+from trainscale.compression.spec import CompressionSpec
 from trainscale.config import MAX_WAIT_S, CoreConfig, option
 from trainscale.errors import ConfigError
+from trainscale.modes.ps.codec import push_refusal
 from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults, job_processes
 
 PS_MODES = ("async", "ps-sync", "ma")
@@ -93,7 +95,15 @@ def validate_ps(cfg: PSConfig) -> None:
              f"--warm-start-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warm_start_epochs}")
     _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")
     _require(cfg.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {cfg.heartbeat_timeout}")
+    validate_push_compression(cfg)
     validate_faults(cfg)
+
+
+def validate_push_compression(cfg: PSConfig) -> None:
+    """``--compress`` compresses the workers' pushes, unless the method only works through collectives."""
+    spec = CompressionSpec.from_config(cfg, cfg.seed)
+    refusal = push_refusal(spec) if spec.enabled else None
+    _require(refusal is None, refusal or "")
 
 
 def validate_faults(cfg: PSConfig) -> None:

@@ -105,6 +105,7 @@ class ParameterServerMode(Mode):
     distributed = True
     section: ClassVar[type[PSConfig]] = PSConfig
     uses_servers = True
+    accepts_compression = True  # pushes, encoded on the worker (error feedback there) and decoded by the servers
 
     @classmethod
     def validate(cls, cfg: PSConfig) -> None:
@@ -175,16 +176,22 @@ class ParameterServerMode(Mode):
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         """The PS optimizer over the local one's parameters and hyperparameters; seeds the servers."""
-        numel = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-        spec, feedback = codec_from_config(self.cfg)  # compressed pushes once the compression flags exist
-        codec = PushCodec(spec, feedback) if spec is not None else None
-        self.client = ShardClient(self.role_info.index, self.role_info.servers, numel, self.cfg.rpc_timeout, codec)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        codec = self.push_codec(model, params)
+        self.client = ShardClient(self.role_info.index, self.role_info.servers, sum(p.numel() for p in params),
+                                  self.cfg.rpc_timeout, codec)
         rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness),
-                                                       codec=spec))
+                                                       codec=codec.spec if codec is not None else None))
+        rule = servers_momentum_for(rule, codec)
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
                                      injected_slowdown(self.role_info.index), self._fault())
         self.optimizer.start()
         return self.optimizer
+
+    def push_codec(self, model: nn.Module, params: list[torch.Tensor]) -> PushCodec | None:
+        """The worker's encoder of compressed pushes (``--compress``, error feedback here), or None: dense fp32."""
+        spec = codec_from_config(self.cfg, self.cfg.seed)
+        return PushCodec(spec, units=unit_sizes(model, params)) if spec is not None else None
 
     def _fault(self) -> InjectedFault | None:
         """This worker's ``--inject-fault`` (the first one naming it; one worker dies once, and an attempt restarted
@@ -314,10 +321,30 @@ class ParameterServerMode(Mode):
                 "average_every": self.average_every if self.name == "ma" else None,
                 "warm_start_epochs": self.cfg.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
                 "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec
-                else None,
+                else None, **self.compression_keys(),
                 "bytes_scope": "payload per worker step: pushed = gradient (ma: parameter change at each average; "
                                "compressed payload when pushes are compressed), pulled = fp32 parameters, summed "
                                "over shards; RPC framing not included"}
+
+    def compression_keys(self) -> dict[str, Any]:
+        """The compression keys sync mode reports (``compress_method``, ...), for the pushes."""
+        codec = self.client.codec if self.client is not None else None
+        return codec.spec.describe() if codec is not None else {"compress_method": "none"}
+
+
+def servers_momentum_for(rule: Rule, codec: PushCodec | None) -> Rule:
+    """``rule`` with the servers' momentum off where the compressor applies momentum itself on the workers (DGC's
+    momentum correction; sync mode switches the optimizer's off alike), else unchanged."""
+    if codec is None or not codec.compressor.replaces_optimizer_momentum or not rule.momentum:
+        return rule
+    log.info("%s: the servers' momentum off (its momentum correction on the workers replaces it)", codec.spec.method)
+    return dataclasses.replace(rule, momentum=0.0, nesterov=False)
+
+
+def unit_sizes(model: nn.Module, params: list[torch.Tensor]) -> list[tuple[str, int]]:
+    """(name, numel) of ``params`` in the flat vector's order: the units of layer-wise compressed pushes."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [(names.get(id(p), f"param{i}"), p.numel()) for i, p in enumerate(params)]
 
 
 def rpc_threads(role: Role) -> int:

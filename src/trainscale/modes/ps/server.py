@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 from torch.futures import Future
 
-from trainscale.modes.ps.codec import CodecSpec, payload_nbytes
+from trainscale.compression.spec import CompressionSpec
+from trainscale.modes.ps.codec import decode_push, payload_nbytes, push_compressor
 from trainscale.modes.ps.membership import Membership
 from trainscale.modes.ps.stats import ServerStats
 from trainscale.runtime.ft import log_event
@@ -55,7 +56,7 @@ class Rule:
     weight_decay: float = 0.0
     dampening: float = 0.0
     staleness: int | None = None
-    codec: CodecSpec | None = None  # compressed pushes (see codec.py); None: dense fp32
+    codec: CompressionSpec | None = None  # compressed pushes (see codec.py); None: dense fp32
     staleness_lr: bool = False  # async: each gradient x staleness_scale(its staleness)
 
     @property
@@ -76,7 +77,7 @@ class Rule:
         bound = f", staleness bound {self.staleness}" if self.staleness is not None else ""
         if self.staleness_lr:
             bound += ", staleness-aware lr (gradient x 1/(1 + staleness))"
-        pushes = f", {self.codec.name} pushes" if self.codec is not None else ", dense fp32 pushes"
+        pushes = f", {self.codec.text} pushes" if self.codec is not None else ", dense fp32 pushes"
         return f"{self.name} ({sgd}{bound}{pushes})"
 
 
@@ -141,7 +142,7 @@ class ShardServer:
             raise ValueError(f"unknown rule {rule.name!r}")
         with self.lock:
             self.rule = rule
-            self.decoder = rule.codec.create() if rule.codec is not None else None
+            self.decoder = push_compressor(rule.codec) if rule.codec is not None else None
             self.params = params.detach().clone().float()
             self.optimizer = None
             if not rule.averages:
@@ -183,10 +184,9 @@ class ShardServer:
     def push(self, worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
              active: tuple[int, ...] | None) -> int:
         """Apply (async) or add to the step's round (ps-sync, ma); returns the staleness it saw.
-        ``payload``: the dense slice, or a compressed one (decoded here, outside the lock)."""
+        ``payload``: the dense slice, or a compressed one (decoded here, outside the lock; see codec.py)."""
         nbytes = payload_nbytes(payload)
-        if not isinstance(payload, Tensor):
-            payload = self.decoder.decode(payload).reshape(-1).float()
+        payload = decode_push(self.decoder, payload)
         with self.lock:
             staleness = self.version - read_version
             self.stats.record_push(staleness, nbytes)

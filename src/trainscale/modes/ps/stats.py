@@ -72,8 +72,11 @@ class WorkerStats:
     wait_seconds: float = 0.0
     bytes_pushed: int = 0
     bytes_pulled: int = 0
+    pushes: int = 0
+    dense_bytes_pushed: int = 0  # what the same pushes would have carried as fp32 (the compression ratio's base)
 
-    FIELDS = ("steps", "push_seconds", "pull_seconds", "wait_seconds", "bytes_pushed", "bytes_pulled")
+    FIELDS = ("steps", "push_seconds", "pull_seconds", "wait_seconds", "bytes_pushed", "bytes_pulled", "pushes",
+              "dense_bytes_pushed")
 
     def as_list(self) -> list[float]:
         return [float(getattr(self, k)) for k in self.FIELDS]
@@ -88,10 +91,13 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
     """The per-epoch figures of metrics.jsonl from merged server counters and summed worker counters.
 
     ``updates`` counts shard updates (one push is applied once by each of the ``servers`` shards), so
-    full-model pushes are ``pushes / servers``; staleness figures are over shard updates.
+    full-model pushes are ``pushes / servers``; staleness figures are over shard updates. ``bytes_per_push`` is
+    what a worker's push carried over all shards, measured (compressed payloads when pushes are compressed);
+    ``compression_ratio`` is, as in sync mode, the dense fp32 bytes over those sent.
     """
     pushes = server["pushes"] / max(servers, 1)
     steps = max(workers["steps"], 1.0)
+    sent, dense, pushed = workers.get("bytes_pushed", 0), workers.get("dense_bytes_pushed", 0), workers.get("pushes", 0)
     return {
         K.ps_pushes: pushes,
         K.pushes_per_sec: pushes / epoch_seconds if epoch_seconds > 0 else 0.0,
@@ -105,6 +111,9 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
         K.server_update_seconds_per_update: server["update_seconds"] / server["updates"] if server["updates"] else 0.0,
         K.bytes_pushed_per_step: workers["bytes_pushed"] / steps,
         K.bytes_pulled_per_step: workers["bytes_pulled"] / steps,
+        K.bytes_per_push: sent / pushed if pushed else None,
+        K.dense_bytes_per_push: dense / pushed if pushed else None,
+        K.compression_ratio: dense / sent if sent and dense else None,
         K.push_seconds_per_step: workers["push_seconds"] / steps,
         K.pull_seconds_per_step: workers["pull_seconds"] / steps,
         K.wait_seconds_per_step: workers["wait_seconds"] / steps,
@@ -120,4 +129,9 @@ def summary_line(summary: dict[str, Any]) -> str:
         text += (f": {summary[K.pushes_per_sec]:.1f} pushes/s, staleness mean {summary[K.staleness_mean]:.2f} max "
                  f"{summary[K.staleness_max]}, {summary[K.bytes_pushed_per_step] / 2**20:.2f} MiB pushed + "
                  f"{summary[K.bytes_pulled_per_step] / 2**20:.2f} MiB pulled per worker step")
+    method = summary.get(K.compress_method) or "none"
+    if method != "none" and summary.get(K.bytes_per_push):
+        ratio = summary.get(K.compression_ratio)
+        text += f"; {method} pushes of {summary[K.bytes_per_push]:,.0f} bytes"
+        text += f" ({ratio:.1f}x less than fp32)" if ratio else ""
     return text
