@@ -52,7 +52,8 @@ from trainscale.runtime.network import (
     wait_reachable,
 )
 from trainscale.runtime import ft
-from trainscale.runtime.orphans import become_launcher, die_with_parent, launcher_pid
+from trainscale.runtime.job import NODE_REPORT_ENV, Job, this_job  # noqa: F401  (NODE_REPORT_ENV: cluster_run writes it)
+from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
 from trainscale.train.precision import Precision, resolve_device
@@ -62,7 +63,6 @@ log = logging.getLogger("trainscale.launch")
 
 DEFAULT_MULTINODE_ID = "trainscale"
 MONITOR_INTERVAL_S = 0.1
-NODE_REPORT_ENV = "TRAINSCALE_NODE_REPORT"  # where a node writes its failure for `train --cluster`
 CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
 
 
@@ -77,9 +77,9 @@ class LaunchPlan:
     threads: int
 
 
-def launched_by_trainscale() -> bool:
+def launched_by_trainscale(job: Job) -> bool:
     """True in a worker whose parent is `trainscale train` (which prints the results itself)."""
-    return launcher_pid() is not None
+    return job.by_trainscale
 
 
 # ------------------------------------------------------------------------------------ the checks
@@ -187,7 +187,7 @@ def fault_log_folder(cfg: TrainConfig, plan: LaunchPlan) -> Iterator[Path | None
     attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
     if not mode_class(cfg.mode).uses_servers:
         yield None
-    elif plan.out is not None or (cfg.out and on_cluster()):
+    elif plan.out is not None or (cfg.out and on_cluster(this_job())):
         yield plan.out or Path(cfg.out)
     else:
         with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
@@ -198,7 +198,7 @@ def logged_faults(cfg: TrainConfig) -> list[InjectedFault]:
     """The injected faults whose firing node 0's fault log is sure to record (for its "never fired" warning):
     all of them where the nodes share it (one machine, an emulated cluster); none across real machines, where
     the rendezvous decides which machine runs which worker and shard (``fault_log_folder``)."""
-    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster() else []
+    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster(this_job()) else []
 
 
 def bind_address(plan: LaunchPlan) -> str:
@@ -218,10 +218,11 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
                         local_addr=bind_address(plan))
 
 
-def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
-    """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
-    if ft.replica() is not None:
-        return run_replica_agent(cfg, flags)
+def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job = Job()) -> int:
+    """Run the job (``job``: this launcher's place in it); returns the exit status (0, 1 for a failed worker, 2
+    for a user error in a worker)."""
+    if job.replica is not None:
+        return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)
     with fault_log_folder(cfg, plan) as fault_log:
         os.environ.update(worker_env(cfg, plan, fault_log))
@@ -249,7 +250,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
             elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
-        write_node_report(exc.failures, message, status)
+        write_node_report(exc.failures, message, status, this_job().node_report)
         print(f"trainscale train: error: {message}", file=sys.stderr)
         return status
     except RendezvousError as exc:
@@ -270,22 +271,22 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     return 0
 
 
-def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     """One replica of a fault-tolerant job (``ft_launch``): torch's elastic agent with one worker, restarted
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
-    die_with_parent(signal.SIGKILL, ft.owner_pid())
-    address = os.environ.get(ft.ADDRESS_ENV) or LOCALHOST
+    die_with_parent(signal.SIGKILL, job.owner_pid)
+    address = job.address or LOCALHOST
     plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.out),
                       threads_per_worker(cfg.threads, cfg.workers))
     become_launcher()
-    relabel(f"replica {ft.replica()} agent")
+    relabel(f"replica {job.replica} agent")
     config = dataclasses.replace(launch_config(dataclasses.replace(cfg, nnodes=1), plan), nproc_per_node=1,
                                  max_restarts=cfg.max_restarts or DEFAULT_RESTARTS)
     try:
         elastic_launch(config, sys.executable)(*worker_args(flags, plan))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures)
-        print(f"trainscale train: error: replica {ft.replica()}: {message}", file=sys.stderr)
+        print(f"trainscale train: error: replica {job.replica}: {message}", file=sys.stderr)
         return status
     except SignalException as exc:
         return 128 + int(exc.sigval)
@@ -351,10 +352,10 @@ def root_cause(failures: dict[int, ProcessFailure]) -> int:
     return min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
 
 
-def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int) -> None:
+def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int, path: Path | None) -> None:
     """For a parent that runs several nodes (``train --cluster``) and must name the root cause among
-    them: this node's failure line, whether it is a consequence, and when it was recorded."""
-    path = os.environ.get(NODE_REPORT_ENV)
+    them: this node's failure line, whether it is a consequence, and when it was recorded, at ``path``
+    (``Job.node_report``; None: no such parent)."""
     if path:
         failure = failures[root_cause(failures)]
         atomic_write_text(Path(path), dumps({"message": message, "status": status,
