@@ -28,7 +28,7 @@ from trainscale.compression.setup import make_hook as make_compression_hook
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
-from trainscale.modes.batchnorm import average_bn_statistics, bn_running_stats  # noqa: F401  (localsgd's too)
+from trainscale.modes.batchnorm import average_bn_statistics
 from trainscale.modes.fault_tolerance.config import ReplicationConfig
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
 from trainscale.runtime.dist import elect_main_rank, local_rank, quiet_unless_main, set_main_rank, world_size

@@ -75,8 +75,8 @@ class Job:
                    restarts=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
                    master=(master[0], int(master[1])) if master[0] and master[1].isdigit() else None,
                    launched=all(v in env for v in TORCH_LAUNCH_VARS), node=_int(env, NODE_ENV, 0),
-                   launcher_pid=_pid(env, LAUNCHER_PID_ENV), owner_pid=_pid(env, OWNER_ENV),
-                   replica=_pid(env, REPLICA_ENV), replicas=_int(env, REPLICAS_ENV, 1),
+                   launcher_pid=_optional_int(env, LAUNCHER_PID_ENV), owner_pid=_optional_int(env, OWNER_ENV),
+                   replica=_optional_int(env, REPLICA_ENV), replicas=_int(env, REPLICAS_ENV, 1),
                    barrier=env.get(BARRIER_ENV) or None, address=env.get(ADDRESS_ENV) or None,
                    fault_log=_path(env, EVENTS_ENV), node_report=_path(env, NODE_REPORT_ENV),
                    cluster=json.loads(cluster) if cluster else None, fault=env.get(FAULT_ENV, ""),
@@ -117,7 +117,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return int(value) if value.strip().lstrip("-").isdigit() else default
 
 
-def _pid(env: Mapping[str, str], name: str) -> int | None:
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name, "")
     return int(value) if value.isdigit() else None
 
