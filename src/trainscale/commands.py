@@ -7,16 +7,16 @@ import os
 
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
-from trainscale.runtime.job import Job, install, this_job
+from trainscale.runtime.job import Job, installed, this_job
 
 
 def dispatch(args: argparse.Namespace) -> int:
     """Every trainscale process starts here: first it learns which process of its job it is, from the
-    environment its launcher gave it (``runtime.job``), then it runs its subcommand."""
-    install(Job.from_environ(os.environ))
+    environment its launcher gave it (``runtime.job``), then it runs its subcommand as that process."""
     handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report,
                "cluster": cluster, "profile": profile, "plan": plan}[args.command]
-    return handler(args)
+    with installed(Job.from_environ(os.environ)):
+        return handler(args)
 
 
 def bench(args: argparse.Namespace) -> int:
