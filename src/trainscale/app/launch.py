@@ -218,9 +218,10 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
                         local_addr=bind_address(plan))
 
 
-def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job = Job()) -> int:
-    """Run the job (``job``: this launcher's place in it); returns the exit status (0, 1 for a failed worker, 2
-    for a user error in a worker)."""
+def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> int:
+    """Run the job (``job``: this launcher's place in it, by default the entry's); returns the exit status (0, 1
+    for a failed worker, 2 for a user error in a worker)."""
+    job = job or this_job()
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)

@@ -270,7 +270,7 @@ def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
     return bool(broadcast_object(found))
 
 
-def run_folder(cfg: CoreConfig, standby: bool = False, job: Job = Job()) -> tuple[RunWriter | None, bool]:
+def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -> tuple[RunWriter | None, bool]:
     """(the run folder on the main process, and on a ``standby`` one that may take over writing it; whether to
     resume); see ``check_run_folder``. The checks that need only the config come first (see also
     ``results.lock_run_folder``, which removes a folder it made that a failed check left empty). ``job``: this
@@ -282,6 +282,7 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job = Job()) -> tupl
     resume = wants_resume(cfg, out if main else None, restarted)
     if out is None:
         return None, resume
+    job = job or Job()
     first_writer = main and job.writes_folder_first and not restarted  # replicas share the folder
     if first_writer:
         check_run_folder(out, cfg.resume, cfg, holders=job.folder_holders)
