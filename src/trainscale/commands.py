@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
+from trainscale.runtime.job import Job, installed, this_job
 
 
 def dispatch(args: argparse.Namespace) -> int:
+    """Every trainscale process starts here: first it learns which process of its job it is, from the
+    environment its launcher gave it (``runtime.job``), then it runs its subcommand as that process."""
     handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report,
                "cluster": cluster, "profile": profile, "plan": plan}[args.command]
-    return handler(args)
+    with installed(Job.from_environ(os.environ)):
+        return handler(args)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -78,7 +83,7 @@ def train(args: argparse.Namespace) -> int:
     if mode_class(cfg.mode).distributed:
         from trainscale.app.launch import launch
 
-        return launch(cfg, flags)
+        return launch(cfg, flags, this_job())
     from trainscale.app.preflight import preflight
 
     preflight(cfg, data=False)  # what a dry run refuses; the data is checked as this process loads it
@@ -97,23 +102,22 @@ def train_dry_run(cfg: CoreConfig) -> int:
 def train_worker(cfg: CoreConfig) -> int:
     """Train in this process. Under a launcher first tie this worker to it: it dies with the launcher and
     ends silently when the launcher stops the job (see ``runtime.orphans``)."""
-    from trainscale.runtime.process_group import launched_by_torchrun
-
-    if launched_by_torchrun():
+    job = this_job()
+    if job.launched:
         from trainscale.runtime.orphans import end_with_launcher
 
-        end_with_launcher()
+        end_with_launcher(job.launcher_pid)
     from trainscale.app.launch import launched_by_trainscale, run_worker
     from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.app.run import run_training
     from trainscale.runtime.worker_errors import PeerLost
 
     try:
-        summary, history = run_worker(cfg) if launched_by_torchrun() else run_training(cfg)
+        summary, history = run_worker(cfg) if job.launched else run_training(cfg, job=job)
     except PeerLost:  # logged as one warning already; the job's message names the peer's own failure
         return 1
     owns_folder = summary.get("out") is not None
-    if owns_folder and not launched_by_trainscale():  # under `trainscale train --workers N` the parent prints
+    if owns_folder and not launched_by_trainscale(job):  # under `trainscale train --workers N` the parent prints
         print(format_table(history, EPOCH_COLUMNS))
         print(format_summary(summary))
         print(f"results in {summary['out']}")

@@ -56,6 +56,9 @@ def section_of(cls: type, name: str) -> type:
     raise KeyError(name)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # a setting multiplies float32 tensors (lr, momentum...)
+
+
 def bound_problem(value: Any, above: float | None = None, at_least: float | None = None,
                   at_most: float | None = None) -> str | None:
     """What a number must be when ``value`` is not (None when it is fine, or not a number): finite for a
@@ -67,7 +70,8 @@ def bound_problem(value: Any, above: float | None = None, at_least: float | None
     limits = [(above, ">", value > (above or 0)), (at_least, ">=", value >= (at_least or 0)),
               (at_most, "<=", value <= (at_most or 0))]
     if all(ok for bound, _, ok in limits if bound is not None):
-        return None
+        fits = not isinstance(value, float) or abs(value) <= FLOAT32_MAX
+        return None if fits else f"within float32's range (magnitude at most {FLOAT32_MAX:.4g}: tensors hold it so)"
     words = ["a positive number" if sign == ">" and bound == 0 else f"{sign} {bound:g}"
              for bound, sign, _ in limits if bound is not None]
     return " and ".join(words)

@@ -512,15 +512,17 @@ def test_ddp_kwargs_ask_for_one_bucket_for_entire_model():
 
 
 def test_error_feedback_with_a_noisy_quantiser_is_warned(caplog):
-    """Fed back, QSGD's error (larger than its input at few levels) grows: the run is warned, not refused."""
+    """Fed back, QSGD's error (larger than its input at few levels) grows: the run is warned (once, when
+    the settings are validated), not refused."""
     from trainscale.compression.config import CompressionConfig
-    from trainscale.compression.setup import plan_from_config
+    from trainscale.compression.setup import validate_compression
 
     with caplog.at_level("WARNING", logger="trainscale.compression"):
-        plan = plan_from_config(CompressionConfig(compress="qsgd", qstates=7, qsgd_bucket=128, error_feedback=True), 0)
+        plan = validate_compression(CompressionConfig(compress="qsgd", qstates=7, qsgd_bucket=128, error_feedback=True),
+                                    0, epochs=1)
     assert plan.params == {"qstates": 7, "bucket_size": 128, "seed": 0}
     assert "--error-feedback with qsgd" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="trainscale.compression"):
-        plan_from_config(CompressionConfig(compress="topk", ratio=0.01, error_feedback=True), 0)
+        validate_compression(CompressionConfig(compress="topk", ratio=0.01, error_feedback=True), 0, epochs=1)
     assert caplog.text == ""

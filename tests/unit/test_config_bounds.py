@@ -40,6 +40,7 @@ PS = {"mode": "async", "servers": 1, "workers": 2}
     ({"dist_timeout": 1e12}, "--dist-timeout must be a positive number and <= 604800"),
     ({"rdzv_timeout": -5.0}, "--rdzv-timeout must be a positive number"),
     ({"gamma": 0.0}, "--gamma must be a positive number"),
+    ({"lr": 1e300}, "--lr must be within float32's range"),  # finite, but the optimizer's float32 update overflows
     ({"mode": "diloco", "workers": 2, "outer_lr": math.inf}, "--outer-lr must be a finite number"),
     ({"mode": "diloco", "workers": 2, "sync_every": 0}, "--sync-every must be a positive number"),
 ])

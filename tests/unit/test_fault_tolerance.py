@@ -110,13 +110,14 @@ def test_fault_records_from_events():
 def test_a_restarted_replica_meets_its_later_faults_but_never_repeats_one(tmp_path, monkeypatch):
     from trainscale.modes.fault_tolerance import unfired
     from trainscale.runtime import ft
+    from trainscale.runtime.job import Job, installed
 
-    monkeypatch.setenv(ft.EVENTS_ENV, str(tmp_path / ft.EVENTS_FILE))
-    faults = [InjectedFault("kill", 1, 5), InjectedFault("hang", 1, 40), InjectedFault("kill", 0, 9)]
-    assert unfired(faults, 1) == faults[:2]  # a first attempt: all of its own
-    ft.log_event("fault", kind="kill", rank=1, step=5)
-    assert unfired(faults, 1) == [faults[1]]  # restarted after the first: the second is still to come
-    assert unfired(faults, 0) == [faults[2]]
+    with installed(Job(fault_log=tmp_path / ft.EVENTS_FILE)):  # the job's fault log, as the entry installs it
+        faults = [InjectedFault("kill", 1, 5), InjectedFault("hang", 1, 40), InjectedFault("kill", 0, 9)]
+        assert unfired(faults, 1) == faults[:2]  # a first attempt: all of its own
+        ft.log_event("fault", kind="kill", rank=1, step=5)
+        assert unfired(faults, 1) == [faults[1]]  # restarted after the first: the second is still to come
+        assert unfired(faults, 0) == [faults[2]]
 
 
 SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--epochs", "1"]
@@ -153,13 +154,14 @@ def test_link_faults_on_a_cluster_spare_host_0_and_replicas_are_bounded(fault, f
     replicas 0 and 1 are host 0's, which serves the lighthouse; a cut elsewhere is accepted."""
     from trainscale.app.config import build_config
     from trainscale.runtime.cluster import CLUSTER_ENV
+    from trainscale.runtime.job import Job, installed
 
-    monkeypatch.setenv(CLUSTER_ENV, '{"name": "c"}')
     base = {"model": "mlp", "dataset": "synthetic", "workers": 2, "fault_tolerance": True, "nnodes": 3,
             "rdzv_endpoint": "10.77.0.1:29400", "out": "/tmp/x"}
-    with pytest.raises(ConfigError, match=fragment):
-        build_config({**base, "inject_fault": [fault]})
-    assert build_config({**base, "inject_fault": ["link:2@3"], "link_down": 2.0}).link_down == 2.0
+    with installed(Job.from_environ({CLUSTER_ENV: '{"name": "c"}'})):  # what a node's entry reads
+        with pytest.raises(ConfigError, match=fragment):
+            build_config({**base, "inject_fault": [fault]})
+        assert build_config({**base, "inject_fault": ["link:2@3"], "link_down": 2.0}).link_down == 2.0
 
 
 class LoneTransport:

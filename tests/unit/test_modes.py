@@ -110,9 +110,6 @@ def test_the_wire_counter_hands_every_hook_it_does_not_wrap_to_the_mode():
     calls = []
 
     class Recording(Callbacks):
-        standby_writer = True
-        run_folder_shared = True
-
         def __getattribute__(self, name):
             value = object.__getattribute__(self, name)
             if callable(value) and not name.startswith("_"):
@@ -120,7 +117,6 @@ def test_the_wire_counter_hands_every_hook_it_does_not_wrap_to_the_mode():
             return value
 
     wrapped = WireCounter(Recording(), 4, {"interface": "lo"})
-    assert wrapped.standby_writer is True and wrapped.run_folder_shared is True
     hooks = [name for name, member in inspect.getmembers(Callbacks) if callable(member) and not name.startswith("_")]
     arguments = {"before_fit": (dict, dict), "epoch_samples": (3,), "load_state_dict": ({},)}
     for name in hooks:

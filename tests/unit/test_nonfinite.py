@@ -124,13 +124,13 @@ TINY = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--
         "--batch-size", "64", "--schedule", "constant", "--epochs", "2", "--no-progress", "--threads", "1")
 
 
-def test_lr_inf_stops_with_one_line_by_default(tmp_path):
-    proc = run_cli("train", *TINY, "--lr", "inf", "--out", tmp_path / "run", timeout=300)
-    assert_one_line_error(proc, "the training loss is not finite (NaN or inf) at epoch 1 step 2 (lr inf)")
+def test_an_overflowing_lr_stops_with_one_line_by_default(tmp_path):
+    proc = run_cli("train", *TINY, "--lr", "1e30", "--out", tmp_path / "run", timeout=300)
+    assert_one_line_error(proc, "the training loss is not finite (NaN or inf) at epoch 1 step 2 (lr 1e+30)")
 
 
-def test_lr_inf_with_skip_reports_skipped_steps_then_stops_when_a_whole_epoch_is_skipped(tmp_path):
-    proc = run_cli("train", *TINY, "--lr", "inf", "--nonfinite", "skip", "--out", tmp_path / "run", timeout=300)
+def test_an_overflowing_lr_with_skip_reports_skipped_steps_then_stops_when_a_whole_epoch_is_skipped(tmp_path):
+    proc = run_cli("train", *TINY, "--lr", "1e30", "--nonfinite", "skip", "--out", tmp_path / "run", timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip() and " INFO " not in x]
     assert "epoch 1: skipped 3 step(s) with a non-finite loss or gradients (--nonfinite skip)" in lines[0]

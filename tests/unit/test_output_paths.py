@@ -135,12 +135,13 @@ def test_download_refuses_a_fifo_as_its_partial_file(tmp_path):
     refuses(fifo(tmp_path / "archive.part"), lambda p: fetch_url(source.as_uri(), p, progress=False))
 
 
-def test_fault_log_refuses(tmp_path, monkeypatch):
+def test_fault_log_refuses(tmp_path):
     from trainscale.runtime import ft
+    from trainscale.runtime.job import Job, installed
 
     log = fifo(tmp_path / "events.jsonl")
-    monkeypatch.setenv(ft.EVENTS_ENV, str(log))
-    refuses(log, lambda p: ft.log_event("test"))
+    with installed(Job(fault_log=log)):  # the job's fault log, as the entry installs it
+        refuses(log, lambda p: ft.log_event("test"))
 
 
 def test_run_folder_lock_is_never_a_symlink(tmp_path):

@@ -152,9 +152,13 @@ def test_warm_start_epochs_train_the_main_worker_on_everything_and_the_others_on
 
 
 def test_slowdown_is_off_unless_the_test_variable_is_set(monkeypatch):
-    assert injected_slowdown(1) == 0.0
-    monkeypatch.setenv("TRAINSCALE_PS_SLOW", "worker=1:seconds=0.25")
-    assert (injected_slowdown(0), injected_slowdown(1)) == (0.0, 0.25)
-    monkeypatch.setenv("TRAINSCALE_PS_SLOW", "oops")
+    from trainscale.runtime.job import Job
+
+    def slow(worker, env):  # the variable as the entry reads it into the job
+        return injected_slowdown(worker, Job.from_environ(env).ps_slow)
+
+    assert slow(1, {}) == 0.0
+    assert (slow(0, {"TRAINSCALE_PS_SLOW": "worker=1:seconds=0.25"}),
+            slow(1, {"TRAINSCALE_PS_SLOW": "worker=1:seconds=0.25"})) == (0.0, 0.25)
     with pytest.raises(ConfigError, match="worker=W:seconds=S"):
-        injected_slowdown(1)
+        slow(1, {"TRAINSCALE_PS_SLOW": "oops"})

@@ -7,7 +7,6 @@ torch's agent hands over every failed process (``ProcessFailure``) with what the
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from trainscale.io import atomic_write_text, dumps
 
-NODE_REPORT_ENV = "TRAINSCALE_NODE_REPORT"  # where a node writes its failure for `train --cluster`
 CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
 
 
@@ -70,10 +68,10 @@ def root_cause(failures: dict[int, ProcessFailure]) -> int:
     return min(failures, key=lambda r: (is_consequence(failures[r]), failure_time_ns(failures[r]), r))
 
 
-def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int) -> None:
+def write_node_report(failures: dict[int, ProcessFailure], message: str, status: int, path: Path | None) -> None:
     """For a parent that runs several nodes (``train --cluster``) and must name the root cause among
-    them: this node's failure line, whether it is a consequence, and when it was recorded."""
-    path = os.environ.get(NODE_REPORT_ENV)
+    them: this node's failure line, whether it is a consequence, and when it was recorded, at ``path``
+    (``Job.node_report``; None: no such parent)."""
     if path:
         failure = failures[root_cause(failures)]
         atomic_write_text(Path(path), dumps({"message": message, "status": status,

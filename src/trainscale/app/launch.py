@@ -42,7 +42,8 @@ from trainscale.results import lock_run_folder, read_json
 from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime import ft
-from trainscale.runtime.orphans import become_launcher, die_with_parent, launcher_pid
+from trainscale.runtime.job import Job, this_job
+from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
 
@@ -62,9 +63,9 @@ class LaunchPlan:
     threads: int
 
 
-def launched_by_trainscale() -> bool:
+def launched_by_trainscale(job: Job) -> bool:
     """True in a worker whose parent is `trainscale train` (which prints the results itself)."""
-    return launcher_pid() is not None
+    return job.by_trainscale
 
 
 def prepare(cfg: TrainConfig) -> LaunchPlan:
@@ -84,10 +85,12 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
                         local_addr=bind_address(plan.endpoint, plan.is_host))
 
 
-def launch(cfg: TrainConfig, flags: dict[str, Any]) -> int:
-    """Run the job; returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
-    if ft.replica() is not None:
-        return run_replica_agent(cfg, flags)
+def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> int:
+    """Run the job (``job``: this launcher's place in it, by default the entry's); returns the exit status (0, 1
+    for a failed worker, 2 for a user error in a worker)."""
+    job = job or this_job()
+    if job.replica is not None:
+        return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)
     with fault_log_folder(cfg, plan.out) as fault_log:
         os.environ.update(worker_env(cfg, plan.threads, fault_log))
@@ -115,7 +118,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
             elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan.out))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
-        write_node_report(exc.failures, message, status)
+        write_node_report(exc.failures, message, status, this_job().node_report)
         print(f"trainscale train: error: {message}", file=sys.stderr)
         return status
     except RendezvousError as exc:
@@ -136,22 +139,22 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     return 0
 
 
-def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     """One replica of a fault-tolerant job (``ft_launch``): torch's elastic agent with one worker, restarted
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
-    die_with_parent(signal.SIGKILL, ft.owner_pid())
-    address = os.environ.get(ft.ADDRESS_ENV) or LOCALHOST
+    die_with_parent(signal.SIGKILL, job.owner_pid)
+    address = job.address or LOCALHOST
     plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.out),
                       threads_per_worker(cfg.threads, cfg.workers))
     become_launcher()
-    relabel(f"replica {ft.replica()} agent")
+    relabel(f"replica {job.replica} agent")
     config = dataclasses.replace(launch_config(dataclasses.replace(cfg, nnodes=1), plan), nproc_per_node=1,
                                  max_restarts=cfg.max_restarts or DEFAULT_RESTARTS)
     try:
         elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures)
-        print(f"trainscale train: error: replica {ft.replica()}: {message}", file=sys.stderr)
+        print(f"trainscale train: error: replica {job.replica}: {message}", file=sys.stderr)
         return status
     except SignalException as exc:
         return 128 + int(exc.sigval)

@@ -2,7 +2,9 @@
 
 Here, and only here, the engine (``train``), a mode (``modes``) and the data and model are put together.
 A process's role comes from its mode (``trainer``, ``server``, ``supervisor``) unless the caller names it:
-a parameter-server supervisor starts its child with the explicit ``trainer`` role.
+a parameter-server supervisor starts its child with the explicit ``trainer`` role. Which process of the job
+this is (``runtime.job.Job``) comes from the entry; a parameter-server trainer, spawned by its supervisor,
+installs the job it is handed (this is its entry).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,14 +27,13 @@ from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
 from trainscale.modes.fault_tolerance import JobFinished
+from trainscale.modes.fault_tolerance.replicated import with_fault_tolerance
 from trainscale.record import SUMMARY, K, merge
 from trainscale.results import lock_run_folder, read_summary
 from trainscale.runtime import is_main_process, rank, world_size
-from trainscale.runtime import ft
-from trainscale.runtime.cluster import facts_from_env
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
-from trainscale.runtime.orphans import launcher_pid
+from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
@@ -43,36 +43,41 @@ from trainscale.train.utilisation import allowed_cores
 log = logging.getLogger("trainscale.train")
 
 
-def worker_threads(cfg: CoreConfig) -> int | None:
+def worker_threads(cfg: CoreConfig, job: Job) -> int | None:
     """``--threads``; under a launcher, the node's cores split over its workers; otherwise None (torch's
     default)."""
-    launched = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-    local_workers = (cfg.workers or 1) if ft.replica() is not None else launched
+    local_workers = (cfg.workers or 1) if job.replica is not None else job.local_world
     if cfg.threads or not local_workers:
         return cfg.threads
     return threads_per_worker(cfg.threads, local_workers)
 
 
-def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
-    """Run this process's part of the job; returns the summary and the per-epoch rows (empty off the main
-    process and for servers and supervisors that report nothing)."""
-    threads = worker_threads(cfg)
+def run_training(cfg: CoreConfig, role: str | None = None, job: Job | None = None) -> Result:
+    """Run this process's part of the job (``job``: which process this is; by default the one the entry
+    installed); returns the summary and the per-epoch rows (empty off the main process and for servers and
+    supervisors that report nothing)."""
+    if job is None:
+        job = this_job()
+    else:
+        install(job)  # a spawned trainer's entry
+    threads = worker_threads(cfg, job)
     if threads:
         torch.set_num_threads(threads)
     if cfg.keep_memory:
         keep_freed_memory()
-    mode = create_mode(cfg)
+    mode = create_mode(cfg, job)
     role = role or mode.role()
     if role == SERVER:
         return mode.serve()
     if role == SUPERVISOR:
-        return mode.supervise(functools.partial(run_training, cfg, TRAINER))
+        return mode.supervise(functools.partial(run_training, cfg, TRAINER, job))
     device = mode.worker_device(resolve_device(cfg.device))
     mode.check_device(cfg, device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
-    with mode.session(device), run_folder_held(cfg) as held:
-        trainer = build_trainer(held, device, mode)
+    mode = with_fault_tolerance(mode, cfg, job)
+    with mode.session(device), run_folder_held(cfg, job) as held:
+        trainer = build_trainer(held, device, mode, job)
         try:
             summary = trainer.fit()
         except JobFinished:
@@ -82,11 +87,11 @@ def run_training(cfg: CoreConfig, role: str | None = None) -> Result:
 
 
 @contextlib.contextmanager
-def run_folder_held(cfg: CoreConfig) -> Iterator[CoreConfig]:
+def run_folder_held(cfg: CoreConfig, job: Job) -> Iterator[CoreConfig]:
     """``cfg`` with its run folder resolved once, locked while this process writes it (``results.lock_run_folder``)
     when it owns the folder: a local run, or the main process under an external torchrun. Under `trainscale train
     --workers N` the launcher holds the lock for the whole job, restarts included; workers never take it."""
-    if launcher_pid() is not None or not is_main_process():
+    if job.by_trainscale or not is_main_process():
         yield cfg
         return
     out = resolve_out(cfg)
@@ -94,10 +99,10 @@ def run_folder_held(cfg: CoreConfig) -> Iterator[CoreConfig]:
         yield cfg if cfg.out else dataclasses.replace(cfg, out=str(out))
 
 
-def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
+def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -> Trainer:
     """Everything before the first step; errors here happen before any training time is spent."""
     precision = Precision(cfg.precision, device)
-    writer, resume = run_folder(cfg, standby=mode.standby_writer)
+    writer, resume = run_folder(cfg, standby=mode.standby_writer, job=job)
     train, test = load_data(cfg)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
@@ -105,7 +110,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
     common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.seed, channels_last=cfg.channels_last)
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
-                                                       **common), rank())
+                                                       **common), rank(), job)
     test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
     started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
@@ -117,7 +122,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode) -> Trainer:
     schedule = create_schedule(cfg)
     optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
-    facts = facts_from_env()  # on an emulated cluster: count the bytes its interfaces send
+    facts = job.cluster  # on an emulated cluster: count the bytes its interfaces send
     callbacks = with_cluster(mode, len(train_batches), facts)
     trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
                       train_batches=train_batches, test_batches=test_batches,

@@ -13,6 +13,7 @@ from trainscale.app.config import TrainConfig
 from trainscale.modes import mode_class
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault, injected_faults, on_cluster
+from trainscale.runtime.job import this_job
 
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
@@ -67,7 +68,7 @@ def fault_log_folder(cfg: TrainConfig, out: Path | None) -> Iterator[Path | None
     attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
     if not mode_class(cfg.mode).uses_servers:
         yield None
-    elif out is not None or (cfg.out and on_cluster()):
+    elif out is not None or (cfg.out and on_cluster(this_job())):
         yield out or Path(cfg.out)
     else:
         with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
@@ -78,4 +79,4 @@ def logged_faults(cfg: TrainConfig) -> list[InjectedFault]:
     """The injected faults whose firing node 0's fault log is sure to record (for its "never fired" warning):
     all of them where the nodes share it (one machine, an emulated cluster); none across real machines, where
     the rendezvous decides which machine runs which worker and shard (``fault_log_folder``)."""
-    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster() else []
+    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster(this_job()) else []

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from trainscale.app.config import TrainConfig
-from trainscale.app.failures import NODE_REPORT_ENV
 from trainscale.app.hosts import Host, node_commands
 from trainscale.app.preflight import preflight
 from trainscale.io import read_json
 from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
+from trainscale.runtime.job import NODE_REPORT_ENV
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.orphans import die_with_parent
 

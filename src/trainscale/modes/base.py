@@ -17,6 +17,7 @@ from trainscale.config import CoreConfig, Section
 from trainscale.data import Batches
 from trainscale.registry import Registry
 from trainscale.runtime.dist import world_size
+from trainscale.runtime.job import Job
 from trainscale.train.callbacks import Callbacks
 
 Result = tuple[dict[str, Any], list[dict[str, Any]]]
@@ -35,10 +36,18 @@ class Mode(Callbacks):
     section: ClassVar[type[Section] | None] = None  # this mode's own settings, if any
     accepts_compression: ClassVar[bool] = False  # whether the compression section applies to it
     uses_servers: ClassVar[bool] = False  # parameter-server shards beside the workers
+    job: Job = Job()  # this process's place in the job (``create_mode`` sets the entry's)
+    standby_writer: bool = False  # this process holds a writer even when it is not main, to take over writing
 
     @classmethod
     def validate(cls, cfg: CoreConfig) -> None:
-        """Checks of this mode's settings against the rest of the config (ConfigError, one line)."""
+        """Checks of this mode's settings against the rest of the config (ConfigError, one line). Here: those of
+        each part of its section that checks itself (a ``check_section`` classmethod, e.g. fault tolerance's),
+        base parts first; a mode with checks of its own calls this first."""
+        for part in reversed(cls.section.__mro__ if cls.section is not None else ()):
+            check = vars(part).get("check_section")
+            if isinstance(check, classmethod):
+                check.__func__(part, cfg)
 
     @classmethod
     def check_device(cls, cfg: CoreConfig, device: torch.device) -> None:
@@ -106,9 +115,13 @@ def mode_class(name: str) -> type[Mode]:
     return MODES.get(name).factory  # type: ignore[return-value]
 
 
-def create_mode(cfg: CoreConfig) -> Mode:
-    """The mode ``cfg.mode`` names, built for this run (``cfg`` must have its mode resolved)."""
-    return mode_class(cfg.mode)(cfg.mode, cfg)
+def create_mode(cfg: CoreConfig, job: Job | None = None) -> Mode:
+    """The mode ``cfg.mode`` names, built for this run (``cfg`` must have its mode resolved) in this process of
+    ``job``."""
+    mode = mode_class(cfg.mode)(cfg.mode, cfg)
+    if job is not None:
+        mode.job = job
+    return mode
 
 
 def list_modes() -> list[str]:

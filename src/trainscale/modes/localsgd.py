@@ -15,14 +15,9 @@ statistics and the inner optimizer's momentum averaged over workers: every rank 
 state, and the checkpoint (rank 0's, plus the outer momentum) resumes the run bit for bit.
 Error-feedback residuals stay per worker and are not checkpointed, as in sync mode.
 
-Under ``--fault-tolerance`` every worker is a torchft replica (see ``modes.fault_tolerance``): each step joins
-the quorum and takes its batch of the job's data position, local steps stand on their own, and a round is
-an exchange over the quorum that is applied only if committed. A round that fails (a member died or hung in
-it) leaves every survivor's local progress in place and is taken again at the next step with whoever is left
-(the compressor's state put back first); the dead member's local steps since the last round are what is
-lost. A restarted replica heals from a live one mid-round: it takes the anchor, the outer momentum and the
-round's step count, and starts the rest of the round from the anchor. The epoch's last round also averages
-the BatchNorm statistics and the inner momentum over the quorum, retried until committed.
+Under ``--fault-tolerance`` the mode runs wrapped (``modes.fault_tolerance.ReplicatedPeriodic``), as torchft's
+own LocalSGD and DiLoCo wrap a model: the wrapper takes each round over the quorum through the primitives below
+(``prepare``, ``count_step``, ``exchange_deltas``, ``apply_round``, ``inner_state``).
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -40,7 +35,8 @@ from trainscale.compression.setup import CompressionPlan
 from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
-from trainscale.modes.sync import SyncConfig, SyncMode, average_bn_statistics, bn_running_stats
+from trainscale.modes.batchnorm import average_bn_statistics
+from trainscale.modes.sync import SyncConfig, SyncMode
 from trainscale.record import K
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
 
@@ -109,12 +105,14 @@ class PeriodicMode(SyncMode):
     # ------------------------------------------------------------------------------ set-up
 
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
-        """No DDP: the model itself, with the main rank's parameters and buffers on every worker. Frozen
-        parameters (airbench's whitening) are never exchanged."""
-        if self.replica is not None:
-            self.replica.model = model  # replicas start alike from the seed, and a late one heals
-        else:
-            broadcast_tensors([*model.parameters(), *model.buffers()])
+        """No DDP: the model itself, with the main rank's parameters and buffers on every worker."""
+        broadcast_tensors([*model.parameters(), *model.buffers()])
+        return self.prepare(model)
+
+    def prepare(self, model: nn.Module, group: Any = None) -> nn.Module:
+        """The anchor, the outer optimizer and the exchange (over ``group``, a compression transport; None: the
+        process group) for ``model``'s trainable parameters. Frozen ones (airbench's whitening) are never
+        exchanged."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.anchor = [p.detach().clone().float() for p in self.params]
         self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
@@ -122,15 +120,17 @@ class PeriodicMode(SyncMode):
         plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
         self.exchange = CompressionHookState(plan.compressor(), plan.granularity, model=model,
                                              error_feedback=plan.error_feedback, warmup_epochs=plan.warmup_epochs,
-                                             group=self.replica.transport() if self.replica is not None else None)
+                                             group=group)
         self.stats = self.exchange.stats
-        if self.replica is not None:
-            self.replica.compression = self.exchange  # a healing replica takes its shared state
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return self.step_with(optimizer, self.after_step)
+
+    def step_with(self, optimizer: torch.optim.Optimizer, after_step: Callable[[], None]) -> torch.optim.Optimizer:
+        """``optimizer`` as the inner one, calling ``after_step`` after each of its steps."""
         self.inner = optimizer
-        optimizer.register_step_post_hook(lambda *_: self._after_step())
+        optimizer.register_step_post_hook(lambda *_: after_step())
         return optimizer
 
     # ------------------------------------------------------------------------------ training
@@ -143,35 +143,32 @@ class PeriodicMode(SyncMode):
         if self.exchange is not None:
             self.exchange.set_epoch(epoch)
 
-    def _after_step(self) -> None:
+    def after_step(self) -> None:
+        if self.count_step():
+            self.average()
+
+    def count_step(self) -> bool:
+        """Count a local step; whether a round is due."""
         self.steps["epoch"] += 1
         self.since_round += 1
-        due = self.since_round >= self.period()
-        if self.replica is None:
-            if due:
-                self.average()
-            return
-        self.replica.advance()  # the local step stands, whatever becomes of the round
-        if due:
-            self._replica_round()
-        else:
-            self.replica.commit(lambda: None)  # the Manager counts local steps too, alike on every replica
+        return self.since_round >= self.period()
 
     @torch.no_grad()
     def average(self) -> None:
         """One round: average the pseudo-gradients, step the anchor, continue every worker from it."""
         start = time.perf_counter()
-        self._apply(self._exchange_deltas())
+        self.apply_round(self.exchange_deltas())
         self.stats.exchange_seconds += time.perf_counter() - start
 
     @torch.no_grad()
-    def _exchange_deltas(self) -> list[torch.Tensor]:
+    def exchange_deltas(self) -> list[torch.Tensor]:
         """The pseudo-gradients (anchor - local) averaged over workers, through the run's compressor."""
         assert self.exchange is not None
         return self.exchange.reduce_params([(p, a - p.float()) for a, p in zip(self.anchor, self.params)])
 
     @torch.no_grad()
-    def _apply(self, averaged: list[torch.Tensor]) -> None:
+    def apply_round(self, averaged: list[torch.Tensor]) -> None:
+        """Step the anchor by the ``averaged`` pseudo-gradients and continue from it."""
         assert self.exchange is not None and self.outer is not None
         self.exchange.end_step()
         for a, g in zip(self.anchor, averaged):
@@ -183,45 +180,16 @@ class PeriodicMode(SyncMode):
 
     def after_train_epoch(self, model: nn.Module) -> None:
         """A round if steps are pending, then BN statistics and the inner momentum averaged (see above)."""
-        if self.replica is not None:
-            self._replica_epoch_end(model)
-            return
         if self.since_round:
             self.average()
         average_bn_statistics(model)
-        average_in_place(self._inner_state())
+        average_in_place(self.inner_state())
 
-    def _inner_state(self) -> list[torch.Tensor]:
+    def inner_state(self) -> list[torch.Tensor]:
+        """The inner optimizer's floating-point state tensors (momentum buffers), averaged at each epoch's end."""
         assert self.inner is not None
         return [v for state in self.inner.state.values() for v in state.values()
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
-
-    # ------------------------------------------------------------------------------ under fault tolerance
-
-    @torch.no_grad()
-    def _replica_round(self, also: list[torch.Tensor] | None = None, deltas: bool = True) -> bool:
-        """A round over the quorum (the pseudo-gradients when ``deltas``, and ``also``, averaged beside them),
-        applied only if committed; otherwise the compressor's state is put back, ``also`` is left as it was
-        (it travels as a copy) and the round is due again at the next step. Returns whether it committed."""
-        assert self.replica is not None and self.exchange is not None
-        start = time.perf_counter()
-        averaged = self.replica.exchange_committed(self.exchange, also or [],
-                                                   self._exchange_deltas if deltas else list)
-        if averaged is not None and deltas:
-            self._apply(averaged)
-        self.stats.exchange_seconds += time.perf_counter() - start
-        return averaged is not None
-
-    def _replica_epoch_end(self, model: nn.Module) -> None:
-        """The epoch's last round (if steps are pending) with the BN statistics and the inner momentum, each
-        try in a fresh quorum, until one commits (a quorum of one always does)."""
-        assert self.replica is not None
-        state = bn_running_stats(model) + self._inner_state()
-        while True:
-            self.replica.quorum()
-            self.replica.fresh = False
-            if self._replica_round(state, deltas=self.since_round > 0):
-                return
 
     # ------------------------------------------------------------------------------ figures and state
 
@@ -245,18 +213,18 @@ class PeriodicMode(SyncMode):
         return {**row, K.rounds: rounds, K.steps_per_round: steps / rounds if rounds else None}
 
     def state_dict(self) -> dict[str, Any]:
-        """The outer optimizer's state; under fault tolerance also the anchor and the round's step count, which
-        a replica healing mid-round needs (a checkpoint is taken at an epoch's end, where the model is the
-        anchor)."""
+        """The outer optimizer's state (a checkpoint is taken at an epoch's end, where the model is the anchor)."""
         assert self.outer is not None
-        state: dict[str, Any] = {"outer": self.outer.state_dict()}
-        if self.replica is not None:
-            state.update(anchor=[a.clone() for a in self.anchor], since_round=self.since_round)
-        return state
+        return {"outer": self.outer.state_dict()}
+
+    def round_state(self) -> dict[str, Any]:
+        """``state_dict`` and where the round is: the anchor and the round's step count (what a worker that takes
+        over mid-round, such as a healing replica, needs)."""
+        return {**self.state_dict(), "anchor": [a.clone() for a in self.anchor], "since_round": self.since_round}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """After the trainer restored the model: the anchor is the model (every epoch ends with a round), or,
-        healing mid-round, the peer's anchor, from which this replica starts the rest of the round."""
+        """After the trainer restored the model: the anchor is the model (every epoch ends with a round), or, from
+        a ``round_state`` taken mid-round, that anchor, from which this worker starts the rest of the round."""
         assert self.outer is not None
         with torch.no_grad():
             for a, p, peer in zip(self.anchor, self.params, state.get("anchor") or self.params):

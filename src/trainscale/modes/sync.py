@@ -25,27 +25,13 @@ from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import CompressionPlan, plan_from_config
 from trainscale.compression.setup import ddp_kwargs as compression_ddp_kwargs
 from trainscale.compression.setup import make_hook as make_compression_hook
-from trainscale.config import MAX_WAIT_S, CoreConfig, option
+from trainscale.config import CoreConfig, option
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
-from trainscale.modes.fault_tolerance import (
-    CommittingOptimizer,
-    ReplicaBatches,
-    ReplicaSession,
-    bn_buffers,
-    validate_fault_tolerance,
-)
-from trainscale.runtime import ft
+from trainscale.modes.batchnorm import average_bn_statistics
+from trainscale.modes.fault_tolerance.config import ReplicationConfig
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
-from trainscale.runtime.dist import (
-    average_in_place,
-    elect_main_rank,
-    local_rank,
-    quiet_unless_main,
-    set_main_rank,
-    world_size,
-)
-from trainscale.runtime.faults import FaultConfig, check_link_down
+from trainscale.runtime.dist import elect_main_rank, local_rank, quiet_unless_main, set_main_rank, world_size
 from trainscale.runtime.process_group import process_group, worker_device
 
 log = logging.getLogger("trainscale.sync")
@@ -66,18 +52,13 @@ SYNC_BN_NEEDS_CUDA = ("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GP
 
 
 @dataclass
-class SyncConfig(FaultConfig, CompressionConfig, CoreConfig):
-    """Settings of sync mode beyond the launcher's: BatchNorm handling (and the compression section)."""
+class SyncConfig(ReplicationConfig, CompressionConfig, CoreConfig):
+    """Settings of sync mode beyond the launcher's: BatchNorm handling (and the compression section, and the
+    fault-tolerance one: a data-parallel mode can run as torchft replicas, ``modes.fault_tolerance``)."""
 
     TITLE: ClassVar[str] = "data parallel (sync mode)"
 
     sync_bn: bool = option(False, "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
-    fault_tolerance: bool = option(False, "per-step fault tolerance (torchft): each worker is a replica; a dead one "
-                                   "costs at most the step in flight, survivors go on, it is restarted and heals "
-                                   "from a peer (--max-restarts per replica; 0 means 5)")
-    ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
-                               "before the step is dropped and the quorum goes on without it",
-                               at_most=MAX_WAIT_S)
 
 
 @register_mode("sync")
@@ -100,13 +81,10 @@ class SyncMode(Mode):
         self.backend: str | None = None
         self.stats = CommStats()  # this epoch's, filled by the hook
         self.total = CommStats()  # the run's, epoch by epoch
-        self.replica = ReplicaSession(cfg) if cfg.fault_tolerance else None
 
     @classmethod
     def validate(cls, cfg: SyncConfig) -> None:
-        check_link_down(cfg)
-        if cfg.fault_tolerance or cfg.inject_fault:
-            validate_fault_tolerance(cfg)
+        super().validate(cfg)
 
     @classmethod
     def check_device(cls, cfg: SyncConfig, device: torch.device) -> None:
@@ -118,13 +96,7 @@ class SyncMode(Mode):
 
     @contextlib.contextmanager
     def session(self, device: torch.device) -> Iterator[None]:
-        """Join the launcher's group, elect the run-folder owner (node 0's first worker), always leave.
-        Under fault tolerance: this replica's torchft session instead (replica 0 owns the run folder)."""
-        if self.replica is not None:
-            self.backend = "gloo (torchft, reconfigured per quorum)"
-            with self.replica.session(device):
-                yield
-            return
+        """Join the launcher's group, elect the run-folder owner (node 0's first worker), always leave."""
         with process_group(device, self.requested_backend, self.timeout_s) as backend:
             self.backend = backend
             main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
@@ -137,9 +109,6 @@ class SyncMode(Mode):
                     set_main_rank(0)
 
     def wrap_model(self, model: nn.Module, device: torch.device) -> nn.Module:
-        if self.replica is not None:
-            self.replica.model = model
-            return model  # no DDP: the committing optimizer averages over the quorum
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # swaps BN children in place
         # Buffers are synced once at construction (identical starting BN statistics), not before every
@@ -162,48 +131,26 @@ class SyncMode(Mode):
         return self.hook_state, hook
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off. Under
-        fault tolerance the optimizer averages over the quorum and applies committed steps only."""
+        """DGC applies momentum itself (momentum correction), so the optimizer's own is switched off."""
         if self.compression is not None and self.compression.compressor().replaces_optimizer_momentum:
             for group in optimizer.param_groups:
                 group.update(momentum=0.0, nesterov=False)
             log.info("dgc: optimizer momentum off (DGC's momentum correction replaces it)")
-        if self.replica is None:
-            return optimizer
-        committing = CommittingOptimizer(optimizer, model, self.replica, self.compression)
-        if committing.hook is not None:
-            self.hook_state = committing.hook
-            self.stats = committing.hook.stats
-        return committing  # type: ignore[return-value]
+        return optimizer
 
-    def wrap_batches(self, train: Any, test: Any) -> tuple[Any, Any]:
-        return (ReplicaBatches(train, self.replica), test) if self.replica is not None else (train, test)
-
-    def before_fit(self, snapshot: Any, restore: Any) -> None:
-        if self.replica is not None:
-            self.replica.attach(snapshot, restore)
-
-    def writes_run_folder(self) -> bool:
-        return self.replica is None or self.replica.member_rank == 0
-
-    @property
-    def run_folder_shared(self) -> bool:  # type: ignore[override]
-        return self.replica is not None
-
-    def data_parallel_size(self) -> int:
-        return ft.replicas() if self.replica is not None else super().data_parallel_size()
+    def use_exchange(self, state: Any) -> None:
+        """Count into ``state`` (a compression hook's state, with its ``stats``) the gradients another exchange
+        than DDP's hook sends: this mode's figures then follow it."""
+        self.hook_state = state
+        self.stats = state.stats
 
     def before_train_epoch(self, epoch: int) -> None:
         if self.hook_state is not None:
             self.hook_state.set_epoch(epoch)
 
     def after_train_epoch(self, model: nn.Module) -> None:
-        if not self.sync_bn and self.replica is None:  # fault tolerance averages them every step
+        if not self.sync_bn:
             average_bn_statistics(model)
-
-    def epoch_samples(self, counted: int) -> int:
-        """Under fault tolerance each replica counts only its own: the job's are the committed batches."""
-        return counted if self.replica is None else self.replica.epoch_batches * self.replica.batch_size
 
     def epoch_stats(self) -> dict[str, Any]:
         row = self.per_step(self.stats, "epoch")
@@ -226,17 +173,6 @@ class SyncMode(Mode):
         bn = "SyncBatchNorm (global batch statistics)" if self.sync_bn else \
             "per-worker batch statistics; running statistics averaged over workers at each epoch end"
         compression = self.compression.describe() if self.compression else {"compress_method": "none"}
-        replicas = {"world_size": ft.replicas()} if self.replica is not None else {}  # each one a world of one
-        return {**replicas, "backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
+        return {"backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
                 "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)"}
 
-
-def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:
-    """The running mean/var buffers of every BatchNorm layer that tracks them."""
-    return [b for b in bn_buffers(model) if b.is_floating_point()]
-
-
-@torch.no_grad()
-def average_bn_statistics(model: nn.Module) -> None:
-    """Replace each worker's BN running statistics by their mean over workers (one all-reduce)."""
-    average_in_place(bn_running_stats(model))

@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.io import atomic_write_text
+from trainscale.runtime.job import CLUSTER_ENV, this_job  # noqa: F401  (CLUSTER_ENV: `train --cluster` writes it)
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -441,11 +442,8 @@ def _remove_groups(groups: list[Path], wait_s: float) -> None:
 
 # ---------------------------------------------------------------------------------------- runs on a cluster
 
-CLUSTER_ENV = "TRAINSCALE_CLUSTER"  # the facts of the cluster a job runs on, as JSON, for its workers
-
-
 def facts_from_env() -> dict | None:
     """What `train --cluster` told this job's processes about the cluster (None off a cluster): name, hosts,
-    rates, measured round trip, the interface whose counters give the bytes on the wire, CPU share."""
-    text = os.environ.get(CLUSTER_ENV)
-    return json.loads(text) if text else None
+    rates, measured round trip, the interface whose counters give the bytes on the wire, CPU share. Read from
+    the environment once, at the process's entry (``runtime.job``)."""
+    return this_job().cluster

@@ -16,14 +16,13 @@ from typing import Any, ClassVar, Iterator
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.runtime.cluster import cut_link, facts_from_env
-from trainscale.runtime.dist import restart_count
+from trainscale.runtime.cluster import cut_link
 from trainscale.runtime.ft import job_events, log_event
+from trainscale.runtime.job import FAULT_ENV, NODE_ENV, Job  # noqa: F401  (NODE_ENV: the launcher writes it)
 
 log = logging.getLogger("trainscale.runtime")
 
-ENV_VAR = "TRAINSCALE_FAULT"
-NODE_ENV = "TRAINSCALE_NODE_RANK"  # the node (emulated host) a fault-tolerant replica runs on
+ENV_VAR = FAULT_ENV
 ACTIONS = ("kill", "raise")
 
 
@@ -56,10 +55,10 @@ def parse_fault(text: str) -> Fault:
     return fault
 
 
-def fault_for(rank: int) -> Fault | None:
-    """The fault this rank must inject in this attempt, if any."""
-    text = os.environ.get(ENV_VAR, "")
-    if not text or restart_count() > 0:
+def fault_for(rank: int, job: Job) -> Fault | None:
+    """The fault this rank must inject in this attempt of ``job``, if any."""
+    text = job.fault
+    if not text or job.restarts > 0:
         return None
     fault = parse_fault(text)
     return fault if fault.rank == rank else None
@@ -85,8 +84,8 @@ class FaultyBatches:
             yield batch
 
 
-def with_fault_injection(batches: Any, rank: int) -> Any:
-    fault = fault_for(rank)
+def with_fault_injection(batches: Any, rank: int, job: Job) -> Any:
+    fault = fault_for(rank, job)
     return FaultyBatches(batches, fault) if fault else batches
 
 
@@ -116,35 +115,30 @@ class InjectedFault:
         """The fault as ``--inject-fault`` writes it."""
         return f"{self.kind}:{'s' if self.server else ''}{self.rank}@{self.step}"
 
-    def fire(self, link_down_s: float = 0.0, **fields: Any) -> None:
-        """Log the fault (with ``fields``) in the job's fault log, then meet it."""
+    def fire(self, link_down_s: float = 0.0, job: Job | None = None, **fields: Any) -> None:
+        """Log the fault (with ``fields``) in the job's fault log, then meet it; a link is cut on ``job``'s
+        cluster, at its node (the emulated host this process runs on)."""
         log.warning("--inject-fault %s fires", self.text)
         if self.kind == "link":
-            host = link_host()
-            log_event("fault", kind=self.kind, rank=self.rank, step=self.step, host=host, down_seconds=link_down_s,
-                      **fields)
-            cut_link(cluster_name(), host, link_down_s)
+            job = job or Job()
+            log_event("fault", kind=self.kind, rank=self.rank, step=self.step, host=job.node,
+                      down_seconds=link_down_s, **fields)
+            cut_link(cluster_name(job), job.node, link_down_s)
             return
         log_event("fault", kind=self.kind, rank=self.rank, step=self.step, server=self.server, **fields)
         os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
 
 
-def on_cluster() -> bool:
-    """Whether this process belongs to a job on an emulated cluster (where ``link`` faults can be met)."""
-    return facts_from_env() is not None
+def on_cluster(job: Job) -> bool:
+    """Whether ``job`` runs on an emulated cluster (where ``link`` faults can be met)."""
+    return job.cluster is not None
 
 
-def cluster_name() -> str:
-    facts = facts_from_env()
-    if facts is None:
+def cluster_name(job: Job) -> str:
+    if job.cluster_name is None:
         raise ConfigError("--inject-fault link:... cuts a host's link on an emulated cluster; this job is not on "
                           "one (train --cluster NAME)")
-    return facts["name"]
-
-
-def link_host() -> int:
-    """The emulated host this process runs on (its node rank, which the launcher passes down)."""
-    return int(os.environ.get(NODE_ENV, "0") or 0)
+    return job.cluster_name
 
 
 def parse_injected_fault(text: str) -> InjectedFault:

@@ -34,32 +34,12 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
 from trainscale.io import open_regular
-from trainscale.runtime.dist import restart_count
+from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV  # noqa: F401
+from trainscale.runtime.job import this_job
 
-REPLICA_ENV = "TRAINSCALE_FT_REPLICA"  # this replica's index, 0..replicas-1
-REPLICAS_ENV = "TRAINSCALE_FT_REPLICAS"
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable
-BARRIER_ENV = "TRAINSCALE_FT_BARRIER"  # host:port of the launcher's start-barrier store
-EVENTS_ENV = "TRAINSCALE_FT_EVENTS"  # the job's fault log (JSON lines)
-OWNER_ENV = "TRAINSCALE_FT_LAUNCHER_PID"  # the launcher that holds the run folder's lock
-ADDRESS_ENV = "TRAINSCALE_FT_ADDRESS"  # where this node's replicas listen (127.0.0.1 on one machine)
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable (the launcher sets it, torchft reads it)
 EVENTS_FILE = "ft-events.jsonl"
 HEARTBEAT_S = 0.1
-
-
-def replica() -> int | None:
-    """This process's replica index in a fault-tolerant job; None otherwise."""
-    value = os.environ.get(REPLICA_ENV, "")
-    return int(value) if value.isdigit() else None
-
-
-def replicas() -> int:
-    return int(os.environ.get(REPLICAS_ENV, "1") or 1)
-
-
-def owner_pid() -> int | None:
-    value = os.environ.get(OWNER_ENV, "")
-    return int(value) if value.isdigit() else None
 
 
 def torchft_available() -> bool:
@@ -104,17 +84,16 @@ def barrier_store(host: str, port: int = 0) -> Iterator[str]:
         del store
 
 
-def start_barrier(timeout_s: float) -> None:
-    """Wait until every replica has started (first attempts only: a restarted replica joins the running
-    job), so the first quorum holds them all and step 1 is everyone's."""
-    address = os.environ.get(BARRIER_ENV)
-    if not address or restart_count() > 0:
+def start_barrier(address: str | None, replicas: int, timeout_s: float) -> None:
+    """Wait at ``address`` (the launcher's store) until all ``replicas`` have started, so the first quorum holds
+    them all and step 1 is everyone's. A restarted replica, which joins the running job, passes None."""
+    if not address:
         return
     host, port = address.rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
     store.add("started", 1)
     deadline = time.monotonic() + timeout_s
-    while int(store.add("started", 0)) < replicas():
+    while int(store.add("started", 0)) < replicas:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every replica started within {timeout_s:.0f} s")
         time.sleep(0.02)
@@ -139,22 +118,22 @@ def _manager_server_on(host: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def manager(state: Callable[[], Any], load_state: Callable[[Any], None], timeout_s: float,
-            quorum_timeout_s: float, device: torch.device) -> Iterator[Any]:
-    """This replica's torchft Manager (synchronous quorum every step, heals from a peer over its gloo
-    group), on the replica's own store at MASTER_ADDR:MASTER_PORT; always shut down."""
+            quorum_timeout_s: float, device: torch.device, replica: int, master: tuple[str, int]) -> Iterator[Any]:
+    """Replica ``replica``'s torchft Manager (synchronous quorum every step, heals from a peer over its gloo
+    group), on the replica's own store at ``master`` (its MASTER_ADDR, MASTER_PORT); always shut down."""
     from torchft import Manager
     from torchft.checkpointing.pg_transport import PGTransport
     from torchft.process_group import ProcessGroupGloo
 
     logging.getLogger("torchft").setLevel(logging.CRITICAL)  # its notices, and a traceback per failed step
     warnings.filterwarnings("ignore", module="torchft")
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    host, port = master
     store = dist.TCPStore(host, port, 1, is_master=True, wait_for_workers=False)
     timeout = timedelta(seconds=timeout_s)
     pg = ProcessGroupGloo(timeout=timeout)
     with _manager_server_on(host):
         ft = Manager(pg=pg, load_state_dict=load_state, state_dict=state, min_replica_size=1,
-                     use_async_quorum=False, replica_id=f"replica{replica()}", timeout=timeout,
+                     use_async_quorum=False, replica_id=f"replica{replica}", timeout=timeout,
                      quorum_timeout=timedelta(seconds=quorum_timeout_s), connect_timeout=timedelta(seconds=30),
                      store_addr=host, store_port=port, hostname=host, rank=0, world_size=1,
                      heartbeat_interval=timedelta(seconds=HEARTBEAT_S),
@@ -167,12 +146,14 @@ def manager(state: Callable[[], Any], load_state: Callable[[Any], None], timeout
 
 
 def log_event(event: str, **fields: Any) -> None:
-    """Append one event (its name, the time, this replica, ``fields``) to the job's fault log: one JSON line
-    written with O_APPEND, so lines of concurrent replicas never interleave. A no-op outside such a job."""
-    path = os.environ.get(EVENTS_ENV)
-    if not path:
+    """Append one event (its name, the time, this replica, ``fields``) to the job's fault log (``Job.fault_log``):
+    one JSON line written with O_APPEND, so lines of concurrent replicas never interleave. A no-op outside such a
+    job."""
+    job = this_job()
+    path = job.fault_log
+    if path is None:
         return
-    line = json.dumps({"event": event, "time": time.time(), "replica": replica(), **fields}) + "\n"
+    line = json.dumps({"event": event, "time": time.time(), "replica": job.replica, **fields}) + "\n"
     fd = open_regular(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())
@@ -181,9 +162,9 @@ def log_event(event: str, **fields: Any) -> None:
 
 
 def job_events() -> list[dict[str, Any]]:
-    """The events of this replica's job so far (none outside a fault-tolerant job)."""
-    path = os.environ.get(EVENTS_ENV)
-    return read_events(Path(path)) if path else []
+    """The events of this process's job so far (none outside a job with a fault log)."""
+    path = this_job().fault_log
+    return read_events(path) if path else []
 
 
 def job_finished() -> bool:

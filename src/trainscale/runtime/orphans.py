@@ -7,7 +7,7 @@ and writing into a run folder whose lock died with the launcher. ``die_with_pare
 parent-death signal (``prctl(PR_SET_PDEATHSIG)``), so the kernel kills the child when its parent dies.
 That covers a parent that dies after the request; a child whose parent died during its start-up
 (importing torch takes seconds) was already re-parented, so it compares its parent with the one the
-parent recorded (``LAUNCHER_PID_ENV``, or a pid passed to it) and leaves at once.
+parent recorded (``Job.launcher_pid``, or a pid passed to it) and leaves at once.
 
 Quiet stops: on Ctrl-C or a scheduler's SIGTERM the agent sends the same signal to every worker's
 process group. Python would turn SIGINT into KeyboardInterrupt, which unwinds through RPC calls,
@@ -28,9 +28,10 @@ import signal
 import sys
 from pathlib import Path
 
+from trainscale.runtime.job import LAUNCHER_PID_ENV
+
 log = logging.getLogger("trainscale.runtime")
 
-LAUNCHER_PID_ENV = "TRAINSCALE_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
@@ -62,17 +63,11 @@ class AgentStopNotices(logging.Filter):
         return not (self.stopping and record.msg == CLOSING_SIGNAL_NOTICE)
 
 
-def launcher_pid() -> int | None:
-    """The pid of this job's `trainscale train` launcher; None outside one (a local run, an external torchrun)."""
-    value = os.environ.get(LAUNCHER_PID_ENV, "")
-    return int(value) if value.isdigit() else None
-
-
-def end_with_launcher() -> None:
-    """A worker's first call under a launcher (trainscale's, or an external torchrun, whose pid is not recorded):
-    die with it, and silently when it stops the job."""
+def end_with_launcher(launcher: int | None) -> None:
+    """A worker's first call under a launcher (trainscale's, pid ``launcher``, or an external torchrun, whose pid
+    is not recorded: None): die with it, and silently when it stops the job."""
     die_quietly_on_stop()
-    die_with_parent(signal.SIGKILL, launcher_pid())
+    die_with_parent(signal.SIGKILL, launcher)
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:

@@ -7,9 +7,18 @@ pass ``Callbacks()``.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable
 
 from torch import nn
+
+
+class Writes(enum.Enum):
+    """Whether a process writes the run folder at an epoch's end (its main process holds a writer)."""
+
+    NOT_NOW = "not now"
+    ALONE = "alone"  # the folder's only writer
+    SHARED = "shared"  # one of several that take turns (the one elected now): re-read the rows written so far first
 
 
 class Callbacks:
@@ -18,17 +27,13 @@ class Callbacks:
     def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
         """Once, before the first epoch, with functions that take and restore the trainer's whole state
         (model, optimizer, scaler, run state, the mode's own): a mode that copies live state between workers
-        (fault tolerance's healing) keeps them."""
+        (e.g. to heal a restarted one) keeps them."""
 
-    def writes_run_folder(self) -> bool:
-        """Whether this process writes the run folder at this epoch's end (its main process holds a writer).
-        In a fault-tolerant job every replica holds one and the quorum's first member writes, so the
-        record goes on when a replica dies; ``run_folder_shared`` then says to re-read the rows written
-        so far, which another replica may have written."""
-        return True
-
-    run_folder_shared = False
-    standby_writer = False  # this process holds a writer even when it is not main, to take over writing
+    def writes_run_folder(self) -> Writes:
+        """Whether this process writes the run folder at this epoch's end. A mode whose writer may change during
+        the run (it died; another process holds a writer too) says ``SHARED`` in the process elected now, which
+        re-reads the rows another one may have written."""
+        return Writes.ALONE
 
     def before_train_epoch(self, epoch: int) -> None:
         """Before each epoch's training pass (e.g. to step a compression warm-up schedule)."""
@@ -39,7 +44,7 @@ class Callbacks:
 
     def epoch_samples(self, counted: int) -> int:
         """The images the whole job trained on this epoch, given the count summed over this process group. A
-        mode whose workers are worlds of their own (fault tolerance's replicas) counts them itself."""
+        mode whose workers are worlds of their own (e.g. replicas that each count their own) counts them itself."""
         return counted
 
     def epoch_stats(self) -> dict[str, Any]:
@@ -75,16 +80,8 @@ class Forwarding(Callbacks):
     def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
         self.inner.before_fit(snapshot, restore)
 
-    def writes_run_folder(self) -> bool:
+    def writes_run_folder(self) -> Writes:
         return self.inner.writes_run_folder()
-
-    @property
-    def run_folder_shared(self) -> bool:  # type: ignore[override]
-        return self.inner.run_folder_shared
-
-    @property
-    def standby_writer(self) -> bool:  # type: ignore[override]
-        return self.inner.standby_writer
 
     def before_train_epoch(self, epoch: int) -> None:
         self.inner.before_train_epoch(epoch)

@@ -27,7 +27,7 @@ from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_mess
 from trainscale.runtime import broadcast_object, is_main_process, world_size
 from trainscale.runtime import ft
 from trainscale.runtime.dist import job_restarted
-from trainscale.runtime.orphans import launcher_pid
+from trainscale.runtime.job import Job
 from trainscale.train.environment import environment
 
 log = logging.getLogger("trainscale.train")
@@ -140,11 +140,13 @@ RESUME_MAY_CHANGE = frozenset({
 })
 
 
-def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, probe: bool = True) -> None:
+def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, probe: bool = True,
+                     holders: tuple[int, ...] = ()) -> None:
     """Never write into a folder that holds anything unless resuming a trainscale run there with the same
     settings (``RESUME_MAY_CHANGE`` aside); never resume nothing. ``probe=False`` (a dry run, which writes
-    nothing) judges writability from the nearest existing folder's permissions instead of a probe file."""
-    check_not_in_use(out)
+    nothing) judges writability from the nearest existing folder's permissions instead of a probe file.
+    ``holders``: this job's processes that may hold the folder's lock (``check_not_in_use``)."""
+    check_not_in_use(out, holders)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose another --out")
     (check_folder_writable if probe else check_folder_permissions)(out, "--out")
@@ -161,11 +163,12 @@ def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, pro
         check_resume_matches(read_json(out / "config.json"), cfg)
 
 
-def check_not_in_use(out: Path) -> None:
+def check_not_in_use(out: Path, holders: tuple[int, ...] = ()) -> None:
     """Another job holding the folder's lock (``results.lock_run_folder``) is said first: its files say
-    nothing yet about this job. This process's own lock, or its launcher's, is no obstacle."""
+    nothing yet about this job. This process's own lock, or one of its launchers' (``holders``), is no
+    obstacle."""
     holder = lock_holder(out)
-    if holder is not None and holder not in (os.getpid(), launcher_pid(), ft.owner_pid()):
+    if holder is not None and holder not in (os.getpid(), *holders):
         raise ConfigError(in_use_message(out, holder))
 
 
@@ -212,10 +215,11 @@ def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
     return bool(broadcast_object(found))
 
 
-def run_folder(cfg: CoreConfig, standby: bool = False) -> tuple[RunWriter | None, bool]:
+def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -> tuple[RunWriter | None, bool]:
     """(the run folder on the main process, and on a ``standby`` one that may take over writing it; whether to
     resume); see ``check_run_folder``. The checks that need only the config come first (see also
-    ``results.lock_run_folder``, which removes a folder it made that a failed check left empty)."""
+    ``results.lock_run_folder``, which removes a folder it made that a failed check left empty). ``job``: this
+    process's place in the job (whether it creates the folder, which launchers hold its lock)."""
     check_model_input(cfg)
     main = is_main_process()
     out = resolve_out(cfg) if main or standby else None
@@ -223,9 +227,10 @@ def run_folder(cfg: CoreConfig, standby: bool = False) -> tuple[RunWriter | None
     resume = wants_resume(cfg, out if main else None, restarted)
     if out is None:
         return None, resume
-    first_writer = main and ft.replica() in (None, 0) and not restarted  # replicas share the folder
+    job = job or Job()
+    first_writer = main and job.writes_folder_first and not restarted  # replicas share the folder
     if first_writer:
-        check_run_folder(out, cfg.resume, cfg)
+        check_run_folder(out, cfg.resume, cfg, holders=job.folder_holders)
     if cfg.resume and not resume:
         log.warning("--resume: %s has no checkpoint (the run stopped before its first one); starting from the "
                     "beginning", out)

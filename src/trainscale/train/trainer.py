@@ -16,7 +16,7 @@ from trainscale.config import CoreConfig
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
 from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcast_object, is_distributed, is_main_process, world_size
-from trainscale.train.callbacks import Callbacks
+from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
@@ -121,8 +121,9 @@ class Trainer:
             self.summary_base[K.warmup_seconds] = self.warm_up()
         for epoch in range(self.state.next_epoch, self.cfg.epochs):
             row = self.run_epoch(epoch)
-            if self.writer is not None and self.callbacks.writes_run_folder():
-                if self.callbacks.run_folder_shared:
+            writes = self.callbacks.writes_run_folder()
+            if self.writer is not None and writes is not Writes.NOT_NOW:
+                if writes is Writes.SHARED:
                     self.writer.restore_history(epoch)
                 self.writer.add_epoch(row)
                 self.writer.write_summary(self.summary())

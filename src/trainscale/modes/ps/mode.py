@@ -42,6 +42,7 @@ from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fi
 from trainscale.runtime.dist import Collectives, restart_count
 from trainscale.runtime.ft import log_event
 from trainscale.runtime.process_group import rpc_session, worker_device
+from trainscale.train.callbacks import Writes
 
 log = logging.getLogger("trainscale.ps")
 
@@ -184,7 +185,7 @@ class ParameterServerMode(Mode):
                                                        codec=codec.spec if codec is not None else None))
         rule = servers_momentum_for(rule, codec)
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
-                                     injected_slowdown(self.role_info.index), self._fault())
+                                     injected_slowdown(self.role_info.index, self.job.ps_slow), self._fault())
         self.optimizer.start()
         return self.optimizer
 
@@ -229,10 +230,9 @@ class ParameterServerMode(Mode):
         """Node 0's workers may take over the run folder (it is on node 0)."""
         return self.cfg.node_rank == 0
 
-    run_folder_shared = True  # rows so far may have been written by a main worker that died since
-
-    def writes_run_folder(self) -> bool:
-        return tsdist.is_main_process()
+    def writes_run_folder(self) -> Writes:
+        """The main worker writes; rows so far may have been written by a main worker that died since."""
+        return Writes.SHARED if tsdist.is_main_process() else Writes.NOT_NOW
 
     def after_train_epoch(self, model: nn.Module) -> None:
         """Epoch barrier, then every worker takes the servers' parameters and the mean BN statistics, and the

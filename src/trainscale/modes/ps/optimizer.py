@@ -13,7 +13,6 @@ puts it back on the servers.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,10 +25,11 @@ from trainscale.modes.ps.client import ShardClient
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import assign, flatten, gradients
 from trainscale.runtime.faults import InjectedFault
+from trainscale.runtime.job import PS_SLOW_ENV
 
 log = logging.getLogger("trainscale.ps")
 
-SLOW_ENV = "TRAINSCALE_PS_SLOW"  # TEST-ONLY: "worker=W:seconds=S" sleeps S before each step of worker W
+SLOW_ENV = PS_SLOW_ENV  # TEST-ONLY: "worker=W:seconds=S" sleeps S before each step of worker W
 
 
 @dataclass
@@ -50,9 +50,9 @@ def rule_from(optimizer: torch.optim.Optimizer, name: str, staleness: int | None
                 staleness)
 
 
-def injected_slowdown(worker: int) -> float:
-    """Seconds to sleep before each step (test-only, from TRAINSCALE_PS_SLOW); 0 normally."""
-    text = os.environ.get(SLOW_ENV, "")
+def injected_slowdown(worker: int, text: str) -> float:
+    """Seconds worker ``worker`` sleeps before each step (test-only: ``text`` is the job's TRAINSCALE_PS_SLOW,
+    ``Job.ps_slow``); 0 normally."""
     if not text:
         return 0.0
     try:

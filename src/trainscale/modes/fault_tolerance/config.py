@@ -1,0 +1,79 @@
+"""The fault-tolerance section of the config (``--fault-tolerance``, ``--ft-timeout``; with the fault-injection
+flags it extends) and its checks. A data-parallel mode takes it by including the section in its own; the
+checks run with the mode's (``Mode.validate`` runs each section's ``check_section``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from trainscale.config import MAX_WAIT_S, option
+from trainscale.errors import ConfigError
+from trainscale.runtime import ft
+from trainscale.runtime.faults import (FaultConfig, InjectedFault, check_link_down, injected_faults, job_processes,
+                                      on_cluster)
+from trainscale.runtime.job import this_job
+
+
+@dataclass
+class ReplicationConfig(FaultConfig):
+    """Per-step fault tolerance: each worker a torchft replica (``modes.fault_tolerance``)."""
+
+    TITLE: ClassVar[str] = "data parallel (sync mode)"
+
+    fault_tolerance: bool = option(False, "per-step fault tolerance (torchft): each worker is a replica; a dead one "
+                                   "costs at most the step in flight, survivors go on, it is restarted and heals "
+                                   "from a peer (--max-restarts per replica; 0 means 5)")
+    ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
+                               "before the step is dropped and the quorum goes on without it",
+                               at_most=MAX_WAIT_S)
+
+    @classmethod
+    def check_section(cls, cfg: Any) -> None:
+        """``--link-down`` always; the rest when fault tolerance or an injected fault is asked for."""
+        check_link_down(cfg)
+        if cfg.fault_tolerance or cfg.inject_fault:
+            validate_fault_tolerance(cfg)
+
+
+FT_MODES = ("sync", "localsgd", "diloco")
+
+
+def validate_fault_tolerance(cfg: Any) -> None:
+    """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line). Under
+    ``--cluster`` the parent knows the hosts only once it has read the cluster: it checks again with ``nnodes``
+    set to them (``app.preflight``), so replica numbers are bounded there."""
+    if cfg.inject_fault and not cfg.fault_tolerance:
+        raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
+    if cfg.mode not in FT_MODES:
+        raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.mode}")
+    ft.require_torchft()
+    if cfg.precision == "fp16":
+        raise ConfigError("--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on "
+                          "one replica only)")
+    if cfg.ft_timeout <= 0:
+        raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.ft_timeout}")
+    if cfg.nnodes > 1 and not cfg.out:
+        raise ConfigError("--fault-tolerance on several machines needs --out, the same folder on a file system "
+                          "every machine shares (any replica may take over writing the run)")
+    for fault in injected_faults(cfg):
+        validate_injected(fault, cfg)
+
+
+def validate_injected(fault: InjectedFault, cfg: Any) -> None:
+    """One --inject-fault against the job's replicas (``workers`` per node) and, for a link cut, its cluster."""
+    workers, replicas = cfg.workers or 1, job_processes(cfg)
+    what = f"--inject-fault {fault.text}"
+    if fault.server:
+        raise ConfigError(f"{what}: s{fault.rank} names a parameter-server shard; a fault-tolerant job has replicas "
+                          "only (give a replica's number)")
+    if replicas is not None and fault.rank >= replicas:
+        raise ConfigError(f"{what}: there are only {replicas} replicas (0..{replicas - 1})")
+    if fault.kind != "link":
+        return
+    if not (getattr(cfg, "cluster", None) or on_cluster(this_job())):
+        raise ConfigError(f"{what} cuts a host's link on an emulated cluster: run with --cluster NAME "
+                          "(trainscale cluster up), or use kill or hang")
+    if fault.rank < workers:
+        raise ConfigError(f"{what}: replica {fault.rank} is on host 0, whose link carries the lighthouse every "
+                          f"replica needs; cut another host's (replicas {workers}..)")
