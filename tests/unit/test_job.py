@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_layers import module_names
 from trainscale.runtime import job as job_module
 from trainscale.runtime.job import Job
 
@@ -23,14 +24,6 @@ ENTRY_POINTS = {
 }
 ENVIRON_BUILDER = "from_environ"  # building a Job from the environment: entry points only
 READ_METHODS = ("get", "pop", "getenv")
-
-
-def module_names(root: Path) -> dict[str, Path]:
-    names = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return names
 
 
 def internal(name: str) -> bool:
