@@ -37,6 +37,7 @@ def uninstall() -> None:
 
 
 def initialize(params: Tensor, rule: Rule) -> int:
+    assert _shard is not None  # install() runs before RPC starts, uninstall() after it stops
     return _shard.initialize(params, rule)
 
 
@@ -44,6 +45,7 @@ def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_versi
          active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int | WorkerDropped:
     """Apply or add the push; server 0 also records the batches it commits (``covers``, see handover.py)."""
     global _pushes
+    assert _shard is not None and _membership is not None
     _pushes += 1
     if _fault is not None and _pushes >= _fault.step:
         _fault.fire(version=_shard.version)  # the updates since the last checkpoint are lost with it
@@ -58,16 +60,19 @@ def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_versi
 
 @rpc.functions.async_execution
 def pull(worker: int, epoch: int, step: int | None, active: tuple[int, ...] | None) -> Future:
+    assert _shard is not None and _membership is not None
     refused = _membership.refused(worker)  # a worker declared dead is turned away
     return refused if refused is not None else _shard.pull(worker, epoch, step, active)
 
 
 def state() -> dict[str, Any]:
+    assert _shard is not None
     return _shard.state()
 
 
 def load_state(value: dict[str, Any]) -> None:
     """A checkpoint's state (``--resume``, or the whole job restarted after a server's death)."""
+    assert _shard is not None
     _shard.load_state(value)
     log_event("restored", shard=_shard.index, version=_shard.version)
 
@@ -75,6 +80,7 @@ def load_state(value: dict[str, Any]) -> None:
 def take_stats(epoch: int | None = None) -> dict[str, Any]:
     """The shard's counters; server 0 adds how many distinct batches of ``epoch`` pushes committed."""
     global _run_totals
+    assert _shard is not None
     out = _shard.take_stats()
     if _coordinator is not None and epoch is not None:
         out["batches_committed"] = _coordinator.ledger.committed(epoch)
@@ -88,9 +94,11 @@ def run_totals() -> dict[str, Any]:
 
 
 def leave(worker: int) -> None:
+    assert _membership is not None
     _membership.mark_left(worker)
 
 
 @rpc.functions.async_execution
 def collective(worker: int, seq: int, op: str, value: Any, src: int | None) -> Future:
+    assert _coordinator is not None  # collectives go to server 0, which has the coordinator
     return _coordinator.contribute(worker, seq, op, value, src)

@@ -68,7 +68,7 @@ class Ledger:
 
     def commit(self, epoch: int, batches: Iterable[Batch]) -> None:
         with self.lock:
-            self.done.setdefault(epoch, set()).update(tuple(b) for b in batches)
+            self.done.setdefault(epoch, set()).update((owner, index) for owner, index in batches)
             for old in [e for e in self.done if e < epoch - 1]:
                 del self.done[old]
 

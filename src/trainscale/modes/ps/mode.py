@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -69,7 +70,7 @@ class Role:
         return worker_name(self.index) if self.kind == "worker" else server_name(self.index)
 
 
-def role_from_env(workers_per_node: int, servers_per_node: int, env: dict[str, str] | None = None) -> Role:
+def role_from_env(workers_per_node: int, servers_per_node: int, env: Mapping[str, str] | None = None) -> Role:
     """Assign worker/server by local rank; a process count that does not match is a ConfigError."""
     env = os.environ if env is None else env
     world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
@@ -171,6 +172,7 @@ class ParameterServerMode(Mode):
                              self.name, role.index, role.workers, role.servers, main)
                     yield
                 tsdist.barrier()
+                assert self.client is not None  # wrap_optimizer ran inside the session
                 self.client.leave()
 
     # ------------------------------------------------------------------------------ the trainer's hooks
@@ -219,6 +221,7 @@ class ParameterServerMode(Mode):
         """Warm-start epochs and hand-overs for training; the whole test set on node 0's workers, evaluated by
         whichever is the main worker at the time (see batches.py)."""
         is_main = tsdist.is_main_process()
+        assert self.client is not None and self.collectives is not None  # session, then wrap_optimizer, came first
         self.handover = HandOver(self.role_info.index, getattr(train, "inner", train), self.client,
                                  self.collectives.plan, self.optimizer)
         self.batches = TrainBatches(train, self.clock, self.cfg.warm_start_epochs, is_main, tsdist.main_rank(),
@@ -237,6 +240,7 @@ class ParameterServerMode(Mode):
     def after_train_epoch(self, model: nn.Module) -> None:
         """Epoch barrier, then every worker takes the servers' parameters and the mean BN statistics, and the
         main worker is elected again (it may have died)."""
+        assert self.optimizer is not None
         self.optimizer.end_epoch()
         average_bn_over_live_workers(model)
         self.clock.next_epoch += 1
@@ -262,6 +266,7 @@ class ParameterServerMode(Mode):
         """Per-epoch figures: the workers' part summed by one collective (every worker keeps the run's totals,
         so any may take over), the servers' asked by the main worker."""
         role = self.role_info
+        assert self.client is not None and self.batches is not None and self.handover is not None
         stats = self.client.stats
         samples, seconds = self.batches.finished
         mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS) + 1, dtype=torch.float64)
@@ -280,6 +285,7 @@ class ParameterServerMode(Mode):
     def _accumulate(self, total: torch.Tensor) -> dict[str, Any]:
         """This epoch's workers' figures from the summed vector, added to the run's totals."""
         n, w = len(WorkerStats.FIELDS), self.role_info.workers
+        part: dict[str, Any]
         part = {"workers": dict(zip(WorkerStats.FIELDS, total[:n].tolist())), "samples": total[n:n + w].tolist(),
                 "seconds": total[n + w:-1].tolist(), "handed_over": int(total[-1])}
         part["epoch_seconds"] = max(part["seconds"]) if part["seconds"] else 0.0
@@ -292,6 +298,7 @@ class ParameterServerMode(Mode):
         return part
 
     def _row(self, part: dict[str, Any]) -> dict[str, Any]:
+        assert self.client is not None
         server = merge_server_stats(self.client.take_stats())
         self.totals["server"] = merge_server_stats(self.client.run_totals())  # the run's, whoever asked before
         row = epoch_row(server, part["workers"], part["epoch_seconds"], self.role_info.servers)

@@ -142,6 +142,7 @@ class PSOptimizer(torch.optim.Optimizer):
 
     def _average(self) -> None:
         current = flatten(self.params)
+        assert self.anchor is not None  # set by start(), which comes before any step
         self.client.push(current - self.anchor, self.param_groups[0]["lr"])
         self.anchor = self.client.pull()
         assign(self.params, self.anchor.to(self.params[0].device))

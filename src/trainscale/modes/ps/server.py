@@ -156,6 +156,7 @@ class ShardServer:
     def state(self) -> dict[str, Any]:
         """Parameters, momentum and version clock, copied under the lock (for the checkpoint)."""
         with self.lock:
+            assert self.params is not None, "state() before initialize()"
             momentum = None
             if self.optimizer is not None:
                 momentum = self.optimizer.state.get(self.params, {}).get("momentum_buffer")
@@ -164,6 +165,7 @@ class ShardServer:
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self.lock:
+            assert self.params is not None, "load_state() before initialize()"
             if state["params"].shape != self.params.shape:
                 raise ValueError(f"shard {self.index}: checkpoint slice has {state['params'].numel()} elements, "
                                  f"this shard {self.params.numel()}; resume with the same --servers and model")
@@ -188,6 +190,7 @@ class ShardServer:
         nbytes = payload_nbytes(payload)
         payload = decode_push(self.decoder, payload)
         with self.lock:
+            assert self.rule is not None and self.params is not None, "push() before initialize()"
             staleness = self.version - read_version
             self.stats.record_push(staleness, nbytes)
             self.progress[worker] = (epoch, step + 1)
@@ -233,9 +236,11 @@ class ShardServer:
 
     def _apply_update(self, payload: Tensor, lr: float) -> None:
         start = time.perf_counter()
+        assert self.rule is not None and self.params is not None
         if self.rule.averages:
             self.params.add_(payload)
         else:
+            assert self.optimizer is not None  # initialize() makes one for every rule that does not average
             self.params.grad = payload
             self.optimizer.param_groups[0]["lr"] = lr
             self.optimizer.step()
@@ -271,6 +276,7 @@ class ShardServer:
 
     def _gap(self, w: Waiter) -> int:
         """How many steps ``w.worker`` is ahead of the slowest other active live worker this epoch."""
+        assert w.step is not None  # callers answer a step-less pull at once, without a gap
         others = [self._progress_in(j, w.epoch) for j in self._expected(w.active) if j != w.worker]
         return max(0, w.step - min(others)) if others else 0
 
@@ -283,6 +289,7 @@ class ShardServer:
     def _answer(self, w: Waiter) -> tuple[Tensor, int, float]:
         if self.rule is not None and not self.rule.rounds and w.step is not None:
             self.stats.clock_gap_max = max(self.stats.clock_gap_max, self._gap(w))
+        assert self.params is not None, "pull() before initialize()"
         self.stats.bytes_out += self.params.numel() * self.params.element_size()
         return self.params.clone(), self.version, time.perf_counter() - w.since
 

@@ -75,6 +75,7 @@ def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(trainer, sender, os.getpid()), name=f"trainscale-ps-worker{worker}")
     child.start()
+    assert child.pid is not None  # started
     sender.close()
     message = _receive(receiver, child.pid, stopped_limit_s)
     child.join()
@@ -86,6 +87,7 @@ def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float
     if message is not None:
         kind, text = message
         raise {"user": ConfigError, "peer": ServerLost}.get(kind, PSError)(text)
+    assert child.exitcode is not None  # joined
     killed = (child.exitcode or 0) < 0
     how = f"was killed by signal {signal.Signals(-child.exitcode).name}" if killed else \
         f"exited with status {child.exitcode} without a result"
