@@ -6,12 +6,12 @@ from trainscale.train.setup import BatchPlan
 
 
 def test_defaults_validate():
-    assert build_config({}).model == "resnet9"
+    assert build_config({}).data.model == "resnet9"
 
 
 def test_layers_merge_left_to_right():
     cfg = build_config({"epochs": 3, "lr": 0.2}, {"epochs": 5})
-    assert (cfg.epochs, cfg.lr) == (5, 0.2)
+    assert (cfg.optim.epochs, cfg.optim.lr) == (5, 0.2)
 
 
 @pytest.mark.parametrize("bad, fragment", [
@@ -35,7 +35,8 @@ def test_toml_accepts_dashes_and_underscores(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('model = "resnet20"\nbatch-size = 64\nlabel_smoothing = 0.1\nmilestones = [2, 3]\n')
     cfg = build_config(load_toml(path))
-    assert (cfg.model, cfg.batch_size, cfg.label_smoothing, cfg.milestones) == ("resnet20", 64, 0.1, [2, 3])
+    assert (cfg.data.model, cfg.optim.batch_size, cfg.optim.label_smoothing, cfg.optim.milestones) == (
+        "resnet20", 64, 0.1, [2, 3])
 
 
 def test_toml_unknown_key_names_file_and_line(tmp_path):
@@ -66,15 +67,15 @@ def test_every_field_has_a_cli_flag():
     ({"batch_per_worker": 64}, 8, (64, 512)),
 ])
 def test_batch_plan(kw, workers, expected):
-    plan = BatchPlan.resolve(TrainConfig(**kw), workers)
+    plan = BatchPlan.resolve(TrainConfig.flat(**kw), workers)
     assert (plan.per_worker, plan.global_batch) == expected
 
 
 def test_linear_lr_scaling_rule():
-    plan = BatchPlan.resolve(TrainConfig(batch_size=1024, lr=0.1, lr_scaling="linear", base_batch_size=256), 4)
+    plan = BatchPlan.resolve(TrainConfig.flat(batch_size=1024, lr=0.1, lr_scaling="linear", base_batch_size=256), 4)
     assert plan.lr == pytest.approx(0.4)
 
 
 def test_indivisible_global_batch_is_an_error():
     with pytest.raises(ConfigError, match="not divisible by 3 workers"):
-        BatchPlan.resolve(TrainConfig(batch_size=512), 3)
+        BatchPlan.resolve(TrainConfig.flat(batch_size=512), 3)
