@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-from trainscale.config import CoreConfig, field_types, flag_name
+from trainscale.config import CoreConfig, Section, field_types, flag_name
 from trainscale.errors import TrainscaleError
 
 log = logging.getLogger("trainscale")
@@ -41,7 +41,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Seque
     same-titled sections share a group). Absent flags stay absent (SUPPRESS), so they fall back to --config,
     then to the defaults."""
     groups: dict[str, argparse._ArgumentGroup] = {}
-    own = list(cls.section_types().values()) if issubclass(cls, CoreConfig) else [cls]
+    own: list[type[Section]] = list(cls.section_types().values()) if issubclass(cls, CoreConfig) \
+        else [typing.cast("type[Section]", cls)]
     kinds = sorted(own, key=lambda kind: _section_rank(kind, sections))
     for kind in kinds:
         hints = field_types(kind)

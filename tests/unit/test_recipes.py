@@ -22,7 +22,7 @@ from trainscale.models import create_model, list_models, model_info
 from trainscale.recipes import get_recipe, list_recipes
 from trainscale.runtime.cpus import keep_freed_memory
 from trainscale.train.loop import PassStats, predict, views_per_image
-from trainscale.train.optimizers import MuonWithSGD, build_optimizer, matrix, set_lr
+from trainscale.train.optimizers import MuonWithSGD, build_optimizer, set_lr
 from trainscale.train.trainer import Trainer, reference_scope
 
 
