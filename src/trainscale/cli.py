@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-from trainscale.config import field_types, flag_name, section_of
+from trainscale.config import CoreConfig, Section, field_types, flag_name
 from trainscale.errors import TrainscaleError
 
 log = logging.getLogger("trainscale")
@@ -35,18 +35,21 @@ def _ints(text: str) -> list[int]:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Sequence[type]) -> None:
-    """One flag per field of the config class ``cls``, derived from the field: name, type, help, choices,
-    short and alternative spellings (see ``trainscale.config.option``). Grouped by the section that
-    declares each field, in the order of ``sections`` (same-titled sections share a group). Absent flags
-    stay absent (SUPPRESS), so they fall back to --config, then to the defaults."""
-    hints = field_types(cls)
+    """One flag per field of the config class ``cls`` (a ``Section``, or every section of a ``CoreConfig``),
+    derived from the field: name, type, help, choices, short and alternative spellings (see
+    ``trainscale.config.option``). Grouped by section, in the order of ``sections`` (then ``cls``'s own;
+    same-titled sections share a group). Absent flags stay absent (SUPPRESS), so they fall back to --config,
+    then to the defaults."""
     groups: dict[str, argparse._ArgumentGroup] = {}
-    fields = sorted(dataclasses.fields(cls), key=lambda f: _section_rank(section_of(cls, f.name), sections))
-    for f in fields:
-        title = section_of(cls, f.name).TITLE
-        group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
-        group.add_argument(*_spellings(f), dest=f.name, default=argparse.SUPPRESS, help=f.metadata.get("help"),
-                           **_kind(hints[f.name], f.metadata.get("choices")))
+    own: list[type[Section]] = list(cls.section_types().values()) if issubclass(cls, CoreConfig) \
+        else [typing.cast("type[Section]", cls)]
+    kinds = sorted(own, key=lambda kind: _section_rank(kind, sections))
+    for kind in kinds:
+        hints = field_types(kind)
+        group = groups.get(kind.TITLE) or groups.setdefault(kind.TITLE, parser.add_argument_group(kind.TITLE))
+        for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+            group.add_argument(*_spellings(f), dest=f.name, default=argparse.SUPPRESS, help=f.metadata.get("help"),
+                               **_kind(hints[f.name], f.metadata.get("choices")))
 
 
 def _section_rank(section: type, order: Sequence[type]) -> int:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
-from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
 from trainscale.runtime.job import Job, installed, this_job
+
+if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for the commands that train
+    from trainscale.modes.config import TrainConfig
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -51,7 +54,7 @@ def report(args: argparse.Namespace) -> int:
     return report_command(args)
 
 
-def train_config(args: argparse.Namespace) -> CoreConfig:
+def train_config(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then --config FILE, then the flags given on the command line."""
     from trainscale.app.config import build_config, load_toml
 
@@ -67,20 +70,20 @@ def train(args: argparse.Namespace) -> int:
     from trainscale.runtime.process_group import launched_by_torchrun
 
     cfg = train_config(args)
-    if cfg.dry_run:
+    if cfg.run.dry_run:
         return train_dry_run(cfg)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
-    if cfg.hosts is not None:
+    if cfg.launch.hosts is not None:
         from trainscale.app.hosts import hosts_main
 
         return hosts_main(cfg, flags)
-    if cfg.cluster is not None:
+    if cfg.launch.cluster is not None:
         from trainscale.cluster.launch import cluster_main
 
         return cluster_main(cfg)
     if launched_by_torchrun():
         return train_worker(cfg)
-    if mode_class(cfg.mode).distributed:
+    if mode_class(cfg.run.mode).distributed:
         from trainscale.app.launch import launch
 
         return launch(cfg, flags, this_job())
@@ -90,7 +93,7 @@ def train(args: argparse.Namespace) -> int:
     return train_worker(cfg)
 
 
-def train_dry_run(cfg: CoreConfig) -> int:
+def train_dry_run(cfg: TrainConfig) -> int:
     """`train --dry-run`: the checks, then the resolved config as JSON on stdout; nothing is written."""
     from trainscale.app.dryrun import dry_run
     from trainscale.io import dumps
@@ -99,7 +102,7 @@ def train_dry_run(cfg: CoreConfig) -> int:
     return 0
 
 
-def train_worker(cfg: CoreConfig) -> int:
+def train_worker(cfg: TrainConfig) -> int:
     """Train in this process. Under a launcher first tie this worker to it: it dies with the launcher and
     ends silently when the launcher stops the job (see ``runtime.orphans``)."""
     job = this_job()

@@ -4,12 +4,15 @@ A field is declared once, with ``option(...)``: its type annotation, default, he
 together, and the CLI (``trainscale train --help``), the TOML reader and ``config.json`` are all derived
 from the fields. The core sections below are what every run has (data, optimisation, execution, the
 launcher); a plug-in with settings of its own (a compressor family, a training mode) declares its own
-section in its own package and the composition root (``app.config``) joins them into one flat
-``TrainConfig``, so ``cfg.lr`` and ``cfg.servers`` read the same way and ``config.json`` stays flat.
+section in its own package. ``CoreConfig`` holds the core sections as typed attributes (``cfg.optim.lr``,
+``cfg.launch.workers``); ``modes.config.TrainConfig`` adds the modes' and the compression's sections. Flag
+and TOML key names stay flat (a field name is unique across sections), and so does ``config.json``
+(``to_dict``, ``from_flat``).
 
-This module is a leaf: dataclasses and metadata only (it imports only ``errors``). Each owner validates its
-section; what every number field shares is checked here, once, when a section is made: a float must be
-finite (``--lr nan`` or ``inf`` would train until the loss overflows; a timeout of ``inf`` overflows the
+This module is a leaf: dataclasses and metadata, and each core section's checks of its own fields (checks
+that need the registries or other sections live with their owners); of the rest of trainscale it imports
+only ``errors``. What every number field shares is checked here, once, when a section is made: a float must
+be finite (``--lr nan`` or ``inf`` would train until the loss overflows; a timeout of ``inf`` overflows the
 timers), and a field may declare its range with ``option(above=, at_least=, at_most=)``.
 """
 
@@ -17,13 +20,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence, TypeVar
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, require
+
+S = TypeVar("S", bound="Section")
+C = TypeVar("C", bound="CoreConfig")
 
 MAX_WAIT_S = 7 * 86400.0  # the longest timeout a setting may ask for (torch's timers take milliseconds)
 
@@ -48,14 +55,6 @@ def flag_name(field: dataclasses.Field) -> str:
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
 
-def section_of(cls: type, name: str) -> type:
-    """The class in ``cls``'s hierarchy that declares field ``name`` (its section)."""
-    for klass in reversed(cls.__mro__):
-        if name in klass.__dict__.get("__annotations__", {}):
-            return klass
-    raise KeyError(name)
-
-
 FLOAT32_MAX = 3.4028234663852886e38  # a setting multiplies float32 tensors (lr, momentum...)
 
 
@@ -78,11 +77,18 @@ def bound_problem(value: Any, above: float | None = None, at_least: float | None
 
 
 class Section:
-    """Base of every config section; ``TITLE`` heads the section's group in ``--help``. Making one checks
-    every number field (see ``bound_problem``), so a flag, a TOML file, a recipe and a dry run all refuse
-    the same values in the same words."""
+    """Base of every config section: a dataclass of ``option`` fields. ``TITLE`` heads the section's group in
+    ``--help``; ``FOR`` says which runs take it, in the error that refuses it elsewhere (default: the modes that
+    declare it). A built-in section's name (its ``[name]`` TOML table) is its attribute's in ``TrainConfig``; a
+    plug-in's is ``NAME``, else its class name less ``Config``, in lower case. ``validate`` checks the section's
+    own fields; checks across sections live with the mode or the composition root."""
 
     TITLE: ClassVar[str] = "options"
+    FOR: ClassVar[str | None] = None
+    NAME: ClassVar[str | None] = None
+
+    def validate(self) -> None:
+        """Checks of this section's own fields (ConfigError, one line)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
@@ -149,6 +155,11 @@ class OptimConfig(Section):
                             "workers, one all-reduce per step; an epoch of only skipped steps still stops)",
                             choices=("stop", "skip"))
 
+    def validate(self) -> None:
+        """The choices whose names the engine does not register elsewhere (the rest: ``train.checks``)."""
+        require(self.nonfinite in NONFINITE,
+                f"--nonfinite must be one of {', '.join(NONFINITE)}, got {self.nonfinite!r}")
+
 
 @dataclass
 class RunConfig(Section):
@@ -206,18 +217,153 @@ class LaunchConfig(Section):
     baseline: str | None = option(None, "a previous 1-worker run folder: summary.json gets scaling_efficiency "
                                   "against it")
 
+    def validate(self) -> None:
+        """Process counts, rendezvous, devices."""
+        require(self.workers is None or self.workers > 0, f"--workers must be a positive integer, got {self.workers}")
+        require(self.nnodes > 0, f"--nnodes must be a positive integer, got {self.nnodes}")
+        require(0 <= self.node_rank < self.nnodes,
+                 f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        require(self.max_restarts >= 0, f"--max-restarts must be >= 0, got {self.max_restarts}")
+        require(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        require(self.rdzv_timeout > 0, f"--rdzv-timeout must be > 0 seconds, got {self.rdzv_timeout}")
+        require(self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got '{self.backend}'")
+        require(not self.devices or (len(set(self.devices)) == len(self.devices) and min(self.devices) >= 0),
+                 f"--devices must list distinct GPU indices, got {self.devices}")
+        require(not self.devices or self.workers in (None, len(self.devices)),
+                 f"--workers {self.workers} but --devices lists {len(self.devices or [])} GPU(s): one worker per GPU")
+        require(self.rdzv_endpoint is None or _endpoint_ok(self.rdzv_endpoint),
+                 f"--rdzv-endpoint must be HOST:PORT (port 1-65535), got '{self.rdzv_endpoint}'")
+        require(self.nnodes == 1 or self.rdzv_endpoint is not None,
+                 "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+        require(not self.ssh or self.hosts is not None,
+                 "--ssh runs the per-node commands of --hosts FILE; give --hosts")
+        require(self.cluster is None or (self.nnodes, self.node_rank, self.rdzv_endpoint, self.hosts) ==
+                 (1, 0, None, None), "--cluster places one node on each emulated host itself: leave out --nnodes, "
+                 "--node-rank, --rdzv-endpoint and --hosts")
 
-@dataclass
-class CoreConfig(LaunchConfig, RunConfig, OptimConfig, DataConfig):
-    """What every run has, whatever its mode: the sections above (listed last-first, since a dataclass
-    puts the fields of its last base first)."""
+    def processes(self) -> int | None:
+        """Workers (replicas) of the whole job, ``workers`` per node: None in a ``--cluster`` parent that has not
+        read its cluster yet (``app.preflight`` checks again with ``nnodes`` set to the hosts)."""
+        if self.cluster and self.nnodes == 1:
+            return None
+        return (self.workers or 1) * max(self.nnodes, 1)
+
+
+BACKENDS = ("auto", "gloo", "nccl")
+NONFINITE = ("stop", "skip")
+
+
+def _endpoint_ok(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 CORE_SECTIONS: tuple[type[Section], ...] = (DataConfig, OptimConfig, RunConfig, LaunchConfig)
 
 
+_SCHEMAS: dict[tuple[type, tuple[object, ...]], Any] = {}  # CoreConfig._schema's, per class and plug-in key
+
+
+@dataclass
+class CoreConfig:
+    """What every run has, whatever its mode: one typed attribute per core section (``cfg.optim.lr``).
+    ``modes.config.TrainConfig`` adds the other built-in sections the same way; a section of a mode registered
+    from outside trainscale is held in ``plugins`` and read with ``cfg.section(ItsConfig)``. Flat names (flags,
+    TOML keys, ``config.json``) map to a section's field through ``field_map``; ``to_dict``/``from_flat``
+    convert."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)
+    plugins: dict[str, Section] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def plugin_types(cls) -> dict[str, type[Section]]:
+        """Sections beyond the typed attributes, by name (``TrainConfig``: those of modes registered later)."""
+        return {}
+
+    @classmethod
+    def plugin_key(cls) -> tuple[object, ...]:
+        """What ``plugin_types`` depends on (the schema is cached per class and key)."""
+        return ()
+
+    @classmethod
+    def section_types(cls) -> dict[str, type[Section]]:
+        """Section name -> class: the typed attributes in declaration order (the order of ``--help`` and
+        ``config.json``), then the plug-ins'."""
+        return dict(cls._schema()[0])
+
+    @classmethod
+    def field_map(cls) -> dict[str, tuple[str, dataclasses.Field]]:
+        """Flat field name -> (section name, field), for every section."""
+        return dict(cls._schema()[1])
+
+    @classmethod
+    def _schema(cls) -> tuple[dict[str, type[Section]], dict[str, tuple[str, dataclasses.Field]]]:
+        key = (cls, cls.plugin_key())
+        if key not in _SCHEMAS:
+            hints = typing.get_type_hints(cls)
+            typed = {f.name: hints[f.name] for f in dataclasses.fields(cls)
+                     if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+            kinds = {**typed, **{k: v for k, v in cls.plugin_types().items() if k not in typed}}
+            fields = {f.name: (attr, f) for attr, kind in kinds.items()
+                      for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+            _SCHEMAS[key] = (kinds, fields)
+        return _SCHEMAS[key]
+
+    def sections(self) -> Iterator[tuple[str, Section]]:
+        """(name, section) for every section, plug-ins' included (at their defaults when not set)."""
+        for attr, kind in self.section_types().items():
+            yield attr, getattr(self, attr) if attr in self.__dataclass_fields__ else self.plugins.get(attr, kind())
+
+    def section(self, kind: type[S]) -> S:
+        """This config's section of class ``kind`` (e.g. a plug-in mode's own)."""
+        found = next((s for _, s in self.sections() if type(s) is kind), None)
+        if found is None:
+            raise KeyError(f"{kind.__name__} is not a section of {type(self).__name__}")
+        return found  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field of every section, flat (``config.json``'s form)."""
+        return {k: v for _, section in self.sections() for k, v in section.to_dict().items()}
+
+    @classmethod
+    def from_flat(cls: type[C], values: Mapping[str, Any]) -> C:
+        """A config from flat names (``config.json``, flags, TOML): each value goes to its section, the rest
+        default; an unknown name is a KeyError."""
+        fields, types_ = cls.field_map(), cls.section_types()
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise KeyError(f"unknown setting(s): {', '.join(unknown)}")
+        grouped: dict[str, dict[str, Any]] = {attr: {} for attr in types_}
+        for name, value in values.items():
+            grouped[fields[name][0]][name] = value
+        built = {attr: kind(**grouped[attr]) for attr, kind in types_.items()}
+        typed = {k: v for k, v in built.items() if k in cls.__dataclass_fields__}
+        plugins = {k: v for k, v in built.items() if k not in typed and v != types_[k]()}
+        return cls(**typed, plugins=plugins)  # type: ignore[arg-type]
+
+    @classmethod
+    def flat(cls: type[C], **values: Any) -> C:
+        """``from_flat`` with keywords: ``TrainConfig.flat(lr=0.1, workers=2)``."""
+        return cls.from_flat(values)
+
+    def replace(self: C, **values: Any) -> C:
+        """A copy with the flat-named fields ``values`` changed (``dataclasses.replace`` across sections)."""
+        unknown = sorted(set(values) - set(self.field_map()))
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(unknown)}")
+        return type(self).from_flat({**self.to_dict(), **values})
+
+
 def field_types(cls: type) -> dict[str, Any]:
     """Each field's resolved type annotation (``int | None`` etc., not the string)."""
+    return _field_types(cls)
+
+
+@functools.cache
+def _field_types(cls: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 

@@ -10,7 +10,6 @@ shards in turn).
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,10 +28,11 @@ def _env(port: int, rank: int, world: int) -> None:
 
 
 def _server(port: int, index: int, servers: int) -> None:
+    from trainscale.modes.config import TrainConfig
     from trainscale.modes.ps.mode import Role, serve
 
     _env(port, 1 + index, 1 + servers)
-    cfg = SimpleNamespace(threads=1, rpc_timeout=60.0, heartbeat_timeout=10.0, inject_fault=None)
+    cfg = TrainConfig.flat(threads=1, rpc_timeout=60.0, heartbeat_timeout=10.0)
     serve(cfg, Role("server", index, 1, servers, 1 + index, 1 + servers))
 
 

@@ -63,7 +63,7 @@ def test_parameter_server_pushes_take_each_flag_under_the_compressors_own_name(m
 ])
 def test_the_flags_the_planners_text_and_a_run_folders_config_give_one_spec(flags, text, described):
     cfg = build_config(BASE, {"workers": 2, **flags})
-    spec = plan_from_config(cfg, cfg.seed)  # what sync, local SGD and DiLoCo build their exchange from
+    spec = plan_from_config(cfg.compression, cfg.run.seed)  # what sync, local SGD and DiLoCo build their exchange from
     assert spec.without_seed() == parse_spec(text) == method_spec(flags)
     assert spec.text == text
     assert spec.hook_state().compressor.describe().startswith(described)  # the DDP hook's and reducer's compressor

@@ -6,12 +6,12 @@ from trainscale.train.setup import BatchPlan
 
 
 def test_defaults_validate():
-    assert build_config({}).model == "resnet9"
+    assert build_config({}).data.model == "resnet9"
 
 
 def test_layers_merge_left_to_right():
     cfg = build_config({"epochs": 3, "lr": 0.2}, {"epochs": 5})
-    assert (cfg.epochs, cfg.lr) == (5, 0.2)
+    assert (cfg.optim.epochs, cfg.optim.lr) == (5, 0.2)
 
 
 @pytest.mark.parametrize("bad, fragment", [
@@ -35,7 +35,8 @@ def test_toml_accepts_dashes_and_underscores(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('model = "resnet20"\nbatch-size = 64\nlabel_smoothing = 0.1\nmilestones = [2, 3]\n')
     cfg = build_config(load_toml(path))
-    assert (cfg.model, cfg.batch_size, cfg.label_smoothing, cfg.milestones) == ("resnet20", 64, 0.1, [2, 3])
+    assert (cfg.data.model, cfg.optim.batch_size, cfg.optim.label_smoothing, cfg.optim.milestones) == (
+        "resnet20", 64, 0.1, [2, 3])
 
 
 def test_toml_unknown_key_names_file_and_line(tmp_path):
@@ -66,15 +67,73 @@ def test_every_field_has_a_cli_flag():
     ({"batch_per_worker": 64}, 8, (64, 512)),
 ])
 def test_batch_plan(kw, workers, expected):
-    plan = BatchPlan.resolve(TrainConfig(**kw), workers)
+    plan = BatchPlan.resolve(TrainConfig.flat(**kw), workers)
     assert (plan.per_worker, plan.global_batch) == expected
 
 
 def test_linear_lr_scaling_rule():
-    plan = BatchPlan.resolve(TrainConfig(batch_size=1024, lr=0.1, lr_scaling="linear", base_batch_size=256), 4)
+    plan = BatchPlan.resolve(TrainConfig.flat(batch_size=1024, lr=0.1, lr_scaling="linear", base_batch_size=256), 4)
     assert plan.lr == pytest.approx(0.4)
 
 
 def test_indivisible_global_batch_is_an_error():
     with pytest.raises(ConfigError, match="not divisible by 3 workers"):
-        BatchPlan.resolve(TrainConfig(batch_size=512), 3)
+        BatchPlan.resolve(TrainConfig.flat(batch_size=512), 3)
+
+
+def test_toml_section_tables_read_like_flat_keys(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "resnet20"\n\n[optim]\nlr = 0.1\nbatch-size = 64\n\n[launch]\nworkers = 2\n')
+    assert load_toml(path) == {"model": "resnet20", "lr": 0.1, "batch_size": 64, "workers": 2}
+    cfg = build_config(load_toml(path))
+    assert (cfg.data.model, cfg.optim.lr, cfg.optim.batch_size, cfg.launch.workers) == ("resnet20", 0.1, 64, 2)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("[optim]\nlrr = 0.1\n", r"run.toml:2: unknown key 'lrr' in \[optim\]"),
+    ("[optim]\n\nworkers = 2\n", r"run.toml:3: unknown key 'workers' in \[optim\] \(it belongs in \[launch\]"),
+    ("[optim]\nepochs = 2\nlr = 'fast'\n", r"run.toml:3: key 'lr' must be a number, got 'fast' \(str\)"),
+    ("model = 'mlp'\n[optimiser]\nlr = 0.1\n", r"run.toml:2: unknown table \[optimiser\]; the tables are the config "
+                                              "sections: data, optim, run, launch, compression, faults, replication"),
+])
+def test_toml_section_table_errors_name_file_line_and_key(tmp_path, text, fragment):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        load_toml(path)
+
+
+def test_config_json_is_flat_and_reads_back(tmp_path):
+    import json
+
+    from trainscale.app.config import config_from_dict, read_run_config
+
+    cfg = build_config({"model": "mlp", "workers": 2, "compress": "topk", "ratio": 0.01, "lr": 0.2})
+    flat = cfg.to_dict()
+    assert list(flat) == list(FIELDS) and not any(isinstance(v, dict) for v in flat.values())
+    (tmp_path / "config.json").write_text(json.dumps({**flat, "resolved": {"world_size": 2}}))
+    assert read_run_config(tmp_path / "config.json") == cfg
+    assert config_from_dict({"optim": {"lr": 0.2}, "model": "mlp"}).optim.lr == 0.2
+
+
+def test_sections_are_typed_attributes_not_flat_ones():
+    cfg = TrainConfig.flat(lr=0.3, workers=2, servers=1)
+    assert (cfg.optim.lr, cfg.launch.workers, cfg.ps.servers) == (0.3, 2, 1)
+    assert not hasattr(cfg, "lr")
+    assert cfg.replace(lr=0.5).optim.lr == 0.5 and cfg.optim.lr == 0.3
+    with pytest.raises(TypeError, match="unknown setting"):
+        cfg.replace(lrr=0.5)
+
+
+def test_a_mode_takes_only_the_sections_it_declares():
+    from trainscale.compression.config import CompressionConfig
+    from trainscale.modes import mode_class
+
+    assert CompressionConfig in mode_class("sync").sections and CompressionConfig in mode_class("async").sections
+    assert CompressionConfig not in mode_class("local").sections
+    with pytest.raises(ConfigError, match="--servers is for the parameter-server modes .*, not --mode sync"):
+        build_config({"workers": 2, "mode": "sync", "servers": 1})
+    with pytest.raises(ConfigError, match="--sync-every is for --mode diloco, localsgd, not --mode sync"):
+        build_config({"workers": 2, "mode": "sync", "sync_every": 4})
+    with pytest.raises(ConfigError, match="--fault-tolerance is for --mode diloco, localsgd, sync, not --mode async"):
+        build_config({"workers": 2, "servers": 1, "fault_tolerance": True})

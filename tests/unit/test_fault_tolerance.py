@@ -161,7 +161,7 @@ def test_link_faults_on_a_cluster_spare_host_0_and_replicas_are_bounded(fault, f
     with installed(Job.from_environ({CLUSTER_ENV: '{"name": "c"}'})):  # what a node's entry reads
         with pytest.raises(ConfigError, match=fragment):
             build_config({**base, "inject_fault": [fault]})
-        assert build_config({**base, "inject_fault": ["link:2@3"], "link_down": 2.0}).link_down == 2.0
+        assert build_config({**base, "inject_fault": ["link:2@3"], "link_down": 2.0}).faults.link_down == 2.0
 
 
 class LoneTransport:

@@ -8,9 +8,9 @@ from typing import ClassVar
 import pytest
 
 from trainscale.app import config as app_config
-from trainscale.app.config import TrainConfig, build_config
+from trainscale.app.config import TrainConfig, build_config, load_toml
 from trainscale.cli import add_config_flags, build_parser
-from trainscale.config import CORE_SECTIONS, CoreConfig, option
+from trainscale.config import CORE_SECTIONS, Section, option
 from trainscale.errors import ConfigError
 from trainscale.modes import MODES, Mode, create_mode, list_modes, mode_class, register_mode
 from trainscale.train import Callbacks
@@ -42,34 +42,41 @@ def test_every_config_field_has_help_and_a_flag():
         assert name in dests, f"{name} has no flag"
 
 
-def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch):
+def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch, tmp_path):
+    """A mode registered from outside trainscale brings its section (flags, TOML table, config.json, validation,
+    refusal under other modes) with its registration alone: nothing in trainscale is patched."""
     @dataclass
-    class GossipConfig(CoreConfig):
+    class GossipConfig(Section):
         TITLE: ClassVar[str] = "gossip"
         FOR: ClassVar[str] = "--mode gossip"
         gossip_peers: int = option(2, "peers each worker averages with")
 
+        def validate(self) -> None:
+            if self.gossip_peers < 1:
+                raise ConfigError(f"--gossip-peers must be >= 1, got {self.gossip_peers}")
+
     class GossipMode(Mode):
         distributed = True
-        section = GossipConfig
+        sections = (GossipConfig,)
 
-        def __init__(self, name: str, cfg: GossipConfig) -> None:
-            self.name, self.peers = name, cfg.gossip_peers
+        def __init__(self, name: str, cfg: TrainConfig) -> None:
+            self.name, self.peers = name, cfg.section(GossipConfig).gossip_peers
 
     monkeypatch.setattr(MODES, "_entries", dict(MODES._entries))  # registration undone after the test
     register_mode("gossip")(GossipMode)
-    composed = app_config._compose()
-    assert composed().gossip_peers == 2 and "gossip_peers" in composed().to_dict()
+    assert TrainConfig().section(GossipConfig).gossip_peers == 2 and "gossip_peers" in TrainConfig().to_dict()
     parser = argparse.ArgumentParser()
-    add_config_flags(parser, composed, CORE_SECTIONS)
+    add_config_flags(parser, TrainConfig, CORE_SECTIONS)
     assert parser.parse_args(["--gossip-peers", "5"]).gossip_peers == 5
     assert "peers each worker averages with" in parser.format_help()
-    monkeypatch.setattr(app_config, "TrainConfig", composed)
-    monkeypatch.setattr(app_config, "FIELDS", {f: composed.__dataclass_fields__[f] for f in composed.__dataclass_fields__})
-    monkeypatch.setattr(app_config, "TYPES", app_config.field_types(composed))
     assert create_mode(build_config({"mode": "gossip", "workers": 2, "gossip_peers": 3})).peers == 3
+    path = tmp_path / "gossip.toml"
+    path.write_text("[gossip]\ngossip_peers = 4\n")
+    assert create_mode(build_config({"mode": "gossip", "workers": 2}, load_toml(path))).peers == 4
     with pytest.raises(ConfigError, match="--gossip-peers is for --mode gossip, not --mode sync"):
         build_config({"workers": 2, "gossip_peers": 3})
+    with pytest.raises(ConfigError, match="--gossip-peers must be >= 1, got 0"):
+        build_config({"mode": "gossip", "workers": 2, "gossip_peers": 0})
 
 
 @pytest.mark.parametrize("values, fragment", [

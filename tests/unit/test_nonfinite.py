@@ -112,8 +112,8 @@ def test_ranks_agree_a_step_is_skipped_when_any_rank_saw_a_non_finite_value(tmp_
 
 
 def test_skip_is_refused_for_parameter_server_modes_and_unknown_values():
-    assert build_config({"model": "mlp", "nonfinite": "skip"}).nonfinite == "skip"
-    assert build_config({"model": "mlp", "workers": 2, "nonfinite": "skip"}).mode == "sync"
+    assert build_config({"model": "mlp", "nonfinite": "skip"}).optim.nonfinite == "skip"
+    assert build_config({"model": "mlp", "workers": 2, "nonfinite": "skip"}).run.mode == "sync"
     with pytest.raises(ConfigError, match=r"^--nonfinite skip is for --mode local and sync, not --mode async"):
         build_config({"model": "mlp", "servers": 1, "nonfinite": "skip"})
     with pytest.raises(ConfigError, match=r"^--nonfinite must be one of stop, skip, got 'ignore'"):

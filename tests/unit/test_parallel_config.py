@@ -35,7 +35,7 @@ def test_mode_resolution(monkeypatch, layer, env_world, expected):
     if env_world:
         monkeypatch.setenv("WORLD_SIZE", env_world)
     cfg = build_config(layer)
-    assert (cfg.mode, cfg.workers) == expected
+    assert (cfg.run.mode, cfg.launch.workers) == expected
 
 
 @pytest.mark.parametrize("bad, fragment", [

@@ -21,8 +21,8 @@ BASE = {"model": "mlp", "dataset": "synthetic", "epochs": 3}
 
 def test_servers_alone_select_async_and_modes_register():
     cfg = build_config(BASE, {"servers": 2, "workers": 2})
-    assert (cfg.mode, cfg.servers, cfg.workers) == ("async", 2, 2)
-    assert build_config(BASE, {"mode": "ma", "servers": 1, "average_every": 5}).average_every == 5
+    assert (cfg.run.mode, cfg.ps.servers, cfg.launch.workers) == ("async", 2, 2)
+    assert build_config(BASE, {"mode": "ma", "servers": 1, "average_every": 5}).ps.average_every == 5
 
 
 @pytest.mark.parametrize("bad, fragment", [
@@ -64,8 +64,9 @@ def test_bad_settings_name_the_flag(bad, fragment):
 
 def test_async_remedies_are_on_by_default():
     cfg = build_config(BASE, {"servers": 1, "workers": 2})
-    assert (cfg.async_momentum, cfg.staleness_lr) == ("auto", True)
-    assert build_config(BASE, {"servers": 1, "async_momentum": "0.25", "staleness_lr": False}).async_momentum == "0.25"
+    assert (cfg.ps.async_momentum, cfg.ps.staleness_lr) == ("auto", True)
+    cfg = build_config(BASE, {"servers": 1, "async_momentum": "0.25", "staleness_lr": False})
+    assert cfg.ps.async_momentum == "0.25"
 
 
 @pytest.mark.parametrize("workers, expected", [(1, 0.9), (2, 0.4), (4, 0.15), (5, 0.1), (10, 0.0), (64, 0.0)])

@@ -22,45 +22,48 @@ from trainscale.models import create_model, list_models, model_info
 from trainscale.recipes import get_recipe, list_recipes
 from trainscale.runtime.cpus import keep_freed_memory
 from trainscale.train.loop import PassStats, predict, views_per_image
-from trainscale.train.optimizers import MuonWithSGD, build_optimizer, matrix, set_lr
+from trainscale.train.optimizers import MuonWithSGD, build_optimizer, set_lr
 from trainscale.train.trainer import Trainer, reference_scope
 
 
 @pytest.mark.parametrize("name", list_recipes())
 def test_every_recipe_builds_a_valid_config(name: str) -> None:
     cfg = build_config({"recipe": name, "dataset": "synthetic"})
-    assert cfg.recipe == name
+    assert cfg.optim.recipe == name
     for key, value in get_recipe(name).settings.items():
-        assert getattr(cfg, key) == value, key
+        assert cfg.to_dict()[key] == value, key
 
 
 @pytest.mark.parametrize("model", list_models())
 def test_every_model_gets_its_own_recipe(model: str) -> None:
     cfg = build_config({"model": model})
     recipe = get_recipe(model_info(model).recipe)
-    assert cfg.recipe == recipe.name
-    assert cfg.lr == recipe.settings["lr"]
+    assert cfg.optim.recipe == recipe.name
+    assert cfg.optim.lr == recipe.settings["lr"]
 
 
 def test_user_settings_win_and_lr_scales_with_the_batch() -> None:
     cfg = build_config({"model": "resnet20", "batch_size": 256})
-    assert (cfg.lr, cfg.lr_scaling, cfg.schedule, cfg.milestones) == (0.1, "none", "step", [83, 124])
+    optim = cfg.optim
+    assert (optim.lr, optim.lr_scaling, optim.schedule, optim.milestones) == (0.1, "none", "step", [83, 124])
     scaled = build_config({"model": "resnet50", "batch_size": 512})
-    assert (scaled.lr, scaled.lr_scaling, scaled.base_batch_size) == (0.1, "linear", 256)  # 0.2 at 512
+    assert (scaled.optim.lr, scaled.optim.lr_scaling, scaled.optim.base_batch_size) == (
+        0.1, "linear", 256)  # 0.2 at 512
     mine = build_config({"model": "resnet50", "batch_size": 512, "lr": 0.3, "schedule": "cosine"})
-    assert (mine.lr, mine.lr_scaling, mine.schedule) == (0.3, "none", "cosine")  # no scaling of the user's lr
-    assert mine.milestones == [41, 61]  # the recipe's milestones went with its schedule: trainscale's default
+    assert (mine.optim.lr, mine.optim.lr_scaling, mine.optim.schedule) == (
+        0.3, "none", "cosine")  # no scaling of the user's lr
+    assert mine.optim.milestones == [41, 61]  # the recipe's milestones went with its schedule: trainscale's default
 
 
 def test_recipe_warmup_longer_than_the_run_is_cut_to_it() -> None:
-    assert build_config({"model": "resnet50", "epochs": 2}).warmup_epochs == 2.0
+    assert build_config({"model": "resnet50", "epochs": 2}).optim.warmup_epochs == 2.0
     with pytest.raises(ConfigError, match="--warmup-epochs"):
         build_config({"model": "resnet50", "epochs": 2, "warmup_epochs": 3.0})  # the user's own: refused
 
 
 def test_recipe_may_name_the_model_and_unknown_recipe_is_one_line() -> None:
-    assert build_config({"recipe": "airbench94"}).model == "airbench94"
-    assert build_config({"recipe": "airbench94", "model": "resnet20"}).model == "resnet20"
+    assert build_config({"recipe": "airbench94"}).data.model == "airbench94"
+    assert build_config({"recipe": "airbench94", "model": "resnet20"}).data.model == "resnet20"
     with pytest.raises(ConfigError, match="unknown recipe 'airbench9'.*did you mean 'airbench94'"):
         build_config({"recipe": "airbench9"})
 
@@ -110,7 +113,7 @@ def muon_cfg(**extra: object):
 def test_airbench94_parameter_groups() -> None:
     cfg = muon_cfg()
     model = create_model("airbench94").to(memory_format=torch.channels_last)
-    opt = build_optimizer(cfg, model, lr=cfg.lr)
+    opt = build_optimizer(cfg, model, lr=cfg.optim.lr)
     groups = {g["name"]: g for g in opt.param_groups}
     assert list(groups) == ["rest", "head", "until", "filters"]
     assert opt.param_groups[0]["name"] == "rest"  # the per-epoch table shows group 0's lr
@@ -120,11 +123,11 @@ def test_airbench94_parameter_groups() -> None:
     assert groups["until"]["params"] == [model.whiten.bias] and groups["until"]["until_epoch"] == 3.0
     decay = {n: g["lr"] * g["weight_decay"] for n, g in groups.items() if n != "filters"}
     assert decay["head"] == pytest.approx(decay["rest"]) == pytest.approx(2e-6 * 2000)
-    set_lr(opt, cfg.lr * 0.5, 1.5)
-    assert groups["head"]["lr"] == pytest.approx(cfg.lr * 0.5 * cfg.head_lr_factor)
-    assert groups["filters"]["lr"] == pytest.approx(cfg.muon_lr * 0.5)
-    assert groups["until"]["lr"] == pytest.approx(cfg.lr * 0.5)  # 1 - 1.5 / 3
-    set_lr(opt, cfg.lr * 0.4, 3.2)
+    set_lr(opt, cfg.optim.lr * 0.5, 1.5)
+    assert groups["head"]["lr"] == pytest.approx(cfg.optim.lr * 0.5 * cfg.optim.head_lr_factor)
+    assert groups["filters"]["lr"] == pytest.approx(cfg.optim.muon_lr * 0.5)
+    assert groups["until"]["lr"] == pytest.approx(cfg.optim.lr * 0.5)  # 1 - 1.5 / 3
+    set_lr(opt, cfg.optim.lr * 0.4, 3.2)
     assert groups["until"]["lr"] == 0.0
 
 
@@ -228,7 +231,7 @@ def test_the_whitening_bias_stops_taking_gradients_once_its_training_ends() -> N
     trainer = object.__new__(Trainer)
     trainer.cfg = muon_cfg()
     trainer.model = create_model("airbench94")
-    optimizer = build_optimizer(trainer.cfg, trainer.model, lr=trainer.cfg.lr)
+    optimizer = build_optimizer(trainer.cfg, trainer.model, lr=trainer.cfg.optim.lr)
     bias = trainer.model.whiten.bias
     trainable = {id(p) for p in trainer.model.parameters() if p.requires_grad}
     trainer.freeze_finished(2)

@@ -5,12 +5,12 @@ from trainscale.train.schedules import create_schedule, list_schedules
 
 
 def lr(cfg: TrainConfig, t: float) -> float:
-    return cfg.lr * create_schedule(cfg)(t)
+    return cfg.optim.lr * create_schedule(cfg)(t)
 
 
 def test_seed000_step_schedule():
     """0.1, then 0.01 from epoch 41 and 0.001 from epoch 61 (1-based, as the seed writes it)."""
-    cfg = TrainConfig(schedule="step", lr=0.1, epochs=82, milestones=[41, 61], gamma=0.1)
+    cfg = TrainConfig.flat(schedule="step", lr=0.1, epochs=82, milestones=[41, 61], gamma=0.1)
     assert lr(cfg, 0) == pytest.approx(0.1)
     assert lr(cfg, 39.99) == pytest.approx(0.1)  # 0-based epoch 39 is the seed's epoch 40
     assert lr(cfg, 40) == pytest.approx(0.01)  # the seed's epoch 41
@@ -21,7 +21,7 @@ def test_seed000_step_schedule():
 
 def test_seed004_onecycle():
     """0 -> 0.4 over epochs 0-5, back to 0 at epoch 24 (piecewise linear)."""
-    cfg = TrainConfig(schedule="onecycle", lr=0.4, epochs=24)
+    cfg = TrainConfig.flat(schedule="onecycle", lr=0.4, epochs=24)
     assert lr(cfg, 0) == 0
     assert lr(cfg, 2.5) == pytest.approx(0.2)
     assert lr(cfg, 5) == pytest.approx(0.4)
@@ -30,16 +30,16 @@ def test_seed004_onecycle():
 
 
 def test_onecycle_default_warmup_scales_with_epochs():
-    cfg = TrainConfig(schedule="onecycle", lr=1.0, epochs=48)
+    cfg = TrainConfig.flat(schedule="onecycle", lr=1.0, epochs=48)
     assert lr(cfg, 10) == pytest.approx(1.0)
 
 
 def test_linear_warmup_on_step_and_cosine():
-    step = TrainConfig(schedule="step", lr=0.1, epochs=10, warmup_epochs=2, milestones=[6])
+    step = TrainConfig.flat(schedule="step", lr=0.1, epochs=10, warmup_epochs=2, milestones=[6])
     assert lr(step, 1) == pytest.approx(0.05)
     assert lr(step, 2) == pytest.approx(0.1)
     assert lr(step, 5) == pytest.approx(0.01)
-    cos = TrainConfig(schedule="cosine", lr=1.0, epochs=10)
+    cos = TrainConfig.flat(schedule="cosine", lr=1.0, epochs=10)
     assert lr(cos, 0) == pytest.approx(1.0)
     assert lr(cos, 5) == pytest.approx(0.5)
     assert lr(cos, 10) == pytest.approx(0.0, abs=1e-12)
@@ -47,6 +47,6 @@ def test_linear_warmup_on_step_and_cosine():
 
 @pytest.mark.parametrize("name", list_schedules())
 def test_every_schedule_is_bounded(name):
-    cfg = TrainConfig(schedule=name, lr=0.5, epochs=7)
+    cfg = TrainConfig.flat(schedule=name, lr=0.5, epochs=7)
     values = [lr(cfg, e / 10) for e in range(71)]
     assert all(0 <= v <= 0.5 + 1e-12 for v in values)

@@ -1,10 +1,12 @@
-"""The run's configuration: every section joined into one flat ``TrainConfig``, read from defaults, a
-TOML file and flags (later wins), and checked by each section's owner.
+"""The run's configuration: ``TrainConfig``'s typed sections read from defaults, a TOML file and flags (later
+wins), each section checked by its owner, and the checks across sections.
 
-The sections are declared where they belong (``trainscale.config`` for the core, each mode and
-``compression`` for their own); this module is the one place that knows them all. ``TrainConfig`` is
-built from the registered modes' sections, so a new mode's settings appear here, in ``--help`` and in
-``config.json`` without an edit outside the mode's own file.
+The sections are declared where they belong (``trainscale.config`` for the core, ``compression.config``,
+``runtime.faults``, ``modes.config`` and each mode's own); ``modes.config.TrainConfig`` joins them as typed
+attributes. Names stay flat for the user: a flag, a TOML key and a ``config.json`` key is a field's name, found
+in whichever section declares it; a TOML file may also group keys in ``[section]`` tables (``[optim]``,
+``[launch]``...). A mode registered later brings its sections without an edit here (``FIELDS`` and ``TYPES``
+are read from the registry on each use).
 """
 
 from __future__ import annotations
@@ -13,66 +15,137 @@ import dataclasses
 import os
 import re
 import unicodedata
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import validate_compression
-from trainscale.config import CoreConfig, Section, coerce, field_types, flag_name, section_of
+from trainscale.config import CORE_SECTIONS, Section, coerce, field_types, flag_name
 from trainscale.errors import ConfigError, require
-from trainscale.io import read_toml
+from trainscale.io import read_json, read_toml
 from trainscale.models import model_info
 from trainscale.modes import list_modes, mode_class
+from trainscale.modes.config import TrainConfig
 from trainscale.recipes import get_recipe
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
 
-BACKENDS = ("auto", "gloo", "nccl")
-NONFINITE = ("stop", "skip")
 INT_LIMIT = 2**63  # TOML's integers are 64-bit; tomllib reads any size, which torch and float() refuse later
 UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control, format, surrogate and line-break characters
 
 
-def _compose() -> type[CoreConfig]:
-    """One dataclass with every section's fields: the modes' sections, plus the core and compression."""
-    sections: list[type[Section]] = []
-    for name in list_modes():
-        section = mode_class(name).section
-        if section is not None and section not in sections:
-            sections.append(section)
-    sections = [s for s in sections if not any(t is not s and issubclass(t, s) for t in sections)]  # MRO
-    extra = [b for b in (CompressionConfig, CoreConfig) if not any(issubclass(s, b) for s in sections)]
-    cls = dataclasses.make_dataclass("TrainConfig", [], bases=(*sections, *extra))
-    cls.__module__, cls.__qualname__ = __name__, "TrainConfig"  # picklable: workers receive it
-    cls.__doc__ = "The whole configuration of a run: every section's fields, flat."
-    return cls
+class _Fields(Mapping[str, dataclasses.Field]):
+    """Every section's fields by flat name, read from ``TrainConfig`` (and the registered modes) on each use."""
+
+    def _map(self) -> dict[str, dataclasses.Field]:
+        return {name: f for name, (_, f) in TrainConfig.field_map().items()}
+
+    def __getitem__(self, name: str) -> dataclasses.Field:
+        return TrainConfig.field_map()[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return len(self._map())
 
 
-TrainConfig = _compose()
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-TYPES = field_types(TrainConfig)
+class _Types(Mapping[str, Any]):
+    """Each field's resolved type (``int | None``, not the string), by flat name."""
+
+    def _map(self) -> dict[str, Any]:
+        return {name: t for kind in TrainConfig.section_types().values() for name, t in field_types(kind).items()}
+
+    def __getitem__(self, name: str) -> Any:
+        return field_types(TrainConfig.section_types()[TrainConfig.field_map()[name][0]])[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return len(self._map())
 
 
-def _line_of(text: str, key: str) -> int | None:
-    pattern = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=", re.MULTILINE)
-    match = pattern.search(text)
+FIELDS: Mapping[str, dataclasses.Field] = _Fields()
+TYPES: Mapping[str, Any] = _Types()
+
+
+def _line_of(text: str, key: str, table: str | None = None) -> int | None:
+    """The line of ``key = ...`` in ``text`` (after the ``[table]`` header when ``table`` is given)."""
+    start = 0
+    if table is not None:
+        header = _table_line(text, table)
+        if header is None:
+            return None
+        start = len("\n".join(text.splitlines()[:header]))
+    match = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=", re.MULTILINE).search(text, start)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _table_line(text: str, table: str) -> int | None:
+    match = re.compile(rf"^[ \t]*\[[ \t]*{re.escape(table)}[ \t]*\]", re.MULTILINE).search(text)
     return text.count("\n", 0, match.start()) + 1 if match else None
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config; an unknown key or a value of the wrong type is an error naming the file, line,
-    key, the expected type and the value as written."""
+    """Read a TOML config: flat keys (a flag's name) and ``[section]`` tables of the keys of that section
+    (``[optim]`` with ``lr = 0.1``). An unknown key or section, or a value of the wrong type, is an error naming
+    the file, line, key, the expected type and the value as written."""
     path = Path(path)
     text, raw = read_toml(path, "config file")
+    sections = TrainConfig.section_types()
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
+        if isinstance(value, dict) and name not in FIELDS:
+            if name not in sections:
+                line = _table_line(text, key)
+                raise ConfigError(f"{path}:{line}: unknown table [{key}]; the tables are the config sections: "
+                                  f"{', '.join(sections)}" if line else f"{path}: unknown key {key!r}")
+            values.update(_table(path, text, key, sections[name], value))
+            continue
         line = _line_of(text, key)
         where = f"{path}:{line}" if line else str(path)
         if name not in FIELDS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys are the `trainscale train` flags")
         values[name] = typed(name, value, f"{where}: key {key!r}")
     return values
+
+
+def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a ``[table]`` of ``section``, typed; a key of another section is refused."""
+    own = {f.name for f in dataclasses.fields(section)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        line = _line_of(text, key, table)
+        where = f"{path}:{line}" if line else str(path)
+        if name not in own:
+            elsewhere = f" (it belongs in [{TrainConfig.field_map()[name][0]}] or at the top)" if name in FIELDS else ""
+            raise ConfigError(f"{where}: unknown key {key!r} in [{table}]{elsewhere}; valid keys are the "
+                              f"`trainscale train` flags of that section")
+        values[name] = typed(name, value, f"{where}: key {key!r}")
+    return values
+
+
+def read_run_config(path: str | Path) -> TrainConfig:
+    """A run folder's ``config.json`` as a ``TrainConfig``: the flat form every run writes (keys that are no
+    setting, such as ``resolved``, skipped)."""
+    return config_from_dict(read_json(Path(path)))
+
+
+def config_from_dict(recorded: Mapping[str, Any]) -> TrainConfig:
+    """A ``TrainConfig`` from a flat record (``config.json``, ``to_dict``); a section's fields given as one object
+    under the section's name are read too."""
+    sections = TrainConfig.section_types()
+    flat: dict[str, Any] = {}
+    for key, value in recorded.items():
+        if key in sections and isinstance(value, dict):
+            flat.update(value)
+        elif key in FIELDS:
+            flat[key] = value
+    return TrainConfig.from_flat(flat)
 
 
 def typed(name: str, value: Any, where: str) -> Any:
@@ -99,7 +172,7 @@ def value_problem(value: Any) -> str | None:
     return None
 
 
-def build_config(*layers: dict[str, Any]) -> CoreConfig:
+def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """Merge layers left to right over the defaults (later wins) and the recipe (see ``with_recipe``), then
     validate."""
     merged: dict[str, Any] = {}
@@ -109,9 +182,13 @@ def build_config(*layers: dict[str, Any]) -> CoreConfig:
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     merged = {k: typed(k, v, f"setting '{k}' ({flag_name(FIELDS[k])})") for k, v in merged.items()}
-    cfg = TrainConfig(**with_recipe(merged))
+    cfg = TrainConfig.from_flat(with_recipe(merged))
     validate_engine(cfg)
-    validate_launch(cfg)
+    for _, section in cfg.sections():
+        if type(section) in CORE_SECTIONS:
+            section.validate()
+    if cfg.launch.cluster is not None:
+        validate_name(cfg.launch.cluster)
     cfg = resolve_parallel(cfg)
     validate_mode(cfg)
     validate_nonfinite(cfg)
@@ -122,11 +199,12 @@ def build_config(*layers: dict[str, Any]) -> CoreConfig:
 def validate_optimizer(cfg: TrainConfig) -> None:
     """Parameter-server workers push their gradients and the servers apply one SGD with one learning rate:
     Muon and per-group learning rates live in the trainer's optimizer, which those modes do not run."""
-    if not mode_class(cfg.mode).uses_servers:
+    if not mode_class(cfg.run.mode).uses_servers:
         return
-    require(cfg.optimizer == "sgd", f"--optimizer {cfg.optimizer} is for --mode local and sync, not --mode {cfg.mode} "
-            "(the parameter servers apply SGD); use --optimizer sgd")
-    require(cfg.head_lr_factor == 1, f"--head-lr-factor is for --mode local and sync, not --mode {cfg.mode} (the "
+    mode = cfg.run.mode
+    require(cfg.optim.optimizer == "sgd", f"--optimizer {cfg.optim.optimizer} is for --mode local and sync, not --mode "
+            f"{mode} (the parameter servers apply SGD); use --optimizer sgd")
+    require(cfg.optim.head_lr_factor == 1, f"--head-lr-factor is for --mode local and sync, not --mode {mode} (the "
             "parameter servers apply one learning rate); leave it at 1")
 
 
@@ -153,56 +231,28 @@ def validate_nonfinite(cfg: TrainConfig) -> None:
     """``--nonfinite``: skipping needs every rank to agree on each step before it is applied; a
     parameter-server worker pushes its gradients as its own step, with no such agreement, so those modes
     keep the default, stop."""
-    require(cfg.nonfinite in NONFINITE, f"--nonfinite must be one of {', '.join(NONFINITE)}, got {cfg.nonfinite!r}")
-    require(cfg.nonfinite == "stop" or not mode_class(cfg.mode).uses_servers,
-            f"--nonfinite skip is for --mode local and sync, not --mode {cfg.mode} (parameter-server workers "
+    require(cfg.optim.nonfinite == "stop" or not mode_class(cfg.run.mode).uses_servers,
+            f"--nonfinite skip is for --mode local and sync, not --mode {cfg.run.mode} (parameter-server workers "
             "push every step's gradients); use --nonfinite stop")
-    stateless = cfg.compress in STATELESS_COMPRESSION and not cfg.error_feedback
-    require(cfg.nonfinite == "stop" or stateless,
-            f"--nonfinite skip cannot be combined with --compress {cfg.compress}"
-            f"{' --error-feedback' if cfg.error_feedback else ''}: the compressor's state (residuals, momentum) "
+    compression = cfg.compression
+    stateless = compression.compress in STATELESS_COMPRESSION and not compression.error_feedback
+    require(cfg.optim.nonfinite == "stop" or stateless,
+            f"--nonfinite skip cannot be combined with --compress {compression.compress}"
+            f"{' --error-feedback' if compression.error_feedback else ''}: the compressor's state (residuals, momentum) "
             "would carry a skipped step's NaN into every later step; use --nonfinite stop")
 
 
-def validate_launch(cfg: CoreConfig) -> None:
-    """The launcher's settings: process counts, rendezvous, devices."""
-    require(cfg.workers is None or cfg.workers > 0, f"--workers must be a positive integer, got {cfg.workers}")
-    require(cfg.nnodes > 0, f"--nnodes must be a positive integer, got {cfg.nnodes}")
-    require(0 <= cfg.node_rank < cfg.nnodes, f"--node-rank must be in 0..{cfg.nnodes - 1}, got {cfg.node_rank}")
-    require(cfg.max_restarts >= 0, f"--max-restarts must be >= 0, got {cfg.max_restarts}")
-    require(cfg.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {cfg.dist_timeout}")
-    require(cfg.rdzv_timeout > 0, f"--rdzv-timeout must be > 0 seconds, got {cfg.rdzv_timeout}")
-    require(cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
-    require(not cfg.devices or (len(set(cfg.devices)) == len(cfg.devices) and min(cfg.devices) >= 0),
-            f"--devices must list distinct GPU indices, got {cfg.devices}")
-    require(not cfg.devices or cfg.workers in (None, len(cfg.devices)),
-            f"--workers {cfg.workers} but --devices lists {len(cfg.devices or [])} GPU(s): one worker per GPU")
-    require(cfg.rdzv_endpoint is None or _endpoint_ok(cfg.rdzv_endpoint),
-            f"--rdzv-endpoint must be HOST:PORT (port 1-65535), got '{cfg.rdzv_endpoint}'")
-    require(cfg.nnodes == 1 or cfg.rdzv_endpoint is not None,
-            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
-    require(not cfg.ssh or cfg.hosts is not None, "--ssh runs the per-node commands of --hosts FILE; give --hosts")
-    if cfg.cluster is not None:
-        validate_name(cfg.cluster)
-    require(cfg.cluster is None or (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.hosts) == (1, 0, None, None),
-            "--cluster places one node on each emulated host itself: leave out --nnodes, --node-rank, "
-            "--rdzv-endpoint and --hosts")
-
-
-def _endpoint_ok(text: str) -> bool:
-    host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
-
-
-def resolve_parallel(cfg: CoreConfig) -> CoreConfig:
+def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
     """Fill in ``workers`` and the mode: several processes (``--workers``/``--devices``/``--nnodes``/
     ``--hosts``, or a launcher's WORLD_SIZE > 1) imply ``sync`` when ``--mode`` is left at ``auto``;
     parameter-server shards (``--servers``) imply ``async``."""
-    workers = cfg.workers or (len(cfg.devices) if cfg.devices else 1)
+    launch = cfg.launch
+    workers = launch.workers or (len(launch.devices) if launch.devices else 1)
     launched_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    several = workers > 1 or cfg.nnodes > 1 or launched_world > 1 or cfg.hosts is not None or cfg.cluster is not None
-    mode = cfg.mode
-    if mode == "auto" and getattr(cfg, "servers", 0):
+    several = workers > 1 or launch.nnodes > 1 or launched_world > 1 or launch.hosts is not None or \
+        launch.cluster is not None
+    mode = cfg.run.mode
+    if mode == "auto" and cfg.ps.servers:
         mode = "async"
     if mode == "auto":
         mode = "sync" if several else "local"
@@ -211,30 +261,39 @@ def resolve_parallel(cfg: CoreConfig) -> CoreConfig:
             f"--workers {workers}" if workers > 1 else "--nnodes/--hosts/--cluster"
         raise ConfigError(f"--mode local trains in one process but {what} asks for several; "
                           "use --mode sync (or leave --mode out)")
-    return dataclasses.replace(cfg, workers=workers, mode=mode)
+    return cfg.replace(workers=workers, mode=mode)
 
 
-def validate_mode(cfg: CoreConfig) -> None:
-    """The mode's own checks; settings of other modes' sections left at their defaults; compression
-    only where the mode exchanges something it can compress."""
-    mode = mode_class(cfg.mode)
-    for name, field in FIELDS.items():
-        owner = section_of(TrainConfig, name)
-        foreign = owner not in CoreConfig.__mro__ and owner is not CompressionConfig and \
-            not (mode.section is not None and issubclass(mode.section, owner))
-        if foreign and getattr(cfg, name) != _default(field):
-            what = getattr(owner, "FOR", f"--mode {', '.join(_modes_with(owner))}")
-            raise ConfigError(f"{flag_name(field)} is for {what}, not --mode {cfg.mode}")
+def validate_mode(cfg: TrainConfig) -> None:
+    """Settings of sections the mode does not take left at their defaults; the mode's sections' own checks and
+    the mode's checks across sections; compression only where the mode exchanges something it can compress."""
+    mode = mode_class(cfg.run.mode)
+    for _, section in cfg.sections():
+        kind = type(section)
+        if kind in CORE_SECTIONS or kind is CompressionConfig:
+            continue
+        if kind not in mode.sections:
+            _refuse_foreign(section, cfg.run.mode)
+        else:
+            section.validate()
     mode.validate(cfg)
-    plan = validate_compression(cfg, cfg.seed, cfg.epochs)
-    require(not (plan.enabled or cfg.error_feedback) or mode.accepts_compression,
+    plan = validate_compression(cfg.compression, cfg.run.seed, cfg.optim.epochs)
+    require(not (plan.enabled or cfg.compression.error_feedback) or CompressionConfig in mode.sections,
             f"--compress {plan.method} compresses the gradients workers exchange: it needs --workers N >= 2 "
-            f"(sync mode), not --mode {cfg.mode}")
+            f"(sync mode), not --mode {cfg.run.mode}")
+
+
+def _refuse_foreign(section: Section, mode: str) -> None:
+    """A ConfigError naming the first setting of ``section`` changed from its default (``mode`` does not take it)."""
+    for field in dataclasses.fields(section):  # type: ignore[arg-type]
+        if getattr(section, field.name) != _default(field):
+            what = section.FOR or f"--mode {', '.join(_modes_with(type(section)))}"
+            raise ConfigError(f"{flag_name(field)} is for {what}, not --mode {mode}")
 
 
 def _default(field: dataclasses.Field) -> Any:
     return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
-def _modes_with(section: type) -> list[str]:
-    return [n for n in list_modes() if (s := mode_class(n).section) is not None and issubclass(s, section)]
+def _modes_with(section: type[Section]) -> list[str]:
+    return [n for n in list_modes() if section in mode_class(n).sections]

@@ -33,7 +33,7 @@ def launch_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meetin
         return status
     remove_debris(out)  # of a replica killed while writing
     if status == 0 and (out / SUMMARY).exists():
-        record_faults(out, out / ft.EVENTS_FILE, injected_faults(cfg))
+        record_faults(out, out / ft.EVENTS_FILE, injected_faults(cfg.faults))
     return status
 
 

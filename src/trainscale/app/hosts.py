@@ -92,12 +92,12 @@ def parse_hosts(path: str | Path) -> list[Host]:
 def node_commands(cfg: TrainConfig, flags: dict[str, Any], hosts: list[Host]) -> list[tuple[str, list[str]]]:
     """(host, argv) for each node: the same flags plus its place in the job."""
     first = hosts[0].address
-    endpoint = cfg.rdzv_endpoint or (f"[{first}]:{DEFAULT_PORT}" if ":" in first else f"{first}:{DEFAULT_PORT}")
+    endpoint = cfg.launch.rdzv_endpoint or (f"[{first}]:{DEFAULT_PORT}" if ":" in first else f"{first}:{DEFAULT_PORT}")
     common = {k: v for k, v in flags.items() if k not in ("hosts", "ssh", "cluster", "node_rank", "nnodes")}
     out = []
     for rank, host in enumerate(hosts):
-        node = {**common, "workers": host.slots or cfg.workers, "nnodes": len(hosts), "node_rank": rank,
-                "rdzv_endpoint": endpoint, "rdzv_id": cfg.rdzv_id or DEFAULT_MULTINODE_ID}
+        node = {**common, "workers": host.slots or cfg.launch.workers, "nnodes": len(hosts), "node_rank": rank,
+                "rdzv_endpoint": endpoint, "rdzv_id": cfg.launch.rdzv_id or DEFAULT_MULTINODE_ID}
         out.append((host.name, ["trainscale", "train", *to_argv(node)]))
     return out
 
@@ -118,8 +118,8 @@ def run_over_ssh(commands: list[tuple[str, list[str]]]) -> int:
 
 
 def hosts_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
-    commands = node_commands(cfg, flags, parse_hosts(cfg.hosts))
-    if cfg.ssh:
+    commands = node_commands(cfg, flags, parse_hosts(cfg.launch.hosts))
+    if cfg.launch.ssh:
         return run_over_ssh(commands)
     print(f"# run on each machine (node 0 = {commands[0][0]} hosts the rendezvous and the run folder):")
     for rank, (host, argv) in enumerate(commands):

@@ -72,16 +72,18 @@ def prepare(cfg: TrainConfig) -> LaunchPlan:
     """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others."""
     checked = preflight(cfg)
     endpoint, is_host = rendezvous_address(cfg)
-    return LaunchPlan(endpoint, is_host, run_id(cfg), checked.out, threads_per_worker(cfg.threads, cfg.workers))
+    return LaunchPlan(endpoint, is_host, run_id(cfg), checked.out,
+                      threads_per_worker(cfg.run.threads, cfg.launch.workers))
 
 
 def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
     """torch's LaunchConfig: fixed node count, torch's c10d rendezvous with its store bound to one address
     (``runtime.rendezvous``), a 0.1 s monitor so failures stop the job fast."""
-    return LaunchConfig(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.workers + cfg.servers,
+    return LaunchConfig(min_nodes=cfg.launch.nnodes, max_nodes=cfg.launch.nnodes,
+                        nproc_per_node=cfg.launch.workers + cfg.ps.servers,
                         run_id=plan.run_id, rdzv_backend=register_backend(), rdzv_endpoint=plan.endpoint,
-                        rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.rdzv_timeout)},
-                        max_restarts=cfg.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn",
+                        rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.launch.rdzv_timeout)},
+                        max_restarts=cfg.launch.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn",
                         local_addr=bind_address(plan.endpoint, plan.is_host))
 
 
@@ -99,25 +101,25 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> i
 
 def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int:
     """This node's part of the job under torch's elastic agent (or the fault-tolerant replicas' launchers)."""
-    if cfg.fault_tolerance:
-        meeting = Meeting(plan.endpoint, plan.is_host, bind_address(plan.endpoint, plan.is_host), cfg.nnodes)
+    if cfg.replication.fault_tolerance:
+        meeting = Meeting(plan.endpoint, plan.is_host, bind_address(plan.endpoint, plan.is_host), cfg.launch.nnodes)
         status = launch_replicas(cfg, worker_args(flags, plan.out), plan.out, meeting)
         if status == 0:
             report(cfg, plan.out)
         return status
     become_launcher()  # the workers die with this process, quietly (runtime.orphans)
-    relabel(f"node {cfg.node_rank} launcher")
-    servers = f" and {cfg.servers} parameter server(s)" if cfg.servers else ""
-    log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.workers, servers,
-             cfg.node_rank, cfg.nnodes, plan.endpoint, plan.threads)
-    events = plan.out / ft.EVENTS_FILE if plan.out is not None and cfg.servers else None
+    relabel(f"node {cfg.launch.node_rank} launcher")
+    servers = f" and {cfg.ps.servers} parameter server(s)" if cfg.ps.servers else ""
+    log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.launch.workers, servers,
+             cfg.launch.node_rank, cfg.launch.nnodes, plan.endpoint, plan.threads)
+    events = plan.out / ft.EVENTS_FILE if plan.out is not None and cfg.ps.servers else None
     try:
         with lock_run_folder(plan.out):  # for the whole job, restarts included: no second job writes there
-            if events is not None and not cfg.resume and events.exists():
+            if events is not None and not cfg.run.resume and events.exists():
                 events.unlink()
             elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan.out))
     except ChildFailedError as exc:
-        message, status = describe_failure(exc.failures, cfg.workers if cfg.servers else None)
+        message, status = describe_failure(exc.failures, cfg.launch.workers if cfg.ps.servers else None)
         write_node_report(exc.failures, message, status, this_job().node_report)
         print(f"trainscale train: error: {message}", file=sys.stderr)
         return status
@@ -131,8 +133,8 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     if events is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
-        if done < cfg.epochs:  # every worker died, each one survivable on its own
-            print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.epochs} "
+        if done < cfg.optim.epochs:  # every worker died, each one survivable on its own
+            print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.optim.epochs} "
                   "epoch(s); --resume continues from the last one", file=sys.stderr)
             return 1
     report(cfg, plan.out)
@@ -144,12 +146,12 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
     die_with_parent(signal.SIGKILL, job.owner_pid)
     address = job.address or LOCALHOST
-    plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.out),
-                      threads_per_worker(cfg.threads, cfg.workers))
+    plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.run.out),
+                      threads_per_worker(cfg.run.threads, cfg.launch.workers))
     become_launcher()
     relabel(f"replica {job.replica} agent")
-    config = dataclasses.replace(launch_config(dataclasses.replace(cfg, nnodes=1), plan), nproc_per_node=1,
-                                 max_restarts=cfg.max_restarts or DEFAULT_RESTARTS)
+    config = dataclasses.replace(launch_config(cfg.replace(nnodes=1), plan), nproc_per_node=1,
+                                 max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS)
     try:
         elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
     except ChildFailedError as exc:

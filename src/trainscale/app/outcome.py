@@ -16,7 +16,7 @@ from trainscale.results import read_history, read_json
 def report(cfg: TrainConfig, out: Path | None) -> None:
     """Print what the run folder ``out`` says (None: this node has none, node 0 does)."""
     if out is None:
-        print(f"node {cfg.node_rank}: all workers finished; the run folder is on node 0")
+        print(f"node {cfg.launch.node_rank}: all workers finished; the run folder is on node 0")
         return
     summary = read_json(out / SUMMARY)
     history = read_history(out)

@@ -16,7 +16,6 @@ devices, data and run folder. Workers check again what they build (``app.run``),
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,52 +48,52 @@ class Checked:
 
     @property
     def world_size(self) -> int:
-        return self.cfg.workers * self.nodes
+        return self.cfg.launch.workers * self.nodes
 
 
 def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked:
     """Run every check on ``cfg`` (see the module's docstring); ``dry``: write and download nothing. ``data``
     False: a run in this process, which loads the data itself right after and checks it with the same
     ``check_fits``, so it is not loaded twice."""
-    if cfg.hosts is not None:
-        hosts = parse_hosts(cfg.hosts)
+    if cfg.launch.hosts is not None:
+        hosts = parse_hosts(cfg.launch.hosts)
         return Checked(cfg, hosts=hosts, nodes=len(hosts))
-    record = check_cluster(cfg.cluster) if cfg.cluster is not None else None
+    record = check_cluster(cfg.launch.cluster) if cfg.launch.cluster is not None else None
     if record is not None:  # the mode's checks again with the hosts known (``--inject-fault``'s replicas, say)
-        cfg = dataclasses.replace(cfg, nnodes=record["hosts"], out=str(resolve_out(cfg)))
-        mode_class(cfg.mode).validate(cfg)
+        cfg = cfg.replace(nnodes=record["hosts"], out=str(resolve_out(cfg)))
+        mode_class(cfg.run.mode).validate(cfg)
     check_devices(cfg)
     check_model_input(cfg)
-    out = resolve_out(cfg) if cfg.node_rank == 0 else None
+    out = resolve_out(cfg) if cfg.launch.node_rank == 0 else None
     if out is not None:  # node 0's first worker owns the run folder (and reads --baseline)
         load_baseline(cfg)
-        check_run_folder(out, cfg.resume, dataclasses.replace(cfg, dry_run=False), probe=not dry)
+        check_run_folder(out, cfg.run.resume, cfg.replace(dry_run=False), probe=not dry)
     if not data:
-        return Checked(cfg, cluster=record, out=out, nodes=cfg.nnodes)
+        return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes)
     n_train, n_test = sample_counts(cfg, download=not dry)
-    batch = check_fits(cfg, n_train, n_test, cfg.workers * cfg.nnodes)
-    return Checked(cfg, cluster=record, out=out, nodes=cfg.nnodes, batch=batch, train_samples=n_train,
+    batch = check_fits(cfg, n_train, n_test, cfg.launch.workers * cfg.launch.nnodes)
+    return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes, batch=batch, train_samples=n_train,
                    test_samples=n_test)
 
 
 def check_devices(cfg: TrainConfig) -> None:
     """GPUs, precision, backend and the mode's device needs against what this machine has."""
-    if cfg.devices:
+    if cfg.launch.devices:
         if not torch.cuda.is_available():
             raise ConfigError("--devices/--gpus needs CUDA GPUs and this machine has none; use --workers N on the CPU")
-        if max(cfg.devices) >= torch.cuda.device_count() or cfg.device == "cpu":
-            raise ConfigError(f"--devices {','.join(map(str, cfg.devices))}: this machine has "
-                              f"{torch.cuda.device_count()} GPU(s) and --device is {cfg.device}")
-    device = torch.device("cuda") if cfg.devices else resolve_device(cfg.device)
-    Precision(cfg.precision, device)
-    if cfg.backend == "nccl" and device.type != "cuda":
+        if max(cfg.launch.devices) >= torch.cuda.device_count() or cfg.run.device == "cpu":
+            raise ConfigError(f"--devices {','.join(map(str, cfg.launch.devices))}: this machine has "
+                              f"{torch.cuda.device_count()} GPU(s) and --device is {cfg.run.device}")
+    device = torch.device("cuda") if cfg.launch.devices else resolve_device(cfg.run.device)
+    Precision(cfg.run.precision, device)
+    if cfg.launch.backend == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; use gloo (the default) on the CPU")
-    mode_class(cfg.mode).check_device(cfg, device)
+    mode_class(cfg.run.mode).check_device(cfg, device)
 
 
 def sample_counts(cfg: TrainConfig, download: bool) -> tuple[int, int]:
     """Both splits' sizes, the data loaded once here (verified, and downloaded when ``download`` and allowed), so
     the workers find it ready; synthetic images are made at 1x1 pixel, since only their number matters here."""
-    size = 1 if cfg.dataset == "synthetic" else cfg.image_size
-    train, test = load_data(dataclasses.replace(cfg, download=cfg.download and download, image_size=size))
+    size = 1 if cfg.data.dataset == "synthetic" else cfg.data.image_size
+    train, test = load_data(cfg.replace(download=cfg.data.download and download, image_size=size))
     return len(train), len(test)

@@ -21,19 +21,19 @@ DEFAULT_MULTINODE_ID = "trainscale"
 
 def rendezvous_address(cfg: TrainConfig) -> tuple[str, bool]:
     """(endpoint, is_host): node 0 hosts the c10d store, others must be able to reach it."""
-    if cfg.rdzv_endpoint is None:
+    if cfg.launch.rdzv_endpoint is None:
         return f"{LOCALHOST}:{free_port(LOCALHOST)}", True
-    host, port = parse_endpoint(cfg.rdzv_endpoint)
-    if cfg.node_rank == 0:
+    host, port = parse_endpoint(cfg.launch.rdzv_endpoint)
+    if cfg.launch.node_rank == 0:
         check_port_free(host, port)
-        return cfg.rdzv_endpoint, True
-    wait_reachable(host, port, cfg.rdzv_timeout)
-    return cfg.rdzv_endpoint, False
+        return cfg.launch.rdzv_endpoint, True
+    wait_reachable(host, port, cfg.launch.rdzv_timeout)
+    return cfg.launch.rdzv_endpoint, False
 
 
 def run_id(cfg: TrainConfig) -> str:
     """``--rdzv-id``; else one every node of a multi-node job agrees on without talking, or a fresh one."""
-    return cfg.rdzv_id or (DEFAULT_MULTINODE_ID if cfg.nnodes > 1 else uuid.uuid4().hex)
+    return cfg.launch.rdzv_id or (DEFAULT_MULTINODE_ID if cfg.launch.nnodes > 1 else uuid.uuid4().hex)
 
 
 def bind_address(endpoint: str, is_host: bool) -> str:

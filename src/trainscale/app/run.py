@@ -10,7 +10,6 @@ installs the job it is handed (this is its entry).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -20,12 +19,12 @@ from typing import Any, Iterator
 import torch
 
 from trainscale.cluster.seam import with_cluster
-from trainscale.config import CoreConfig
 from trainscale.data import DeviceBatches
 from trainscale.errors import ConfigError
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
+from trainscale.modes.config import TrainConfig
 from trainscale.modes.fault_tolerance import JobFinished
 from trainscale.modes.fault_tolerance.replicated import with_fault_tolerance
 from trainscale.record import SUMMARY, K, merge
@@ -43,16 +42,16 @@ from trainscale.train.utilisation import allowed_cores
 log = logging.getLogger("trainscale.train")
 
 
-def worker_threads(cfg: CoreConfig, job: Job) -> int | None:
+def worker_threads(cfg: TrainConfig, job: Job) -> int | None:
     """``--threads``; under a launcher, the node's cores split over its workers; otherwise None (torch's
     default)."""
-    local_workers = (cfg.workers or 1) if job.replica is not None else job.local_world
-    if cfg.threads or not local_workers:
-        return cfg.threads
-    return threads_per_worker(cfg.threads, local_workers)
+    local_workers = (cfg.launch.workers or 1) if job.replica is not None else job.local_world
+    if cfg.run.threads or not local_workers:
+        return cfg.run.threads
+    return threads_per_worker(cfg.run.threads, local_workers)
 
 
-def run_training(cfg: CoreConfig, role: str | None = None, job: Job | None = None) -> Result:
+def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = None) -> Result:
     """Run this process's part of the job (``job``: which process this is; by default the one the entry
     installed); returns the summary and the per-epoch rows (empty off the main process and for servers and
     supervisors that report nothing)."""
@@ -63,7 +62,7 @@ def run_training(cfg: CoreConfig, role: str | None = None, job: Job | None = Non
     threads = worker_threads(cfg, job)
     if threads:
         torch.set_num_threads(threads)
-    if cfg.keep_memory:
+    if cfg.run.keep_memory:
         keep_freed_memory()
     mode = create_mode(cfg, job)
     role = role or mode.role()
@@ -71,7 +70,7 @@ def run_training(cfg: CoreConfig, role: str | None = None, job: Job | None = Non
         return mode.serve()
     if role == SUPERVISOR:
         return mode.supervise(functools.partial(run_training, cfg, TRAINER, job))
-    device = mode.worker_device(resolve_device(cfg.device))
+    device = mode.worker_device(resolve_device(cfg.run.device))
     mode.check_device(cfg, device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
@@ -87,7 +86,7 @@ def run_training(cfg: CoreConfig, role: str | None = None, job: Job | None = Non
 
 
 @contextlib.contextmanager
-def run_folder_held(cfg: CoreConfig, job: Job) -> Iterator[CoreConfig]:
+def run_folder_held(cfg: TrainConfig, job: Job) -> Iterator[TrainConfig]:
     """``cfg`` with its run folder resolved once, locked while this process writes it (``results.lock_run_folder``)
     when it owns the folder: a local run, or the main process under an external torchrun. Under `trainscale train
     --workers N` the launcher holds the lock for the whole job, restarts included; workers never take it."""
@@ -96,19 +95,20 @@ def run_folder_held(cfg: CoreConfig, job: Job) -> Iterator[CoreConfig]:
         return
     out = resolve_out(cfg)
     with lock_run_folder(out):
-        yield cfg if cfg.out else dataclasses.replace(cfg, out=str(out))
+        yield cfg if cfg.run.out else cfg.replace(out=str(out))
 
 
-def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -> Trainer:
+def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) -> Trainer:
     """Everything before the first step; errors here happen before any training time is spent."""
-    precision = Precision(cfg.precision, device)
+    precision = Precision(cfg.run.precision, device)
     writer, resume = run_folder(cfg, standby=mode.standby_writer, job=job)
     train, test = load_data(cfg)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
-    want = cfg.image_size or model_info(cfg.model).input_size
+    want = cfg.data.image_size or model_info(cfg.data.model).input_size
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
-    common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.seed, channels_last=cfg.channels_last)
+    common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed,
+                  channels_last=cfg.run.channels_last)
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
                                                        **common), rank(), job)
     test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
@@ -117,7 +117,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -
     synchronize(device)
     data_init_seconds = time.perf_counter() - started  # inside airbench's timer (the whitening fit)
     params = count_parameters(model)
-    if cfg.compile:
+    if cfg.run.compile:
         model.compile()
     schedule = create_schedule(cfg)
     optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
@@ -129,7 +129,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -
                       lr_at=lambda t: plan.lr * schedule(t), writer=writer,
                       train_model=mode.wrap_model(model, device), callbacks=callbacks,
                       baseline=load_baseline(cfg) if writer is not None else None,
-                      cores=allowed_cores(facts, cfg.workers + getattr(cfg, "servers", 0)),
+                      cores=allowed_cores(facts, cfg.launch.workers + cfg.ps.servers),
                       summary_base=merge(summary_base(cfg, plan, params, device, want,
                                                       train_batches.num_samples * world_size(), writer),
                                          {K.data_init_seconds: data_init_seconds}, mode.describe()))
@@ -143,11 +143,11 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -
     return trainer
 
 
-def load_baseline(cfg: CoreConfig) -> dict[str, Any] | None:
+def load_baseline(cfg: TrainConfig) -> dict[str, Any] | None:
     """The --baseline run's summary (for scaling efficiency), or None; checked before any worker starts
     too, so a wrong folder is not found only at the very end."""
-    if not cfg.baseline:
+    if not cfg.launch.baseline:
         return None
-    if not (Path(cfg.baseline) / SUMMARY).is_file():
-        raise ConfigError(f"--baseline {cfg.baseline}: no {SUMMARY} there; give the folder of a finished run")
-    return read_summary(Path(cfg.baseline))
+    if not (Path(cfg.launch.baseline) / SUMMARY).is_file():
+        raise ConfigError(f"--baseline {cfg.launch.baseline}: no {SUMMARY} there; give the folder of a finished run")
+    return read_summary(Path(cfg.launch.baseline))

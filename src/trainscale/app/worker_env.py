@@ -50,12 +50,12 @@ def worker_env(cfg: TrainConfig, threads: int, fault_log: Path | None) -> dict[s
     connection that closes, a screenful at each normal exit. The PS reports dead peers itself.
     """
     env = {"OMP_NUM_THREADS": str(threads), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    if mode_class(cfg.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+    if mode_class(cfg.run.mode).uses_servers and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     if fault_log is not None:  # a parameter-server job's faults, deaths and hand-overs
         env[ft.EVENTS_ENV] = str(fault_log / ft.EVENTS_FILE)
-    if cfg.devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.devices))
+    if cfg.launch.devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.launch.devices))
     return env
 
 
@@ -66,10 +66,10 @@ def fault_log_folder(cfg: TrainConfig, out: Path | None) -> Iterator[Path | None
     ``--out``). On the other nodes of a job across real machines, a folder of this launcher's, removed with it: the
     run's summary does not see their faults (another node's folder of that name is not the run's), but a restarted
     attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
-    if not mode_class(cfg.mode).uses_servers:
+    if not mode_class(cfg.run.mode).uses_servers:
         yield None
-    elif out is not None or (cfg.out and on_cluster(this_job())):
-        yield out or Path(cfg.out)
+    elif out is not None or (cfg.run.out and on_cluster(this_job())):
+        yield out or Path(cfg.run.out)
     else:
         with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
             yield Path(folder)
@@ -79,4 +79,4 @@ def logged_faults(cfg: TrainConfig) -> list[InjectedFault]:
     """The injected faults whose firing node 0's fault log is sure to record (for its "never fired" warning):
     all of them where the nodes share it (one machine, an emulated cluster); none across real machines, where
     the rendezvous decides which machine runs which worker and shard (``fault_log_folder``)."""
-    return injected_faults(cfg) if cfg.nnodes == 1 or on_cluster(this_job()) else []
+    return injected_faults(cfg.faults) if cfg.launch.nnodes == 1 or on_cluster(this_job()) else []

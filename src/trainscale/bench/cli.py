@@ -96,7 +96,7 @@ def _batch(config: dict) -> str:
     from trainscale.train import BatchPlan
 
     workers = int(config.get("workers") or 1) * int(config.get("nnodes") or 1)
-    plan = BatchPlan.resolve(TrainConfig(**config), workers)
+    plan = BatchPlan.resolve(TrainConfig.flat(**config), workers)
     return f"{plan.per_worker}x{workers}={plan.global_batch}" if workers > 1 else str(plan.global_batch)
 
 

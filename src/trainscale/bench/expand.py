@@ -215,7 +215,7 @@ def _error(grid: Grid, key: str | None, values: dict[str, Any], sources: dict[st
 
 def _check_batch(cfg: CoreConfig) -> None:
     """The batch split over workers (what the launcher checks, minus the data): fails here, not mid-grid."""
-    BatchPlan.resolve(cfg, (cfg.workers or 1) * cfg.nnodes)
+    BatchPlan.resolve(cfg, (cfg.launch.workers or 1) * cfg.launch.nnodes)
 
 
 def _check_mode(grid: Grid, mode: Any, path: str, values: dict[str, Any]) -> None:

@@ -50,8 +50,8 @@ def host_share(record: dict[str, Any], cfg: TrainConfig) -> tuple[float, int]:
     """(CPUs per host, threads per process): this machine's cores split evenly over the hosts, and each
     host's share over its processes (``--threads`` wins when given)."""
     cpus = cpu_count() / record["hosts"]
-    processes = cfg.workers + getattr(cfg, "servers", 0)
-    return cpus, cfg.threads or max(1, int(cpus // processes))
+    processes = cfg.launch.workers + cfg.ps.servers
+    return cpus, cfg.run.threads or max(1, int(cpus // processes))
 
 
 def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def cluster_main(cfg: TrainConfig) -> int:
-    """Run the job with one node per host of ``cfg.cluster``; the nodes get the resolved settings as flags."""
+    """Run the job with one node per host of ``cfg.launch.cluster``; the nodes get the resolved settings as flags."""
     checked = preflight(cfg)  # for the whole world: the cluster's hosts are its nodes
     record, out = checked.cluster, checked.out
     assert record is not None and out is not None

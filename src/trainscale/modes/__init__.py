@@ -1,8 +1,9 @@
 """Training modes by name: local, sync (DDP), periodic averaging (localsgd, diloco) and the parameter-server
 modes (async, ps-sync, ma).
 
-Adding a mode: write its module (a ``Mode`` subclass decorated with ``@register_mode("name")``, with its
-own config section and checks if it has settings) and add one import line below.
+Adding a mode: write its module (a ``Mode`` subclass decorated with ``@register_mode("name")``, listing
+in ``sections`` the config sections it takes; its own section and checks in the same module if it has settings)
+and add one import line below.
 """
 
 from trainscale.modes.base import MODES, Mode, create_mode, list_modes, mode_class, register_mode

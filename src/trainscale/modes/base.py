@@ -1,8 +1,9 @@
 """What a training mode is: how processes are organised and talk, around the same training engine.
 
 A mode is one class registered by name (``@register_mode``) in its own module, imported once in
-``modes/__init__.py``. It may declare its own config section (a dataclass of ``option`` fields: flags,
-TOML keys and ``config.json`` follow) and validate it; the engine sees it only as ``Callbacks``.
+``modes/__init__.py``. It declares the config sections it takes beyond the core ones (``sections``: dataclasses
+of ``option`` fields, each with its own checks; flags, TOML keys and ``config.json`` follow) and validates them
+against the rest of the config; the engine sees it only as ``Callbacks``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ class Mode(Callbacks):
 
     name: ClassVar[str] = "local"
     distributed: ClassVar[bool] = False
-    section: ClassVar[type[Section] | None] = None  # this mode's own settings, if any
-    accepts_compression: ClassVar[bool] = False  # whether the compression section applies to it
+    sections: ClassVar[tuple[type[Section], ...]] = ()  # the sections it takes beyond the core ones
     uses_servers: ClassVar[bool] = False  # parameter-server shards beside the workers
     job: Job = Job()  # this process's place in the job (``create_mode`` sets the entry's)
     standby_writer: bool = False  # this process holds a writer even when it is not main, to take over writing
@@ -42,12 +42,12 @@ class Mode(Callbacks):
     @classmethod
     def validate(cls, cfg: CoreConfig) -> None:
         """Checks of this mode's settings against the rest of the config (ConfigError, one line). Here: those of
-        each part of its section that checks itself (a ``check_section`` classmethod, e.g. fault tolerance's),
-        base parts first; a mode with checks of its own calls this first."""
-        for part in reversed(cls.section.__mro__ if cls.section is not None else ()):
-            check = vars(part).get("check_section")
-            if isinstance(check, classmethod):
-                check.__func__(part, cfg)
+        each section it takes that checks itself against the rest (a ``check_section`` classmethod, e.g. fault
+        tolerance's), in the order of ``sections``; a mode with checks of its own calls this first."""
+        for kind in cls.sections:
+            check = getattr(kind, "check_section", None)
+            if check is not None:
+                check(cfg)
 
     @classmethod
     def check_device(cls, cfg: CoreConfig, device: torch.device) -> None:
@@ -104,7 +104,7 @@ def register_mode(*names: str) -> Callable[[type[Mode]], type[Mode]]:
     it is built as ``cls(name, cfg)``."""
     def decorator(cls: type[Mode]) -> type[Mode]:
         for name in names:
-            MODES.register(name, section=cls.section)(cls)
+            MODES.register(name, sections=cls.sections)(cls)
         return cls
 
     return decorator
@@ -116,9 +116,9 @@ def mode_class(name: str) -> type[Mode]:
 
 
 def create_mode(cfg: CoreConfig, job: Job | None = None) -> Mode:
-    """The mode ``cfg.mode`` names, built for this run (``cfg`` must have its mode resolved) in this process of
+    """The mode ``cfg.run.mode`` names, built for this run (``cfg`` must have its mode resolved) in this process of
     ``job``."""
-    mode = mode_class(cfg.mode)(cfg.mode, cfg)
+    mode = mode_class(cfg.run.mode)(cfg.run.mode, cfg)
     if job is not None:
         mode.job = job
     return mode

@@ -24,75 +24,62 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
+from trainscale.compression.config import CompressionConfig
 from trainscale.compression.ddp_hook import CompressionHookState
 from trainscale.compression.setup import CompressionPlan
-from trainscale.config import CoreConfig, option
+from trainscale.config import Section
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
 from trainscale.modes.batchnorm import average_bn_statistics
-from trainscale.modes.sync import SyncConfig, SyncMode
+from trainscale.modes.config import DEFAULT_SYNC_EVERY, DILOCO_OUTER, PeriodicConfig, SyncConfig, TrainConfig
+from trainscale.modes.fault_tolerance.config import ReplicationConfig
+from trainscale.modes.sync import SyncMode
 from trainscale.record import K
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
+from trainscale.runtime.faults import FaultConfig
 
 log = logging.getLogger("trainscale.localsgd")
-
-DEFAULT_SYNC_EVERY = 8
-DILOCO_OUTER = (0.7, 0.9)  # outer lr, Nesterov momentum
-
-
-@dataclass
-class PeriodicConfig(SyncConfig):
-    """Settings of local SGD and DiLoCo (and, inherited, sync mode's and the compression section)."""
-
-    TITLE: ClassVar[str] = "local SGD and DiLoCo (--mode localsgd | diloco)"
-
-    sync_every: int | None = option(None, f"local steps between averaging rounds, H (default {DEFAULT_SYNC_EVERY})")
-    local_after_epochs: int = option(0, "post-local SGD: average after every step for this many epochs first")
-    outer_lr: float | None = option(None, f"diloco: the outer Nesterov SGD's learning rate (default {DILOCO_OUTER[0]})")
-    outer_momentum: float | None = option(None, f"diloco: the outer momentum (default {DILOCO_OUTER[1]})")
 
 
 @register_mode("localsgd", "diloco")
 class PeriodicMode(SyncMode):
     """See the module docstring."""
 
-    section = PeriodicConfig
+    sections: ClassVar[tuple[type[Section], ...]] = (CompressionConfig, FaultConfig, ReplicationConfig, SyncConfig,
+                                                       PeriodicConfig)
 
     @classmethod
-    def validate(cls, cfg: CoreConfig) -> None:
-        assert isinstance(cfg, PeriodicConfig)
+    def validate(cls, cfg: TrainConfig) -> None:  # type: ignore[override]
         super().validate(cfg)
-        if cfg.sync_every is not None and cfg.sync_every < 1:
-            raise ConfigError(f"--sync-every must be a positive number of steps, got {cfg.sync_every}")
-        if not 0 <= cfg.local_after_epochs < cfg.epochs:
-            raise ConfigError(f"--local-after-epochs must be in [0, epochs={cfg.epochs}), got {cfg.local_after_epochs}")
-        if cfg.mode == "localsgd" and (cfg.outer_lr is not None or cfg.outer_momentum is not None):
+        if not 0 <= cfg.periodic.local_after_epochs < cfg.optim.epochs:
+            raise ConfigError(f"--local-after-epochs must be in [0, epochs={cfg.optim.epochs}), "
+                              f"got {cfg.periodic.local_after_epochs}")
+        periodic = cfg.periodic
+        if cfg.run.mode == "localsgd" and (periodic.outer_lr is not None or periodic.outer_momentum is not None):
             raise ConfigError("--outer-lr and --outer-momentum are for --mode diloco (local SGD averages: outer lr 1, "
                               "no momentum)")
-        if cfg.outer_lr is not None and cfg.outer_lr <= 0:
-            raise ConfigError(f"--outer-lr must be positive, got {cfg.outer_lr}")
-        if cfg.outer_momentum is not None and not 0 <= cfg.outer_momentum < 1:
-            raise ConfigError(f"--outer-momentum must be in [0, 1), got {cfg.outer_momentum}")
-        if cfg.sync_bn:
-            raise ConfigError(f"--sync-bn needs DDP; --mode {cfg.mode} averages the BatchNorm statistics each epoch")
-        if cfg.precision == "fp16":
-            raise ConfigError(f"--mode {cfg.mode} needs every worker to take every step; fp16's grad scaler skips "
+        if cfg.sync.sync_bn:
+            raise ConfigError(f"--sync-bn needs DDP; --mode {cfg.run.mode} averages the BatchNorm statistics each "
+                              "epoch")
+        if cfg.run.precision == "fp16":
+            raise ConfigError(f"--mode {cfg.run.mode} needs every worker to take every step; fp16's grad scaler skips "
                               "steps per worker: use --precision bf16")
 
-    def __init__(self, name: str = "localsgd", cfg: PeriodicConfig | None = None) -> None:
-        cfg = cfg or PeriodicConfig()
+    def __init__(self, name: str = "localsgd", cfg: TrainConfig | None = None) -> None:
+        cfg = cfg or TrainConfig()
         super().__init__(name, cfg)
-        self.sync_every = cfg.sync_every or DEFAULT_SYNC_EVERY
-        self.local_after_epochs = cfg.local_after_epochs
+        self.sync_every = cfg.periodic.sync_every or DEFAULT_SYNC_EVERY
+        self.local_after_epochs = cfg.periodic.local_after_epochs
         diloco = name == "diloco"
-        self.outer_lr = (cfg.outer_lr or DILOCO_OUTER[0]) if diloco else 1.0
-        self.outer_momentum = (DILOCO_OUTER[1] if cfg.outer_momentum is None else cfg.outer_momentum) if diloco else 0.0
+        periodic = cfg.periodic
+        self.outer_lr = (periodic.outer_lr or DILOCO_OUTER[0]) if diloco else 1.0
+        self.outer_momentum = (DILOCO_OUTER[1] if periodic.outer_momentum is None else periodic.outer_momentum) \
+            if diloco else 0.0
         self.epoch = 0
         self.since_round = 0
         self.params: list[nn.Parameter] = []

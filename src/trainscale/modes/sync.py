@@ -14,7 +14,6 @@ import contextlib
 import copy
 import inspect
 import logging
-from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 import torch
@@ -25,13 +24,15 @@ from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import CompressionPlan, plan_from_config
 from trainscale.compression.setup import ddp_kwargs as compression_ddp_kwargs
 from trainscale.compression.setup import make_hook as make_compression_hook
-from trainscale.config import CoreConfig, option
+from trainscale.config import Section
 from trainscale.errors import ConfigError
 from trainscale.modes.base import Mode, register_mode
 from trainscale.modes.batchnorm import average_bn_statistics
+from trainscale.modes.config import SyncConfig, TrainConfig
 from trainscale.modes.fault_tolerance.config import ReplicationConfig
 from trainscale.runtime.comm_hooks import CommStats, Hook, HookState, counting_allreduce_hook, register_hook
 from trainscale.runtime.dist import elect_main_rank, local_rank, quiet_unless_main, set_main_rank, world_size
+from trainscale.runtime.faults import FaultConfig
 from trainscale.runtime.process_group import process_group, worker_device
 
 log = logging.getLogger("trainscale.sync")
@@ -51,44 +52,33 @@ SYNC_BN_NEEDS_CUDA = ("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GP
                       "running statistics are averaged over workers at each epoch end")
 
 
-@dataclass
-class SyncConfig(ReplicationConfig, CompressionConfig, CoreConfig):
-    """Settings of sync mode beyond the launcher's: BatchNorm handling (and the compression section, and the
-    fault-tolerance one: a data-parallel mode can run as torchft replicas, ``modes.fault_tolerance``)."""
-
-    TITLE: ClassVar[str] = "data parallel (sync mode)"
-
-    sync_bn: bool = option(False, "SyncBatchNorm (CUDA) instead of per-worker BN statistics averaged each epoch")
-
-
 @register_mode("sync")
 class SyncMode(Mode):
     """DDP with a byte-counting all-reduce hook; see the module docstring for BatchNorm and evaluation."""
 
     distributed = True
-    section = SyncConfig
-    accepts_compression = True
+    sections: ClassVar[tuple[type[Section], ...]] = (CompressionConfig, FaultConfig, ReplicationConfig, SyncConfig)
 
-    def __init__(self, name: str = "sync", cfg: SyncConfig | None = None) -> None:
-        cfg = cfg or SyncConfig()
+    def __init__(self, name: str = "sync", cfg: TrainConfig | None = None) -> None:
+        cfg = cfg or TrainConfig()
         self.name = name
-        self.compression: CompressionPlan | None = plan_from_config(cfg, cfg.seed)
+        self.compression: CompressionPlan | None = plan_from_config(cfg.compression, cfg.run.seed)
         self.hook_state: Any = None
-        self.requested_backend = None if cfg.backend == "auto" else cfg.backend
-        self.sync_bn = cfg.sync_bn
-        self.timeout_s = cfg.dist_timeout
-        self.node_rank = cfg.node_rank
+        self.requested_backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
+        self.sync_bn = cfg.sync.sync_bn
+        self.timeout_s = cfg.launch.dist_timeout
+        self.node_rank = cfg.launch.node_rank
         self.backend: str | None = None
         self.stats = CommStats()  # this epoch's, filled by the hook
         self.total = CommStats()  # the run's, epoch by epoch
 
     @classmethod
-    def validate(cls, cfg: SyncConfig) -> None:
+    def validate(cls, cfg: TrainConfig) -> None:  # type: ignore[override]
         super().validate(cfg)
 
     @classmethod
-    def check_device(cls, cfg: SyncConfig, device: torch.device) -> None:
-        if cfg.sync_bn and device.type != "cuda":
+    def check_device(cls, cfg: TrainConfig, device: torch.device) -> None:  # type: ignore[override]
+        if cfg.sync.sync_bn and device.type != "cuda":
             raise ConfigError(SYNC_BN_NEEDS_CUDA)
 
     def worker_device(self, requested: torch.device) -> torch.device:

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
-from trainscale.config import Section, option
+from trainscale.config import LaunchConfig, Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime.cluster import cut_link
 from trainscale.runtime.ft import job_events, log_event
@@ -177,6 +177,10 @@ class FaultConfig(Section):
     link_down: float = option(DEFAULT_LINK_DOWN_S, "seconds a link:... fault keeps the host's link down before "
                               "it is plugged back in (at most an hour)", above=0, at_most=3600)
 
+    def validate(self) -> None:
+        """Each fault well formed, ``--link-down`` only beside a link fault; the modes check them against the job."""
+        check_link_down(self)
+
 
 def injected_faults(cfg: FaultConfig) -> list[InjectedFault]:
     """``--inject-fault``'s faults (the flag's list items may hold several, comma-separated)."""
@@ -192,10 +196,7 @@ def check_link_down(cfg: FaultConfig) -> None:
                           "--inject-fault link:RANK@STEP, or leave --link-down out")
 
 
-def job_processes(cfg: FaultConfig) -> int | None:
+def job_processes(launch: LaunchConfig) -> int | None:
     """Workers (replicas) of the whole job, ``--workers`` per node: None in a ``--cluster`` parent that has not read
     its cluster yet (``app.preflight`` checks again with ``nnodes`` set to the hosts)."""
-    nodes = getattr(cfg, "nnodes", 1)
-    if getattr(cfg, "cluster", None) and nodes == 1:
-        return None
-    return (getattr(cfg, "workers", None) or 1) * max(nodes, 1)
+    return launch.processes()

@@ -31,8 +31,8 @@ MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default
 def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """The configured optimizer over ``model``'s trainable parameters, grouped as the module docstring says."""
     groups = parameter_groups(cfg, model, lr)
-    sgd = dict(momentum=cfg.momentum, nesterov=cfg.nesterov)
-    if cfg.optimizer == "muon":
+    sgd = dict(momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
+    if cfg.optim.optimizer == "muon":
         return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model))
     return torch.optim.SGD(groups, lr=lr, **sgd)
 
@@ -40,26 +40,26 @@ def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim
 def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[str, Any]]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     until = getattr(model, "train_until", {})
-    head = {id(p) for p in head_parameters(model)} if cfg.head_lr_factor != 1 else set()
-    muon = cfg.optimizer == "muon"
+    head = {id(p) for p in head_parameters(model)} if cfg.optim.head_lr_factor != 1 else set()
+    muon = cfg.optim.optimizer == "muon"
     placed: dict[str, list[nn.Parameter]] = {"rest": [], "head": [], "filters": []}
     groups: list[dict[str, Any]] = []
     for name, p in named:
         if name in until:
-            groups.append(group("until", [p], lr, cfg.weight_decay, until_epoch=float(until[name])))
+            groups.append(group("until", [p], lr, cfg.optim.weight_decay, until_epoch=float(until[name])))
         elif muon and p.ndim == 4:
             placed["filters"].append(p)
         elif id(p) in head:
             placed["head"].append(p)
         else:
             placed["rest"].append(p)
-    factor = cfg.head_lr_factor
+    factor = cfg.optim.head_lr_factor
     return [g for g in (
-        group("rest", placed["rest"], lr, cfg.weight_decay),
-        group("head", placed["head"], lr * factor, cfg.weight_decay / factor, lr_scale=factor),
+        group("rest", placed["rest"], lr, cfg.optim.weight_decay),
+        group("head", placed["head"], lr * factor, cfg.optim.weight_decay / factor, lr_scale=factor),
         *groups,
-        group("filters", placed["filters"], cfg.muon_lr, 0.0, lr_scale=cfg.muon_lr / lr if lr else 0.0,
-              muon=True, momentum=cfg.muon_momentum),
+        group("filters", placed["filters"], cfg.optim.muon_lr, 0.0, lr_scale=cfg.optim.muon_lr / lr if lr else 0.0,
+              muon=True, momentum=cfg.optim.muon_momentum),
     ) if g["params"]]
 
 

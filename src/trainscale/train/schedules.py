@@ -17,10 +17,10 @@ SCHEDULES: Registry[Schedule] = Registry("schedule")
 
 
 def create_schedule(cfg: CoreConfig) -> Schedule:
-    """The schedule named by ``cfg.schedule`` with the linear warm-up applied on top."""
-    shape = SCHEDULES.create(cfg.schedule, cfg=cfg)
+    """The schedule named by ``cfg.optim.schedule`` with the linear warm-up applied on top."""
+    shape = SCHEDULES.create(cfg.optim.schedule, cfg=cfg)
     warmup = warmup_epochs(cfg)
-    if warmup <= 0 or cfg.schedule == "onecycle":
+    if warmup <= 0 or cfg.optim.schedule == "onecycle":
         return shape
     return lambda t: shape(t) * min(1.0, t / warmup)
 
@@ -31,9 +31,9 @@ def list_schedules() -> list[str]:
 
 def warmup_epochs(cfg: CoreConfig) -> float:
     """Explicit ``--warmup-epochs``, else 5/24 of the run for one-cycle (seed 004's 5 of 24), else none."""
-    if cfg.warmup_epochs is not None:
-        return float(cfg.warmup_epochs)
-    return cfg.epochs * 5 / 24 if cfg.schedule == "onecycle" else 0.0
+    if cfg.optim.warmup_epochs is not None:
+        return float(cfg.optim.warmup_epochs)
+    return cfg.optim.epochs * 5 / 24 if cfg.optim.schedule == "onecycle" else 0.0
 
 
 @SCHEDULES.register("constant")
@@ -45,14 +45,14 @@ def constant(cfg: CoreConfig) -> Schedule:
 def step(cfg: CoreConfig) -> Schedule:
     """Multiply by ``gamma`` at each milestone. Milestones are 1-based epoch numbers as the seeds write
     them: seed 000's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""
-    starts = [m - 1 for m in cfg.milestones]
-    return lambda t: cfg.gamma ** sum(1 for s in starts if t >= s)
+    starts = [m - 1 for m in cfg.optim.milestones]
+    return lambda t: cfg.optim.gamma ** sum(1 for s in starts if t >= s)
 
 
 @SCHEDULES.register("onecycle")
 def onecycle(cfg: CoreConfig) -> Schedule:
     """Piecewise linear 0 -> 1 at the warm-up epoch -> 0 at the last epoch (cifar10-fast, seed 004)."""
-    peak, end = warmup_epochs(cfg), float(cfg.epochs)
+    peak, end = warmup_epochs(cfg), float(cfg.optim.epochs)
 
     def f(t: float) -> float:
         if t < peak:
@@ -64,4 +64,4 @@ def onecycle(cfg: CoreConfig) -> Schedule:
 
 @SCHEDULES.register("cosine")
 def cosine(cfg: CoreConfig) -> Schedule:
-    return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.epochs) / cfg.epochs))
+    return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.optim.epochs) / cfg.optim.epochs))

@@ -45,43 +45,44 @@ class BatchPlan:
 
     @classmethod
     def resolve(cls, cfg: CoreConfig, workers: int) -> "BatchPlan":
-        if cfg.batch_per_worker is not None:
-            per_worker = cfg.batch_per_worker
-        elif cfg.batch_size % workers:
-            raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by {workers} workers; "
+        if cfg.optim.batch_per_worker is not None:
+            per_worker = cfg.optim.batch_per_worker
+        elif cfg.optim.batch_size % workers:
+            raise ConfigError(f"--batch-size {cfg.optim.batch_size} is not divisible by {workers} workers; "
                               "choose a multiple or use --batch-per-worker")
         else:
-            per_worker = cfg.batch_size // workers
+            per_worker = cfg.optim.batch_size // workers
         global_batch = per_worker * workers
-        lr = cfg.lr * global_batch / cfg.base_batch_size if cfg.lr_scaling == "linear" else cfg.lr
+        optim = cfg.optim
+        lr = optim.lr * global_batch / optim.base_batch_size if optim.lr_scaling == "linear" else optim.lr
         return cls(per_worker, global_batch, lr)
 
 
 def default_out_dir(cfg: CoreConfig) -> Path:
-    return Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{cfg.data.model}-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, int]:
     """Synthetic data: generate only the subset asked for (50,000 random images take seconds per process,
     and every worker makes its own); a subset larger than the set stays an error."""
-    if cfg.dataset != "synthetic" or not subset or subset > SYNTHETIC_SIZE:
+    if cfg.data.dataset != "synthetic" or not subset or subset > SYNTHETIC_SIZE:
         return {}
     return {"synthetic_size": subset}
 
 
 def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
     """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes."""
-    size = cfg.image_size if cfg.dataset == "synthetic" else None
-    common = dict(data_dir=cfg.data_dir, verify=cfg.verify, download=cfg.download, image_size=size)
+    size = cfg.data.image_size if cfg.data.dataset == "synthetic" else None
+    common = dict(data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size)
     try:
-        train = load_dataset(cfg.dataset, train=True, **common, **synthetic_size(cfg, cfg.train_subset))
-        test = load_dataset(cfg.dataset, train=False, **common, **synthetic_size(cfg, cfg.test_subset))
+        train = load_dataset(cfg.data.dataset, train=True, **common, **synthetic_size(cfg, cfg.data.train_subset))
+        test = load_dataset(cfg.data.dataset, train=False, **common, **synthetic_size(cfg, cfg.data.test_subset))
     except ChecksumError as exc:
         raise ChecksumError(f"{exc}, or train without the check (--no-verify)") from None
-    if cfg.train_subset:
-        train = train.subset(cfg.train_subset)
-    if cfg.test_subset:
-        test = test.subset(cfg.test_subset)
+    if cfg.data.train_subset:
+        train = train.subset(cfg.data.train_subset)
+    if cfg.data.test_subset:
+        test = test.subset(cfg.data.test_subset)
     return train, test
 
 
@@ -89,21 +90,21 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
     """Train/eval pipelines: random crops smaller than the images (MXNet's 28x28), upscaling larger."""
     crop = want if want < native else None
     resize = want if want > native else None
-    train = AugmentConfig(crop_padding=cfg.crop_padding, crop_size=crop, flip=cfg.flip,
-                          alternate_flip=cfg.alternate_flip, cutout=cfg.cutout, resize=resize)
+    train = AugmentConfig(crop_padding=cfg.data.crop_padding, crop_size=crop, flip=cfg.data.flip,
+                          alternate_flip=cfg.data.alternate_flip, cutout=cfg.data.cutout, resize=resize)
     test = AugmentConfig(crop_padding=0, crop_size=crop, flip=False, cutout=0, resize=resize)
     return train, test
 
 
 def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: ImageTensors) -> nn.Module:
-    """The registered model, seeded by ``cfg.seed``, on ``device`` in the configured memory format; a model
+    """The registered model, seeded by ``cfg.run.seed``, on ``device`` in the configured memory format; a model
     registered with ``data_init_images=N`` is first initialised from N normalised training images."""
-    torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, num_classes=num_classes).to(device)
-    images = model_info(cfg.model).data_init_images
+    torch.manual_seed(cfg.run.seed)
+    model = create_model(cfg.data.model, num_classes=num_classes).to(device)
+    images = model_info(cfg.data.model).data_init_images
     if images:
         model.data_init(normalise(train.images[:images].to(device), train))
-    if cfg.channels_last:
+    if cfg.run.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
 
@@ -128,7 +129,7 @@ def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> Batc
 
 
 def resolve_out(cfg: CoreConfig) -> Path:
-    return Path(cfg.out) if cfg.out else default_out_dir(cfg)
+    return Path(cfg.run.out) if cfg.run.out else default_out_dir(cfg)
 
 
 RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.jsonl", "config.json")  # any of them: a trainscale run
@@ -176,17 +177,17 @@ def check_model_input(cfg: CoreConfig) -> None:
     """The model takes ``--image-size`` images: a forward of two images on the meta device (shapes only, no
     memory or compute), so a size its downsampling or fixed dense layers cannot take is one line before
     any data is loaded or worker started, not a shape error in the first step."""
-    if cfg.image_size is None:  # the model's own input size
+    if cfg.data.image_size is None:  # the model's own input size
         return
-    size, info = cfg.image_size, model_info(cfg.model)
+    size, info = cfg.data.image_size, model_info(cfg.data.model)
     try:
         with torch.device("meta"), torch.no_grad():
-            create_model(cfg.model)(torch.empty(2, 3, size, size))
+            create_model(cfg.data.model)(torch.empty(2, 3, size, size))
     except NotImplementedError:  # an operation without a meta kernel: shapes cannot be checked here
         return
     except (RuntimeError, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0][:200]
-        raise ConfigError(f"--image-size {size}: model {cfg.model} cannot take {size}x{size} images ({reason}); "
+        raise ConfigError(f"--image-size {size}: model {cfg.data.model} cannot take {size}x{size} images ({reason}); "
                           f"leave --image-size out for its {info.input_size}x{info.input_size} or choose a size "
                           "it takes") from None
 
@@ -198,7 +199,7 @@ def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
     differ = [f"{k} (was {recorded[k]!r}, now {now[k]!r})" for k in now
               if k in recorded and k not in RESUME_MAY_CHANGE and recorded[k] != now[k]]
     if differ:
-        raise ConfigError(f"--resume: the run in {cfg.out} was started with other settings: {'; '.join(differ)}; "
+        raise ConfigError(f"--resume: the run in {cfg.run.out} was started with other settings: {'; '.join(differ)}; "
                           "resume with its settings or start a new run with another --out")
     if now["epochs"] < recorded.get("epochs", 0):
         raise ConfigError(f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; "
@@ -209,7 +210,7 @@ def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
     """Whether to load a checkpoint: ``--resume`` or a restarted job (``job_restarted``), and the main process
     (which owns the run folder) finds one; shared so every rank agrees. A run killed before its first
     checkpoint has none and starts from the beginning."""
-    if not cfg.resume and not restarted:
+    if not cfg.run.resume and not restarted:
         return False
     found = out is not None and (out / "checkpoint.pt").exists()
     return bool(broadcast_object(found))
@@ -230,8 +231,8 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -
     job = job or Job()
     first_writer = main and job.writes_folder_first and not restarted  # replicas share the folder
     if first_writer:
-        check_run_folder(out, cfg.resume, cfg, holders=job.folder_holders)
-    if cfg.resume and not resume:
+        check_run_folder(out, cfg.run.resume, cfg, holders=job.folder_holders)
+    if cfg.run.resume and not resume:
         log.warning("--resume: %s has no checkpoint (the run stopped before its first one); starting from the "
                     "beginning", out)
     return RunWriter(out, clean=first_writer), resume
@@ -242,8 +243,9 @@ def summary_base(cfg: CoreConfig, plan: BatchPlan, params: int, device: torch.de
     """The run's description: the first part of summary.json (keys: ``record.K``)."""
     return {
         K.out: str(writer.out) if writer else None,
-        K.model: cfg.model, K.params: params, K.dataset: cfg.dataset, K.mode: cfg.mode, K.world_size: world_size(),
-        K.epochs: cfg.epochs, K.batch_size: plan.global_batch, K.batch_per_worker: plan.per_worker, K.lr: plan.lr,
-        K.precision: cfg.precision, K.image_size: image_size, K.train_samples_per_epoch: epoch_samples,
-        K.seed: cfg.seed, K.environment: environment(device),
+        K.model: cfg.data.model, K.params: params, K.dataset: cfg.data.dataset, K.mode: cfg.run.mode,
+        K.world_size: world_size(),
+        K.epochs: cfg.optim.epochs, K.batch_size: plan.global_batch, K.batch_per_worker: plan.per_worker, K.lr: plan.lr,
+        K.precision: cfg.run.precision, K.image_size: image_size, K.train_samples_per_epoch: epoch_samples,
+        K.seed: cfg.run.seed, K.environment: environment(device),
     }

@@ -116,10 +116,10 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self.callbacks.before_fit(self.snapshot, self.restore)
-        warm = self.cfg.compile or self.precision.device.type == "cuda"
+        warm = self.cfg.run.compile or self.precision.device.type == "cuda"
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base[K.warmup_seconds] = self.warm_up()
-        for epoch in range(self.state.next_epoch, self.cfg.epochs):
+        for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
             row = self.run_epoch(epoch)
             writes = self.callbacks.writes_run_folder()
             if self.writer is not None and writes is not Writes.NOT_NOW:
@@ -140,7 +140,7 @@ class Trainer:
         saved, rng = copy.deepcopy(self.model.state_dict()), rng_state()
         device, batch = self.precision.device, self.summary_base[K.batch_per_worker]
         size = self.summary_base[K.image_size]
-        layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        layout = torch.channels_last if self.cfg.run.channels_last else torch.contiguous_format
         images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
         self.model.train()
@@ -162,30 +162,30 @@ class Trainer:
         self.callbacks.before_train_epoch(epoch)
         with Utilisation(self.precision.device, self.cores) as busy:
             train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler,
-                                    self.precision, self.lr_at, epoch, self.cfg.label_smoothing, self.cfg.progress,
-                                    self.cfg.nonfinite)
+                                    self.precision, self.lr_at, epoch, self.cfg.optim.label_smoothing,
+                                    self.cfg.run.progress, self.cfg.optim.nonfinite)
         if train.skipped_steps and is_main_process():
             log.warning("epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
                         epoch + 1, train.skipped_steps)
         self.callbacks.after_train_epoch(self.model)
         train.samples = self.callbacks.epoch_samples(train.samples)
-        translate = self.cfg.tta_translate if epoch + 1 == self.cfg.epochs else 0
-        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.tta, translate=translate) \
-            if self.evaluates(epoch) else None
+        translate = self.cfg.optim.tta_translate if epoch + 1 == self.cfg.optim.epochs else 0
+        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.optim.tta,
+                        translate=translate) if self.evaluates(epoch) else None
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
-        views = {K.test_views: views_per_image(self.cfg.tta, translate) if test else 0}
+        views = {K.test_views: views_per_image(self.cfg.optim.tta, translate) if test else 0}
         row = merge(self._row(epoch, train, test), views, mean_over_workers(busy.result()),
                     self.callbacks.epoch_stats(), file=METRICS)
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
-        log.info("epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s", epoch + 1, self.cfg.epochs,
+        log.info("epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s", epoch + 1, self.cfg.optim.epochs,
                  train.loss, train.acc, tested, row[K.epoch_seconds], row[K.samples_per_sec])
         return row
 
     def evaluates(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every ``eval_every``-th and the last."""
-        every = self.cfg.eval_every
-        return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
+        every = self.cfg.run.eval_every
+        return epoch + 1 == self.cfg.optim.epochs or (every > 0 and (epoch + 1) % every == 0)
 
     def freeze_finished(self, epoch: int) -> None:
         """A parameter whose training has ended (``model.train_until``; its lr is zero from then on) stops taking
@@ -208,7 +208,7 @@ class Trainer:
         if test is None:
             return
         self.state.best_test_acc = max(self.state.best_test_acc, test.acc)
-        target = self.cfg.target_acc
+        target = self.cfg.run.target_acc
         if target is not None and self.state.time_to_target_seconds is None and test.acc >= target:
             self.state.time_to_target_seconds = self.state.elapsed_seconds
             self.state.epoch_to_target = epoch + 1
@@ -225,7 +225,7 @@ class Trainer:
             log.warning("epoch %d: the mean training loss %.3f is above the first step's %.3f: the run is not "
                         "learning; the learning rate (%g at batch %d) is probably too high for %s: lower --lr and "
                         "start again", epoch + 1, train.loss, self.first_loss, self.summary_base[K.lr],
-                        self.summary_base[K.batch_size], self.cfg.model)
+                        self.summary_base[K.batch_size], self.cfg.data.model)
 
     def _row(self, epoch: int, train: PassStats, test: PassStats | None) -> dict[str, Any]:
         memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
@@ -244,13 +244,13 @@ class Trainer:
 
     def _reference_scope(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Only for a run that has finished all its epochs (the reference times a whole run)."""
-        if not rows or self.state.next_epoch < self.cfg.epochs or rows[-1][K.epoch] != self.cfg.epochs:
+        if not rows or self.state.next_epoch < self.cfg.optim.epochs or rows[-1][K.epoch] != self.cfg.optim.epochs:
             return None
         return reference_scope(self.summary_base.get(K.data_init_seconds) or 0.0, self.state.elapsed_seconds,
-                               rows[-1], self.cfg.target_acc)
+                               rows[-1], self.cfg.run.target_acc)
 
     def _checkpoint(self) -> None:
-        if not self.cfg.checkpoint:
+        if not self.cfg.run.checkpoint:
             return
         save_checkpoint(self.writer.checkpoint_path, {**self.snapshot(), "rng": rng_state()})
 
@@ -285,7 +285,7 @@ class Trainer:
             K.total_train_seconds: self.state.elapsed_seconds,
             K.total_eval_seconds: sum(r[K.eval_seconds] for r in rows),
             K.skipped_steps: sum(r.get(K.skipped_steps, 0) for r in rows),
-            K.target_acc: self.cfg.target_acc,
+            K.target_acc: self.cfg.run.target_acc,
             K.time_to_target_seconds: self.state.time_to_target_seconds,
             K.epoch_to_target: self.state.epoch_to_target,
             K.timer_scope: TIMER_SCOPE,

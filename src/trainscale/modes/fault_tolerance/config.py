@@ -1,22 +1,23 @@
-"""The fault-tolerance section of the config (``--fault-tolerance``, ``--ft-timeout``; with the fault-injection
-flags it extends) and its checks. A data-parallel mode takes it by including the section in its own; the
-checks run with the mode's (``Mode.validate`` runs each section's ``check_section``)."""
+"""The fault-tolerance section of the config (``--fault-tolerance``, ``--ft-timeout``; ``cfg.replication``) and its
+checks against the rest of the config, fault injection's included. A data-parallel mode takes it by listing the
+section in its ``sections``; the checks run with the mode's (``Mode.validate`` runs each section's
+``check_section``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from trainscale.config import MAX_WAIT_S, option
+from trainscale.config import MAX_WAIT_S, Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
-from trainscale.runtime.faults import (FaultConfig, InjectedFault, check_link_down, injected_faults, job_processes,
+from trainscale.runtime.faults import (InjectedFault, check_link_down, injected_faults, job_processes,
                                       on_cluster)
 from trainscale.runtime.job import this_job
 
 
 @dataclass
-class ReplicationConfig(FaultConfig):
+class ReplicationConfig(Section):
     """Per-step fault tolerance: each worker a torchft replica (``modes.fault_tolerance``)."""
 
     TITLE: ClassVar[str] = "data parallel (sync mode)"
@@ -31,8 +32,8 @@ class ReplicationConfig(FaultConfig):
     @classmethod
     def check_section(cls, cfg: Any) -> None:
         """``--link-down`` always; the rest when fault tolerance or an injected fault is asked for."""
-        check_link_down(cfg)
-        if cfg.fault_tolerance or cfg.inject_fault:
+        check_link_down(cfg.faults)
+        if cfg.replication.fault_tolerance or cfg.faults.inject_fault:
             validate_fault_tolerance(cfg)
 
 
@@ -43,26 +44,26 @@ def validate_fault_tolerance(cfg: Any) -> None:
     """--fault-tolerance and --inject-fault against the rest of the config (one ConfigError line). Under
     ``--cluster`` the parent knows the hosts only once it has read the cluster: it checks again with ``nnodes``
     set to them (``app.preflight``), so replica numbers are bounded there."""
-    if cfg.inject_fault and not cfg.fault_tolerance:
+    if cfg.faults.inject_fault and not cfg.replication.fault_tolerance:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
-    if cfg.mode not in FT_MODES:
-        raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.mode}")
+    if cfg.run.mode not in FT_MODES:
+        raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.run.mode}")
     ft.require_torchft()
-    if cfg.precision == "fp16":
+    if cfg.run.precision == "fp16":
         raise ConfigError("--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on "
                           "one replica only)")
-    if cfg.ft_timeout <= 0:
-        raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.ft_timeout}")
-    if cfg.nnodes > 1 and not cfg.out:
+    if cfg.replication.ft_timeout <= 0:
+        raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.replication.ft_timeout}")
+    if cfg.launch.nnodes > 1 and not cfg.run.out:
         raise ConfigError("--fault-tolerance on several machines needs --out, the same folder on a file system "
                           "every machine shares (any replica may take over writing the run)")
-    for fault in injected_faults(cfg):
+    for fault in injected_faults(cfg.faults):
         validate_injected(fault, cfg)
 
 
 def validate_injected(fault: InjectedFault, cfg: Any) -> None:
     """One --inject-fault against the job's replicas (``workers`` per node) and, for a link cut, its cluster."""
-    workers, replicas = cfg.workers or 1, job_processes(cfg)
+    workers, replicas = cfg.launch.workers or 1, job_processes(cfg.launch)
     what = f"--inject-fault {fault.text}"
     if fault.server:
         raise ConfigError(f"{what}: s{fault.rank} names a parameter-server shard; a fault-tolerant job has replicas "
@@ -71,7 +72,7 @@ def validate_injected(fault: InjectedFault, cfg: Any) -> None:
         raise ConfigError(f"{what}: there are only {replicas} replicas (0..{replicas - 1})")
     if fault.kind != "link":
         return
-    if not (getattr(cfg, "cluster", None) or on_cluster(this_job())):
+    if not (cfg.launch.cluster or on_cluster(this_job())):
         raise ConfigError(f"{what} cuts a host's link on an emulated cluster: run with --cluster NAME "
                           "(trainscale cluster up), or use kill or hang")
     if fault.rank < workers:

@@ -72,9 +72,9 @@ def meeting_points(meeting: Meeting) -> Iterator[tuple[str, str]]:
 def replica_env(cfg: Any, index: int, points: tuple[str, str], meeting: Meeting,
                 events: Path) -> dict[str, str]:
     """The environment of replica ``index``'s agent: this launcher's, and who the replica is (``runtime.job``)."""
-    env = {**os.environ, REPLICA_ENV: str(index), REPLICAS_ENV: str(job_processes(cfg)),
+    env = {**os.environ, REPLICA_ENV: str(index), REPLICAS_ENV: str(job_processes(cfg.launch)),
            ft.LIGHTHOUSE_ENV: points[0], BARRIER_ENV: points[1], EVENTS_ENV: str(events),
-           OWNER_ENV: str(os.getpid()), ADDRESS_ENV: meeting.address, NODE_ENV: str(cfg.node_rank),
+           OWNER_ENV: str(os.getpid()), ADDRESS_ENV: meeting.address, NODE_ENV: str(cfg.launch.node_rank),
            "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     env.setdefault("GLOO_SOCKET_IFNAME", interface_of(meeting.address))
     return env
@@ -84,21 +84,21 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     """Run this node's replicas to the end, holding the run folder's lock; returns the job's exit status (the
     first failed replica's). ``out``: the run folder on node 0 (which records the faults), None on the others."""
     become_launcher()
-    relabel(f"node {cfg.node_rank} launcher" if cfg.nnodes > 1 else "launcher")
-    events = Path(out or cfg.out) / ft.EVENTS_FILE
-    workers = cfg.workers or 1
-    first = cfg.node_rank * workers
+    relabel(f"node {cfg.launch.node_rank} launcher" if cfg.launch.nnodes > 1 else "launcher")
+    events = Path(out or cfg.run.out) / ft.EVENTS_FILE
+    workers = cfg.launch.workers or 1
+    first = cfg.launch.node_rank * workers
     with lock_run_folder(out):
-        if out is not None and not cfg.resume and events.exists():
+        if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
             procs = [subprocess.Popen([sys.executable, *argv], env=replica_env(cfg, i, points, meeting, events),
                                       start_new_session=True) for i in range(first, first + workers)]
             try:
-                status = watch(procs, cfg.ft_timeout + HEARTBEAT_TIMEOUT_S)
-                if status == 0 and out is not None and cfg.nnodes > 1:
-                    wait_for_finals(events, job_processes(cfg))
+                status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S)
+                if status == 0 and out is not None and cfg.launch.nnodes > 1:
+                    wait_for_finals(events, job_processes(cfg.launch))
             finally:
                 for proc in procs:
                     if proc.poll() is None:

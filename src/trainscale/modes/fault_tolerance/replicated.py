@@ -168,7 +168,7 @@ class ReplicatedPeriodic(Replicated):
 def with_fault_tolerance(mode: Mode, cfg: Any, job: Job) -> Mode:
     """``mode`` as a torchft replica when ``cfg`` asks for fault tolerance; else ``mode`` itself. The one seam
     between a run and fault tolerance (the composition root calls it once the mode and its device are set)."""
-    if not getattr(cfg, "fault_tolerance", False):
+    if not cfg.replication.fault_tolerance:
         return mode
     if isinstance(mode, PeriodicMode):
         return ReplicatedPeriodic(mode, cfg, job)

@@ -40,10 +40,10 @@ class ReplicaSession:
 
     def __init__(self, cfg: Any, job: Job) -> None:
         self.job = job
-        self.timeout_s = cfg.ft_timeout
-        self.quorum_timeout_s = max(cfg.dist_timeout, 60.0)
-        self.faults = unfired(injected_faults(cfg), job.replica)
-        self.link_down_s = cfg.link_down
+        self.timeout_s = cfg.replication.ft_timeout
+        self.quorum_timeout_s = max(cfg.launch.dist_timeout, 60.0)
+        self.faults = unfired(injected_faults(cfg.faults), job.replica)
+        self.link_down_s = cfg.faults.link_down
         self.position = Position()
         self.manager: Any = None
         self.members = 0

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from trainscale.compression.config import CompressionConfig
 from trainscale.compression.spec import CompressionSpec
-from trainscale.config import MAX_WAIT_S, CoreConfig, option
+from trainscale.config import MAX_WAIT_S, CoreConfig, Section, option
 from trainscale.errors import ConfigError
 from trainscale.modes.ps.codec import push_refusal
 from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults, job_processes
@@ -18,7 +18,7 @@ AUTO = "auto"
 
 
 @dataclass
-class PSConfig(FaultConfig, CompressionConfig, CoreConfig):
+class PSConfig(Section):
     """Server shards per node beside ``--workers``; ``staleness`` bounds ASGD (None: unbounded);
     ``average_every``: ma's period in steps (None: 4); ``async_momentum`` and ``staleness_lr``: ASGD's
     remedies for the momentum asynchrony adds and for stale gradients (see ``resolve_async_momentum``
@@ -42,6 +42,14 @@ class PSConfig(FaultConfig, CompressionConfig, CoreConfig):
     heartbeat_timeout: float = option(10.0, "seconds a worker may leave the servers' ping unanswered before they "
                                       "drop it (a hung worker) and hand its batches to the others",
                                       at_most=MAX_WAIT_S)
+
+    def validate(self) -> None:
+        _require(self.staleness is None or self.staleness >= 0, f"--staleness must be >= 0 steps, got {self.staleness}")
+        _require(self.average_every is None or self.average_every >= 1,
+                 f"--average-every must be a positive number of steps, got {self.average_every}")
+        parse_async_momentum(self.async_momentum)
+        _require(self.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {self.rpc_timeout}")
+        _require(self.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {self.heartbeat_timeout}")
 
 
 def parse_async_momentum(text: str) -> float | None:
@@ -77,44 +85,40 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate_ps(cfg: PSConfig) -> None:
-    """Parameter-server settings of a run whose mode is one of ``PS_MODES``."""
-    mode = cfg.mode
-    _require(cfg.servers >= 1, f"--mode {mode} needs --servers S >= 1 (parameter-server shards per node)")
-    _require(cfg.staleness is None or cfg.staleness >= 0, f"--staleness must be >= 0 steps, got {cfg.staleness}")
-    _require(cfg.staleness is None or mode == "async", "--staleness bounds ASGD; use it with --mode async")
-    _require(cfg.average_every is None or cfg.average_every >= 1,
-             f"--average-every must be a positive number of steps, got {cfg.average_every}")
-    _require(cfg.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
-    explicit = parse_async_momentum(cfg.async_momentum)
+def validate_ps(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig, compression: CompressionConfig) -> None:
+    """Parameter-server settings of a run whose mode is one of ``PS_MODES``, against the rest of ``cfg`` (their
+    ranges: ``PSConfig.validate``)."""
+    mode = cfg.run.mode
+    _require(ps.servers >= 1, f"--mode {mode} needs --servers S >= 1 (parameter-server shards per node)")
+    _require(ps.staleness is None or mode == "async", "--staleness bounds ASGD; use it with --mode async")
+    _require(ps.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
+    explicit = parse_async_momentum(ps.async_momentum)
     _require(explicit is None or mode == "async", "--async-momentum sets ASGD's server momentum; use it with "
                                                   "--mode async (ps-sync and ma use --momentum)")
-    _require(cfg.staleness_lr or mode == "async", "--no-staleness-lr applies to --mode async (ps-sync and ma have "
-                                                  "no stale gradients)")
-    _require(0 <= cfg.warm_start_epochs < cfg.epochs,
-             f"--warm-start-epochs must be in [0, epochs={cfg.epochs}), got {cfg.warm_start_epochs}")
-    _require(cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {cfg.rpc_timeout}")
-    _require(cfg.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {cfg.heartbeat_timeout}")
-    validate_push_compression(cfg)
-    validate_faults(cfg)
+    _require(ps.staleness_lr or mode == "async", "--no-staleness-lr applies to --mode async (ps-sync and ma have "
+                                                 "no stale gradients)")
+    _require(0 <= ps.warm_start_epochs < cfg.optim.epochs,
+             f"--warm-start-epochs must be in [0, epochs={cfg.optim.epochs}), got {ps.warm_start_epochs}")
+    validate_push_compression(compression, cfg.run.seed)
+    validate_faults(cfg, ps, faults)
 
 
-def validate_push_compression(cfg: PSConfig) -> None:
+def validate_push_compression(compression: CompressionConfig, seed: int) -> None:
     """``--compress`` compresses the workers' pushes, unless the method only works through collectives."""
-    spec = CompressionSpec.from_config(cfg, cfg.seed)
+    spec = CompressionSpec.from_config(compression, seed)
     refusal = push_refusal(spec) if spec.enabled else None
     _require(refusal is None, refusal or "")
 
 
-def validate_faults(cfg: PSConfig) -> None:
+def validate_faults(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig) -> None:
     """--inject-fault in a parameter-server job: kill or hang of a worker, once each, one of node 0's left alive;
     kill of a server shard, once each."""
-    check_link_down(cfg)
-    workers = job_processes(cfg)
-    shards = None if workers is None else workers // cfg.workers * cfg.servers
+    check_link_down(faults)
+    workers = job_processes(cfg.launch)
+    shards = None if workers is None else workers // (cfg.launch.workers or 1) * ps.servers
     seen: set[int] = set()
     killed: set[int] = set()
-    for fault in injected_faults(cfg):
+    for fault in injected_faults(faults):
         where = f"--inject-fault {fault.text}"
         _require(fault.kind != "link", f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
                                        "parameter-server jobs take kill or hang")
@@ -131,6 +135,7 @@ def validate_faults(cfg: PSConfig) -> None:
         _require(fault.rank not in seen, f"{where}: worker {fault.rank} already dies in an earlier fault (a dead "
                                          "worker is not restarted)")
         seen.add(fault.rank)
-    _require(not seen or len(seen & set(range(cfg.workers))) < cfg.workers,
-             f"--inject-fault: every worker of node 0 ({', '.join(map(str, range(cfg.workers)))}) would die, and the "
-             "run folder is there; leave one alive")
+    local = cfg.launch.workers or 1
+    _require(not seen or len(seen & set(range(local))) < local,
+             f"--inject-fault: every worker of node 0 ({', '.join(map(str, range(local)))}) would die, and the run "
+             "folder is there; leave one alive")

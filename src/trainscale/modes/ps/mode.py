@@ -15,11 +15,13 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import torch
 from torch import nn
 
+from trainscale.compression.config import CompressionConfig
+from trainscale.config import Section
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
 from trainscale.modes.base import SERVER, SUPERVISOR, Mode, Result, register_mode
@@ -39,11 +41,14 @@ from trainscale.modes.ps.supervisor import supervise
 from trainscale.record import K
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.faults import InjectedFault, injected_faults, not_yet_fired
+from trainscale.runtime.faults import FaultConfig, InjectedFault, injected_faults, not_yet_fired
 from trainscale.runtime.dist import Collectives, restart_count
 from trainscale.runtime.ft import log_event
 from trainscale.runtime.process_group import rpc_session, worker_device
 from trainscale.train.callbacks import Writes
+
+if TYPE_CHECKING:  # modes.config imports this package's section, whose package imports this module
+    from trainscale.modes.config import TrainConfig
 
 log = logging.getLogger("trainscale.ps")
 
@@ -105,15 +110,15 @@ class ParameterServerMode(Mode):
     """``async``/``ps-sync``/``ma`` through sharded servers over torch RPC (see the package docstring)."""
 
     distributed = True
-    section: ClassVar[type[PSConfig]] = PSConfig
+    # compression: the pushes, encoded on the worker (error feedback there) and decoded by the servers
+    sections: ClassVar[tuple[type[Section], ...]] = (CompressionConfig, FaultConfig, PSConfig)
     uses_servers = True
-    accepts_compression = True  # pushes, encoded on the worker (error feedback there) and decoded by the servers
 
     @classmethod
-    def validate(cls, cfg: PSConfig) -> None:
-        validate_ps(cfg)
+    def validate(cls, cfg: TrainConfig) -> None:  # type: ignore[override]
+        validate_ps(cfg, cfg.ps, cfg.faults, cfg.compression)
 
-    def __init__(self, name: str, cfg: PSConfig) -> None:
+    def __init__(self, name: str, cfg: TrainConfig) -> None:
         self.name = name
         self.cfg = cfg
         self._role: Role | None = None
@@ -130,12 +135,12 @@ class ParameterServerMode(Mode):
     @property
     def role_info(self) -> Role:
         if self._role is None:
-            self._role = role_from_env(self.cfg.workers, self.cfg.servers)
+            self._role = role_from_env(self.cfg.launch.workers, self.cfg.ps.servers)
         return self._role
 
     @property
     def average_every(self) -> int:
-        return self.cfg.average_every or DEFAULT_AVERAGE_EVERY
+        return self.cfg.ps.average_every or DEFAULT_AVERAGE_EVERY
 
     # ------------------------------------------------------------------------------ roles
 
@@ -148,7 +153,8 @@ class ParameterServerMode(Mode):
         return serve(self.cfg, self.role_info)
 
     def supervise(self, trainer: Callable[[], Result]) -> Result:
-        return supervise(trainer, self.role_info.index, stopped_limit_s=self.cfg.heartbeat_timeout + STOPPED_MARGIN_S)
+        return supervise(trainer, self.role_info.index,
+                         stopped_limit_s=self.cfg.ps.heartbeat_timeout + STOPPED_MARGIN_S)
 
     def worker_device(self, requested: torch.device) -> torch.device:
         """Workers as in sync mode (CUDA: ``cuda:LOCAL_RANK``); servers keep their shard in host memory."""
@@ -162,11 +168,11 @@ class ParameterServerMode(Mode):
         exit every worker meets the others once more, then tells the servers it is leaving.
         """
         role = self.role_info
-        torch.set_num_threads(threads_per_worker(self.cfg.threads, self.cfg.workers))
-        with rpc_session(role.name, role.rank, role.world, self.cfg.rpc_timeout, threads=rpc_threads(role)):
+        torch.set_num_threads(threads_per_worker(self.cfg.run.threads, self.cfg.launch.workers))
+        with rpc_session(role.name, role.rank, role.world, self.cfg.ps.rpc_timeout, threads=rpc_threads(role)):
             self.collectives = collectives = RpcCollectives(role.index, role.workers)
             with installed_collectives(collectives):
-                main = tsdist.elect_main_rank(self.cfg.node_rank == 0 and tsdist.local_rank() == 0)
+                main = tsdist.elect_main_rank(self.cfg.launch.node_rank == 0 and tsdist.local_rank() == 0)
                 with tsdist.quiet_unless_main():
                     log.info("%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder",
                              self.name, role.index, role.workers, role.servers, main)
@@ -182,8 +188,8 @@ class ParameterServerMode(Mode):
         params = [p for g in optimizer.param_groups for p in g["params"]]
         codec = self.push_codec(model, params)
         self.client = ShardClient(self.role_info.index, self.role_info.servers, sum(p.numel() for p in params),
-                                  self.cfg.rpc_timeout, codec)
-        rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.staleness),
+                                  self.cfg.ps.rpc_timeout, codec)
+        rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.ps.staleness),
                                                        codec=codec.spec if codec is not None else None))
         rule = servers_momentum_for(rule, codec)
         self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
@@ -193,13 +199,13 @@ class ParameterServerMode(Mode):
 
     def push_codec(self, model: nn.Module, params: list[torch.Tensor]) -> PushCodec | None:
         """The worker's encoder of compressed pushes (``--compress``, error feedback here), or None: dense fp32."""
-        spec = codec_from_config(self.cfg, self.cfg.seed)
+        spec = codec_from_config(self.cfg.compression, self.cfg.run.seed)
         return PushCodec(spec, units=unit_sizes(model, params)) if spec is not None else None
 
     def _fault(self) -> InjectedFault | None:
         """This worker's ``--inject-fault`` (the first one naming it; one worker dies once, and an attempt restarted
         after a server's death does not meet it again)."""
-        return next((f for f in not_yet_fired(injected_faults(self.cfg))
+        return next((f for f in not_yet_fired(injected_faults(self.cfg.faults))
                      if not f.server and f.rank == self.role_info.index), None)
 
     def async_remedies(self, rule: Rule) -> Rule:
@@ -208,14 +214,14 @@ class ParameterServerMode(Mode):
         if self.name != "async":
             return rule
         workers = self.role_info.workers
-        momentum = resolve_async_momentum(self.cfg.async_momentum, rule.momentum, workers)
+        momentum = resolve_async_momentum(self.cfg.ps.async_momentum, rule.momentum, workers)
         how = (f"--momentum {rule.momentum:g} less 1 - 1/{workers} for {workers} asynchronous worker(s)"
-               if parse_async_momentum(self.cfg.async_momentum) is None else "--async-momentum")
+               if parse_async_momentum(self.cfg.ps.async_momentum) is None else "--async-momentum")
         log.info("async: server momentum %g (%s), staleness-aware lr %s", momentum, how,
-                 "on (each gradient x 1/(1 + staleness))" if self.cfg.staleness_lr else "off")
+                 "on (each gradient x 1/(1 + staleness))" if self.cfg.ps.staleness_lr else "off")
         # torch's SGD refuses Nesterov without momentum; with none left there is nothing to look ahead with
         return dataclasses.replace(rule, momentum=momentum, nesterov=rule.nesterov and momentum > 0,
-                                   staleness_lr=self.cfg.staleness_lr)
+                                   staleness_lr=self.cfg.ps.staleness_lr)
 
     def wrap_batches(self, train: Batches, test: Batches) -> tuple[Batches, Batches]:
         """Warm-start epochs and hand-overs for training; the whole test set on node 0's workers, evaluated by
@@ -224,14 +230,14 @@ class ParameterServerMode(Mode):
         assert self.client is not None and self.collectives is not None  # session, then wrap_optimizer, came first
         self.handover = HandOver(self.role_info.index, getattr(train, "inner", train), self.client,
                                  self.collectives.plan, self.optimizer)
-        self.batches = TrainBatches(train, self.clock, self.cfg.warm_start_epochs, is_main, tsdist.main_rank(),
+        self.batches = TrainBatches(train, self.clock, self.cfg.ps.warm_start_epochs, is_main, tsdist.main_rank(),
                                     self.client.begin_epoch, self.client, self.handover)
         return self.batches, MainOnly(unsharded(test)) if self.standby_writer else EmptyBatches()
 
     @property
     def standby_writer(self) -> bool:  # type: ignore[override]
         """Node 0's workers may take over the run folder (it is on node 0)."""
-        return self.cfg.node_rank == 0
+        return self.cfg.launch.node_rank == 0
 
     def writes_run_folder(self) -> Writes:
         """The main worker writes; rows so far may have been written by a main worker that died since."""
@@ -322,11 +328,11 @@ class ParameterServerMode(Mode):
     def describe(self) -> dict[str, Any]:
         role = self.role_info
         return {"backend": "rpc", "transport": "torch.distributed.rpc (TensorPipe)", "workers": role.workers,
-                "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.staleness,
+                "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.ps.staleness,
                 "async_momentum": self.optimizer.rule.momentum if self.name == "async" and self.optimizer else None,
-                "staleness_lr": bool(self.cfg.staleness_lr) if self.name == "async" else None,
+                "staleness_lr": bool(self.cfg.ps.staleness_lr) if self.name == "async" else None,
                 "average_every": self.average_every if self.name == "ma" else None,
-                "warm_start_epochs": self.cfg.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
+                "warm_start_epochs": self.cfg.ps.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
                 "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec
                 else None, **self.compression_keys(),
                 "bytes_scope": "payload per worker step: pushed = gradient (ma: parameter change at each average; "
@@ -375,17 +381,17 @@ def average_bn_over_live_workers(model: nn.Module) -> None:
         offset += b.numel()
 
 
-def serve(cfg: PSConfig, role: Role) -> Result:
+def serve(cfg: TrainConfig, role: Role) -> Result:
     """A server shard's whole life: answer RPCs until every worker has left or died."""
-    torch.set_num_threads(cfg.threads or 1)
+    torch.set_num_threads(cfg.run.threads or 1)
     # a ping at least 4 times per timeout, so a hang is seen within 1.25 timeouts
-    membership = Membership(role.workers, heartbeat_s=min(1.0, cfg.heartbeat_timeout / 4),
-                            timeout_s=cfg.heartbeat_timeout)
+    membership = Membership(role.workers, heartbeat_s=min(1.0, cfg.ps.heartbeat_timeout / 4),
+                            timeout_s=cfg.ps.heartbeat_timeout)
     shard = ShardServer(role.index, membership)
-    fault = next((f for f in not_yet_fired(injected_faults(cfg)) if f.server and f.rank == role.index), None)
+    fault = next((f for f in not_yet_fired(injected_faults(cfg.faults)) if f.server and f.rank == role.index), None)
     handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None, fault)
     try:
-        with rpc_session(role.name, role.rank, role.world, cfg.rpc_timeout, threads=rpc_threads(role)):
+        with rpc_session(role.name, role.rank, role.world, cfg.ps.rpc_timeout, threads=rpc_threads(role)):
             if restart_count() > 0:  # the job restarted (a server died): back, the checkpoint's state to come
                 log_event("restarted", shard=role.index)
             membership.start()
