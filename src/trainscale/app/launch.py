@@ -128,7 +128,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
-    if events is not None and (plan.out / SUMMARY).exists():
+    if events is not None and plan.out is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
         if done < cfg.epochs:  # every worker died, each one survivable on its own

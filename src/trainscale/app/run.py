@@ -21,7 +21,7 @@ import torch
 
 from trainscale.cluster.seam import with_cluster
 from trainscale.config import CoreConfig
-from trainscale.data import DeviceBatches
+from trainscale.data import Batches, DeviceBatches
 from trainscale.errors import ConfigError
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
@@ -111,7 +111,7 @@ def build_trainer(cfg: CoreConfig, device: torch.device, mode: Mode, job: Job) -
     common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.seed, channels_last=cfg.channels_last)
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
                                                        **common), rank(), job)
-    test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
+    test_batches: Batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
     started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
     synchronize(device)

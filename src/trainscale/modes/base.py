@@ -31,7 +31,7 @@ class Mode(Callbacks):
     starts it for them unless it already runs under one.
     """
 
-    name: ClassVar[str] = "local"
+    name: str = "local"
     distributed: ClassVar[bool] = False
     section: ClassVar[type[Section] | None] = None  # this mode's own settings, if any
     accepts_compression: ClassVar[bool] = False  # whether the compression section applies to it
@@ -96,7 +96,7 @@ class Mode(Callbacks):
         return {"backend": None}
 
 
-MODES: Registry[type[Mode]] = Registry("mode")
+MODES: Registry[Mode] = Registry("mode")
 
 
 def register_mode(*names: str) -> Callable[[type[Mode]], type[Mode]]:

@@ -238,7 +238,9 @@ def _profile_from(raw: dict[str, Any]) -> Profile:
                                         Timing(**v["decode"]), [tuple(c) for c in v["collectives"]])
                    for k, v in raw.get("compressors", {}).items()}
     rest = {k: v for k, v in raw.items() if k not in (*timings, "compressors", "buckets")}
-    return Profile(**rest, **timings, buckets=[Bucket(**b) for b in raw["buckets"]], compressors=compressors)
+    return Profile(**rest, data=timings["data"], forward=timings["forward"], backward=timings["backward"],
+                   optimizer=timings["optimizer"], buckets=[Bucket(**b) for b in raw["buckets"]],
+                   compressors=compressors)
 
 
 def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:

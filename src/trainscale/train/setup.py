@@ -21,6 +21,7 @@ from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
 from trainscale.models import create_model, model_info
+from trainscale.models.registry import DataInitModel
 from trainscale.config import CoreConfig
 from trainscale.record import K
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
@@ -102,9 +103,10 @@ def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: 
     model = create_model(cfg.model, num_classes=num_classes).to(device)
     images = model_info(cfg.model).data_init_images
     if images:
+        assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init
         model.data_init(normalise(train.images[:images].to(device), train))
     if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     return model
 
 
