@@ -241,6 +241,12 @@ class LaunchConfig(Section):
                  (1, 0, None, None), "--cluster places one node on each emulated host itself: leave out --nnodes, "
                  "--node-rank, --rdzv-endpoint and --hosts")
 
+    @property
+    def local_workers(self) -> int:
+        """Worker processes on this node: ``workers``, else one per ``--devices`` entry, else one (what
+        ``resolve_parallel`` fills ``workers`` with)."""
+        return self.workers or (len(self.devices) if self.devices else 1)
+
     def processes(self) -> int | None:
         """Workers (replicas) of the whole job, ``workers`` per node: None in a ``--cluster`` parent that has not
         read its cluster yet (``app.preflight`` checks again with ``nnodes`` set to the hosts)."""

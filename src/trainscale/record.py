@@ -17,7 +17,7 @@ import logging
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 log = logging.getLogger("trainscale.record")
 
@@ -38,7 +38,7 @@ class Key(str):
     meaning: str
     files: tuple[str, ...]
 
-    def __new__(cls, name: str, kind: Kind, unit: str, meaning: str, files: tuple[str, ...] = (SUMMARY,)) -> Self:
+    def __new__(cls, name: str, kind: Kind, unit: str, meaning: str, files: tuple[str, ...] = (SUMMARY,)) -> Key:
         key = super().__new__(cls, name)
         key.kind, key.unit, key.meaning, key.files = kind, unit, meaning, files
         return key

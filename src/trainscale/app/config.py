@@ -247,7 +247,7 @@ def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
     ``--hosts``, or a launcher's WORLD_SIZE > 1) imply ``sync`` when ``--mode`` is left at ``auto``;
     parameter-server shards (``--servers``) imply ``async``."""
     launch = cfg.launch
-    workers = launch.workers or (len(launch.devices) if launch.devices else 1)
+    workers = launch.local_workers
     launched_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     several = workers > 1 or launch.nnodes > 1 or launched_world > 1 or launch.hosts is not None or \
         launch.cluster is not None

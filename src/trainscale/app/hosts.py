@@ -118,6 +118,7 @@ def run_over_ssh(commands: list[tuple[str, list[str]]]) -> int:
 
 
 def hosts_main(cfg: TrainConfig, flags: dict[str, Any]) -> int:
+    assert cfg.launch.hosts is not None  # the command dispatches here for --hosts FILE
     commands = node_commands(cfg, flags, parse_hosts(cfg.launch.hosts))
     if cfg.launch.ssh:
         return run_over_ssh(commands)

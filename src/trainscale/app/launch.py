@@ -73,14 +73,14 @@ def prepare(cfg: TrainConfig) -> LaunchPlan:
     checked = preflight(cfg)
     endpoint, is_host = rendezvous_address(cfg)
     return LaunchPlan(endpoint, is_host, run_id(cfg), checked.out,
-                      threads_per_worker(cfg.run.threads, cfg.launch.workers))
+                      threads_per_worker(cfg.run.threads, cfg.launch.local_workers))
 
 
 def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
     """torch's LaunchConfig: fixed node count, torch's c10d rendezvous with its store bound to one address
     (``runtime.rendezvous``), a 0.1 s monitor so failures stop the job fast."""
     return LaunchConfig(min_nodes=cfg.launch.nnodes, max_nodes=cfg.launch.nnodes,
-                        nproc_per_node=cfg.launch.workers + cfg.ps.servers,
+                        nproc_per_node=cfg.launch.local_workers + cfg.ps.servers,
                         run_id=plan.run_id, rdzv_backend=register_backend(), rdzv_endpoint=plan.endpoint,
                         rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.launch.rdzv_timeout)},
                         max_restarts=cfg.launch.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn",
@@ -130,7 +130,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
-    if events is not None and (plan.out / SUMMARY).exists():
+    if events is not None and plan.out is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
         if done < cfg.optim.epochs:  # every worker died, each one survivable on its own
@@ -146,8 +146,9 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
     die_with_parent(signal.SIGKILL, job.owner_pid)
     address = job.address or LOCALHOST
+    assert cfg.run.out is not None  # a fault-tolerant job's --out is resolved before its replicas start
     plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.run.out),
-                      threads_per_worker(cfg.run.threads, cfg.launch.workers))
+                      threads_per_worker(cfg.run.threads, cfg.launch.local_workers))
     become_launcher()
     relabel(f"replica {job.replica} agent")
     config = dataclasses.replace(launch_config(cfg.replace(nnodes=1), plan), nproc_per_node=1,

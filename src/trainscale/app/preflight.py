@@ -48,7 +48,7 @@ class Checked:
 
     @property
     def world_size(self) -> int:
-        return self.cfg.launch.workers * self.nodes
+        return self.cfg.launch.local_workers * self.nodes
 
 
 def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked:
@@ -71,7 +71,7 @@ def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked
     if not data:
         return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes)
     n_train, n_test = sample_counts(cfg, download=not dry)
-    batch = check_fits(cfg, n_train, n_test, cfg.launch.workers * cfg.launch.nnodes)
+    batch = check_fits(cfg, n_train, n_test, cfg.launch.local_workers * cfg.launch.nnodes)
     return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes, batch=batch, train_samples=n_train,
                    test_samples=n_test)
 

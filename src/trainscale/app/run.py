@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from trainscale.cluster.seam import with_cluster
-from trainscale.data import DeviceBatches
+from trainscale.data import Batches, DeviceBatches
 from trainscale.errors import ConfigError
 from trainscale.models import count_parameters, model_info
 from trainscale.modes import Mode, create_mode
@@ -107,11 +107,11 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     plan = check_fits(cfg, len(train), len(test), workers)
     want = cfg.data.image_size or model_info(cfg.data.model).input_size
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
-    common = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed,
+    common: dict[str, Any] = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed,
                   channels_last=cfg.run.channels_last)
     train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
                                                        **common), rank(), job)
-    test_batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
+    test_batches: Batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
     started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
     synchronize(device)
@@ -129,7 +129,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
                       lr_at=lambda t: plan.lr * schedule(t), writer=writer,
                       train_model=mode.wrap_model(model, device), callbacks=callbacks,
                       baseline=load_baseline(cfg) if writer is not None else None,
-                      cores=allowed_cores(facts, cfg.launch.workers + cfg.ps.servers),
+                      cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
                       summary_base=merge(summary_base(cfg, plan, params, device, want,
                                                       train_batches.num_samples * world_size(), writer),
                                          {K.data_init_seconds: data_init_seconds}, mode.describe()))

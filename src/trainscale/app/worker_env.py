@@ -68,8 +68,10 @@ def fault_log_folder(cfg: TrainConfig, out: Path | None) -> Iterator[Path | None
     attempt there still knows which of its injected faults fired already (``runtime.faults.not_yet_fired``)."""
     if not mode_class(cfg.run.mode).uses_servers:
         yield None
-    elif out is not None or (cfg.run.out and on_cluster(this_job())):
-        yield out or Path(cfg.run.out)
+    elif out is not None:
+        yield out
+    elif cfg.run.out and on_cluster(this_job()):
+        yield Path(cfg.run.out)
     else:
         with tempfile.TemporaryDirectory(prefix="trainscale-faults-") as folder:
             yield Path(folder)

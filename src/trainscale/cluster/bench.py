@@ -57,6 +57,7 @@ def cluster_for(name: str | None) -> Iterator[None]:
         yield
         return
     hosts, rate = shape
+    assert name is not None  # a bench cluster has a name
     if state_path(name).exists() or name in net.trainscale_namespaces():
         bring_down(name)
     bring_up(name, [rate] * hosts)

@@ -50,7 +50,7 @@ def host_share(record: dict[str, Any], cfg: TrainConfig) -> tuple[float, int]:
     """(CPUs per host, threads per process): this machine's cores split evenly over the hosts, and each
     host's share over its processes (``--threads`` wins when given)."""
     cpus = cpu_count() / record["hosts"]
-    processes = cfg.launch.workers + cfg.ps.servers
+    processes = cfg.launch.local_workers + cfg.ps.servers
     return cpus, cfg.run.threads or max(1, int(cpus // processes))
 
 

@@ -76,6 +76,7 @@ def decode_image(path: Path, image_size: int, rng: random.Random | None = None) 
     from PIL import Image, UnidentifiedImageError
 
     side = resize_side(image_size)
+    img: Image.Image
     try:
         with Image.open(path) as img:
             img.draft("RGB", (side, side))  # JPEG: decode at a reduced scale when that still covers `side`
@@ -246,7 +247,8 @@ def load_folder_as_tensors(
 
 def _ranks_in_class(samples: list[tuple[Path, int]]) -> list[int]:
     """Position of every sample within its class (samples are grouped by class)."""
-    ranks, seen = [], {}
+    ranks: list[int] = []
+    seen: dict[int, int] = {}
     for _, label in samples:
         ranks.append(seen.get(label, 0))
         seen[label] = ranks[-1] + 1

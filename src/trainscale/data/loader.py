@@ -161,6 +161,7 @@ class DeviceBatches:
         # instead (evaluation reads their interior), so no epoch pays for padding again.
         images = data.images.to(self.device)
         if self._padding:
+            assert aug is not None  # padding only with augmentation
             images = A.pad(images, self._padding, aug.pad_mode)
         self._images = images
         self._labels = data.labels.to(self.device, dtype=torch.int64)
@@ -240,12 +241,14 @@ class DeviceBatches:
             stop = min(count, start + chunk)
             idx = indices[start:stop].to(self.device)
             if crop:
+                assert oy is not None and ox is not None
                 x = A.crop_windows(self._images, idx, size, oy[start:stop], ox[start:stop])
             else:
                 x = self._images.index_select(0, idx)
             if flips is not None:
                 x = A.apply_flip(x, flips[start:stop], inplace=True)
             if cy is not None:
+                assert aug is not None and cx is not None
                 x = A.apply_cutout(x, aug.cutout, cy[start:stop], cx[start:stop], inplace=True)
             for b in range(0, stop - start, self.batch_size):
                 yield functools.partial(self._batch, x[b:b + self.batch_size],
@@ -271,5 +274,6 @@ class DeviceBatches:
             b1 = min(stop, b0 + self.batch_size)
             x = images[b0:b1]
             if center:
+                assert self.crop_size is not None
                 x = A.center_crop(x, self.crop_size)
             yield self._finish(x), self._labels[b0:b1]

@@ -22,7 +22,8 @@ def _reconstruct() -> Callable[..., Any]:
     try:
         from numpy._core.multiarray import _reconstruct as fn
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct as fn
+        from numpy.core.multiarray import _reconstruct as numpy1_fn
+        return numpy1_fn
     return fn
 
 

@@ -121,6 +121,7 @@ class AirbenchNet(nn.Module):
         self._set_whitening(torch.eye(dim, dtype=torch.float64), torch.zeros(dim, dtype=torch.float64))
         self.whiten.requires_grad_(False)
         self.train_until = {"whiten.bias": bias_epochs} if bias_epochs > 0 else {}
+        assert self.whiten.bias is not None  # built with bias=True
         self.whiten.bias.requires_grad_(bias_epochs > 0)
         self.act = nn.GELU()
         c_ins = (2 * dim, *widths[:-1])
@@ -138,6 +139,7 @@ class AirbenchNet(nn.Module):
         weight = torch.cat([filters, -filters])
         bias = -(weight @ mean)
         self.whiten.weight.copy_(weight.reshape(self.whiten.weight.shape))
+        assert self.whiten.bias is not None  # built with bias=True
         self.whiten.bias.copy_(bias)
 
     @torch.no_grad()

@@ -17,8 +17,9 @@ its whitening bias.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 
 from trainscale.registry import Registry
@@ -26,6 +27,13 @@ from trainscale.registry import Registry
 MODELS: Registry[nn.Module] = Registry("model")
 
 ModelFactory = Callable[..., nn.Module]
+
+
+@runtime_checkable
+class DataInitModel(Protocol):
+    """A model registered with ``data_init_images=N``: the engine calls ``data_init`` once before training."""
+
+    def data_init(self, images: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class Bottleneck(nn.Module):
             nn.Conv2d(width, c_out, 1, bias=False),
             nn.BatchNorm2d(c_out),
         )
-        self.shortcut = nn.Identity()
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
         self.relu = nn.ReLU(inplace=True)

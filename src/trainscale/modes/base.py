@@ -32,12 +32,15 @@ class Mode(Callbacks):
     starts it for them unless it already runs under one.
     """
 
-    name: ClassVar[str] = "local"
+    name: str = "local"
     distributed: ClassVar[bool] = False
     sections: ClassVar[tuple[type[Section], ...]] = ()  # the sections it takes beyond the core ones
     uses_servers: ClassVar[bool] = False  # parameter-server shards beside the workers
     job: Job = Job()  # this process's place in the job (``create_mode`` sets the entry's)
     standby_writer: bool = False  # this process holds a writer even when it is not main, to take over writing
+
+    def __init__(self, name: str = "local", cfg: CoreConfig | None = None) -> None:
+        self.name = name
 
     @classmethod
     def validate(cls, cfg: CoreConfig) -> None:
@@ -96,7 +99,7 @@ class Mode(Callbacks):
         return {"backend": None}
 
 
-MODES: Registry[type[Mode]] = Registry("mode")
+MODES: Registry[Mode] = Registry("mode")
 
 
 def register_mode(*names: str) -> Callable[[type[Mode]], type[Mode]]:
@@ -132,5 +135,3 @@ def list_modes() -> list[str]:
 class LocalMode(Mode):
     """One process, no communication (the engine's Callbacks, all no-ops)."""
 
-    def __init__(self, name: str = "local", cfg: CoreConfig | None = None) -> None:
-        self.name = name

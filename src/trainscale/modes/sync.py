@@ -14,7 +14,7 @@ import contextlib
 import copy
 import inspect
 import logging
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, TypedDict
 
 import torch
 from torch import nn
@@ -40,7 +40,14 @@ log = logging.getLogger("trainscale.sync")
 EVALUATION = "sharded across ranks (contiguous blocks of the test set), loss/correct/count sums all-reduced"
 
 
-def no_forward_buffer_sync() -> dict[str, bool]:
+class BufferSync(TypedDict, total=False):
+    """DDP's keyword for its forward buffer broadcast: one of the two (see ``no_forward_buffer_sync``)."""
+
+    forward_sync_buffers: bool
+    broadcast_buffers: bool
+
+
+def no_forward_buffer_sync() -> BufferSync:
     """DDP's switch for broadcasting buffers before every forward, off: torch 2.13 calls it
     ``forward_sync_buffers`` (``broadcast_buffers`` is deprecated there); earlier releases only know
     ``broadcast_buffers``."""

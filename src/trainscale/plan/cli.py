@@ -204,7 +204,7 @@ def run_plan(cfg: PlanConfig) -> int:
         if cfg.sweep:
             print()
             print_sweep(result["sweep"], setting)
-        if result.get("published"):
+        if cluster is not None and result.get("published"):
             print_projection(result["published"], cluster)
     if cfg.sweep:
         plot_sweep(result["sweep"], Path(cfg.plot), f"{profile.model}, {setting.mode}, {setting.spec.text}")

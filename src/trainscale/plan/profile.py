@@ -33,6 +33,7 @@ from trainscale.config import Section, option
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, check_output
 from trainscale.models import create_model, list_models, model_info
+from trainscale.models.registry import DataInitModel
 from trainscale.plan.methods import MethodSpec, parse_spec
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
 
@@ -238,7 +239,9 @@ def _profile_from(raw: dict[str, Any]) -> Profile:
                                         Timing(**v["decode"]), [tuple(c) for c in v["collectives"]])
                    for k, v in raw.get("compressors", {}).items()}
     rest = {k: v for k, v in raw.items() if k not in (*timings, "compressors", "buckets")}
-    return Profile(**rest, **timings, buckets=[Bucket(**b) for b in raw["buckets"]], compressors=compressors)
+    return Profile(**rest, data=timings["data"], forward=timings["forward"], backward=timings["backward"],
+                   optimizer=timings["optimizer"], buckets=[Bucket(**b) for b in raw["buckets"]],
+                   compressors=compressors)
 
 
 def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
@@ -415,8 +418,11 @@ def build(cfg: ProfileConfig, device: torch.device) -> nn.Module:
     model = create_model(cfg.model, num_classes=10).to(device)
     images = model_info(cfg.model).data_init_images
     if images:
+        assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init
         model.data_init(synthetic_batch(cfg.model, images, device))
-    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
+    return model
 
 
 def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:

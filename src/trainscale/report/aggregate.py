@@ -40,7 +40,7 @@ class Stat:
         return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
 
     def text(self, fmt: str = ".2f", scale: float = 1.0, suffix: str = "") -> str:
-        if not self.values:
+        if self.mean is None:
             return "-"
         mean = format(self.mean * scale, fmt)
         spread = f" ± {format(self.stdev * scale, fmt)}" if len(self.values) > 1 else ""
@@ -143,7 +143,7 @@ def add_efficiency(groups: list[Group]) -> None:
         mean = base.stat(run_throughput).mean
         if not mean:
             continue
-        reference = {K.samples_per_sec: mean, K.world_size: base.world_size}
+        reference: dict[str, Any] = {K.samples_per_sec: mean, K.world_size: base.world_size}
         group.efficiency = [scaling_efficiency(r.summary, reference) for r in group.runs if run_throughput(r)]
         group.baseline = base.label
 

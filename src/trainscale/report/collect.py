@@ -156,7 +156,7 @@ def _warn_stale(root: Path, planned: set[str], warnings: list[str]) -> None:
         _warn(message, warnings)
 
 
-def _ledger(root: Path) -> dict[str, dict[str, Any]]:
+def _ledger(root: Path) -> dict[str | None, dict[str, Any]]:
     """Last ledger line per run id."""
     path = root / "grid.jsonl"
     entries = read_jsonl(path) if path.exists() else []

@@ -158,7 +158,7 @@ def scaling(part: Partition) -> Table:
 def _busy(g: Group) -> str:
     util = g.stat(lambda r: r.summary.get(K.gpu_util) if r.summary.get(K.gpu_util) is not None
                   else r.summary.get(K.cpu_util))
-    return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.values else ""
+    return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.mean is not None else ""
 
 
 def _efficiency(g: Group) -> str:
@@ -222,8 +222,8 @@ def crossover(part: Partition, planner: Callable[[Group], str] | None = None) ->
             families.setdefault(" ".join(map(str, _method_key(g))), []).append(g)
     rows = []
     for groups in families.values():
-        points = [(_rate(g), _ttt_ratio(g, _peer(part, g, "none"))) for g in groups]
-        points = sorted((rate, ratio) for rate, ratio in points if ratio is not None)
+        measured = [(_rate(g), _ttt_ratio(g, _peer(part, g, "none"))) for g in groups]
+        points = sorted((rate, ratio) for rate, ratio in measured if ratio is not None)
         if len(points) > 1:
             rows.append([groups[0].first.bench.get("short_name") or groups[0].label, _method(groups[0].first),
                          str(groups[0].summary(K.mode)),

@@ -223,7 +223,8 @@ def timed(hook: Hook) -> Hook:
     return timed_hook
 
 
-def register_hook(model: torch.nn.Module, state: Any, hook: Hook = counting_allreduce_hook) -> None:
+def register_hook(model: torch.nn.parallel.DistributedDataParallel, state: Any,
+                  hook: Hook = counting_allreduce_hook) -> None:
     """Install ``hook``, timed, on a DDP model (DDP allows one hook per model, installed before the first
     step); ``state.stats`` must be a ``CommStats`` and ``state.clock`` an ``OverlapClock`` over it."""
     model.register_comm_hook(state, timed(hook))

@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 import urllib.parse
-from typing import Iterator
+from typing import Iterator, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -131,13 +131,13 @@ def process_group(device: torch.device, backend: str | None = None,
     backend = backend or default_backend(device)
     if backend == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; use gloo on the CPU")
-    kwargs = {"device_id": device} if backend == "nccl" else {}
+    device_id = device if backend == "nccl" else None
     timeout = datetime.timedelta(seconds=timeout_s)
     bind_interfaces()
     importlib.import_module("torch._dynamo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(backend=backend, timeout=timeout, store=worker_store(timeout, rank, world), rank=rank,
-                            world_size=world, **kwargs)
+                            world_size=world, device_id=device_id)
     log.debug("joined process group: backend %s, rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
     try:
         yield backend
@@ -161,7 +161,14 @@ def local_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def tensorpipe_options() -> dict[str, list[str]]:
+class TensorPipeOptions(TypedDict):
+    """The keywords of ``TensorPipeRpcBackendOptions`` that ``tensorpipe_options`` sets."""
+
+    _transports: list[str]
+    _channels: list[str]
+
+
+def tensorpipe_options() -> TensorPipeOptions:
     """TensorPipe's transports and channels for trainscale's RPC (every tensor it sends is on the CPU).
 
     Never the shared-memory transport (``shm``), TensorPipe's default between processes of one machine:

@@ -19,7 +19,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -31,7 +31,7 @@ MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default
 def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """The configured optimizer over ``model``'s trainable parameters, grouped as the module docstring says."""
     groups = parameter_groups(cfg, model, lr)
-    sgd = dict(momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
+    sgd: dict[str, Any] = dict(momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
     if cfg.optim.optimizer == "muon":
         return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model))
     return torch.optim.SGD(groups, lr=lr, **sgd)
@@ -116,7 +116,8 @@ class MuonWithSGD(torch.optim.Optimizer):
 
     def _sgd_step(self, g: dict[str, Any], params: list[torch.Tensor]) -> None:
         buffers = [self.state[p].get("momentum_buffer") for p in params]
-        sgd_update(params, [p.grad for p in params], buffers, weight_decay=g["weight_decay"], momentum=g["momentum"],
+        grads = [p.grad for p in params if p.grad is not None]
+        sgd_update(params, grads, buffers, weight_decay=g["weight_decay"], momentum=g["momentum"],
                    lr=g["lr"], dampening=0.0, nesterov=g["nesterov"], maximize=False)
         for p, buffer in zip(params, buffers):
             self.state[p]["momentum_buffer"] = buffer
@@ -126,6 +127,7 @@ class MuonWithSGD(torch.optim.Optimizer):
             if self.normalise_filters:
                 p.mul_(math.sqrt(p.shape[0]) / p.norm().clamp_min(1e-12))
             view, muon = self._muon_for(p, g)
+            assert p.grad is not None  # ``step`` passes only parameters with a gradient
             view.grad = matrix(p.grad, p)
             muon.state[view] = {"momentum_buffer": self._buffer_view(p)}
             muon.step()

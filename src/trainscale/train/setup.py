@@ -21,6 +21,7 @@ from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
 from trainscale.models import create_model, model_info
+from trainscale.models.registry import DataInitModel
 from trainscale.config import CoreConfig
 from trainscale.record import K
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
@@ -62,7 +63,7 @@ def default_out_dir(cfg: CoreConfig) -> Path:
     return Path("runs") / f"{cfg.data.model}-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, int]:
+def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, Any]:
     """Synthetic data: generate only the subset asked for (50,000 random images take seconds per process,
     and every worker makes its own); a subset larger than the set stays an error."""
     if cfg.data.dataset != "synthetic" or not subset or subset > SYNTHETIC_SIZE:
@@ -73,7 +74,7 @@ def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, int]:
 def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
     """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes."""
     size = cfg.data.image_size if cfg.data.dataset == "synthetic" else None
-    common = dict(data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size)
+    common: dict[str, Any] = dict(data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size)
     try:
         train = load_dataset(cfg.data.dataset, train=True, **common, **synthetic_size(cfg, cfg.data.train_subset))
         test = load_dataset(cfg.data.dataset, train=False, **common, **synthetic_size(cfg, cfg.data.test_subset))
@@ -103,9 +104,10 @@ def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: 
     model = create_model(cfg.data.model, num_classes=num_classes).to(device)
     images = model_info(cfg.data.model).data_init_images
     if images:
+        assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init
         model.data_init(normalise(train.images[:images].to(device), train))
     if cfg.run.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     return model
 
 

@@ -102,6 +102,7 @@ class Trainer:
         """The main process reads the checkpoint and sends it to every rank, so all resume from the same
         state even when only node 0 has the run folder (an error there is raised on every rank)."""
         if not is_distributed():
+            assert self.writer is not None  # the only process is the main one (see ``resume``)
             return load_checkpoint(self.writer.checkpoint_path, map_location=self.precision.device)
         loaded: tuple[str, Any] = ("ok", None)
         if self.writer is not None:
@@ -160,6 +161,7 @@ class Trainer:
         reset_peak_memory(self.precision.device)
         self.freeze_finished(epoch)
         self.callbacks.before_train_epoch(epoch)
+        assert self.train_model is not None  # set in ``__post_init__``
         with Utilisation(self.precision.device, self.cores) as busy:
             train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler,
                                     self.precision, self.lr_at, epoch, self.cfg.optim.label_smoothing,
@@ -174,7 +176,7 @@ class Trainer:
                         translate=translate) if self.evaluates(epoch) else None
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
-        views = {K.test_views: views_per_image(self.cfg.optim.tta, translate) if test else 0}
+        views: dict[str, int] = {K.test_views: views_per_image(self.cfg.optim.tta, translate) if test else 0}
         row = merge(self._row(epoch, train, test), views, mean_over_workers(busy.result()),
                     self.callbacks.epoch_stats(), file=METRICS)
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
@@ -252,6 +254,7 @@ class Trainer:
     def _checkpoint(self) -> None:
         if not self.cfg.run.checkpoint:
             return
+        assert self.writer is not None  # ``fit`` checkpoints only where it writes
         save_checkpoint(self.writer.checkpoint_path, {**self.snapshot(), "rng": rng_state()})
 
     def summary(self) -> dict[str, Any]:
@@ -314,13 +317,13 @@ def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not steps or len(steps) != len(steady):
         return {}
     out: dict[str, Any] = {K.step_seconds: statistics.fmean(steps)}
-    comm = [r.get(K.comm_seconds_per_step) for r in steady]
-    if all(c is not None for c in comm):
+    comm = [r[K.comm_seconds_per_step] for r in steady if r.get(K.comm_seconds_per_step) is not None]
+    if len(comm) == len(steady):
         out[K.comm_seconds_per_step] = statistics.fmean(comm)
         out[K.compute_seconds_per_step] = max(0.0, out[K.step_seconds] - out[K.comm_seconds_per_step])
     for key in EXCHANGE_SPLIT:
-        values = [r.get(key) for r in steady]
-        if all(v is not None for v in values):
+        values = [r[key] for r in steady if r.get(key) is not None]
+        if len(values) == len(steady):
             out[key] = statistics.fmean(values)
     return out
 
@@ -332,10 +335,11 @@ def _steady_mean(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None]:
     """Each figure's mean over the workers (None where this worker has none, e.g. no NVML)."""
-    keys = sorted(k for k, v in values.items() if v is not None)
+    present = {k: v for k, v in values.items() if v is not None}
+    keys = sorted(present)
     if not keys:
         return dict(values)
-    summed = all_reduce_sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)) / world_size()
+    summed = all_reduce_sum(torch.tensor([float(present[k]) for k in keys], dtype=torch.float64)) / world_size()
     return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
 
 

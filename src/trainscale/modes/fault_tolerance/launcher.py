@@ -98,7 +98,9 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
             try:
                 status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S)
                 if status == 0 and out is not None and cfg.launch.nnodes > 1:
-                    wait_for_finals(events, job_processes(cfg.launch))
+                    replicas = job_processes(cfg.launch)
+                    assert replicas is not None  # known once there are several nodes
+                    wait_for_finals(events, replicas)
             finally:
                 for proc in procs:
                     if proc.poll() is None:

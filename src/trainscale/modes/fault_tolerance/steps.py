@@ -103,7 +103,7 @@ class CommittingOptimizer:
                 b.copy_(saved)
 
     def _dense_step(self, params: list[nn.Parameter]) -> bool:
-        flat = buckets([p.grad for p in params] + self.averaged)
+        flat = buckets([p.grad for p in params if p.grad is not None] + self.averaged)
         if not self.session.commit(lambda: self.session.average([f for f, _ in flat])):
             return False
         unflatten_into(flat)
@@ -112,12 +112,13 @@ class CommittingOptimizer:
     def _compressed_step(self, params: list[nn.Parameter]) -> bool:
         hook = self.hook
         assert hook is not None
-        averaged = self.session.exchange_committed(hook, self.averaged,
-                                                   lambda: hook.reduce_params([(p, p.grad) for p in params]))
+        averaged = self.session.exchange_committed(
+            hook, self.averaged, lambda: hook.reduce_params([(p, p.grad) for p in params if p.grad is not None]))
         if averaged is None:
             return False
         hook.end_step()
         for p, g in zip(params, averaged):
+            assert p.grad is not None  # ``step`` passes only parameters with a gradient
             p.grad.copy_(g)
         return True
 

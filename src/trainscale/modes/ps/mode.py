@@ -135,7 +135,7 @@ class ParameterServerMode(Mode):
     @property
     def role_info(self) -> Role:
         if self._role is None:
-            self._role = role_from_env(self.cfg.launch.workers, self.cfg.ps.servers)
+            self._role = role_from_env(self.cfg.launch.local_workers, self.cfg.ps.servers)
         return self._role
 
     @property
@@ -168,7 +168,7 @@ class ParameterServerMode(Mode):
         exit every worker meets the others once more, then tells the servers it is leaving.
         """
         role = self.role_info
-        torch.set_num_threads(threads_per_worker(self.cfg.run.threads, self.cfg.launch.workers))
+        torch.set_num_threads(threads_per_worker(self.cfg.run.threads, self.cfg.launch.local_workers))
         with rpc_session(role.name, role.rank, role.world, self.cfg.ps.rpc_timeout, threads=rpc_threads(role)):
             self.collectives = collectives = RpcCollectives(role.index, role.workers)
             with installed_collectives(collectives):
