@@ -13,7 +13,7 @@ ifneq ($(wildcard $(SHARED_CIFAR)/data_batch_1.bin),)
 export TRAINSCALE_DATA ?= $(SHARED_CIFAR)
 endif
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo lint format test test-fast bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m trainscale train --config configs/demo.toml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
-test: $(STAMP)
+# ruff (lint and format check) and mypy over the tree; settings in pyproject.toml. `make format` applies ruff's fixes.
+LINTED := src tests benchmarks
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
