@@ -314,7 +314,7 @@ class CoreConfig:
                      if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
             kinds = {**typed, **{k: v for k, v in cls.plugin_types().items() if k not in typed}}
             fields = {f.name: (attr, f) for attr, kind in kinds.items()
-                      for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+                      for f in dataclasses.fields(kind)}
             _SCHEMAS[key] = (kinds, fields)
         return _SCHEMAS[key]
 
@@ -328,7 +328,7 @@ class CoreConfig:
         found = next((s for _, s in self.sections() if type(s) is kind), None)
         if found is None:
             raise KeyError(f"{kind.__name__} is not a section of {type(self).__name__}")
-        return found  # type: ignore[return-value]
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         """Every field of every section, flat (``config.json``'s form)."""

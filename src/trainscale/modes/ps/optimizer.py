@@ -150,7 +150,7 @@ class PSOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------------ checkpoints
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         """The servers' state (called on the main worker when the trainer checkpoints)."""
         state: dict[str, Any] = {"servers": self.client.fetch_state(), "next_epoch": self.clock.next_epoch,
                                  "rule": self.rule.name}
@@ -158,7 +158,7 @@ class PSOptimizer(torch.optim.Optimizer):
             state["local"] = self.local.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """``--resume`` (every worker calls this): the main worker restores the servers, all pull."""
         if state.get("rule") != self.rule.name:
             raise ConfigError(f"--resume: the checkpoint was written by --mode {state.get('rule')}, this run is "
