@@ -39,8 +39,9 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -53,8 +54,15 @@ from trainscale.runtime import ft
 from trainscale.runtime.faults import DEFAULT_LINK_DOWN_S
 from trainscale.train.environment import environment
 
-JOB = {"model": "airbench", "dataset": "cifar10", "epochs": 3, "train_subset": 25600, "test_subset": 2000,
-       "batch_per_worker": 64, "precision": "bf16"}
+JOB = {
+    "model": "airbench",
+    "dataset": "cifar10",
+    "epochs": 3,
+    "train_subset": 25600,
+    "test_subset": 2000,
+    "batch_per_worker": 64,
+    "precision": "bf16",
+}
 KINDS = ("kill", "hang", "link")
 DEFAULT_KINDS = ("kill", "hang")
 GOALS = {"steps_lost": 1, "detection_seconds": 2.0, "recovery_seconds": 20.0, "kept": 0.85}
@@ -64,15 +72,28 @@ def is_ps(settings: dict[str, Any]) -> bool:
     return settings.get("mode") in PS_MODES
 
 
-def run_job(out: Path, workers: int, settings: dict[str, Any], extra: list[str]
-            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_job(
+    out: Path, workers: int, settings: dict[str, Any], extra: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(summary.json, the fault log's events) of one job; a finished run in ``out`` is reused, so an interrupted
     benchmark resumes."""
     summary = out / "summary.json"
     if not (summary.exists() and K.faults in json.loads(summary.read_text())):
         how = [] if is_ps(settings) else ["--fault-tolerance"]
-        cmd = [sys.executable, "-m", "trainscale", "train", *how, "--workers", str(workers),
-               *to_argv(settings), *extra, "--no-progress", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "train",
+            *how,
+            "--workers",
+            str(workers),
+            *to_argv(settings),
+            *extra,
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
         print("$", " ".join(cmd[2:]), flush=True)
         started = time.monotonic()
         subprocess.run(cmd, check=True)
@@ -140,22 +161,30 @@ def verdict(faults: list[dict[str, Any]], kept: float, equal: bool | None) -> di
     return judged(faults, kept, GOALS["steps_lost"], {"replicas_equal": equal}, equal is True)
 
 
-def judged(faults: list[dict[str, Any]], kept: float, steps_bound: int, extra: dict[str, Any], extra_ok: bool
-           ) -> dict[str, Any]:
+def judged(
+    faults: list[dict[str, Any]], kept: float, steps_bound: int, extra: dict[str, Any], extra_ok: bool
+) -> dict[str, Any]:
     """The worst fault's figures and whether every goal is met: steps lost <= ``steps_bound``, detection and
     recovery within ``GOALS``, throughput kept, and the mode's own ``extra_ok`` (its figures in ``extra``)."""
+
     def worst(key: str) -> float | None:
         values = [f[key] for f in faults if f[key] is not None]
         return max(values) if len(values) == len(faults) and values else None
 
-    figures = {"max_steps_lost": worst("steps_lost"), "max_detection_seconds": worst("detection_seconds"),
-               "max_recovery_seconds": worst("recovery_seconds"), "throughput_kept": kept, **extra}
-    checks = [figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= steps_bound,
-              figures["max_detection_seconds"] is not None
-              and figures["max_detection_seconds"] <= GOALS["detection_seconds"],
-              figures["max_recovery_seconds"] is not None
-              and figures["max_recovery_seconds"] <= GOALS["recovery_seconds"],
-              kept >= GOALS["kept"], extra_ok]
+    figures = {
+        "max_steps_lost": worst("steps_lost"),
+        "max_detection_seconds": worst("detection_seconds"),
+        "max_recovery_seconds": worst("recovery_seconds"),
+        "throughput_kept": kept,
+        **extra,
+    }
+    checks = [
+        figures["max_steps_lost"] is not None and figures["max_steps_lost"] <= steps_bound,
+        figures["max_detection_seconds"] is not None and figures["max_detection_seconds"] <= GOALS["detection_seconds"],
+        figures["max_recovery_seconds"] is not None and figures["max_recovery_seconds"] <= GOALS["recovery_seconds"],
+        kept >= GOALS["kept"],
+        extra_ok,
+    ]
     return {**figures, "goals_met": all(checks) and bool(faults)}
 
 
@@ -164,17 +193,23 @@ def show(value: float | None, fmt: str) -> str:
 
 
 def report(faults: list[dict[str, Any]], result: dict[str, Any], clean: float, faulty: float) -> None:
-    print(f"\nfault-free {clean:.1f} s, with {len(faults)} fault(s) {faulty:.1f} s: throughput kept "
-          f"{100 * result['throughput_kept']:.1f}% (goal >= {100 * GOALS['kept']:.0f}%)")
+    print(
+        f"\nfault-free {clean:.1f} s, with {len(faults)} fault(s) {faulty:.1f} s: throughput kept "
+        f"{100 * result['throughput_kept']:.1f}% (goal >= {100 * GOALS['kept']:.0f}%)"
+    )
     print(f"{'#':>2}  {'kind':<5} {'rank':>4} {'step':>5}  {'detection s':>11}  {'recovery s':>10}  {'steps lost':>10}")
     for i, f in enumerate(faults, 1):
-        print(f"{i:>2}  {f['kind']:<5} {f['rank']:>4} {f['step']:>5}  {show(f['detection_seconds'], '.2f'):>11}  "
-              f"{show(f['recovery_seconds'], '.1f'):>10}  {f['steps_lost']:>10}")
+        print(
+            f"{i:>2}  {f['kind']:<5} {f['rank']:>4} {f['step']:>5}  {show(f['detection_seconds'], '.2f'):>11}  "
+            f"{show(f['recovery_seconds'], '.1f'):>10}  {f['steps_lost']:>10}"
+        )
     bound = result.get("steps_lost_bound", GOALS["steps_lost"])
-    print(f"worst: {result['max_steps_lost']} step(s) lost (goal <= {bound}), detection "
-          f"{show(result['max_detection_seconds'], '.2f')} s (goal <= {GOALS['detection_seconds']:g}), recovery "
-          f"{show(result['max_recovery_seconds'], '.1f')} s (goal <= {GOALS['recovery_seconds']:g}); replicas bitwise "
-          f"equal: {result['replicas_equal']}")
+    print(
+        f"worst: {result['max_steps_lost']} step(s) lost (goal <= {bound}), detection "
+        f"{show(result['max_detection_seconds'], '.2f')} s (goal <= {GOALS['detection_seconds']:g}), recovery "
+        f"{show(result['max_recovery_seconds'], '.1f')} s (goal <= {GOALS['recovery_seconds']:g}); replicas bitwise "
+        f"equal: {result['replicas_equal']}"
+    )
     print("goals met" if result["goals_met"] else "goals NOT met")
 
 
@@ -182,19 +217,39 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4, help="replicas (default 4)")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults (default 60)")
-    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
-                        help="fault kinds to draw from: kill, hang, link (default kill,hang)")
-    parser.add_argument("--emulated", action="store_true",
-                        help="run on an emulated cluster of one host per replica (implied by link; needs root)")
+    parser.add_argument(
+        "--kinds",
+        default=",".join(DEFAULT_KINDS),
+        help="fault kinds to draw from: kill, hang, link (default kill,hang)",
+    )
+    parser.add_argument(
+        "--emulated",
+        action="store_true",
+        help="run on an emulated cluster of one host per replica (implied by link; needs root)",
+    )
     parser.add_argument("--bandwidth", default="1gbit", help="the emulated cluster's links (default 1gbit)")
-    parser.add_argument("--link-down", type=float, default=DEFAULT_LINK_DOWN_S,
-                        help=f"seconds a link cut lasts (default {DEFAULT_LINK_DOWN_S:g})")
+    parser.add_argument(
+        "--link-down",
+        type=float,
+        default=DEFAULT_LINK_DOWN_S,
+        help=f"seconds a link cut lasts (default {DEFAULT_LINK_DOWN_S:g})",
+    )
     parser.add_argument("--ft-timeout", type=float, default=1.5, help="--ft-timeout of both runs (default 1.5 s)")
-    parser.add_argument("--heartbeat-timeout", type=float, default=1.5,
-                        help="parameter-server modes: --heartbeat-timeout of both runs (default 1.5 s)")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=1.5,
+        help="parameter-server modes: --heartbeat-timeout of both runs (default 1.5 s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="draws the faults' kinds and replicas (default 0)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="a job setting over the default job's, e.g. epochs=3 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a job setting over the default job's, e.g. epochs=3 (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"))
     args = parser.parse_args()
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -221,27 +276,46 @@ def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     skipped = batches_skipped(args.out / "faults", settings, args.workers)
     result = ps_verdict(recorded, clean / faulty, skipped, settings)
     env = environment(torch.device("cpu"))
-    print(f"\nchaos: {settings['mode']} with {args.workers} workers and {settings['servers']} server shard(s), "
-          f"{settings['model']} ({settings['dataset']}, {settings['precision']}, {settings['batch_per_worker']} images "
-          f"per worker per step), a fault every {args.every:g} s from {', '.join(args.kinds)}, --heartbeat-timeout "
-          f"{args.heartbeat_timeout:g}; {env['cpu']}, {env['cpu_count']} CPUs")
+    print(
+        f"\nchaos: {settings['mode']} with {args.workers} workers and {settings['servers']} server shard(s), "
+        f"{settings['model']} ({settings['dataset']}, {settings['precision']}, {settings['batch_per_worker']} images "
+        f"per worker per step), a fault every {args.every:g} s from {', '.join(args.kinds)}, --heartbeat-timeout "
+        f"{args.heartbeat_timeout:g}; {env['cpu']}, {env['cpu_count']} CPUs"
+    )
     report(recorded, {**result, "replicas_equal": "n/a (one copy, on the servers)"}, clean, faulty)
-    print(f"batches skipped: {skipped} (goal 0); steps lost bound {result['steps_lost_bound']}; "
-          f"final test accuracy {summary[K.final_test_acc]:.4f}")
-    save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
-                "faulty_seconds": faulty, "heartbeat_timeout": args.heartbeat_timeout, "environment": env})
+    print(
+        f"batches skipped: {skipped} (goal 0); steps lost bound {result['steps_lost_bound']}; "
+        f"final test accuracy {summary[K.final_test_acc]:.4f}"
+    )
+    save(
+        args,
+        {
+            **result,
+            "faults": recorded,
+            "injected": faults,
+            "job": settings,
+            "fault_free_seconds": clean,
+            "faulty_seconds": faulty,
+            "heartbeat_timeout": args.heartbeat_timeout,
+            "environment": env,
+        },
+    )
     return 0
 
 
 def too_short(clean: float, every: float) -> None:
-    sys.exit(f"chaos.py: error: the fault-free job ran {clean:.0f} s, too short for a fault every {every:g} s; "
-             "lengthen it (--set epochs=N) or lower --every")
+    sys.exit(
+        f"chaos.py: error: the fault-free job ran {clean:.0f} s, too short for a fault every {every:g} s; "
+        "lengthen it (--set epochs=N) or lower --every"
+    )
 
 
 def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """result.json: the figures with the job, the faults, the settings and the environment."""
-    save_result(args.out / "result.json", {**result, "every_seconds": args.every, "seed": args.seed,
-                                           "workers": args.workers, "goals": GOALS})
+    save_result(
+        args.out / "result.json",
+        {**result, "every_seconds": args.every, "seed": args.seed, "workers": args.workers, "goals": GOALS},
+    )
     print(f"saved {args.out / 'result.json'} (both runs' folders beside it)")
 
 
@@ -266,8 +340,9 @@ def main() -> int:
     settings = {**JOB, **dict(parse_set(item) for item in args.sets)}
     if is_ps(settings):
         if args.emulated:
-            sys.exit("chaos.py: error: the parameter-server variant runs on this machine: leave out link and "
-                     "--emulated")
+            sys.exit(
+                "chaos.py: error: the parameter-server variant runs on this machine: leave out link and --emulated"
+            )
         return ps_main(args, settings)
     with emulated_cluster(args) as place:
         return sync_main(args, settings, place)
@@ -291,17 +366,35 @@ def sync_main(args: argparse.Namespace, settings: dict[str, Any], place: list[st
     env = environment(torch.device("cpu"))
     extra_settings = "".join(f", {key} {value}" for key, value in settings.items() if key not in JOB)
     where = f" on an emulated cluster of {args.workers} hosts at {args.bandwidth}" if place else ""
-    print(f"\nchaos: {args.workers} replicas{where} of {settings['model']} ({settings['dataset']}, "
-          f"{settings['precision']}, "
-          f"{settings['batch_per_worker']} images per replica per step{extra_settings}), a fault every "
-          f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}"
-          f"{f', --link-down {args.link_down:g}' if place else ''}; {env['cpu']}, "
-          f"{env['cpu_count']} CPUs")
+    print(
+        f"\nchaos: {args.workers} replicas{where} of {settings['model']} ({settings['dataset']}, "
+        f"{settings['precision']}, "
+        f"{settings['batch_per_worker']} images per replica per step{extra_settings}), a fault every "
+        f"{args.every:g} s from {', '.join(args.kinds)}, --ft-timeout {args.ft_timeout:g}"
+        f"{f', --link-down {args.link_down:g}' if place else ''}; {env['cpu']}, "
+        f"{env['cpu_count']} CPUs"
+    )
     report(recorded, result, clean, faulty)
-    save(args, {**result, "faults": recorded, "injected": faults, "job": settings, "fault_free_seconds": clean,
-                "faulty_seconds": faulty, "ft_timeout": args.ft_timeout, "environment": env,
-                "emulated_cluster": {"hosts": args.workers, "bandwidth": args.bandwidth,
-                                     "link_down_seconds": args.link_down} if place else None})
+    save(
+        args,
+        {
+            **result,
+            "faults": recorded,
+            "injected": faults,
+            "job": settings,
+            "fault_free_seconds": clean,
+            "faulty_seconds": faulty,
+            "ft_timeout": args.ft_timeout,
+            "environment": env,
+            "emulated_cluster": {
+                "hosts": args.workers,
+                "bandwidth": args.bandwidth,
+                "link_down_seconds": args.link_down,
+            }
+            if place
+            else None,
+        },
+    )
     return 0
 
 

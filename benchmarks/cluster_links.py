@@ -39,8 +39,14 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainscale.runtime.process_group import process_group
 
-    os.environ.update(RANK=str(args.rank), LOCAL_RANK="0", WORLD_SIZE=str(args.world), MASTER_ADDR=args.master,
-                      MASTER_PORT=str(PORT), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(args.rank),
+        LOCAL_RANK="0",
+        WORLD_SIZE=str(args.world),
+        MASTER_ADDR=args.master,
+        MASTER_PORT=str(PORT),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     k = int(RESNET9_FLOATS * args.ratio)
     grad = torch.randn(RESNET9_FLOATS)
@@ -49,8 +55,10 @@ def worker(args: argparse.Namespace) -> None:
         out = {"allreduce": [], "allgather": []}
         gathered = [torch.empty_like(payload) for _ in range(args.world)]
         for i in range(args.repeats + 1):
-            for name, op in (("allreduce", lambda: dist.all_reduce(grad)),
-                             ("allgather", lambda: dist.all_gather(gathered, payload))):
+            for name, op in (
+                ("allreduce", lambda: dist.all_reduce(grad)),
+                ("allgather", lambda: dist.all_gather(gathered, payload)),
+            ):
                 dist.barrier()
                 start = time.perf_counter()
                 op()
@@ -69,8 +77,21 @@ def run_cell(hosts: int, rate: int, args: argparse.Namespace) -> dict:
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(hosts):
-            argv = [sys.executable, __file__, "--worker", "--rank", str(rank), "--world", str(hosts),
-                    "--master", net.address(0), "--repeats", str(args.repeats), "--ratio", str(args.ratio)]
+            argv = [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--rank",
+                str(rank),
+                "--world",
+                str(hosts),
+                "--master",
+                net.address(0),
+                "--repeats",
+                str(args.repeats),
+                "--ratio",
+                str(args.ratio),
+            ]
             procs.append(subprocess.Popen(net.in_namespace(name, rank, argv), stdout=subprocess.PIPE, text=True))
         outputs = [p.communicate(timeout=1800)[0] for p in procs]
         if any(p.returncode for p in procs):
@@ -85,8 +106,10 @@ def run_cell(hosts: int, rate: int, args: argparse.Namespace) -> dict:
 
 def models(result: dict, hosts: int, rate: int) -> dict[str, float]:
     """Seconds the ring model gives each collective at ``rate`` bit/s."""
-    return {"allreduce": 2 * (hosts - 1) / hosts * result["allreduce_bytes"] * 8 / rate,
-            "allgather": (hosts - 1) * result["allgather_bytes"] * 8 / rate}
+    return {
+        "allreduce": 2 * (hosts - 1) / hosts * result["allreduce_bytes"] * 8 / rate,
+        "allgather": (hosts - 1) * result["allgather_bytes"] * 8 / rate,
+    }
 
 
 def main() -> None:
@@ -103,11 +126,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    import torch
+
     from trainscale.bench.timing import save_result
     from trainscale.runtime import cluster as net
     from trainscale.train.environment import environment
-
-    import torch
 
     net.check_tools()
     rates = net.parse_rates(args.rates, len(args.rates.split(",")))
@@ -119,10 +142,21 @@ def main() -> None:
             for name, model in models(result, hosts, rate).items():
                 seconds = result[name]
                 mean, spread = statistics.fmean(seconds), statistics.stdev(seconds) if len(seconds) > 1 else 0.0
-                cells.append({"hosts": hosts, "rate_bps": rate, "collective": name, "seconds": seconds,
-                              "model_seconds": model, "ratio": mean / model})
-                print(f"{hosts:>5} {net.format_rate(rate):>8} {name:>10} {mean:>9.3f} ± {spread:<5.3f}"
-                      f" {model:>8.3f} {mean / model:>14.2f}", flush=True)
+                cells.append(
+                    {
+                        "hosts": hosts,
+                        "rate_bps": rate,
+                        "collective": name,
+                        "seconds": seconds,
+                        "model_seconds": model,
+                        "ratio": mean / model,
+                    }
+                )
+                print(
+                    f"{hosts:>5} {net.format_rate(rate):>8} {name:>10} {mean:>9.3f} ± {spread:<5.3f}"
+                    f" {model:>8.3f} {mean / model:>14.2f}",
+                    flush=True,
+                )
     env = environment(torch.device("cpu"))
     print(f"machine: {env.get('cpu')}, {env.get('cpu_count')} cores")
     save_result(args.save, {"config": vars(args), "environment": env, "cells": cells})

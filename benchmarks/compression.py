@@ -24,8 +24,9 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +40,13 @@ from trainscale.models import create_model
 from trainscale.train.environment import environment
 
 # method -> (minimum ratio to dense fp32, the issue's wording)
-TARGETS = {"topk": (45.0, "Top-k 1% >= 45x"), "randomk": (90.0, "shared-seed Random-k 1% >= 90x"),
-           "terngrad": (14.0, "TernGrad >= 14x"), "signsgd": (28.0, "signSGD >= 28x"),
-           "qsgd": (3.5, "QSGD S=255 >= 3.5x")}
+TARGETS = {
+    "topk": (45.0, "Top-k 1% >= 45x"),
+    "randomk": (90.0, "shared-seed Random-k 1% >= 90x"),
+    "terngrad": (14.0, "TernGrad >= 14x"),
+    "signsgd": (28.0, "signSGD >= 28x"),
+    "qsgd": (3.5, "QSGD S=255 >= 3.5x"),
+}
 
 
 def real_gradients(model_name: str, batch: int, device: torch.device) -> list[tuple[str, torch.Tensor]]:
@@ -54,9 +59,14 @@ def real_gradients(model_name: str, batch: int, device: torch.device) -> list[tu
 
 
 def method_params(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    return {"randomk": {"ratio": args.ratio}, "topk": {"ratio": args.ratio}, "dgc": {"ratio": args.ratio},
-            "threshold": {"threshold": args.threshold}, "qsgd": {"qstates": args.qstates},
-            "powersgd": {"rank": args.powersgd_rank}}.get(method, {})
+    return {
+        "randomk": {"ratio": args.ratio},
+        "topk": {"ratio": args.ratio},
+        "dgc": {"ratio": args.ratio},
+        "threshold": {"threshold": args.threshold},
+        "qsgd": {"qstates": args.qstates},
+        "powersgd": {"rank": args.powersgd_rank},
+    }.get(method, {})
 
 
 def units_for(grads: list[tuple[str, torch.Tensor]], granularity: str) -> list[tuple[str, torch.Tensor]]:
@@ -71,12 +81,14 @@ SPEED_LIMIT = 1.2  # a method may take this many times its reference
 
 def ref_topk(units: list[tuple[str, torch.Tensor]], ratio: float) -> Callable[[], None]:
     """One ``torch.topk`` of |g| per unit, values + int32 indices, decoded by a scatter."""
+
     def run() -> None:
         for _, g in units:
             flat = g.reshape(-1)
             idx = flat.abs().topk(count_for(flat.numel(), ratio), sorted=False).indices
             values, sent = flat[idx], idx.to(torch.int32)
             torch.zeros_like(flat).index_put_((sent.long(),), values)
+
     return run
 
 
@@ -102,21 +114,25 @@ def ref_dgc(units: list[tuple[str, torch.Tensor]], ratio: float) -> Callable[[],
             v[idx] = 0
             u[idx] = 0
             torch.zeros_like(v).index_put_((sent.long(),), values)
+
     return run
 
 
 def ref_randomk(units: list[tuple[str, torch.Tensor]], ratio: float) -> Callable[[], None]:
     """k indices from one ``torch.randint`` (with replacement: duplicates allowed), gather, scatter."""
+
     def run() -> None:
         for _, g in units:
             flat = g.reshape(-1)
             idx = torch.randint(flat.numel(), (count_for(flat.numel(), ratio),))
             torch.zeros_like(flat).index_put_((idx,), flat[idx])
+
     return run
 
 
 def ref_sign(units: list[tuple[str, torch.Tensor]], ratio: float) -> Callable[[], None]:
     """Mean |g| and the signs packed 8 per byte by numpy's ``packbits``; ``unpackbits`` to decode."""
+
     def run() -> None:
         for _, g in units:
             flat = g.reshape(-1)
@@ -124,6 +140,7 @@ def ref_sign(units: list[tuple[str, torch.Tensor]], ratio: float) -> Callable[[]
             packed = np.packbits((flat >= 0).numpy(), bitorder="little")
             bits = torch.from_numpy(np.unpackbits(packed, count=flat.numel(), bitorder="little"))
             torch.where(bits.view(torch.bool), scale, -scale)
+
     return run
 
 
@@ -158,10 +175,16 @@ def measure_bytes(method: str, params: dict[str, Any], units: list[tuple[str, to
         theory = 8.0 * sum(selected)
     stats = CompressionStats()
     Exchange(create_compressor(method, **params), stats=stats).reduce(units, 0, EPOCH)
-    return {"dense_bytes": dense, "payload_bytes": payload_bytes, "exchange_bytes": stats.bytes_sent,
-            "collectives": stats.calls, "ratio": dense / payload_bytes if payload_bytes else math.inf,
-            "theory_bytes": theory, "ratio_to_theory": payload_bytes / theory if theory else None,
-            "density": sum(selected) / sum(g.numel() for _, g in units) if selected else None}
+    return {
+        "dense_bytes": dense,
+        "payload_bytes": payload_bytes,
+        "exchange_bytes": stats.bytes_sent,
+        "collectives": stats.calls,
+        "ratio": dense / payload_bytes if payload_bytes else math.inf,
+        "theory_bytes": theory,
+        "ratio_to_theory": payload_bytes / theory if theory else None,
+        "density": sum(selected) / sum(g.numel() for _, g in units) if selected else None,
+    }
 
 
 def verdict(method: str, ratio: float) -> str:
@@ -175,9 +198,11 @@ def print_row(r: dict[str, Any]) -> None:
     t = r["timing"]
     density = f"{r['density']:.4f}" if r["density"] is not None else "-"
     to_theory = f"{r['ratio_to_theory']:.4f}" if r["ratio_to_theory"] else "-"
-    print(f"{r['method']:>10} {r['granularity']:>9} {r['payload_bytes']:>12,} {r['exchange_bytes']:>12,} "
-          f"{r['ratio']:>8.2f}x {to_theory:>8} {density:>8} {1e3 * t.mean:>9.1f} ± {1e3 * t.stdev:<6.1f} "
-          f"{r['verdict']}")
+    print(
+        f"{r['method']:>10} {r['granularity']:>9} {r['payload_bytes']:>12,} {r['exchange_bytes']:>12,} "
+        f"{r['ratio']:>8.2f}x {to_theory:>8} {density:>8} {1e3 * t.mean:>9.1f} ± {1e3 * t.stdev:<6.1f} "
+        f"{r['verdict']}"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -197,16 +222,21 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def measure_all(args: argparse.Namespace, grads: list[tuple[str, torch.Tensor]]
-                ) -> tuple[list[dict[str, Any]], dict[str, Callable[[], None]]]:
+def measure_all(
+    args: argparse.Namespace, grads: list[tuple[str, torch.Tensor]]
+) -> tuple[list[dict[str, Any]], dict[str, Callable[[], None]]]:
     """Byte figures per (method, granularity), and the encode+decode callables to time."""
     rows, fns = [], {}
     for method in args.methods:
         for granularity in args.granularities:
             units = units_for(grads, granularity)
             params = method_params(method, args)
-            row = {"method": method, "granularity": granularity, "params": params,
-                   **measure_bytes(method, params, units)}
+            row = {
+                "method": method,
+                "granularity": granularity,
+                "params": params,
+                **measure_bytes(method, params, units),
+            }
             row["verdict"] = verdict(method, row["ratio"])
             rows.append(row)
             fns[f"{method}/{granularity}"] = encode_decode(create_compressor(method, **params), units)
@@ -228,23 +258,35 @@ def reducer_fns(model_name: str, grads: list[tuple[str, torch.Tensor]]) -> dict[
 def speed_rows(rows: list[dict[str, Any]], timings: dict[str, Any]) -> list[dict[str, Any]]:
     """Each method with a reference: its time, the reference's, and the median paired ratio."""
     out = []
-    pairs = [(f"{r['method']}/{r['granularity']}", REFERENCES[r["method"]][0]) for r in rows
-             if r["method"] in REFERENCES] + [("reducer:none", "one copy of the gradients")]
+    pairs = [
+        (f"{r['method']}/{r['granularity']}", REFERENCES[r["method"]][0]) for r in rows if r["method"] in REFERENCES
+    ] + [("reducer:none", "one copy of the gradients")]
     for key, reference in pairs:
         ours, ref = timings[key], timings[f"ref:{key}"]
         ratio = statistics.median(paired_ratios(ours, ref))
-        out.append({"what": key, "reference": reference, "ms": 1e3 * ours.mean, "ms_stdev": 1e3 * ours.stdev,
-                    "reference_ms": 1e3 * ref.mean, "reference_ms_stdev": 1e3 * ref.stdev, "ratio": ratio,
-                    "verdict": "PASS" if ratio <= SPEED_LIMIT else "FAIL"})
+        out.append(
+            {
+                "what": key,
+                "reference": reference,
+                "ms": 1e3 * ours.mean,
+                "ms_stdev": 1e3 * ours.stdev,
+                "reference_ms": 1e3 * ref.mean,
+                "reference_ms_stdev": 1e3 * ref.stdev,
+                "ratio": ratio,
+                "verdict": "PASS" if ratio <= SPEED_LIMIT else "FAIL",
+            }
+        )
     return out
 
 
 def print_speed(rows: list[dict[str, Any]]) -> None:
     print(f"\n{'encode+decode':>20} {'ms':>15} {'reference':>26} {'ref ms':>15} {'ratio':>6}")
     for r in rows:
-        print(f"{r['what']:>20} {r['ms']:>7.1f} ± {r['ms_stdev']:<5.1f} {r['reference']:>26} "
-              f"{r['reference_ms']:>7.1f} ± {r['reference_ms_stdev']:<5.1f} {r['ratio']:>5.2f}x {r['verdict']} "
-              f"(<= {SPEED_LIMIT}x)")
+        print(
+            f"{r['what']:>20} {r['ms']:>7.1f} ± {r['ms_stdev']:<5.1f} {r['reference']:>26} "
+            f"{r['reference_ms']:>7.1f} ± {r['reference_ms_stdev']:<5.1f} {r['ratio']:>5.2f}x {r['verdict']} "
+            f"(<= {SPEED_LIMIT}x)"
+        )
 
 
 def main() -> None:
@@ -257,22 +299,27 @@ def main() -> None:
     rows, fns = measure_all(args, grads)
     fns.update(reducer_fns(args.model, grads))
     timings = time_interleaved(fns, args.repeats, args.warmup, device)
-    print(f"{'method':>10} {'gran.':>9} {'payload B':>12} {'exchange B':>12} {'vs fp32':>9} {'/theory':>8} "
-          f"{'density':>8} {'enc+dec ms':>18}")
+    print(
+        f"{'method':>10} {'gran.':>9} {'payload B':>12} {'exchange B':>12} {'vs fp32':>9} {'/theory':>8} "
+        f"{'density':>8} {'enc+dec ms':>18}"
+    )
     for row in rows:
         row["timing"] = timings[f"{row['method']}/{row['granularity']}"]
         print_row(row)
-    print(f"timer scope: encode+decode of one step's units on one process, {args.repeats} interleaved repeats "
-          f"(mean ± stdev), {args.warmup} warm-up excluded, {args.threads} torch thread(s); "
-          f"'exchange B' = bytes handed to collectives (adds Threshold-v's size exchange)")
+    print(
+        f"timer scope: encode+decode of one step's units on one process, {args.repeats} interleaved repeats "
+        f"(mean ± stdev), {args.warmup} warm-up excluded, {args.threads} torch thread(s); "
+        f"'exchange B' = bytes handed to collectives (adds Threshold-v's size exchange)"
+    )
     failed = [r for r in rows if r["verdict"].startswith("FAIL")]
     print(f"byte targets: {len([r for r in rows if r['verdict']]) - len(failed)} pass, {len(failed)} fail")
     speed = speed_rows(rows, timings)
     print_speed(speed)
     slow = [r for r in speed if r["verdict"] == "FAIL"]
     print(f"speed targets: {len(speed) - len(slow)} pass, {len(slow)} fail (ratio = median of paired repeats)")
-    save_result(Path(args.out), {"config": vars(args), "environment": environment(device), "results": rows,
-                                 "speed": speed})
+    save_result(
+        Path(args.out), {"config": vars(args), "environment": environment(device), "results": rows, "speed": speed}
+    )
     print(f"saved {args.out}")
 
 

@@ -66,8 +66,21 @@ def profile_all(needed: dict[tuple, set[str]], folder: Path, repeats: int) -> di
     profiles = {}
     for (model, batch, precision, threads, cpus), specs in sorted(needed.items(), key=str):
         path = folder / f"{model}-b{batch}-{precision}-t{threads}-c{cpus}.json"
-        args = ["profile", "--model", model, "--batch-size", str(batch), "--precision", precision, "--threads",
-                str(threads or 1), "--repeats", str(repeats), "--out", str(path)]
+        args = [
+            "profile",
+            "--model",
+            model,
+            "--batch-size",
+            str(batch),
+            "--precision",
+            precision,
+            "--threads",
+            str(threads or 1),
+            "--repeats",
+            str(repeats),
+            "--out",
+            str(path),
+        ]
         if cpus:
             args += ["--cpus", str(cpus)]
         if specs:
@@ -78,18 +91,24 @@ def profile_all(needed: dict[tuple, set[str]], folder: Path, repeats: int) -> di
 
 
 def print_checks(checks: list[Check]) -> dict[str, Any]:
-    print(f"\n{'run':<48} {'hosts':>5} {'link':>8} {'mode':>9} {'compressor':>36} {'measured':>9} {'planned':>8} "
-          f"{'error':>7}")
+    print(
+        f"\n{'run':<48} {'hosts':>5} {'link':>8} {'mode':>9} {'compressor':>36} {'measured':>9} {'planned':>8} "
+        f"{'error':>7}"
+    )
     for c in sorted(checks, key=lambda c: (c.setting.hosts, -c.setting.link.bandwidth, c.run)):
-        print(f"{c.run[:48]:<48} {c.setting.hosts:>5} {c.setting.link.bandwidth * 8 / 1e6:>6.0f}Mb "
-              f"{c.setting.mode:>9} {c.setting.spec.text[:36]:>36} {1e3 * c.measured_step:>7.0f}ms "
-              f"{1e3 * c.predicted.step_seconds:>6.0f}ms {100 * c.error:>+6.1f}%")
+        print(
+            f"{c.run[:48]:<48} {c.setting.hosts:>5} {c.setting.link.bandwidth * 8 / 1e6:>6.0f}Mb "
+            f"{c.setting.mode:>9} {c.setting.spec.text[:36]:>36} {1e3 * c.measured_step:>7.0f}ms "
+            f"{1e3 * c.predicted.step_seconds:>6.0f}ms {100 * c.error:>+6.1f}%"
+        )
     errors = [abs(c.error) for c in checks]
     worst = max(checks, key=lambda c: abs(c.error))
     mean = statistics.fmean(errors)
-    print(f"\n{len(checks)} cells: mean absolute error {100 * mean:.1f}% (goal <= {100 * MEAN_GOAL:.0f}%: "
-          f"{'PASS' if mean <= MEAN_GOAL else 'FAIL'}), worst {worst.run} {100 * worst.error:+.1f}% (goal <= "
-          f"{100 * WORST_GOAL:.0f}%: {'PASS' if abs(worst.error) <= WORST_GOAL else 'FAIL'})")
+    print(
+        f"\n{len(checks)} cells: mean absolute error {100 * mean:.1f}% (goal <= {100 * MEAN_GOAL:.0f}%: "
+        f"{'PASS' if mean <= MEAN_GOAL else 'FAIL'}), worst {worst.run} {100 * worst.error:+.1f}% (goal <= "
+        f"{100 * WORST_GOAL:.0f}%: {'PASS' if abs(worst.error) <= WORST_GOAL else 'FAIL'})"
+    )
     return {"cells": len(checks), "mean_abs_error": mean, "worst": worst.run, "worst_error": worst.error}
 
 
@@ -98,8 +117,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/plan-accuracy"), help="results folder (resumable)")
     p.add_argument("--scale", default="full", help="full: 2 and 4 hosts (36 cells); quick: 2 hosts (18)")
     p.add_argument("--also", type=Path, nargs="*", default=[], help="other results folders of emulated-cluster runs")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="passed to trainscale bench, e.g. --set cluster_hosts=2 (only the 2-host cells)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to trainscale bench, e.g. --set cluster_hosts=2 (only the 2-host cells)",
+    )
     p.add_argument("--no-bench", action="store_true", help="only profile and compare the runs already there")
     p.add_argument("--repeats", type=int, default=20, help="timed steps of each profile")
     return p.parse_args()
@@ -110,24 +135,49 @@ def main() -> int:
     start = time.time()
     grid_out = args.out / "grid"
     if not args.no_bench:
-        cli("bench", str(GRID), "--scale", args.scale, "--out", str(grid_out),
-            *(arg for item in args.sets for arg in ("--set", item)))
+        cli(
+            "bench",
+            str(GRID),
+            "--scale",
+            args.scale,
+            "--out",
+            str(grid_out),
+            *(arg for item in args.sets for arg in ("--set", item)),
+        )
     runs = emulated_runs([d for d in (grid_out, *args.also) if d.exists()])
     if not runs:
         print("no finished emulated-cluster runs to check", file=sys.stderr)
         return 1
     profiles = profile_all(profile_conditions(runs), args.out / "profiles", args.repeats)
-    checks = [c for c in (check_run(r.bench.get("short_name", "") + ":" + r.run_id, r.config, r.summary, profiles)
-                          for r in runs) if c is not None]
+    checks = [
+        c
+        for c in (
+            check_run(r.bench.get("short_name", "") + ":" + r.run_id, r.config, r.summary, profiles) for r in runs
+        )
+        if c is not None
+    ]
     result = print_checks(checks)
     env = environment(torch.device("cpu"))
     print(f"machine: {env['cpu']} ({cpu_count()} cores); {time.time() - start:.0f} s in all")
-    save_result(args.out / "plan_accuracy.json", {
-        **result, "environment": env,
-        "cells_detail": [{"run": c.run, "hosts": c.setting.hosts, "bandwidth_bps": c.setting.link.bandwidth * 8,
-                          "mode": c.setting.mode, "compressor": c.setting.spec.text,
-                          "measured_step_seconds": c.measured_step, "planned": c.predicted.to_dict()}
-                         for c in checks]})
+    save_result(
+        args.out / "plan_accuracy.json",
+        {
+            **result,
+            "environment": env,
+            "cells_detail": [
+                {
+                    "run": c.run,
+                    "hosts": c.setting.hosts,
+                    "bandwidth_bps": c.setting.link.bandwidth * 8,
+                    "mode": c.setting.mode,
+                    "compressor": c.setting.spec.text,
+                    "measured_step_seconds": c.measured_step,
+                    "planned": c.predicted.to_dict(),
+                }
+                for c in checks
+            ],
+        },
+    )
     return 0
 
 

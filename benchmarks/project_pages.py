@@ -75,10 +75,16 @@ def projected_rows(cluster: str, model: str, profile_path: Path) -> tuple[list[d
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table, in the README's form."""
-    lines = ["| cluster | model | devices | hosts | batch per device | mode | published img/s | planned img/s "
-             "| planned/published |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['cluster']} | {r['model']} | {r['devices']} | {r['hosts']} | {r['batch']} | {r['mode']} "
-              f"| {r['published']:,.0f} | {r['predicted']:,.0f} | {r['ratio']:.2f} |" for r in rows]
+    lines = [
+        "| cluster | model | devices | hosts | batch per device | mode | published img/s | planned img/s "
+        "| planned/published |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['cluster']} | {r['model']} | {r['devices']} | {r['hosts']} | {r['batch']} | {r['mode']} "
+        f"| {r['published']:,.0f} | {r['predicted']:,.0f} | {r['ratio']:.2f} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -102,8 +108,16 @@ def main() -> int:
         print(f"not planned: {s['model']} on {s['cluster']}: {s['reason']}")
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "projection.md", table)
-    save_result(args.out / "result.json", {"rows": rows, "skipped": skipped, "profile_batch": PAGE_BATCH,
-                                           "default_batch": 128, "environment": environment(torch.device("cpu"))})
+    save_result(
+        args.out / "result.json",
+        {
+            "rows": rows,
+            "skipped": skipped,
+            "profile_batch": PAGE_BATCH,
+            "default_batch": 128,
+            "environment": environment(torch.device("cpu")),
+        },
+    )
     print(f"saved {args.out / 'projection.md'} and result.json (profiles in {args.out / 'profiles'})")
     return 0
 

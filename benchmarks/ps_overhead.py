@@ -28,8 +28,9 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -61,8 +62,9 @@ def _batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randint(0, 10, (args.batch,), generator=gen)
 
 
-def _stepper(model: torch.nn.Module, opt: torch.optim.Optimizer, batch, precision: Precision,
-             steps: int) -> Callable[[], None]:
+def _stepper(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batch, precision: Precision, steps: int
+) -> Callable[[], None]:
     x, y = batch
 
     def run() -> None:
@@ -83,8 +85,9 @@ def _server(port: int, index: int, workers: int, servers: int, threads: int) -> 
 
     world = workers + servers
     _env(port, workers + index, world, threads)
-    cfg = build_config({"mode": "async", "workers": workers, "servers": servers, "threads": threads,
-                        "rpc_timeout": 120.0})
+    cfg = build_config(
+        {"mode": "async", "workers": workers, "servers": servers, "threads": threads, "rpc_timeout": 120.0}
+    )
     serve(cfg, Role("server", index, workers, servers, workers + index, world))
 
 
@@ -100,9 +103,9 @@ def _ps_optimizer(args: argparse.Namespace, worker: int, model: torch.nn.Module)
 
 def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, threads: int) -> None:
     """A second worker that trains through the same server until worker 0 is done timing."""
+    from trainscale.modes.ps import RpcCollectives, installed_collectives
     from trainscale.runtime import dist as tsdist
     from trainscale.runtime.process_group import rpc_session
-    from trainscale.modes.ps import RpcCollectives, installed_collectives
 
     world = args.workers + args.servers
     _env(port, worker, world, threads)
@@ -119,16 +122,17 @@ def _extra_worker(args: argparse.Namespace, port: int, worker: int, stop, thread
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from trainscale.modes.ps import RpcCollectives, installed_collectives
     from trainscale.runtime import dist as tsdist
     from trainscale.runtime.process_group import rpc_session
-    from trainscale.modes.ps import RpcCollectives, installed_collectives
 
     ctx = mp.get_context("spawn")
     port, stop = free_port(), ctx.Event()
     world = args.workers + args.servers
     procs = [ctx.Process(target=_server, args=(port, s, args.workers, args.servers, 1)) for s in range(args.servers)]
-    procs += [ctx.Process(target=_extra_worker, args=(args, port, w, stop, args.threads))
-              for w in range(1, args.workers)]
+    procs += [
+        ctx.Process(target=_extra_worker, args=(args, port, w, stop, args.threads)) for w in range(1, args.workers)
+    ]
     for p in procs:
         p.start()
     _env(port, 0, world, args.threads)
@@ -139,12 +143,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 local_model, ps_model = _model(args), _model(args)
                 ps_opt, client = _ps_optimizer(args, 0, ps_model)
                 batch = _batch(args)
-                local = _stepper(local_model, torch.optim.SGD(local_model.parameters(), **HYPER), batch, precision,
-                                 args.steps)
+                local = _stepper(
+                    local_model, torch.optim.SGD(local_model.parameters(), **HYPER), batch, precision, args.steps
+                )
                 through_ps = _timed_split(_stepper(ps_model, ps_opt, batch, precision, args.steps), client)
                 tsdist.barrier()
-                timings = time_interleaved({"local": local, "ps": through_ps}, args.repeats, args.warmup,
-                                           torch.device("cpu"))
+                timings = time_interleaved(
+                    {"local": local, "ps": through_ps}, args.repeats, args.warmup, torch.device("cpu")
+                )
                 stop.set()
                 tsdist.barrier()
                 client.leave()
@@ -153,9 +159,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             p.join(60)
             if p.is_alive():
                 p.kill()
-    splits = through_ps.splits[-args.repeats:]
-    return {"local": timings["local"], "ps": timings["ps"], "params": count_parameters(local_model),
-            "split_ms_per_step": {k: _mean_sd([s[k] for s in splits], args.steps) for k in splits[0]}}
+    splits = through_ps.splits[-args.repeats :]
+    return {
+        "local": timings["local"],
+        "ps": timings["ps"],
+        "params": count_parameters(local_model),
+        "split_ms_per_step": {k: _mean_sd([s[k] for s in splits], args.steps) for k in splits[0]},
+    }
 
 
 class _timed_split:
@@ -171,8 +181,9 @@ class _timed_split:
         total = time.perf_counter() - start
         s = self.client.stats
         comm = s.push_seconds + s.pull_seconds + s.wait_seconds
-        self.splits.append({"compute": total - comm, "push": s.push_seconds, "pull": s.pull_seconds,
-                            "wait": s.wait_seconds})
+        self.splits.append(
+            {"compute": total - comm, "push": s.push_seconds, "pull": s.pull_seconds, "wait": s.wait_seconds}
+        )
 
 
 def _mean_sd(values: list[float], steps: int) -> dict[str, float]:
@@ -189,15 +200,19 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     steps = args.steps
     local, ps = result["local"], result["ps"]
     split = result["split_ms_per_step"]
-    print(f"{args.model} ({result['params']:,} params), batch {args.batch}, {args.precision}, {args.threads} "
-          f"thread(s); {args.repeats} repeats of {steps} steps, interleaved; ms per step (mean ± stdev, median)")
+    print(
+        f"{args.model} ({result['params']:,} params), batch {args.batch}, {args.precision}, {args.threads} "
+        f"thread(s); {args.repeats} repeats of {steps} steps, interleaved; ms per step (mean ± stdev, median)"
+    )
     print(f"  local training                          {_ms(local, steps)}")
     print(f"  through PS ({args.servers} server, {args.workers} worker(s))      {_ms(ps, steps)}")
     print("    split of the PS step: " + ", ".join(f"{k} {v['mean']:.1f} ± {v['stdev']:.1f}" for k, v in split.items()))
     extra = statistics.median(ps.seconds) - statistics.median(local.seconds)
-    print(f"  overhead per step (medians): {1e3 * extra / steps:+.1f} ms "
-          f"({100 * extra / statistics.median(local.seconds):+.1f}%); "
-          f"payload {4 * result['params'] / 2**20:.2f} MiB pushed + the same pulled per step")
+    print(
+        f"  overhead per step (medians): {1e3 * extra / steps:+.1f} ms "
+        f"({100 * extra / statistics.median(local.seconds):+.1f}%); "
+        f"payload {4 * result['params'] / 2**20:.2f} MiB pushed + the same pulled per step"
+    )
 
 
 SEED_OVERHEAD = 0.11  # Multiverso's 1P1G1M against 1P1G0M
@@ -205,11 +220,37 @@ SEED_OVERHEAD = 0.11  # Multiverso's 1P1G1M against 1P1G0M
 
 def cli_flags(args: argparse.Namespace) -> dict[str, list[str]]:
     """The Multiverso grid's quick-scale 1P1G0M and 1P1G1M rows as `trainscale train` flags."""
-    common = ["--model", args.cli_model, "--dataset", args.dataset, "--train-subset", "2000", "--test-subset", "1000",
-              "--epochs", "2", "--schedule", "step", "--milestones", "2", "--momentum", "0.9", "--weight-decay",
-              "1e-4", "--precision", "bf16", "--batch-size", "128", "--lr", "0.1", "--no-progress"]
-    return {"1P1G0M": common + ["--mode", "local"],
-            "1P1G1M": common + ["--mode", "async", "--workers", "1", "--servers", "1"]}
+    common = [
+        "--model",
+        args.cli_model,
+        "--dataset",
+        args.dataset,
+        "--train-subset",
+        "2000",
+        "--test-subset",
+        "1000",
+        "--epochs",
+        "2",
+        "--schedule",
+        "step",
+        "--milestones",
+        "2",
+        "--momentum",
+        "0.9",
+        "--weight-decay",
+        "1e-4",
+        "--precision",
+        "bf16",
+        "--batch-size",
+        "128",
+        "--lr",
+        "0.1",
+        "--no-progress",
+    ]
+    return {
+        "1P1G0M": common + ["--mode", "local"],
+        "1P1G1M": common + ["--mode", "async", "--workers", "1", "--servers", "1"],
+    }
 
 
 def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -224,8 +265,11 @@ def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
         for repeat in range(args.repeats):
             for name, flags in cli_flags(args).items():
                 folder = Path(tmp) / f"{name}-{repeat}"
-                subprocess.run([sys.executable, "-m", "trainscale", "train", *flags, "--out", str(folder)],
-                               check=True, stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [sys.executable, "-m", "trainscale", "train", *flags, "--out", str(folder)],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 summary = json.loads((folder / "summary.json").read_text())
                 out[name].append(summary[K.steady_epoch_seconds] or summary[K.mean_epoch_seconds])
     return out
@@ -234,14 +278,18 @@ def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
 def report_cli(args: argparse.Namespace, result: dict[str, list[float]]) -> None:
     local, ps = Timing(result["1P1G0M"]), Timing(result["1P1G1M"])
     ratio = statistics.median(p / q for p, q in zip(ps.seconds, local.seconds))
-    print(f"`trainscale train`, the Multiverso grid's quick scale ({args.cli_model}, {args.dataset}, 2,000 images, "
-          f"bf16, batch 128), {args.repeats} alternating runs each; seconds per epoch after the first "
-          f"(mean ± stdev):")
+    print(
+        f"`trainscale train`, the Multiverso grid's quick scale ({args.cli_model}, {args.dataset}, 2,000 images, "
+        f"bf16, batch 128), {args.repeats} alternating runs each; seconds per epoch after the first "
+        f"(mean ± stdev):"
+    )
     print(f"  1P1G0M (one process)                 {local.mean:7.2f} ± {local.stdev:.2f}")
     print(f"  1P1G1M (through one server)          {ps.mean:7.2f} ± {ps.stdev:.2f}")
     verdict = "PASS" if ratio - 1 <= SEED_OVERHEAD else "FAIL"
-    print(f"  overhead: {100 * (ratio - 1):+.1f}% (median of paired runs); {verdict} against the seed's "
-          f"+{100 * SEED_OVERHEAD:.0f}%")
+    print(
+        f"  overhead: {100 * (ratio - 1):+.1f}% (median of paired runs); {verdict} against the seed's "
+        f"+{100 * SEED_OVERHEAD:.0f}%"
+    )
 
 
 def main() -> None:
@@ -266,10 +314,16 @@ def main() -> None:
     else:
         result = measure(args)
         report(args, result)
-    save_result(Path(args.out), {"config": vars(args), "result": result,
-                                 "timer_scope": "whole steps (forward, backward, update or push+pull), warm-up "
-                                                "excluded, one in-memory synthetic batch",
-                                 "environment": environment(torch.device("cpu"))})
+    save_result(
+        Path(args.out),
+        {
+            "config": vars(args),
+            "result": result,
+            "timer_scope": "whole steps (forward, backward, update or push+pull), warm-up "
+            "excluded, one in-memory synthetic batch",
+            "environment": environment(torch.device("cpu")),
+        },
+    )
     print(f"saved {args.out}")
 
 

@@ -129,8 +129,10 @@ def main() -> None:
             t = res[name]
             mean, sd = statistics.fmean(t), statistics.stdev(t)
             print(f"{name:>10} {mb:6.2f} {transport:>9} {1e3 * mean:10.2f} ± {1e3 * sd:5.2f}  {2 * mb / mean:16.0f}")
-    save_result(Path(args.out), {"config": vars(args), "sizes": SIZES, "seconds": results,
-                                 "environment": environment(torch.device("cpu"))})
+    save_result(
+        Path(args.out),
+        {"config": vars(args), "sizes": SIZES, "seconds": results, "environment": environment(torch.device("cpu"))},
+    )
     print(f"saved {args.out}")
 
 

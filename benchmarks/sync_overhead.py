@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--augment", action="store_true", help="trainscale side does its crop+flip augmentation")
-    p.add_argument("--no-hook", action="store_true",
-                   help="diagnostic: trainscale side with DDP's built-in all-reduce instead of its counting hook")
+    p.add_argument(
+        "--no-hook",
+        action="store_true",
+        help="diagnostic: trainscale side with DDP's built-in all-reduce instead of its counting hook",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=f"runs/bench/sync_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
     p.add_argument("--worker-result", default=None, help=argparse.SUPPRESS)  # set for the workers
@@ -74,8 +77,16 @@ def trainscale_side(mode, model, data, args, device, precision) -> Callable[[], 
     from trainscale.train.loop import train_one_epoch
 
     augment = AugmentConfig(crop_padding=4, flip=True) if args.augment else AugmentConfig(crop_padding=0, flip=False)
-    batches = DeviceBatches(data, args.batch, train=True, augment=augment, device=device, rank=rank(),
-                            world_size=world_size(), channels_last=True)
+    batches = DeviceBatches(
+        data,
+        args.batch,
+        train=True,
+        augment=augment,
+        device=device,
+        rank=rank(),
+        world_size=world_size(),
+        channels_last=True,
+    )
     ddp = mode.wrap_model(model, device)
     opt, scaler, epochs = sgd(model), precision.grad_scaler(), iter(range(10**9))
 
@@ -89,20 +100,33 @@ def bare_side(model, data, args, device, precision) -> Callable[[], None]:
     from torch.nn.parallel import DistributedDataParallel
 
     from trainscale.data import DeviceBatches
-    from trainscale.runtime import rank, world_size
     from trainscale.modes.sync import no_forward_buffer_sync
+    from trainscale.runtime import rank, world_size
 
-    x, y = next(iter(DeviceBatches(data, len(data), train=False, augment=None, device=device, rank=rank(),
-                                   world_size=world_size(), channels_last=True).epoch(0)))
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  **no_forward_buffer_sync())
+    x, y = next(
+        iter(
+            DeviceBatches(
+                data,
+                len(data),
+                train=False,
+                augment=None,
+                device=device,
+                rank=rank(),
+                world_size=world_size(),
+                channels_last=True,
+            ).epoch(0)
+        )
+    )
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, **no_forward_buffer_sync()
+    )
     opt = sgd(model)
 
     def run() -> None:
         ddp.train()
         for i in range(0, args.steps * args.batch, args.batch):
             with precision.autocast():
-                loss = F.cross_entropy(ddp(x[i:i + args.batch]).float(), y[i:i + args.batch])
+                loss = F.cross_entropy(ddp(x[i : i + args.batch]).float(), y[i : i + args.batch])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -113,6 +137,7 @@ def bare_side(model, data, args, device, precision) -> Callable[[], None]:
 def with_cpu_time(fn: Callable[[], None], log: list[float]) -> Callable[[], None]:
     """``fn`` that also records this process's CPU seconds per call: on a loaded machine wall time mostly
     measures the neighbours, CPU time still measures the work each side does."""
+
     def run() -> None:
         start = time.process_time()
         fn()
@@ -126,8 +151,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainscale.bench.timing import time_interleaved
     from trainscale.data import synthetic_dataset
-    from trainscale.runtime import is_main_process, world_size
     from trainscale.modes.sync import SyncMode, no_forward_buffer_sync
+    from trainscale.runtime import is_main_process, world_size
     from trainscale.train.environment import environment
     from trainscale.train.precision import Precision, resolve_device
 
@@ -141,15 +166,22 @@ def worker(args: argparse.Namespace) -> None:
         precision = Precision(args.precision, device)
         model = make_model(args.model, device)
         cpu: dict[str, list[float]] = {"bare": [], "trainscale": []}
-        fns = {"bare": with_cpu_time(bare_side(copy.deepcopy(model), data, args, device, precision), cpu["bare"]),
-               "trainscale": with_cpu_time(trainscale_side(mode, model, data, args, device, precision),
-                                           cpu["trainscale"])}
+        fns = {
+            "bare": with_cpu_time(bare_side(copy.deepcopy(model), data, args, device, precision), cpu["bare"]),
+            "trainscale": with_cpu_time(trainscale_side(mode, model, data, args, device, precision), cpu["trainscale"]),
+        }
         timings = time_interleaved(fns, args.repeats, args.warmup, device)
         comm = mode.stats.per_step()
         if is_main_process():
-            cpu = {k: v[args.warmup:] for k, v in cpu.items()}  # warm-up calls come first
-            result = {"timings": {k: t.seconds for k, t in timings.items()}, "cpu": cpu, "comm": comm,
-                      "world_size": world_size(), "backend": mode.backend, "environment": environment(device)}
+            cpu = {k: v[args.warmup :] for k, v in cpu.items()}  # warm-up calls come first
+            result = {
+                "timings": {k: t.seconds for k, t in timings.items()},
+                "cpu": cpu,
+                "comm": comm,
+                "world_size": world_size(),
+                "backend": mode.backend,
+                "environment": environment(device),
+            }
             Path(args.worker_result).write_text(json.dumps(result))
 
 
@@ -159,8 +191,17 @@ def worker(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace, result_path: Path) -> None:
     """Both sides in one torch.distributed.run job (standalone c10d rendezvous on this machine)."""
     threads = max(1, len(os.sched_getaffinity(0)) // args.workers)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}",
-            __file__, *sys.argv[1:], "--worker-result", str(result_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.workers}",
+        __file__,
+        *sys.argv[1:],
+        "--worker-result",
+        str(result_path),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     subprocess.run(argv, check=True, env=env)
 
@@ -171,35 +212,49 @@ def summarise(args: argparse.Namespace, raw: dict) -> dict:
     steps = {k: Timing([s / args.steps for s in v]) for k, v in raw["timings"].items()}
     images = args.batch * raw["world_size"]
     paired = paired_ratios(steps["trainscale"], steps["bare"])
-    return {"config": {k: v for k, v in vars(args).items() if k != "worker_result"},
-            "step_seconds": steps, "images_per_s": {k: t.rate(images) for k, t in steps.items()},
-            "ratio_trainscale_over_bare": steps["trainscale"].mean / steps["bare"].mean,
-            "paired_ratios": paired, "paired_ratio_median": statistics.median(paired),
-            "cpu_step_seconds": {k: Timing([s / args.steps for s in v]) for k, v in raw["cpu"].items()},
-            "comm_per_step": raw["comm"], "world_size": raw["world_size"], "backend": raw["backend"],
-            "environment": raw["environment"]}
+    return {
+        "config": {k: v for k, v in vars(args).items() if k != "worker_result"},
+        "step_seconds": steps,
+        "images_per_s": {k: t.rate(images) for k, t in steps.items()},
+        "ratio_trainscale_over_bare": steps["trainscale"].mean / steps["bare"].mean,
+        "paired_ratios": paired,
+        "paired_ratio_median": statistics.median(paired),
+        "cpu_step_seconds": {k: Timing([s / args.steps for s in v]) for k, v in raw["cpu"].items()},
+        "comm_per_step": raw["comm"],
+        "world_size": raw["world_size"],
+        "backend": raw["backend"],
+        "environment": raw["environment"],
+    }
 
 
 def print_result(result: dict, args: argparse.Namespace) -> None:
-    print(f"{args.workers} workers over {result['backend']}, {args.model}, batch {args.batch}/worker, "
-          f"{args.precision} + channels_last, augmentation {'on (trainscale side)' if args.augment else 'off'}"
-          + (", trainscale side WITHOUT its counting hook (diagnostic)" if args.no_hook else ""))
+    print(
+        f"{args.workers} workers over {result['backend']}, {args.model}, batch {args.batch}/worker, "
+        f"{args.precision} + channels_last, augmentation {'on (trainscale side)' if args.augment else 'off'}"
+        + (", trainscale side WITHOUT its counting hook (diagnostic)" if args.no_hook else "")
+    )
     for side in ("bare", "trainscale"):
         t, (rate, spread) = result["step_seconds"][side], result["images_per_s"][side]
         print(f"{side:>10}: {1000 * t.mean:8.1f} ± {1000 * t.stdev:5.1f} ms/step   {rate:7.1f} ± {spread:5.1f} img/s")
     paired = result["paired_ratios"]
-    print(f"step-time ratio trainscale / bare DDP: {result['ratio_trainscale_over_bare']:.3f} of the means; "
-          f"per interleaved pair median {result['paired_ratio_median']:.3f} "
-          f"(range {min(paired):.3f}-{max(paired):.3f}); target <= 1.03")
+    print(
+        f"step-time ratio trainscale / bare DDP: {result['ratio_trainscale_over_bare']:.3f} of the means; "
+        f"per interleaved pair median {result['paired_ratio_median']:.3f} "
+        f"(range {min(paired):.3f}-{max(paired):.3f}); target <= 1.03"
+    )
     cpu = {k: (1000 * t.mean, 1000 * t.stdev) for k, t in result["cpu_step_seconds"].items()}
-    print(f"CPU time per step (rank 0 process): bare {cpu['bare'][0]:.1f} ± {cpu['bare'][1]:.1f} ms, "
-          f"trainscale {cpu['trainscale'][0]:.1f} ± {cpu['trainscale'][1]:.1f} ms, "
-          f"ratio {cpu['trainscale'][0] / cpu['bare'][0]:.3f}")
+    print(
+        f"CPU time per step (rank 0 process): bare {cpu['bare'][0]:.1f} ± {cpu['bare'][1]:.1f} ms, "
+        f"trainscale {cpu['trainscale'][0]:.1f} ± {cpu['trainscale'][1]:.1f} ms, "
+        f"ratio {cpu['trainscale'][0] / cpu['bare'][0]:.3f}"
+    )
     sent = result["comm_per_step"]["bytes_sent_per_step"]
     if sent is not None:
         print(f"trainscale hook: {sent / 2**20:.2f} MiB per worker per step")
-    print(f"timer: {args.repeats} interleaved passes of {args.steps} steps per side, {args.warmup} warm-up pass(es) "
-          "excluded, rank 0, device-synchronised")
+    print(
+        f"timer: {args.repeats} interleaved passes of {args.steps} steps per side, {args.warmup} warm-up pass(es) "
+        "excluded, rank 0, device-synchronised"
+    )
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def bare_loop(model, images: torch.Tensor, labels: torch.Tensor, batch: int, pre
         model.train()
         for i in range(0, len(images) - batch + 1, batch):
             with precision.autocast():
-                loss = F.cross_entropy(model(images[i:i + batch]).float(), labels[i:i + batch])
+                loss = F.cross_entropy(model(images[i : i + batch]).float(), labels[i : i + batch])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -63,29 +63,49 @@ def trainscale_loop(model, batches: DeviceBatches, precision: Precision):
 
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     data = synthetic_dataset(args.images, 32, seed=0)
-    batches = DeviceBatches(data, args.batch, train=True, augment=AugmentConfig(crop_padding=4, flip=True),
-                            device=device, channels_last=True)
-    x, y = next(iter(DeviceBatches(data, args.images, train=False, augment=None, device=device,
-                                   channels_last=True).epoch(0)))
+    batches = DeviceBatches(
+        data,
+        args.batch,
+        train=True,
+        augment=AugmentConfig(crop_padding=4, flip=True),
+        device=device,
+        channels_last=True,
+    )
+    x, y = next(
+        iter(DeviceBatches(data, args.images, train=False, augment=None, device=device, channels_last=True).epoch(0))
+    )
     bf16 = Precision(args.precision, device)
     fp32 = Precision("fp32", device)
     model = make_model(name, device, channels_last=True)
     fns = {
         "bare": bare_loop(copy.deepcopy(model), x, y, args.batch, bf16),
         "trainscale": trainscale_loop(copy.deepcopy(model), batches, bf16),
-        "trainscale_fp32": trainscale_loop(make_model(name, device, channels_last=False),
-                                           DeviceBatches(data, args.batch, train=True,
-                                                         augment=AugmentConfig(crop_padding=4, flip=True),
-                                                         device=device, channels_last=False), fp32),
+        "trainscale_fp32": trainscale_loop(
+            make_model(name, device, channels_last=False),
+            DeviceBatches(
+                data,
+                args.batch,
+                train=True,
+                augment=AugmentConfig(crop_padding=4, flip=True),
+                device=device,
+                channels_last=False,
+            ),
+            fp32,
+        ),
     }
     timings = time_interleaved(fns, args.repeats, args.warmup, device)
     images = batches.num_samples
     paired = paired_ratios(timings["bare"], timings["trainscale"])
-    return {"model": name, "timings": timings, "images_per_pass": images,
-            "img_per_s": {k: t.rate(images) for k, t in timings.items()},
-            "ratio_trainscale_vs_bare": timings["bare"].mean / timings["trainscale"].mean,
-            "paired_ratios": paired, "paired_ratio_median": statistics.median(paired),
-            "speedup_bf16_cl_vs_fp32": timings["trainscale_fp32"].mean / timings["trainscale"].mean}
+    return {
+        "model": name,
+        "timings": timings,
+        "images_per_pass": images,
+        "img_per_s": {k: t.rate(images) for k, t in timings.items()},
+        "ratio_trainscale_vs_bare": timings["bare"].mean / timings["trainscale"].mean,
+        "paired_ratios": paired,
+        "paired_ratio_median": statistics.median(paired),
+        "speedup_bf16_cl_vs_fp32": timings["trainscale_fp32"].mean / timings["trainscale"].mean,
+    }
 
 
 def main() -> None:
@@ -101,17 +121,23 @@ def main() -> None:
     args = p.parse_args()
     device = resolve_device(args.device)
     results = []
-    print(f"{'model':>10} {'bare img/s':>16} {'trainscale img/s':>18} {'ratio':>6} {'pairs':>6} {'fp32 img/s':>16} "
-          f"{'bf16+CL/fp32':>12}")
+    print(
+        f"{'model':>10} {'bare img/s':>16} {'trainscale img/s':>18} {'ratio':>6} {'pairs':>6} {'fp32 img/s':>16} "
+        f"{'bf16+CL/fp32':>12}"
+    )
     for name in args.models:
         r = bench_model(name, args, device)
         results.append(r)
         (b, bs), (t, ts), (f, fs) = (r["img_per_s"][k] for k in ("bare", "trainscale", "trainscale_fp32"))
-        print(f"{name:>10} {b:>9.1f} ± {bs:<5.1f} {t:>11.1f} ± {ts:<5.1f} {r['ratio_trainscale_vs_bare']:>6.3f} "
-              f"{r['paired_ratio_median']:>6.3f} {f:>9.1f} ± {fs:<5.1f} {r['speedup_bf16_cl_vs_fp32']:>11.2f}x")
-    print(f"timer scope: {args.repeats} interleaved passes of {args.images} images each side, {args.warmup} "
-          f"warm-up pass(es) excluded, device-synchronised; {args.precision} + channels_last unless marked fp32; "
-          "ratio = bare mean time / trainscale mean time (target >= 0.97), pairs = median of the per-repeat ratios")
+        print(
+            f"{name:>10} {b:>9.1f} ± {bs:<5.1f} {t:>11.1f} ± {ts:<5.1f} {r['ratio_trainscale_vs_bare']:>6.3f} "
+            f"{r['paired_ratio_median']:>6.3f} {f:>9.1f} ± {fs:<5.1f} {r['speedup_bf16_cl_vs_fp32']:>11.2f}x"
+        )
+    print(
+        f"timer scope: {args.repeats} interleaved passes of {args.images} images each side, {args.warmup} "
+        f"warm-up pass(es) excluded, device-synchronised; {args.precision} + channels_last unless marked fp32; "
+        "ratio = bare mean time / trainscale mean time (target >= 0.97), pairs = median of the per-repeat ratios"
+    )
     save_result(Path(args.out), {"config": vars(args), "environment": environment(device), "results": results})
     print(f"saved {args.out}")
 

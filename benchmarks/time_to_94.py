@@ -44,8 +44,26 @@ def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, set
     if summary.exists() and json.loads(summary.read_text()).get(K.reference_scope):
         return json.loads(summary.read_text())
     extra = to_argv(dict(parse_set(item) for item in sets))
-    cmd = [sys.executable, "-m", "trainscale", "train", "--recipe", recipe, "--seed", str(seed), "--device",
-           device, "--precision", precision, "--target-acc", str(TARGET), "--no-progress", "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainscale",
+        "train",
+        "--recipe",
+        recipe,
+        "--seed",
+        str(seed),
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--target-acc",
+        str(TARGET),
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
     return json.loads(summary.read_text())
@@ -61,28 +79,49 @@ def report(rows: list[dict[str, Any]], recipe: str, device: str, machine: str) -
     goal = GOALS.get((recipe, "cuda" if device.startswith("cuda") else "cpu"))
     print(f"\n{recipe} recipe, {len(rows)} run(s) on {machine}")
     for r in rows:
-        print(f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
-              f"{r['train_seconds']:.2f} s of training steps")
+        print(
+            f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
+            f"{r['train_seconds']:.2f} s of training steps"
+        )
     print(f"accuracy {100 * acc_m:.2f} +- {100 * acc_s:.2f}% (goal: mean >= {100 * TARGET:.1f}%)")
     bound = f"goal: each < {goal:g} s" if goal else "no time goal"
-    print(f"time {ref_m:.2f} +- {ref_s:.2f} s in the reference's scope ({bound}); "
-          f"training steps alone {steps_m:.2f} +- {steps_s:.2f} s")
+    print(
+        f"time {ref_m:.2f} +- {ref_s:.2f} s in the reference's scope ({bound}); "
+        f"training steps alone {steps_m:.2f} +- {steps_s:.2f} s"
+    )
     met = acc_m >= TARGET and (goal is None or all(r["reference_seconds"] < goal for r in rows))
     print("goal met" if met else "goal NOT met")
-    return {"accuracy_mean": acc_m, "accuracy_stdev": acc_s, "reference_seconds_mean": ref_m,
-            "reference_seconds_stdev": ref_s, "train_seconds_mean": steps_m, "train_seconds_stdev": steps_s,
-            "goal_seconds": goal, "goal_met": met}
+    return {
+        "accuracy_mean": acc_m,
+        "accuracy_stdev": acc_s,
+        "reference_seconds_mean": ref_m,
+        "reference_seconds_stdev": ref_s,
+        "train_seconds_mean": steps_m,
+        "train_seconds_stdev": steps_s,
+        "goal_seconds": goal,
+        "goal_met": met,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="airbench94", choices=("airbench94", "cifar10-fast"),
-                        help="airbench94 (default) or cifar10-fast (ResNet-9, 24 epochs)")
+    parser.add_argument(
+        "--recipe",
+        default="airbench94",
+        choices=("airbench94", "cifar10-fast"),
+        help="airbench94 (default) or cifar10-fast (ResNet-9, 24 epochs)",
+    )
     parser.add_argument("--runs", type=int, default=5, help="seeds 0..N-1 (default 5)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--precision", default="bf16", help="bf16 (default; autocast) or fp32")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting over the recipe's, e.g. batch_size=1000 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting over the recipe's, e.g. batch_size=1000 (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/time-to-94"))
     args = parser.parse_args()
     if args.runs < 1:
@@ -93,12 +132,29 @@ def main() -> int:
     for seed in range(args.runs):
         summary = run_seed(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, args.sets)
         scope = summary[K.reference_scope]
-        rows.append({"seed": seed, "acc": scope["test_acc"], "reference_seconds": scope["seconds"],
-                     "train_seconds": summary[K.total_train_seconds], "out": summary[K.out]})
+        rows.append(
+            {
+                "seed": seed,
+                "acc": scope["test_acc"],
+                "reference_seconds": scope["seconds"],
+                "train_seconds": summary[K.total_train_seconds],
+                "out": summary[K.out],
+            }
+        )
     figures = report(rows, args.recipe, args.device, machine)
-    save_result(args.out / "result.json", {"runs": rows, **figures, "recipe": args.recipe, "device": args.device, "precision": args.precision,
-                                           "sets": args.sets, "timer_scope": summary[K.reference_scope]["scope"],
-                                           "environment": env})
+    save_result(
+        args.out / "result.json",
+        {
+            "runs": rows,
+            **figures,
+            "recipe": args.recipe,
+            "device": args.device,
+            "precision": args.precision,
+            "sets": args.sets,
+            "timer_scope": summary[K.reference_scope]["scope"],
+            "environment": env,
+        },
+    )
     print(f"saved {args.out / 'result.json'} (each run's config.json and summary.json in its folder)")
     return 0
 

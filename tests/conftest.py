@@ -17,8 +17,10 @@ def cifar10_dir() -> Path:
     """
     value = os.environ.get("TRAINSCALE_DATA", "")
     if not value:
-        message = ("TRAINSCALE_DATA is not set: point it at the real CIFAR-10 (e.g. "
-                   "../shared/data/cifar-10-batches-bin) to run the real-data tests")
+        message = (
+            "TRAINSCALE_DATA is not set: point it at the real CIFAR-10 (e.g. "
+            "../shared/data/cifar-10-batches-bin) to run the real-data tests"
+        )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message + " (CI=true: real-data tests must run in CI)")
         pytest.skip(message)

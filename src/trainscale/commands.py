@@ -16,8 +16,16 @@ if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for th
 def dispatch(args: argparse.Namespace) -> int:
     """Every trainscale process starts here: first it learns which process of its job it is, from the
     environment its launcher gave it (``runtime.job``), then it runs its subcommand as that process."""
-    handler = {"train": train, "models": models, "data": data, "bench": bench, "report": report,
-               "cluster": cluster, "profile": profile, "plan": plan}[args.command]
+    handler = {
+        "train": train,
+        "models": models,
+        "data": data,
+        "bench": bench,
+        "report": report,
+        "cluster": cluster,
+        "profile": profile,
+        "plan": plan,
+    }[args.command]
     with installed(Job.from_environ(os.environ)):
         return handler(args)
 
@@ -111,8 +119,8 @@ def train_worker(cfg: TrainConfig) -> int:
 
         end_with_launcher(job.launcher_pid)
     from trainscale.app.launch import launched_by_trainscale, run_worker
-    from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.app.run import run_training
+    from trainscale.console import EPOCH_COLUMNS, format_summary, format_table
     from trainscale.runtime.worker_errors import PeerLost
 
     try:
@@ -130,8 +138,8 @@ def train_worker(cfg: TrainConfig) -> int:
 def models(args: argparse.Namespace) -> int:
     import torch
 
-    from trainscale.models import count_parameters, create_model, list_models, model_info
     from trainscale.console import format_table
+    from trainscale.models import count_parameters, create_model, list_models, model_info
 
     def parameter_count(name: str) -> int:
         with torch.device("meta"):  # shapes only: no memory, no init cost
@@ -139,11 +147,28 @@ def models(args: argparse.Namespace) -> int:
 
     if args.recipes:
         return recipes()
-    rows = [{"name": n, "params": parameter_count(n), "input": model_info(n).input_size,
-             "recipe": model_info(n).recipe, "description": model_info(n).description} for n in list_models()]
-    print(format_table(rows, [("name", "model", str), ("params", "params", lambda v: f"{v:,}"),
-                              ("input", "input", lambda v: f"{v}x{v}"), ("recipe", "recipe", str),
-                              ("description", "description", str)]))
+    rows = [
+        {
+            "name": n,
+            "params": parameter_count(n),
+            "input": model_info(n).input_size,
+            "recipe": model_info(n).recipe,
+            "description": model_info(n).description,
+        }
+        for n in list_models()
+    ]
+    print(
+        format_table(
+            rows,
+            [
+                ("name", "model", str),
+                ("params", "params", lambda v: f"{v:,}"),
+                ("input", "input", lambda v: f"{v}x{v}"),
+                ("recipe", "recipe", str),
+                ("description", "description", str),
+            ],
+        )
+    )
     return 0
 
 

@@ -24,8 +24,9 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from trainscale.errors import ConfigError, require
 
@@ -35,16 +36,30 @@ C = TypeVar("C", bound="CoreConfig")
 MAX_WAIT_S = 7 * 86400.0  # the longest timeout a setting may ask for (torch's timers take milliseconds)
 
 
-def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
-           aliases: Sequence[str] = (), choices: Sequence[str] | None = None, above: float | None = None,
-           at_least: float | None = None, at_most: float | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    short: str | None = None,
+    aliases: Sequence[str] = (),
+    choices: Sequence[str] | None = None,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+) -> Any:
     """A config field: ``default`` (a list is copied per instance), the help line, and how the flag is
     spelled when it is not ``--`` plus the field name with dashes (``short``: e.g. ``-K``; ``aliases``:
     other long spellings). ``choices`` limits a string field; ``above``, ``at_least`` and ``at_most`` a
     number field (None, the absent value, always passes)."""
-    meta = {"help": help, "flag": flag, "short": short, "aliases": tuple(aliases),
-            "choices": tuple(choices) if choices else None,
-            "bounds": {"above": above, "at_least": at_least, "at_most": at_most}}
+    meta = {
+        "help": help,
+        "flag": flag,
+        "short": short,
+        "aliases": tuple(aliases),
+        "choices": tuple(choices) if choices else None,
+        "bounds": {"above": above, "at_least": at_least, "at_most": at_most},
+    }
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -58,21 +73,28 @@ def flag_name(field: dataclasses.Field) -> str:
 FLOAT32_MAX = 3.4028234663852886e38  # a setting multiplies float32 tensors (lr, momentum...)
 
 
-def bound_problem(value: Any, above: float | None = None, at_least: float | None = None,
-                  at_most: float | None = None) -> str | None:
+def bound_problem(
+    value: Any, above: float | None = None, at_least: float | None = None, at_most: float | None = None
+) -> str | None:
     """What a number must be when ``value`` is not (None when it is fine, or not a number): finite for a
     float, then within the bounds given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return "a finite number"
-    limits = [(above, ">", value > (above or 0)), (at_least, ">=", value >= (at_least or 0)),
-              (at_most, "<=", value <= (at_most or 0))]
+    limits = [
+        (above, ">", value > (above or 0)),
+        (at_least, ">=", value >= (at_least or 0)),
+        (at_most, "<=", value <= (at_most or 0)),
+    ]
     if all(ok for bound, _, ok in limits if bound is not None):
         fits = not isinstance(value, float) or abs(value) <= FLOAT32_MAX
         return None if fits else f"within float32's range (magnitude at most {FLOAT32_MAX:.4g}: tensors hold it so)"
-    words = ["a positive number" if sign == ">" and bound == 0 else f"{sign} {bound:g}"
-             for bound, sign, _ in limits if bound is not None]
+    words = [
+        "a positive number" if sign == ">" and bound == 0 else f"{sign} {bound:g}"
+        for bound, sign, _ in limits
+        if bound is not None
+    ]
     return " and ".join(words)
 
 
@@ -115,8 +137,11 @@ class DataConfig(Section):
     image_size: int | None = option(None, "input size; default: the model's (CIFAR is cropped or upscaled to it)")
     crop_padding: int = option(4, "pad-and-random-crop padding in pixels (default 4)")
     flip: bool = option(True, "random horizontal flips (default on)")
-    alternate_flip: bool = option(False, "with --flip: each image flipped on alternate epochs (its first epoch's coin "
-                                  "decides which) instead of a new coin every epoch (airbench)")
+    alternate_flip: bool = option(
+        False,
+        "with --flip: each image flipped on alternate epochs (its first epoch's coin "
+        "decides which) instead of a new coin every epoch (airbench)",
+    )
     cutout: int = option(0, "Cutout square size, 0 = off (cifar10-fast uses 8)")
 
 
@@ -124,21 +149,29 @@ class DataConfig(Section):
 class OptimConfig(Section):
     TITLE: ClassVar[str] = "optimisation"
 
-    recipe: str | None = option(None, "named training settings for every setting left unset (default: the model's "
-                                "own; `trainscale models --recipes` lists them)")
+    recipe: str | None = option(
+        None,
+        "named training settings for every setting left unset (default: the model's "
+        "own; `trainscale models --recipes` lists them)",
+    )
     epochs: int = option(24, "number of epochs")
     batch_size: int = option(512, "global batch size, split across workers")
     batch_per_worker: int | None = option(None, "batch per worker instead (global = this x workers)")
     lr: float = option(0.4, "peak/base learning rate")
-    lr_scaling: str = option("none", "'linear': lr x global batch / --base-batch-size (Goyal et al.)",
-                             choices=("none", "linear"))
+    lr_scaling: str = option(
+        "none", "'linear': lr x global batch / --base-batch-size (Goyal et al.)", choices=("none", "linear")
+    )
     base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
-    optimizer: str = option("sgd", "sgd, or muon: torch.optim.Muon on the conv filters and SGD on the rest",
-                            choices=("sgd", "muon"))
+    optimizer: str = option(
+        "sgd", "sgd, or muon: torch.optim.Muon on the conv filters and SGD on the rest", choices=("sgd", "muon")
+    )
     muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
-    head_lr_factor: float = option(1.0, "the classifier layer's learning rate as a multiple of --lr (its weight decay "
-                                   "divided by it, so lr x weight decay is the same in every group)")
+    head_lr_factor: float = option(
+        1.0,
+        "the classifier layer's learning rate as a multiple of --lr (its weight decay "
+        "divided by it, so lr x weight decay is the same in every group)",
+    )
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(False, "Nesterov momentum")
     weight_decay: float = option(5e-4, "L2 weight decay")
@@ -148,43 +181,61 @@ class OptimConfig(Section):
     gamma: float = option(0.1, "step schedule factor", above=0)
     label_smoothing: float = option(0.0, "label smoothing")
     tta: bool = option(False, "flip test-time augmentation at evaluation")
-    tta_translate: int = option(0, "with --tta, the last evaluation also averages the views shifted by N pixels "
-                                "(airbench: 1; 6 views in all)")
-    nonfinite: str = option("stop", "a step whose loss or gradients are NaN/inf: 'stop' training (default), or "
-                            "'skip' it (no update; counted per epoch; costs one device sync and, with several "
-                            "workers, one all-reduce per step; an epoch of only skipped steps still stops)",
-                            choices=("stop", "skip"))
+    tta_translate: int = option(
+        0, "with --tta, the last evaluation also averages the views shifted by N pixels (airbench: 1; 6 views in all)"
+    )
+    nonfinite: str = option(
+        "stop",
+        "a step whose loss or gradients are NaN/inf: 'stop' training (default), or "
+        "'skip' it (no update; counted per epoch; costs one device sync and, with several "
+        "workers, one all-reduce per step; an epoch of only skipped steps still stops)",
+        choices=("stop", "skip"),
+    )
 
     def validate(self) -> None:
         """The choices whose names the engine does not register elsewhere (the rest: ``train.checks``)."""
-        require(self.nonfinite in NONFINITE,
-                f"--nonfinite must be one of {', '.join(NONFINITE)}, got {self.nonfinite!r}")
+        require(
+            self.nonfinite in NONFINITE, f"--nonfinite must be one of {', '.join(NONFINITE)}, got {self.nonfinite!r}"
+        )
 
 
 @dataclass
 class RunConfig(Section):
     TITLE: ClassVar[str] = "execution"
 
-    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA, with a grad scaler)",
-                            choices=("fp32", "bf16", "fp16"))
+    precision: str = option(
+        "fp32", "fp32, bf16 (autocast) or fp16 (CUDA, with a grad scaler)", choices=("fp32", "bf16", "fp16")
+    )
     channels_last: bool = option(True, "channels_last memory format (default on)")
     compile: bool = option(False, "torch.compile the model")
-    keep_memory: bool = option(True, "keep the host memory a step frees for the next step (glibc: no mmap, no "
-                               "trim: airbench94 10-29%% more img/s on a 2-core CPU; the resident set stays at its peak; default on)")
+    keep_memory: bool = option(
+        True,
+        "keep the host memory a step frees for the next step (glibc: no mmap, no "
+        "trim: airbench94 10-29%% more img/s on a 2-core CPU; the resident set stays at its peak; default on)",
+    )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     threads: int | None = option(None, "torch intra-op threads")
     seed: int = option(0, "random seed (model init, data order, augmentation)")
-    mode: str = option("auto", "auto (default: sync when several workers, async with --servers, else local), "
-                       "local, sync, or a parameter-server mode: async, ps-sync, ma")
+    mode: str = option(
+        "auto",
+        "auto (default: sync when several workers, async with --servers, else local), "
+        "local, sync, or a parameter-server mode: async, ps-sync, ma",
+    )
     target_acc: float | None = option(None, "test accuracy (fraction) whose first crossing gives time-to-accuracy")
-    eval_every: int = option(1, "evaluate on the test set after every N-th epoch and always after the last (0: after "
-                             "the last only; skipped epochs have no test figures and cannot reach --target-acc)")
+    eval_every: int = option(
+        1,
+        "evaluate on the test set after every N-th epoch and always after the last (0: after "
+        "the last only; skipped epochs have no test figures and cannot reach --target-acc)",
+    )
     out: str | None = option(None, "run folder (default runs/<model>-<dataset>-<time>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
     checkpoint: bool = option(True, "write a checkpoint every epoch (default on)")
     progress: bool = option(True, "progress bar (default on)")
-    dry_run: bool = option(False, "check the settings, the mode, the run folder and the data (never downloaded), "
-                           "print the resolved config as JSON and exit without training or writing anything")
+    dry_run: bool = option(
+        False,
+        "check the settings, the mode, the run folder and the data (never downloaded), "
+        "print the resolved config as JSON and exit without training or writing anything",
+    )
 
 
 @dataclass
@@ -197,49 +248,69 @@ class LaunchConfig(Section):
     workers: int | None = option(None, "worker processes on this node (default 1, or one per --devices GPU)")
     nnodes: int = option(1, "number of machines (each runs the same command with its own --node-rank)")
     node_rank: int = option(0, "this machine's index, 0..nnodes-1; node 0 hosts the rendezvous and the run folder")
-    rdzv_endpoint: str | None = option(None, "HOST:PORT of the c10d rendezvous on node 0 (single node: a free "
-                                       "local port)")
+    rdzv_endpoint: str | None = option(
+        None, "HOST:PORT of the c10d rendezvous on node 0 (single node: a free local port)"
+    )
     rdzv_id: str | None = option(None, "job id shared by all nodes (default: 'trainscale' for several nodes)")
-    rdzv_timeout: float = option(300.0, "seconds to wait for all nodes to join, and for node 0's endpoint",
-                                 above=0, at_most=MAX_WAIT_S)
-    hosts: str | None = option(None, "file with one host per line ('host' or 'host slots=N'): print the per-node "
-                               "commands")
+    rdzv_timeout: float = option(
+        300.0, "seconds to wait for all nodes to join, and for node 0's endpoint", above=0, at_most=MAX_WAIT_S
+    )
+    hosts: str | None = option(
+        None, "file with one host per line ('host' or 'host slots=N'): print the per-node commands"
+    )
     ssh: bool = option(False, "with --hosts: run the per-node commands over ssh instead of printing them")
-    cluster: str | None = option(None, "an emulated cluster (trainscale cluster up NAME): one node of --workers "
-                                 "(and --servers) on each of its hosts, rendezvous at host 0")
-    devices: list[int] | None = option(None, "GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets "
-                                       "CUDA_VISIBLE_DEVICES)", aliases=("--gpus",))
+    cluster: str | None = option(
+        None,
+        "an emulated cluster (trainscale cluster up NAME): one node of --workers "
+        "(and --servers) on each of its hosts, rendezvous at host 0",
+    )
+    devices: list[int] | None = option(
+        None, "GPU indices, one worker per GPU, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES)", aliases=("--gpus",)
+    )
     backend: str = option("auto", "auto (nccl on CUDA, gloo on CPU), gloo or nccl", choices=("auto", "gloo", "nccl"))
-    max_restarts: int = option(0, "let the elastic agent restart failed workers N times; they resume from the last "
-                               "finished epoch's checkpoint")
-    dist_timeout: float = option(300.0, "seconds any collective may wait for a peer before the job fails",
-                                 above=0, at_most=MAX_WAIT_S)
-    baseline: str | None = option(None, "a previous 1-worker run folder: summary.json gets scaling_efficiency "
-                                  "against it")
+    max_restarts: int = option(
+        0, "let the elastic agent restart failed workers N times; they resume from the last finished epoch's checkpoint"
+    )
+    dist_timeout: float = option(
+        300.0, "seconds any collective may wait for a peer before the job fails", above=0, at_most=MAX_WAIT_S
+    )
+    baseline: str | None = option(
+        None, "a previous 1-worker run folder: summary.json gets scaling_efficiency against it"
+    )
 
     def validate(self) -> None:
         """Process counts, rendezvous, devices."""
         require(self.workers is None or self.workers > 0, f"--workers must be a positive integer, got {self.workers}")
         require(self.nnodes > 0, f"--nnodes must be a positive integer, got {self.nnodes}")
-        require(0 <= self.node_rank < self.nnodes,
-                 f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        require(0 <= self.node_rank < self.nnodes, f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         require(self.max_restarts >= 0, f"--max-restarts must be >= 0, got {self.max_restarts}")
         require(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         require(self.rdzv_timeout > 0, f"--rdzv-timeout must be > 0 seconds, got {self.rdzv_timeout}")
         require(self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got '{self.backend}'")
-        require(not self.devices or (len(set(self.devices)) == len(self.devices) and min(self.devices) >= 0),
-                 f"--devices must list distinct GPU indices, got {self.devices}")
-        require(not self.devices or self.workers in (None, len(self.devices)),
-                 f"--workers {self.workers} but --devices lists {len(self.devices or [])} GPU(s): one worker per GPU")
-        require(self.rdzv_endpoint is None or _endpoint_ok(self.rdzv_endpoint),
-                 f"--rdzv-endpoint must be HOST:PORT (port 1-65535), got '{self.rdzv_endpoint}'")
-        require(self.nnodes == 1 or self.rdzv_endpoint is not None,
-                 "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
-        require(not self.ssh or self.hosts is not None,
-                 "--ssh runs the per-node commands of --hosts FILE; give --hosts")
-        require(self.cluster is None or (self.nnodes, self.node_rank, self.rdzv_endpoint, self.hosts) ==
-                 (1, 0, None, None), "--cluster places one node on each emulated host itself: leave out --nnodes, "
-                 "--node-rank, --rdzv-endpoint and --hosts")
+        require(
+            not self.devices or (len(set(self.devices)) == len(self.devices) and min(self.devices) >= 0),
+            f"--devices must list distinct GPU indices, got {self.devices}",
+        )
+        require(
+            not self.devices or self.workers in (None, len(self.devices)),
+            f"--workers {self.workers} but --devices lists {len(self.devices or [])} GPU(s): one worker per GPU",
+        )
+        require(
+            self.rdzv_endpoint is None or _endpoint_ok(self.rdzv_endpoint),
+            f"--rdzv-endpoint must be HOST:PORT (port 1-65535), got '{self.rdzv_endpoint}'",
+        )
+        require(
+            self.nnodes == 1 or self.rdzv_endpoint is not None,
+            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)",
+        )
+        require(
+            not self.ssh or self.hosts is not None, "--ssh runs the per-node commands of --hosts FILE; give --hosts"
+        )
+        require(
+            self.cluster is None or (self.nnodes, self.node_rank, self.rdzv_endpoint, self.hosts) == (1, 0, None, None),
+            "--cluster places one node on each emulated host itself: leave out --nnodes, "
+            "--node-rank, --rdzv-endpoint and --hosts",
+        )
 
     @property
     def local_workers(self) -> int:
@@ -310,11 +381,13 @@ class CoreConfig:
         key = (cls, cls.plugin_key())
         if key not in _SCHEMAS:
             hints = typing.get_type_hints(cls)
-            typed = {f.name: hints[f.name] for f in dataclasses.fields(cls)
-                     if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+            typed = {
+                f.name: hints[f.name]
+                for f in dataclasses.fields(cls)
+                if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)
+            }
             kinds = {**typed, **{k: v for k, v in cls.plugin_types().items() if k not in typed}}
-            fields = {f.name: (attr, f) for attr, kind in kinds.items()
-                      for f in dataclasses.fields(kind)}
+            fields = {f.name: (attr, f) for attr, kind in kinds.items() for f in dataclasses.fields(kind)}
             _SCHEMAS[key] = (kinds, fields)
         return _SCHEMAS[key]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from trainscale.record import K
 
@@ -48,8 +49,11 @@ def exchange_line(summary: dict[str, Any]) -> str:
     if summary.get(K.hidden_ms_per_step) is not None:
         parts[0] += f" ({ms(summary[K.hidden_ms_per_step])} hidden under backward)"
     if summary.get(K.encode_ms_per_step) is not None:
-        parts = [f"encode {ms(summary[K.encode_ms_per_step])}", *parts,
-                 f"decode {ms(summary.get(K.decode_ms_per_step))}"]
+        parts = [
+            f"encode {ms(summary[K.encode_ms_per_step])}",
+            *parts,
+            f"decode {ms(summary.get(K.decode_ms_per_step))}",
+        ]
     return "exchange per step (ms): " + ", ".join(parts)
 
 
@@ -68,8 +72,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{_num('.0f')(summary.get(K.peak_memory_mb))} MB",
     ]
     if summary.get(K.compute_seconds_per_step) is not None:
-        step, compute, comm = (1e3 * summary[k] for k in (K.step_seconds, K.compute_seconds_per_step,
-                                                          K.comm_seconds_per_step))
+        step, compute, comm = (
+            1e3 * summary[k] for k in (K.step_seconds, K.compute_seconds_per_step, K.comm_seconds_per_step)
+        )
         lines.append(f"step {step:.1f} ms = compute {compute:.1f} + communication {comm:.1f} (steady epochs)")
     if summary.get(K.comm_ms_per_step) is not None:
         lines.append(exchange_line(summary))
@@ -79,6 +84,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"timer: {summary.get(K.timer_scope)}")
     scope = summary.get(K.reference_scope)
     if scope:
-        lines.append(f"in airbench's timer scope (data-based init + training + last evaluation, {scope['test_views']} "
-                     f"view(s)): {_pct(scope['test_acc'])} in {scope['seconds']:.1f} s")
+        lines.append(
+            f"in airbench's timer scope (data-based init + training + last evaluation, {scope['test_views']} "
+            f"view(s)): {_pct(scope['test_acc'])} in {scope['seconds']:.1f} s"
+        )
     return "\n".join(lines)

@@ -23,8 +23,9 @@ import math
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import tomllib
 
@@ -33,8 +34,13 @@ from trainscale.errors import ConfigError, DataError
 log = logging.getLogger("trainscale.io")
 
 
-KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-         (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def output_problem(path: Path) -> str | None:
@@ -72,8 +78,9 @@ def check_output(path: Path | str, label: str = "output", probe: bool = False) -
             with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
                 pass
         except OSError as exc:
-            raise ConfigError(f"{label} {path}: cannot write there ({exc.strerror or exc}): choose another path") \
-                from None
+            raise ConfigError(
+                f"{label} {path}: cannot write there ({exc.strerror or exc}): choose another path"
+            ) from None
 
 
 def _target(path: Path) -> Path:
@@ -140,14 +147,17 @@ def open_regular(path: Path, flags: int, follow: bool = True) -> int:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink with O_NOFOLLOW; a FIFO nobody reads
             kind = "a symlink" if exc.errno == errno.ELOOP else "a FIFO"
-            raise ConfigError(f"output {path} is {kind}, not a regular file; trainscale writes only regular "
-                              "files: choose another path") from None
+            raise ConfigError(
+                f"output {path} is {kind}, not a regular file; trainscale writes only regular "
+                "files: choose another path"
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         check_output(path)
-        raise ConfigError(f"output {path} is not a regular file; trainscale writes only regular files: choose "
-                          "another path")
+        raise ConfigError(
+            f"output {path} is not a regular file; trainscale writes only regular files: choose another path"
+        )
     os.set_blocking(fd, True)
     return fd
 
@@ -246,8 +256,9 @@ def check_folder_writable(folder: Path, flag: str = "--out") -> None:
         with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=folder):
             pass
     except OSError as exc:
-        raise ConfigError(f"{flag} {folder}: cannot write there ({unwritable_reason(folder, exc)}); "
-                          f"choose another {flag}") from None
+        raise ConfigError(
+            f"{flag} {folder}: cannot write there ({unwritable_reason(folder, exc)}); choose another {flag}"
+        ) from None
     finally:
         remove_empty(made)
 

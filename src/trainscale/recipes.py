@@ -16,9 +16,10 @@ against the config fields); the built-in recipes are registered in ``trainscale.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from trainscale.registry import Registry
 

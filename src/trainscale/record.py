@@ -70,19 +70,18 @@ class K:
     params = Key("params", int, "parameters", "trainable and frozen parameters of the model")
     dataset = Key("dataset", str, "", "the dataset's registered name")
     mode = Key("mode", str, "", "the training mode")
-    world_size = Key("world_size", int, "processes", "workers in the process group (fault tolerance: replicas)",
-                     BOTH)
+    world_size = Key("world_size", int, "processes", "workers in the process group (fault tolerance: replicas)", BOTH)
     epochs = Key("epochs", int, "epochs", "epochs the run was asked for")
     batch_size = Key("batch_size", int, "images", "global batch: images per optimizer step over all workers")
     batch_per_worker = Key("batch_per_worker", int, "images", "each worker's share of a step's batch")
-    lr = Key("lr", float, "", "learning rate: the run's peak after batch scaling; per epoch, at its last step",
-             BOTH)
+    lr = Key("lr", float, "", "learning rate: the run's peak after batch scaling; per epoch, at its last step", BOTH)
     precision = Key("precision", str, "", "numeric precision of the training steps (fp32, bf16, fp16)")
     image_size = Key("image_size", int, "pixels", "side of the square images the model sees")
     train_samples_per_epoch = Key("train_samples_per_epoch", int, "images", "training images per epoch, all workers")
     seed = Key("seed", int, "", "the run's random seed")
-    environment = Key("environment", dict, "", "torch, python, device and its name, CPU model, cores, threads, "
-                                               "CUDA, host, git commit")
+    environment = Key(
+        "environment", dict, "", "torch, python, device and its name, CPU model, cores, threads, CUDA, host, git commit"
+    )
     data_init_seconds = Key("data_init_seconds", float, S, "model construction with its data-based init")
     warmup_seconds = Key("warmup_seconds", float, S, "the compile/cuDNN warm-up before the timers start")
 
@@ -119,12 +118,16 @@ class K:
     mean_epoch_seconds = Key("mean_epoch_seconds", float, S, "mean training time of an epoch")
     steady_epoch_seconds = Key("steady_epoch_seconds", float, S, "mean training time of the epochs after the first")
     samples_per_sec = Key("samples_per_sec", float, "images/s", "training throughput, all workers", BOTH)
-    peak_memory_mb = Key("peak_memory_mb", float, "MiB", "peak GPU memory allocated, or the CPU's peak resident "
-                                                       "set, the largest over workers", BOTH)
+    peak_memory_mb = Key(
+        "peak_memory_mb",
+        float,
+        "MiB",
+        "peak GPU memory allocated, or the CPU's peak resident set, the largest over workers",
+        BOTH,
+    )
     total_train_seconds = Key("total_train_seconds", float, S, "training time of all epochs (timer_scope)")
     total_eval_seconds = Key("total_eval_seconds", float, S, "evaluation time of all epochs")
-    skipped_steps = Key("skipped_steps", int, "steps", "steps skipped for a non-finite loss (--nonfinite skip)",
-                        BOTH)
+    skipped_steps = Key("skipped_steps", int, "steps", "steps skipped for a non-finite loss (--nonfinite skip)", BOTH)
     target_acc = Key("target_acc", float, FRACTION, "the --target-acc the run was timed to")
     time_to_target_seconds = Key("time_to_target_seconds", float, S, "training time to the first epoch at target")
     epoch_to_target = Key("epoch_to_target", int, "epochs", "the first epoch whose evaluation reached the target")
@@ -135,8 +138,9 @@ class K:
     step_seconds = Key("step_seconds", float, S, "training time of a step (run: mean over the steady epochs)", BOTH)
     comm_seconds_per_step = Key("comm_seconds_per_step", float, S, "time a step waited for communication", BOTH)
     compute_seconds_per_step = Key("compute_seconds_per_step", float, S, "step_seconds less comm_seconds_per_step")
-    scaling_efficiency = Key("scaling_efficiency", float, "", "per-worker throughput over the --baseline's (1.0: "
-                                                                 "linear scaling)")
+    scaling_efficiency = Key(
+        "scaling_efficiency", float, "", "per-worker throughput over the --baseline's (1.0: linear scaling)"
+    )
     scaling_baseline = Key("scaling_baseline", dict, "", "the --baseline run: out, world_size, config_mismatches")
     projected = Key("projected", dict, "", "time-dilated cluster: the times and throughput of the target cluster")
 
@@ -144,10 +148,10 @@ class K:
     compress_steps = Key("compress_steps", int, "steps", "steps the compression figures cover", BOTH)
     compress_dense_steps = Key("compress_dense_steps", int, "steps", "of those, steps sent dense (warm-up)", BOTH)
     bytes_sent_per_step = Key("bytes_sent_per_step", float, BYTES, "payload a worker hands to collectives", BOTH)
-    dense_bytes_per_step = Key("dense_bytes_per_step", float, BYTES, "what a dense all-reduce would hand over",
-                               BOTH)
-    wire_bytes_per_step = Key("wire_bytes_per_step", float, BYTES, "estimated bytes leaving a worker (ring "
-                                                                   "algorithms)", BOTH)
+    dense_bytes_per_step = Key("dense_bytes_per_step", float, BYTES, "what a dense all-reduce would hand over", BOTH)
+    wire_bytes_per_step = Key(
+        "wire_bytes_per_step", float, BYTES, "estimated bytes leaving a worker (ring algorithms)", BOTH
+    )
     compression_ratio = Key("compression_ratio", float, "", "dense bytes over bytes sent", BOTH)
     allreduce_calls_per_step = Key("allreduce_calls_per_step", float, "calls", "collectives per step", BOTH)
     encode_ms_per_step = Key("encode_ms_per_step", float, MS, "compressing the gradients", BOTH)
@@ -155,8 +159,9 @@ class K:
     hidden_ms_per_step = Key("hidden_ms_per_step", float, MS, "of comm_ms_per_step, hidden under backward", BOTH)
     decode_ms_per_step = Key("decode_ms_per_step", float, MS, "decompressing the gradients", BOTH)
     density = Key("density", float, FRACTION, "share of gradient entries a sparse compressor sent", BOTH)
-    fallback_units_per_step = Key("fallback_units_per_step", float, "units", "sparse payloads sent as a bitmap or "
-                                                                             "dense (smaller)", BOTH)
+    fallback_units_per_step = Key(
+        "fallback_units_per_step", float, "units", "sparse payloads sent as a bitmap or dense (smaller)", BOTH
+    )
     rounds = Key("rounds", int, "rounds", "local SGD / DiLoCo: averaging rounds", BOTH)
     steps_per_round = Key("steps_per_round", float, "steps", "local SGD / DiLoCo: steps per round", BOTH)
 
@@ -180,19 +185,19 @@ class K:
     wait_seconds_per_step = Key("wait_seconds_per_step", float, S, "a worker's wait for the staleness bound", BOTH)
     worker_samples_per_sec = Key("worker_samples_per_sec", list, "images/s", "each worker's throughput", BOTH)
     workers_finished = Key("workers_finished", int, "workers", "workers that finished the epoch's pass", (METRICS,))
-    handed_over_batches = Key("handed_over_batches", int, "batches", "dead workers' batches the live ones trained",
-                              BOTH)
+    handed_over_batches = Key(
+        "handed_over_batches", int, "batches", "dead workers' batches the live ones trained", BOTH
+    )
 
     # --- emulated clusters (train.wire)
     cluster = Key("cluster", dict, "", "the emulated cluster: name, hosts, rates, rtt, threads, CPU quota, dilation")
-    wire_bytes_sent_per_step = Key("wire_bytes_sent_per_step", float, BYTES, "a host's interface sent, per step",
-                                   BOTH)
-    wire_bytes_received_per_step = Key("wire_bytes_received_per_step", float, BYTES,
-                                       "a host's interface received, per step", BOTH)
+    wire_bytes_sent_per_step = Key("wire_bytes_sent_per_step", float, BYTES, "a host's interface sent, per step", BOTH)
+    wire_bytes_received_per_step = Key(
+        "wire_bytes_received_per_step", float, BYTES, "a host's interface received, per step", BOTH
+    )
 
     # --- fault records (app.ft_launch, after the job)
-    faults = Key("faults", list, "", "per injected fault: kind, rank, step, detection and recovery seconds, steps "
-                                     "lost")
+    faults = Key("faults", list, "", "per injected fault: kind, rank, step, detection and recovery seconds, steps lost")
     replicas_equal = Key("replicas_equal", bool, "", "fault tolerance: whether the replicas ended bit-identical")
     replicas_finished = Key("replicas_finished", int, "replicas", "fault tolerance: replicas that logged their end")
 
@@ -206,8 +211,9 @@ class K:
     eval_seconds = Key("eval_seconds", float, S, "the epoch's evaluation time", (METRICS,))
     elapsed_seconds = Key("elapsed_seconds", float, S, "training time so far", (METRICS,))
     train_samples = Key("train_samples", int, "images", "images trained on this epoch, all workers", (METRICS,))
-    test_views = Key("test_views", int, "views", "views per test image (test-time augmentation; 0: not evaluated)",
-                     (METRICS,))
+    test_views = Key(
+        "test_views", int, "views", "views per test image (test-time augmentation; 0: not evaluated)", (METRICS,)
+    )
 
 
 _EXTRA: dict[str, Key] = {}
@@ -215,17 +221,52 @@ _WARNED: set[tuple[str, str]] = set()
 
 # The exchange's split of a step (the report's "Step time" table), and the times a dilated cluster projects.
 EXCHANGE_SPLIT = (K.encode_ms_per_step, K.comm_ms_per_step, K.hidden_ms_per_step, K.decode_ms_per_step)
-PROJECTED_TIMES = (K.step_seconds, K.compute_seconds_per_step, K.comm_seconds_per_step, K.mean_epoch_seconds,
-                   K.steady_epoch_seconds, K.total_train_seconds, K.time_to_target_seconds)
+PROJECTED_TIMES = (
+    K.step_seconds,
+    K.compute_seconds_per_step,
+    K.comm_seconds_per_step,
+    K.mean_epoch_seconds,
+    K.steady_epoch_seconds,
+    K.total_train_seconds,
+    K.time_to_target_seconds,
+)
 # The summary fields two runs must share for their throughputs to be comparable.
 SAME_CONFIG = (K.model, K.dataset, K.precision, K.image_size)
 # Keys every finished run writes (the others depend on the mode, the cluster, the flags).
-SUMMARY_FIELDS = (K.model, K.params, K.dataset, K.mode, K.world_size, K.epochs, K.batch_size, K.best_test_acc,
-                  K.final_test_acc, K.mean_epoch_seconds, K.samples_per_sec, K.peak_memory_mb,
-                  K.total_train_seconds, K.time_to_target_seconds, K.reference_scope, K.skipped_steps, K.environment)
-EPOCH_FIELDS = (K.epoch, K.lr, K.train_loss, K.train_acc, K.test_loss, K.test_acc, K.epoch_seconds,
-                K.eval_seconds, K.elapsed_seconds, K.samples_per_sec, K.peak_memory_mb, K.skipped_steps,
-                K.test_views)
+SUMMARY_FIELDS = (
+    K.model,
+    K.params,
+    K.dataset,
+    K.mode,
+    K.world_size,
+    K.epochs,
+    K.batch_size,
+    K.best_test_acc,
+    K.final_test_acc,
+    K.mean_epoch_seconds,
+    K.samples_per_sec,
+    K.peak_memory_mb,
+    K.total_train_seconds,
+    K.time_to_target_seconds,
+    K.reference_scope,
+    K.skipped_steps,
+    K.environment,
+)
+EPOCH_FIELDS = (
+    K.epoch,
+    K.lr,
+    K.train_loss,
+    K.train_acc,
+    K.test_loss,
+    K.test_acc,
+    K.epoch_seconds,
+    K.eval_seconds,
+    K.elapsed_seconds,
+    K.samples_per_sec,
+    K.peak_memory_mb,
+    K.skipped_steps,
+    K.test_views,
+)
 
 
 # --- figures derived from summaries (the trainer's scaling_efficiency, the report's throughput columns).
@@ -253,8 +294,11 @@ def scaling_efficiency(run_summary: dict[str, Any], baseline_summary: dict[str, 
 
 def config_mismatches(run_summary: dict[str, Any], baseline_summary: dict[str, Any]) -> list[str]:
     """Fields that differ between the runs (a non-empty list means the efficiency compares apples to pears)."""
-    return [f"{k}: {baseline_summary.get(k)!r} vs {run_summary.get(k)!r}" for k in SAME_CONFIG
-            if run_summary.get(k) != baseline_summary.get(k)]
+    return [
+        f"{k}: {baseline_summary.get(k)!r} vs {run_summary.get(k)!r}"
+        for k in SAME_CONFIG
+        if run_summary.get(k) != baseline_summary.get(k)
+    ]
 
 
 def keys(file: str | None = None) -> dict[str, Key]:
@@ -281,8 +325,9 @@ def merge(*parts: Mapping[str, Any], file: str = SUMMARY) -> dict[str, Any]:
     for name in undefined(merged, file):
         if (file, name) not in _WARNED:
             _WARNED.add((file, name))
-            log.warning("%s key %r has no definition in trainscale.record: define it (trainscale.record.define)",
-                        file, name)
+            log.warning(
+                "%s key %r has no definition in trainscale.record: define it (trainscale.record.define)", file, name
+            )
     return merged
 
 
@@ -295,9 +340,13 @@ def undefined(record: Iterable[str], file: str = SUMMARY) -> list[str]:
 def problems(record: Mapping[str, Any], file: str = SUMMARY) -> list[str]:
     """Each key of ``record`` that ``file`` does not define, or whose value does not fit its kind."""
     defined = keys(file)
-    return [f"{name}: not defined for {file}" if name not in defined else
-            f"{name}: {type(value).__name__} {value!r} is not {defined[name].kind}"
-            for name, value in record.items() if name not in defined or not defined[name].accepts(value)]
+    return [
+        f"{name}: not defined for {file}"
+        if name not in defined
+        else f"{name}: {type(value).__name__} {value!r} is not {defined[name].kind}"
+        for name, value in record.items()
+        if name not in defined or not defined[name].accepts(value)
+    ]
 
 
 def markdown(file: str) -> str:

@@ -7,8 +7,9 @@ this class, so the CLI, the configs and the tests parametrised over every entry 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from trainscale.errors import ConfigError
 

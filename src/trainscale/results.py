@@ -67,7 +67,8 @@ class RunWriter:
         lines = "".join(json.dumps(r) + "\n" for r in self.history)
         atomic_write_text(self.out / METRICS, lines)
         tsv = ["epoch\thours\ttop1Accuracy"] + [
-            f"{r[K.epoch]}\t{r[K.elapsed_seconds] / 3600:.8f}\t{100 * r[K.test_acc]:.2f}" for r in self.history
+            f"{r[K.epoch]}\t{r[K.elapsed_seconds] / 3600:.8f}\t{100 * r[K.test_acc]:.2f}"
+            for r in self.history
             if r.get(K.test_acc) is not None  # an epoch without evaluation (--eval-every) has no accuracy to log
         ]
         atomic_write_text(self.out / "logs.tsv", "\n".join(tsv) + "\n")
@@ -192,5 +193,17 @@ def read_summary(out: Path) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["EPOCH_FIELDS", "EXCHANGE_SPLIT", "LAUNCHER_FILES", "LOCK_FILE", "SUMMARY_FIELDS", "RunWriter", "dumps",
-           "lock_holder", "lock_run_folder", "read_history", "read_json", "read_summary"]
+__all__ = [
+    "EPOCH_FIELDS",
+    "EXCHANGE_SPLIT",
+    "LAUNCHER_FILES",
+    "LOCK_FILE",
+    "SUMMARY_FIELDS",
+    "RunWriter",
+    "dumps",
+    "lock_holder",
+    "lock_run_folder",
+    "read_history",
+    "read_json",
+    "read_summary",
+]

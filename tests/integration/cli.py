@@ -8,17 +8,26 @@ import sys
 from pathlib import Path
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
-            ) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """The finished process; a run past ``timeout`` fails the test with the tail of what it printed."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
-        return subprocess.run([sys.executable, "-m", "trainscale", *map(str, args)], cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout, env=full_env)
+        return subprocess.run(
+            [sys.executable, "-m", "trainscale", *map(str, args)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+        )
     except subprocess.TimeoutExpired as exc:
         tails = [_text(part)[-4000:] for part in (exc.stdout, exc.stderr)]
-        raise AssertionError(f"trainscale {' '.join(map(str, args))} ran past {timeout} s\n"
-                             f"--- stdout\n{tails[0]}\n--- stderr\n{tails[1]}") from None
+        raise AssertionError(
+            f"trainscale {' '.join(map(str, args))} ran past {timeout} s\n"
+            f"--- stdout\n{tails[0]}\n--- stderr\n{tails[1]}"
+        ) from None
 
 
 def _text(part: bytes | str | None) -> str:

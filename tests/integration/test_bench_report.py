@@ -18,8 +18,16 @@ from PIL import Image
 from tests.integration.cli import run_cli
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 GRID = """
     name = "tiny-real"
@@ -56,8 +64,14 @@ def chromium_or_skip() -> str:
 def screenshot(page: Path, tmp_path: Path) -> Path:
     """Render ``page`` in headless Chromium (no network, throwaway profile) and return the PNG."""
     shot = tmp_path / "screenshot.png"
-    cmd = [chromium_or_skip(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}",
-           f"--screenshot={shot}", "--window-size=1280,2000", page.resolve().as_uri()]
+    cmd = [
+        chromium_or_skip(),
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1280,2000",
+        page.resolve().as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
     return shot
@@ -101,11 +115,13 @@ def check_report(report_dir: Path) -> None:
     assert float(two["scaling_efficiency"]) > 0 and float(two["bytes_sent_per_step"]) > 0
     assert two["efficiency_baseline"] == "mlp-w1"
     md = (report_dir / "results.md").read_text()
-    for header in ("| Short Name | model | processes | GPUs per process | parameter server | batch size | "
-                   "initial LR | seconds per epoch | best validation accuracy | runs |",
-                   "| Short Name | model | workers | batch size | images/s | scaling efficiency |",
-                   "| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 |",
-                   "| run | status | error |"):
+    for header in (
+        "| Short Name | model | processes | GPUs per process | parameter server | batch size | "
+        "initial LR | seconds per epoch | best validation accuracy | runs |",
+        "| Short Name | model | workers | batch size | images/s | scaling efficiency |",
+        "| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 |",
+        "| run | status | error |",
+    ):
         assert header in md, header
     assert "| mlp-w2 | mlp | 2 | 0 | off | 100x2=200 |" in md
     # the header says what ran (from the runs), the grid's description only after it, as the file's words

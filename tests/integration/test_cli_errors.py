@@ -9,24 +9,31 @@ from tests.integration.cli import assert_one_line_error, run_cli
 SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--model", "resnet23"), "unknown model 'resnet23' (did you mean 'resnet32'?)"),
-    (("--epochs", "0"), "--epochs must be a positive integer"),
-    (("--eval-every", "-1"), "--eval-every must be 0 (the last epoch only) or a positive number of epochs"),
-    (("--batch-size", "-4"), "--batch-size must be a positive integer"),
-    (("--batch-size", "many"), "invalid int value"),
-    (("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA device"),
-    (("--device", "cuda:7"), "CUDA"),
-    (("--target-acc", "94"), "fraction"),
-    (("--train-subset", "60000"), "60000"),
-    (("--schedule", "cosin"), "did you mean 'cosine'"),
-    (("--lr", "nan"), "--lr must be a finite number, got nan"),
-    (("--lr", "inf", "--dry-run"), "--lr must be a finite number, got inf"),
-    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "nan", "--dry-run"),
-     "--link-down must be a finite number"),
-    (("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "1e12"),
-     "--link-down must be a positive number and <= 3600"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--model", "resnet23"), "unknown model 'resnet23' (did you mean 'resnet32'?)"),
+        (("--epochs", "0"), "--epochs must be a positive integer"),
+        (("--eval-every", "-1"), "--eval-every must be 0 (the last epoch only) or a positive number of epochs"),
+        (("--batch-size", "-4"), "--batch-size must be a positive integer"),
+        (("--batch-size", "many"), "invalid int value"),
+        (("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA device"),
+        (("--device", "cuda:7"), "CUDA"),
+        (("--target-acc", "94"), "fraction"),
+        (("--train-subset", "60000"), "60000"),
+        (("--schedule", "cosin"), "did you mean 'cosine'"),
+        (("--lr", "nan"), "--lr must be a finite number, got nan"),
+        (("--lr", "inf", "--dry-run"), "--lr must be a finite number, got inf"),
+        (
+            ("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "nan", "--dry-run"),
+            "--link-down must be a finite number",
+        ),
+        (
+            ("--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3", "--link-down", "1e12"),
+            "--link-down must be a positive number and <= 3600",
+        ),
+    ],
+)
 def test_bad_train_flags(tmp_path, args, fragment):
     proc = run_cli("train", *SYN, "--model", "mlp", "--out", tmp_path / "run", *args)
     assert_one_line_error(proc, fragment)
@@ -59,18 +66,21 @@ def test_models_lists_every_registered_model_with_counts():
     assert rows["resnet9"][1] == "6,573,120"
 
 
-
 TINY = (*SYN, "--model", "mlp", "--train-subset", "64", "--test-subset", "64", "--batch-size", "32")
 NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # a download fails at once
 SYSFS = Path("/sys/kernel").is_dir()  # Linux sysfs: nobody, root included, can make files in /sys
 
 
-@pytest.mark.parametrize("where, workers, fragment", [
-    ("file.txt/run", (), "--out file.txt/run: cannot write there (file.txt is a file)"),
-    ("file.txt/run", ("--workers", "2"), "--out file.txt/run: cannot write there (file.txt is a file)"),
-    ("file.txt", ("--workers", "2"), "--out file.txt is a file, not a folder"),
-    ("/sys/trainscale-run", ("--workers", "2"), "--out /sys/trainscale-run: cannot write there ("),
-], ids=["under-a-file", "under-a-file-sync", "a-file-sync", "unwritable-even-as-root-sync"])
+@pytest.mark.parametrize(
+    "where, workers, fragment",
+    [
+        ("file.txt/run", (), "--out file.txt/run: cannot write there (file.txt is a file)"),
+        ("file.txt/run", ("--workers", "2"), "--out file.txt/run: cannot write there (file.txt is a file)"),
+        ("file.txt", ("--workers", "2"), "--out file.txt is a file, not a folder"),
+        ("/sys/trainscale-run", ("--workers", "2"), "--out /sys/trainscale-run: cannot write there ("),
+    ],
+    ids=["under-a-file", "under-a-file-sync", "a-file-sync", "unwritable-even-as-root-sync"],
+)
 def test_an_out_that_cannot_be_written_is_one_line_and_starts_no_worker(tmp_path, where, workers, fragment):
     if where.startswith("/sys") and not SYSFS:
         pytest.skip("needs Linux sysfs")
@@ -87,14 +97,20 @@ def test_bench_and_report_refuse_an_out_that_is_a_file(tmp_path):
     (tmp_path / "grid.toml").write_text('name = "g"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n')
     (tmp_path / "file.txt").write_text("keep")
     make_run(tmp_path / "runs" / "a")
-    assert_one_line_error(run_cli("bench", "grid.toml", "--out", "file.txt", cwd=tmp_path),
-                          "--out file.txt is a file, not a folder")
-    assert_one_line_error(run_cli("bench", "grid.toml", "--out", "file.txt/results", "--dry-run", cwd=tmp_path),
-                          "--out file.txt/results: cannot write there (file.txt is a file)")
-    assert_one_line_error(run_cli("report", "runs", "--out", "file.txt", cwd=tmp_path),
-                          "--out file.txt is a file, not a folder")
-    assert_one_line_error(run_cli("report", "runs", "--out", "file.txt/report", cwd=tmp_path),
-                          "--out file.txt/report: cannot write there (file.txt is a file)")
+    assert_one_line_error(
+        run_cli("bench", "grid.toml", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
+    )
+    assert_one_line_error(
+        run_cli("bench", "grid.toml", "--out", "file.txt/results", "--dry-run", cwd=tmp_path),
+        "--out file.txt/results: cannot write there (file.txt is a file)",
+    )
+    assert_one_line_error(
+        run_cli("report", "runs", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
+    )
+    assert_one_line_error(
+        run_cli("report", "runs", "--out", "file.txt/report", cwd=tmp_path),
+        "--out file.txt/report: cannot write there (file.txt is a file)",
+    )
     assert (tmp_path / "file.txt").read_text() == "keep"
 
 
@@ -108,8 +124,9 @@ def test_an_image_size_the_model_cannot_take_is_one_line_before_anything_starts(
 @pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["local", "sync"])
 def test_a_mistyped_data_dir_is_refused_not_created_and_nothing_downloaded(tmp_path, workers):
     typo = tmp_path / "dtaa" / "cifar"
-    proc = run_cli("train", *TINY, *workers, "--dataset", "cifar10", "--data-dir", typo, "--out", tmp_path / "run",
-                   env=NO_NETWORK)
+    proc = run_cli(
+        "train", *TINY, *workers, "--dataset", "cifar10", "--data-dir", typo, "--out", tmp_path / "run", env=NO_NETWORK
+    )
     assert_one_line_error(proc, f"--data-dir {typo} does not exist; fix the path, or create the folder")
     assert "downloading" not in proc.stderr and "starting" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -127,8 +144,10 @@ def test_a_failed_check_leaves_no_empty_run_folder_behind(tmp_path):
 @pytest.mark.parametrize("flag", ["--out", "--data-dir"])
 def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
     too_long = tmp_path / ("a" * 300)
-    args = {"--out": ("--out", too_long), "--data-dir": ("--dataset", "cifar10", "--data-dir", too_long, "--out",
-                                                        tmp_path / "run")}[flag]
+    args = {
+        "--out": ("--out", too_long),
+        "--data-dir": ("--dataset", "cifar10", "--data-dir", too_long, "--out", tmp_path / "run"),
+    }[flag]
     proc = run_cli("train", *TINY, *args, env=NO_NETWORK)
     assert_one_line_error(proc, "File name too long")
     assert list(tmp_path.iterdir()) == []
@@ -138,8 +157,10 @@ def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
 def test_bench_timeout_must_be_finite_and_positive(tmp_path, value):
     grid = tmp_path / "g.toml"
     grid.write_text('name = "g"\n[base]\nmodel = "mlp"\n')
-    assert_one_line_error(run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
-                          "argument --timeout: must be")
+    assert_one_line_error(
+        run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
+        "argument --timeout: must be",
+    )
 
 
 @pytest.mark.parametrize("command", [("up", "--hosts", "2", "--bandwidth", "1gbit"), ("down",)])

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -47,8 +47,9 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
     for name in made:
         net.destroy(name)
     leftovers = [ns for name in made for ns in net.trainscale_namespaces().get(name, [])]
-    leftovers += [str(p) for name in made for root in (net.NETNS_ETC, net.CGROUP_CPU)
-                  for p in root.glob(f"{net.PREFIX}{name}-*")]
+    leftovers += [
+        str(p) for name in made for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")
+    ]
     assert not leftovers, leftovers
 
 
@@ -61,8 +62,10 @@ def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 
 def reachable(name: str, src: int, dst: int) -> bool:
     """A connection to a closed port is refused (a reset came back) only when the other host is reachable."""
-    code = ("import socket, sys\ntry:\n socket.create_connection((sys.argv[1], 9), timeout=1.5)\n"
-            "except ConnectionRefusedError:\n sys.exit(0)\nexcept OSError:\n sys.exit(1)\n")
+    code = (
+        "import socket, sys\ntry:\n socket.create_connection((sys.argv[1], 9), timeout=1.5)\n"
+        "except ConnectionRefusedError:\n sys.exit(0)\nexcept OSError:\n sys.exit(1)\n"
+    )
     argv = net.in_namespace(name, src, [sys.executable, "-c", code, net.address(dst)])
     return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
 
@@ -94,8 +97,9 @@ def test_status_reports_debris(cluster_names: Callable[[], str], capsys: pytest.
     assert f"tsc-{name}-sw" in out and "down --all" in out
 
 
-def test_a_killed_runs_cpu_groups_are_debris_down_removes(cluster_names: Callable[[], str],
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_a_killed_runs_cpu_groups_are_debris_down_removes(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
     name = cluster_names()
     if not (net.CGROUP_CPU / "cgroup.procs").is_file():
         pytest.skip("no cgroup-v1 cpu controller on this machine")
@@ -110,14 +114,18 @@ def test_a_killed_runs_cpu_groups_are_debris_down_removes(cluster_names: Callabl
 def test_bad_inputs_are_one_line(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:
     name, unknown = cluster_names(), cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
-    cases = [(("up", name, "--hosts", "2", "--bandwidth", "1gbit"), "exists already"),
-             (("up", unknown, "--hosts", "2", "--bandwidth", "1gbps"), "--bandwidth"),
-             (("up", unknown, "--hosts", "1", "--bandwidth", "1gbit"), "--hosts"),
-             (("up", unknown, "--hosts", "65", "--bandwidth", "1gbit"), "--hosts"),
-             (("up", "bad_name", "--hosts", "2", "--bandwidth", "1gbit"), "cluster name"),
-             (("status", unknown), "no cluster"), (("down", unknown), "no cluster"),
-             (("link", unknown, "1", "down"), "no cluster"), (("link", name, "2", "down"), "HOST must be 0-1"),
-             (("link", name, "1", "--bandwidth", "fast"), "--bandwidth")]
+    cases = [
+        (("up", name, "--hosts", "2", "--bandwidth", "1gbit"), "exists already"),
+        (("up", unknown, "--hosts", "2", "--bandwidth", "1gbps"), "--bandwidth"),
+        (("up", unknown, "--hosts", "1", "--bandwidth", "1gbit"), "--hosts"),
+        (("up", unknown, "--hosts", "65", "--bandwidth", "1gbit"), "--hosts"),
+        (("up", "bad_name", "--hosts", "2", "--bandwidth", "1gbit"), "cluster name"),
+        (("status", unknown), "no cluster"),
+        (("down", unknown), "no cluster"),
+        (("link", unknown, "1", "down"), "no cluster"),
+        (("link", name, "2", "down"), "HOST must be 0-1"),
+        (("link", name, "1", "--bandwidth", "fast"), "--bandwidth"),
+    ]
     for args, fragment in cases:
         code, _, err = cli(capsys, *args)
         lines = [x for x in err.splitlines() if x.strip()]
@@ -135,9 +143,13 @@ def default_sigint() -> None:
 
 def test_sigint_during_up_leaves_nothing(cluster_names: Callable[[], str]) -> None:
     name = cluster_names()
-    proc = subprocess.Popen([sys.executable, "-m", "trainscale", "cluster", "up", name, "--hosts", "64",
-                             "--bandwidth", "1gbit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainscale", "cluster", "up", name, "--hosts", "64", "--bandwidth", "1gbit"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     deadline = time.monotonic() + 30
     while len(net.trainscale_namespaces().get(name, [])) < 3 and proc.poll() is None:
         assert time.monotonic() < deadline, "up never started making namespaces"
@@ -162,8 +174,7 @@ def test_shaped_links_and_a_straggler(cluster_names: Callable[[], str], capsys: 
     assert "200mbit" in next(x for x in cli(capsys, "status", name)[1].splitlines() if f"tsc-{name}-h1" in x)
 
 
-def test_link_down_partitions_and_up_restores(cluster_names: Callable[[], str],
-                                              capsys: pytest.CaptureFixture) -> None:
+def test_link_down_partitions_and_up_restores(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "3", "--bandwidth", "1gbit")[0] == 0
     assert reachable(name, 0, 1) and reachable(name, 0, 2)
@@ -174,19 +185,32 @@ def test_link_down_partitions_and_up_restores(cluster_names: Callable[[], str],
     assert reachable(name, 0, 1)
 
 
-
 # ------------------------------------------------------------------ `trainscale train --cluster`
 
-TRAIN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "768", "--test-subset", "256", "--epochs", "1",
-         "--batch-size", "96", "--no-progress")
+TRAIN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "768",
+    "--test-subset",
+    "256",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "96",
+    "--no-progress",
+)
 
 
 def summary_of(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_sync_across_three_hosts_equals_three_local_processes(cluster_names: Callable[[], str],
-                                                              capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_sync_across_three_hosts_equals_three_local_processes(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """Same parameters to the bit (mlp: no BatchNorm); the interfaces' kernel counters agree with the bytes
     handed to gloo: a ring all-reduce sends 2(W-1)/W of the buffer per host, and on top of it TCP/IP
     headers (about 66 bytes per 64 KiB segment with the veth's segmentation offload), the receiver's
@@ -212,8 +236,9 @@ def test_sync_across_three_hosts_equals_three_local_processes(cluster_names: Cal
     assert "wire_bytes_sent_per_step" not in summary_of(tmp_path / "local")
 
 
-def test_parameter_server_traffic_crosses_the_links(cluster_names: Callable[[], str],
-                                                    capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_parameter_server_traffic_crosses_the_links(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """Async SGD with one shard per host: each host pushes half the gradients to the other host's shard
     and that shard sends half the parameters back, so a host's interface sends one model's bytes per step.
     Without tensorpipe_options() TensorPipe would copy them through memory (cma), past the links."""
@@ -227,15 +252,28 @@ def test_parameter_server_traffic_crosses_the_links(cluster_names: Callable[[], 
     assert summary["cluster"]["hosts"] == 2 and summary["servers"] == 2
 
 
-def test_a_parameter_server_worker_killed_on_another_host_is_logged_and_covered(cluster_names: Callable[[], str],
-                                                                              capsys: pytest.CaptureFixture,
-                                                                              tmp_path: Path) -> None:
+def test_a_parameter_server_worker_killed_on_another_host_is_logged_and_covered(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """Worker 1 lives on host 1: the parent accepts it as a victim (it knows the hosts once it has read the
     cluster), its fault reaches the shared fault log, and the batches it left are trained by worker 0."""
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
-    run = run_cli("train", "--cluster", name, "--servers", "1", *TRAIN, "--heartbeat-timeout", "1.5",
-                  "--inject-fault", "kill:1@3", "--out", tmp_path / "ps", timeout=300)
+    run = run_cli(
+        "train",
+        "--cluster",
+        name,
+        "--servers",
+        "1",
+        *TRAIN,
+        "--heartbeat-timeout",
+        "1.5",
+        "--inject-fault",
+        "kill:1@3",
+        "--out",
+        tmp_path / "ps",
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     (fault,) = summary_of(tmp_path / "ps")["faults"]
     assert (fault["kind"], fault["rank"], fault["steps_lost"], fault["handed_over"]) == ("kill", 1, 1, True)
@@ -252,9 +290,9 @@ MODES = {  # flags, and what each host's interface sends per step in units of th
 }
 
 
-def test_every_other_mode_runs_across_hosts_and_its_bytes_cross_the_links(cluster_names: Callable[[], str],
-                                                                           capsys: pytest.CaptureFixture,
-                                                                           tmp_path: Path) -> None:
+def test_every_other_mode_runs_across_hosts_and_its_bytes_cross_the_links(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """Compressed sync, ps-sync, SSP and model averaging on 2 hosts. Top-k all-gathers its payload, so a host
     sends what it handed over (W - 1 = 1 times) plus headers; the size exchange is counted in both. The
     parameter-server modes move half the model each way per push/pull (one shard per host), model averaging
@@ -274,9 +312,9 @@ def test_every_other_mode_runs_across_hosts_and_its_bytes_cross_the_links(cluste
 
 
 @pytest.mark.skipif(not ft.torchft_available(), reason="torchft is not installed")
-def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(cluster_names: Callable[[], str],
-                                                                     capsys: pytest.CaptureFixture,
-                                                                     tmp_path: Path) -> None:
+def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """One replica per host. Host 1's cable is pulled for 2 s at step 4: the step fails everywhere (detected by
     the all-reduce's timeout), replica 0 goes on alone, replica 1 (alive, cut off) rejoins when the link is back
     and heals from it. Then replica 0, on the host that serves the lighthouse, is killed at step 30: its node's
@@ -285,10 +323,38 @@ def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(cluster_nam
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
     out = tmp_path / "ft"
-    run = run_cli("train", "--cluster", name, "--fault-tolerance", "--workers", "1", "--model", "airbench",
-                  "--dataset", "synthetic", "--epochs", "3", "--train-subset", "2048", "--test-subset", "256",
-                  "--batch-per-worker", "64", "--precision", "bf16", "--no-progress", "--ft-timeout", "1.5",
-                  "--inject-fault", "link:1@4,kill:0@30", "--link-down", "2", "--out", out, timeout=300)
+    run = run_cli(
+        "train",
+        "--cluster",
+        name,
+        "--fault-tolerance",
+        "--workers",
+        "1",
+        "--model",
+        "airbench",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "3",
+        "--train-subset",
+        "2048",
+        "--test-subset",
+        "256",
+        "--batch-per-worker",
+        "64",
+        "--precision",
+        "bf16",
+        "--no-progress",
+        "--ft-timeout",
+        "1.5",
+        "--inject-fault",
+        "link:1@4,kill:0@30",
+        "--link-down",
+        "2",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = summary_of(out)
     cut, kill = summary["faults"]
@@ -302,12 +368,21 @@ def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(cluster_nam
     assert summary["cluster"]["hosts"] == 2 and net.host_stats(name, 1).state == "up"
 
 
-def test_a_failing_worker_stops_every_host_with_one_line(cluster_names: Callable[[], str],
-                                                        capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_a_failing_worker_stops_every_host_with_one_line(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
-    run = run_cli("train", "--cluster", name, *TRAIN, "--out", tmp_path / "f", timeout=300,
-                  env={"TRAINSCALE_FAULT": "raise:rank=1:epoch=1:step=2"})
+    run = run_cli(
+        "train",
+        "--cluster",
+        name,
+        *TRAIN,
+        "--out",
+        tmp_path / "f",
+        timeout=300,
+        env={"TRAINSCALE_FAULT": "raise:rank=1:epoch=1:step=2"},
+    )
     assert run.returncode == 1, run.stderr
     errors = [x for x in run.stderr.splitlines() if "error:" in x]
     assert len(errors) == 1 and "failed" in errors[0], run.stderr
@@ -320,16 +395,23 @@ def test_a_failing_worker_stops_every_host_with_one_line(cluster_names: Callable
 
 def node_processes(name: str) -> list[int]:
     """Processes still inside one of the cluster's host namespaces."""
-    return [int(pid) for ns in net.trainscale_namespaces().get(name, []) if "-h" in ns
-            for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+    return [
+        int(pid)
+        for ns in net.trainscale_namespaces().get(name, [])
+        if "-h" in ns
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    ]
 
 
-def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(cluster_names: Callable[[], str],
-                                                                         tmp_path: Path) -> None:
+def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(
+    cluster_names: Callable[[], str], tmp_path: Path
+) -> None:
     grid = tmp_path / "grid.toml"
-    grid.write_text('name = "links"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\ntrain_subset = 256\n'
-                    'test_subset = 128\nepochs = 1\nbatch_size = 64\n[axes]\ncluster_hosts = [2]\n'
-                    'bandwidth = ["1gbit"]\nlr = [0.1, 0.2]\n')
+    grid.write_text(
+        'name = "links"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\ntrain_subset = 256\n'
+        "test_subset = 128\nepochs = 1\nbatch_size = 64\n[axes]\ncluster_hosts = [2]\n"
+        'bandwidth = ["1gbit"]\nlr = [0.1, 0.2]\n'
+    )
     try:
         run = run_cli("bench", grid, "--out", tmp_path / "bench", timeout=600)
         assert run.returncode == 0, run.stderr
@@ -346,23 +428,26 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(cluster
     assert not leftovers and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / "b2h1gbit.json").exists()
 
 
-def test_dilated_cluster_slows_its_links_and_projects_the_run_back(cluster_names: Callable[[], str],
-                                                                   capsys: pytest.CaptureFixture,
-                                                                   tmp_path: Path) -> None:
+def test_dilated_cluster_slows_its_links_and_projects_the_run_back(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """A target whose device steps 30x faster than this machine's profile: every link runs 30x slower, and the
     run's summary carries its times divided by 30."""
     from tests.unit.test_plan import make_profile
     from trainscale.runtime.cpus import cpu_count
 
-    (tmp_path / "dev.toml").write_text('name = "fast"\n[[throughput]]\nmodel = "mlp"\nbatch_size = 32\n'
-                                       'images_per_sec = 3200.0\nsource = "test"\n')
-    (tmp_path / "target.toml").write_text(f'hosts = 2\ndevice = "{tmp_path / "dev.toml"}"\n'
-                                          '[link.inter]\nbandwidth = "1gbit"\n')
+    (tmp_path / "dev.toml").write_text(
+        'name = "fast"\n[[throughput]]\nmodel = "mlp"\nbatch_size = 32\nimages_per_sec = 3200.0\nsource = "test"\n'
+    )
+    (tmp_path / "target.toml").write_text(
+        f'hosts = 2\ndevice = "{tmp_path / "dev.toml"}"\n[link.inter]\nbandwidth = "1gbit"\n'
+    )
     profile = dataclasses.replace(make_profile(), model="mlp", batch_size=32, cpus=cpu_count() / 2)
     (tmp_path / "p.json").write_text(profile.to_json())
     name = cluster_names()
-    code, out, err = cli(capsys, "up", name, "--dilate-to", str(tmp_path / "target.toml"), "--profile",
-                         str(tmp_path / "p.json"))
+    code, out, err = cli(
+        capsys, "up", name, "--dilate-to", str(tmp_path / "target.toml"), "--profile", str(tmp_path / "p.json")
+    )
     assert code == 0, err
     assert "every link runs 30x slower: 1gbit -> 33333333bit" in out
     run = run_cli("train", "--cluster", name, *TRAIN, "--out", tmp_path / "run", timeout=300)

@@ -17,8 +17,21 @@ SEED_METHODS = [
     ("terngrad", (), 10.0),
     ("qsgd", ("--qstates", "255"), 3.0),
 ]
-SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64", "--epochs", "1",
-       "--batch-size", "64", "--no-progress")
+SYN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "256",
+    "--test-subset",
+    "64",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--no-progress",
+)
 
 
 @pytest.mark.dist
@@ -27,11 +40,44 @@ SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--t
 @pytest.mark.parametrize("method, flags, min_ratio", SEED_METHODS, ids=[m[0] for m in SEED_METHODS])
 def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir, method, flags, min_ratio):
     out = tmp_path / method
-    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "2", "--batch-size", "200",
-                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
-                   "--precision", "bf16", "--workers", "2", "--compress", method, *flags,
-                   "--granularity", "layerwise", "--error-feedback", "--out", out, "--no-progress", timeout=900)
+    proc = run_cli(
+        "train",
+        "--model",
+        "airbench",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        cifar10_dir,
+        "--train-subset",
+        "5000",
+        "--test-subset",
+        "1000",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "200",
+        "--lr",
+        "0.2",
+        "--nesterov",
+        "--label-smoothing",
+        "0.2",
+        "--crop-padding",
+        "2",
+        "--precision",
+        "bf16",
+        "--workers",
+        "2",
+        "--compress",
+        method,
+        *flags,
+        "--granularity",
+        "layerwise",
+        "--error-feedback",
+        "--out",
+        out,
+        "--no-progress",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_acc"] > 0.25, summary  # chance is 0.10
@@ -47,8 +93,21 @@ def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir
 @pytest.mark.parametrize("granularity", ["layerwise", "entiremodel"])
 def test_synthetic_compressed_run_writes_compression_fields(tmp_path, granularity):
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "topk", "--ratio", "0.01", "--granularity",
-                   granularity, "--error-feedback", "--out", out)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--workers",
+        "2",
+        "--compress",
+        "topk",
+        "--ratio",
+        "0.01",
+        "--granularity",
+        granularity,
+        "--error-feedback",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["compression_ratio"] > 30
@@ -65,8 +124,9 @@ def test_unknown_method_is_one_line(tmp_path):
 def test_seed004_spellings(tmp_path):
     """Seed 004's own flags: --compress entiremodel --method TopK -K 0.01."""
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--workers", "2", "--compress", "entiremodel", "--method", "TopK", "-K", "0.01",
-                   "--out", out)
+    proc = run_cli(
+        "train", *SYN, "--workers", "2", "--compress", "entiremodel", "--method", "TopK", "-K", "0.01", "--out", out
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["compress_method"], summary["compress_granularity"]) == ("topk", "entire")

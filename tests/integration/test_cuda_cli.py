@@ -13,8 +13,17 @@ from tests.integration.cli import run_cli
 
 pytestmark = pytest.mark.gpu
 
-SYN = ("--dataset", "synthetic", "--train-subset", "1024", "--test-subset", "256", "--batch-size", "128",
-       "--no-progress")
+SYN = (
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "1024",
+    "--test-subset",
+    "256",
+    "--batch-size",
+    "128",
+    "--no-progress",
+)
 
 
 def summary_of(out) -> dict:
@@ -23,8 +32,21 @@ def summary_of(out) -> dict:
 
 def test_fp16_channels_last_on_cuda(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "resnet20", *SYN, "--epochs", "2", "--precision", "fp16", "--channels-last",
-                   "--device", "cuda", "--out", out)
+    proc = run_cli(
+        "train",
+        "--model",
+        "resnet20",
+        *SYN,
+        "--epochs",
+        "2",
+        "--precision",
+        "fp16",
+        "--channels-last",
+        "--device",
+        "cuda",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = summary_of(out)
     assert summary["environment"]["device"] == "cuda:0"
@@ -36,17 +58,48 @@ def test_fp16_channels_last_on_cuda(tmp_path):
 
 def test_compiled_bf16_on_cuda_is_the_default_device(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "resnet20", *SYN, "--epochs", "1", "--precision", "bf16", "--compile",
-                   "--out", out, timeout=900)
+    proc = run_cli(
+        "train",
+        "--model",
+        "resnet20",
+        *SYN,
+        "--epochs",
+        "1",
+        "--precision",
+        "bf16",
+        "--compile",
+        "--out",
+        out,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary_of(out)["environment"]["device"] == "cuda:0"  # auto picks CUDA when present
 
 
 def test_nccl_sync_with_sync_bn_and_compressed_gradients(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "resnet20", *SYN, "--epochs", "2", "--precision", "bf16", "--gpus", "0",
-                   "--mode", "sync", "--sync-bn", "--compress", "topk", "--ratio", "0.01", "--error-feedback",
-                   "--out", out)
+    proc = run_cli(
+        "train",
+        "--model",
+        "resnet20",
+        *SYN,
+        "--epochs",
+        "2",
+        "--precision",
+        "bf16",
+        "--gpus",
+        "0",
+        "--mode",
+        "sync",
+        "--sync-bn",
+        "--compress",
+        "topk",
+        "--ratio",
+        "0.01",
+        "--error-feedback",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = summary_of(out)
     assert (summary["mode"], summary["world_size"], summary["backend"]) == ("sync", 1, "nccl")
@@ -56,8 +109,25 @@ def test_nccl_sync_with_sync_bn_and_compressed_gradients(tmp_path):
 
 def test_parameter_server_workers_train_on_cuda(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "mlp", *SYN, "--epochs", "2", "--mode", "async", "--servers", "1",
-                   "--workers", "1", "--device", "cuda", "--out", out, timeout=600)
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        *SYN,
+        "--epochs",
+        "2",
+        "--mode",
+        "async",
+        "--servers",
+        "1",
+        "--workers",
+        "1",
+        "--device",
+        "cuda",
+        "--out",
+        out,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = summary_of(out)
     assert (summary["mode"], summary["servers"], summary["workers"]) == ("async", 1, 1)
@@ -67,10 +137,35 @@ def test_parameter_server_workers_train_on_cuda(tmp_path):
 @pytest.mark.realdata
 def test_real_cifar_subset_learns_on_cuda(tmp_path, cifar10_dir):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "10000", "--epochs", "8", "--batch-size", "500", "--lr", "0.4", "--nesterov",
-                   "--label-smoothing", "0.2", "--crop-padding", "2", "--precision", "bf16", "--channels-last",
-                   "--tta", "--out", out, "--no-progress")
+    proc = run_cli(
+        "train",
+        "--model",
+        "airbench",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        cifar10_dir,
+        "--train-subset",
+        "10000",
+        "--epochs",
+        "8",
+        "--batch-size",
+        "500",
+        "--lr",
+        "0.4",
+        "--nesterov",
+        "--label-smoothing",
+        "0.2",
+        "--crop-padding",
+        "2",
+        "--precision",
+        "bf16",
+        "--channels-last",
+        "--tta",
+        "--out",
+        out,
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = summary_of(out)
     assert summary["environment"]["device"] == "cuda:0"

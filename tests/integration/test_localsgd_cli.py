@@ -15,9 +15,27 @@ from tests.integration.cli import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.dist
 
-SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "1024", "--test-subset", "128",
-       "--batch-size", "128", "--workers", "2", "--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.05",
-       "--no-progress")
+SYN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "1024",
+    "--test-subset",
+    "128",
+    "--batch-size",
+    "128",
+    "--workers",
+    "2",
+    "--momentum",
+    "0.9",
+    "--weight-decay",
+    "5e-4",
+    "--lr",
+    "0.05",
+    "--no-progress",
+)
 
 
 def train(out: Path, *args: str, epochs: int = 2) -> dict:
@@ -49,8 +67,9 @@ def test_localsgd_averaging_every_step_is_sync(tmp_path: Path) -> None:
 
 def test_diloco_with_outer_lr_1_and_no_momentum_is_localsgd(tmp_path: Path) -> None:
     train(tmp_path / "local", "--mode", "localsgd", "--sync-every", "3")
-    summary = train(tmp_path / "diloco", "--mode", "diloco", "--sync-every", "3", "--outer-lr", "1",
-                    "--outer-momentum", "0")
+    summary = train(
+        tmp_path / "diloco", "--mode", "diloco", "--sync-every", "3", "--outer-lr", "1", "--outer-momentum", "0"
+    )
     assert_close(tmp_path / "local", tmp_path / "diloco", atol=1e-6)
     assert summary["rounds"] == 6  # 8 steps per epoch: rounds after steps 3 and 6, and one to end it
 
@@ -76,13 +95,16 @@ def test_a_compressed_outer_step_sends_its_payload_once_per_round(tmp_path: Path
     assert diloco["compression_ratio"] == pytest.approx(sync["compression_ratio"])
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--mode", "localsgd", "--outer-lr", "0.5"), "--outer-lr and --outer-momentum are for --mode diloco"),
-    (("--mode", "diloco", "--sync-every", "0"), "--sync-every must be a positive number of steps"),
-    (("--mode", "diloco", "--outer-momentum", "1"), "--outer-momentum must be in [0, 1)"),
-    (("--mode", "localsgd", "--local-after-epochs", "2"), "--local-after-epochs must be in [0, epochs=2)"),
-    (("--sync-every", "4"), "--sync-every is for --mode diloco, localsgd, not --mode sync"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--mode", "localsgd", "--outer-lr", "0.5"), "--outer-lr and --outer-momentum are for --mode diloco"),
+        (("--mode", "diloco", "--sync-every", "0"), "--sync-every must be a positive number of steps"),
+        (("--mode", "diloco", "--outer-momentum", "1"), "--outer-momentum must be in [0, 1)"),
+        (("--mode", "localsgd", "--local-after-epochs", "2"), "--local-after-epochs must be in [0, epochs=2)"),
+        (("--sync-every", "4"), "--sync-every is for --mode diloco, localsgd, not --mode sync"),
+    ],
+)
 def test_bad_periodic_flags(tmp_path: Path, capsys: pytest.CaptureFixture, args: tuple, fragment: str) -> None:
     from trainscale.cli import main
 

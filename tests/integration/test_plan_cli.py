@@ -14,16 +14,31 @@ from tests.integration.cli import assert_one_line_error, run_cli
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("profile") / "mlp.json"
-    proc = run_cli("profile", "--model", "mlp", "--batch-size", "8", "--repeats", "2", "--warmup", "1", "--threads",
-                   "1", "--compress", "bf16", "topk:ratio=0.01,granularity=entire", "--out", out)
+    proc = run_cli(
+        "profile",
+        "--model",
+        "mlp",
+        "--batch-size",
+        "8",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--compress",
+        "bf16",
+        "topk:ratio=0.01,granularity=entire",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "mlp at batch 8 (fp32)" in proc.stdout and "topk:ratio=0.01,granularity=entire: encode" in proc.stdout
     return out
 
 
 def test_plan_json_has_the_promised_keys(profile):
-    proc = run_cli("plan", "--profile", profile, "--hosts", "4", "--bandwidth", "1gbit", "--compress", "bf16",
-                   "--json")
+    proc = run_cli("plan", "--profile", profile, "--hosts", "4", "--bandwidth", "1gbit", "--compress", "bf16", "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     for key in ("step_seconds", "compute_seconds", "comm_seconds", "images_per_sec", "scaling_efficiency"):
@@ -33,8 +48,20 @@ def test_plan_json_has_the_promised_keys(profile):
 
 def test_sweep_prints_a_table_a_crossover_and_draws(profile, tmp_path):
     plot = tmp_path / "sweep.png"
-    proc = run_cli("plan", "--profile", profile, "--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2,4",
-                   "bandwidth=10mbit,1gbit", "--plot", plot)
+    proc = run_cli(
+        "plan",
+        "--profile",
+        profile,
+        "--hosts",
+        "2",
+        "--bandwidth",
+        "1gbit",
+        "--sweep",
+        "workers=1,2,4",
+        "bandwidth=10mbit,1gbit",
+        "--plot",
+        plot,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "beats bf16 all-reduce below" in proc.stdout and "topk:ratio=0.01,granularity=entire" in proc.stdout
     assert proc.stdout.count("10mbit") == 3 and plot.is_file()
@@ -46,43 +73,71 @@ def test_cluster_file_plan(profile):
     assert "5 host(s) x 2 worker(s)" in proc.stdout and "--device-step-ms 20" in proc.stdout
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--cluster", "nope"), "unknown cluster 'nope'; known: "),
-    (("--hosts", "4", "--bandwidth=-1gbit"), "--bandwidth must look like 500kbit, 100mbit or 1gbit"),
-    (("--hosts", "4", "--bandwidth", "1gbit", "--model", "resnet20"), "measured mlp, not --model resnet20"),
-    (("--hosts", "4", "--bandwidth", "1gbit", "--compress", "powersgd:rank=2"), "no timings for --compress"),
-    (("--hosts", "4",), "--hosts 4 needs --bandwidth"),
-    (("--cluster", "pslite-gtx980", "--hosts", "2"), "either --cluster or --hosts"),
-    (("--cluster", "mxnet-p2-8xlarge",), "device k80 has no throughput for model mlp"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--device", "nope"), "unknown device 'nope'"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "hosts=2"), "expected workers=1,2,4"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--latency", "fast"), "--latency must look like 50us"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "bandwidth="), "give at least one value"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=99999999999"), "every count must be 1 to"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "sweep.xyz"), "cannot draw .xyz"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "/proc/sweep.png"),
-     "--plot /proc/sweep.png: cannot write there"),
-    (("--hosts", "0", "--bandwidth", "1gbit"), "--hosts must be >= 1"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--device-step-ms", "nan"), "--device-step-ms must be a finite number"),
-    (("--hosts", "2", "--bandwidth", "1gbit", "--mode", "localsgd", "--sync-every", "0"), "--sync-every must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--cluster", "nope"), "unknown cluster 'nope'; known: "),
+        (("--hosts", "4", "--bandwidth=-1gbit"), "--bandwidth must look like 500kbit, 100mbit or 1gbit"),
+        (("--hosts", "4", "--bandwidth", "1gbit", "--model", "resnet20"), "measured mlp, not --model resnet20"),
+        (("--hosts", "4", "--bandwidth", "1gbit", "--compress", "powersgd:rank=2"), "no timings for --compress"),
+        (
+            (
+                "--hosts",
+                "4",
+            ),
+            "--hosts 4 needs --bandwidth",
+        ),
+        (("--cluster", "pslite-gtx980", "--hosts", "2"), "either --cluster or --hosts"),
+        (
+            (
+                "--cluster",
+                "mxnet-p2-8xlarge",
+            ),
+            "device k80 has no throughput for model mlp",
+        ),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--device", "nope"), "unknown device 'nope'"),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "hosts=2"), "expected workers=1,2,4"),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--latency", "fast"), "--latency must look like 50us"),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "bandwidth="), "give at least one value"),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=99999999999"), "every count must be 1 to"),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "sweep.xyz"), "cannot draw .xyz"),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2", "--plot", "/proc/sweep.png"),
+            "--plot /proc/sweep.png: cannot write there",
+        ),
+        (("--hosts", "0", "--bandwidth", "1gbit"), "--hosts must be >= 1"),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--device-step-ms", "nan"),
+            "--device-step-ms must be a finite number",
+        ),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--mode", "localsgd", "--sync-every", "0"),
+            "--sync-every must be >= 1",
+        ),
+    ],
+)
 def test_bad_plan_input_is_one_line(profile, args, fragment):
     assert_one_line_error(run_cli("plan", "--profile", profile, *args), fragment)
 
 
 def test_missing_profile_is_one_line(tmp_path):
-    assert_one_line_error(run_cli("plan", "--profile", tmp_path / "none.json", "--hosts", "1"),
-                          "no such file; make one with trainscale profile")
+    assert_one_line_error(
+        run_cli("plan", "--profile", tmp_path / "none.json", "--hosts", "1"),
+        "no such file; make one with trainscale profile",
+    )
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--model", "resnet23"), "--model 'resnet23' is not registered"),
-    (("--compress", "topk:k=3"), "topk takes ratio and granularity, not 'k'"),
-    (("--compress", "zip"), "unknown method 'zip'"),
-    (("--warmup", "0"), "--warmup must be at least 1"),
-    (("--out", "/proc/p.json"), "--out /proc/p.json: cannot write there"),
-    (("--cpus", "nan"), "--cpus must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--model", "resnet23"), "--model 'resnet23' is not registered"),
+        (("--compress", "topk:k=3"), "topk takes ratio and granularity, not 'k'"),
+        (("--compress", "zip"), "unknown method 'zip'"),
+        (("--warmup", "0"), "--warmup must be at least 1"),
+        (("--out", "/proc/p.json"), "--out /proc/p.json: cannot write there"),
+        (("--cpus", "nan"), "--cpus must be a finite number"),
+    ],
+)
 def test_bad_profile_input_is_one_line(tmp_path, args, fragment):
     proc = run_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)
     assert_one_line_error(proc, fragment)
@@ -108,7 +163,19 @@ def test_plan_plot_that_is_not_a_file_is_refused_before_planning(profile, tmp_pa
 
     plot = tmp_path / "sweep.png"
     os.mkfifo(plot)
-    proc = run_cli("plan", "--profile", profile, "--hosts", "2", "--bandwidth", "1gbit", "--sweep", "workers=1,2",
-                   "--plot", plot, timeout=120)
+    proc = run_cli(
+        "plan",
+        "--profile",
+        profile,
+        "--hosts",
+        "2",
+        "--bandwidth",
+        "1gbit",
+        "--sweep",
+        "workers=1,2",
+        "--plot",
+        plot,
+        timeout=120,
+    )
     assert_one_line_error(proc, f"--plot {plot} is a FIFO, not a regular file")
     assert stat.S_ISFIFO(os.lstat(plot).st_mode) and proc.stdout == ""

@@ -9,25 +9,45 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.bench.process import descendants
 
-LONG = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
-        "--batch-size", "64", "--epochs", "500", "--no-progress", "--threads", "1")
+LONG = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "512",
+    "--test-subset",
+    "128",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "500",
+    "--no-progress",
+    "--threads",
+    "1",
+)
 INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
 
 
 def start(tmp_path: Path, *args: object) -> subprocess.Popen:
     """`trainscale train ARGS` in a session of its own (like a terminal's job), output to files in tmp_path."""
     with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "trainscale", "train", *map(str, args)], stdout=out,
-                                stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainscale", "train", *map(str, args)],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 def wait_until(done: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None) -> bool:
@@ -63,8 +83,9 @@ def kill_leftovers(proc: subprocess.Popen, pids: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def running_job(tmp_path: Path, out: Path, *args: str, until: str = "config.json"
-                ) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+def running_job(
+    tmp_path: Path, out: Path, *args: str, until: str = "config.json"
+) -> Iterator[tuple[subprocess.Popen, list[int]]]:
     """A 2-worker job on ``out``, once it has written ``until``: (launcher, its processes); whatever of it
     is still alive afterwards is killed, also when the test fails."""
     proc = start(tmp_path, *LONG, "--workers", "2", *args, "--out", out)
@@ -91,8 +112,9 @@ def test_a_second_job_on_a_folder_in_use_is_refused_in_one_line(tmp_path):
     with running_job(tmp_path, out) as (first, _):
         in_use = f"--out {out} is in use by another trainscale job (pid {first.pid})"
         assert_one_line_error(run_cli("train", *LONG, "--out", out, timeout=120), in_use)  # the lock
-        assert_one_line_error(run_cli("train", *LONG, "--workers", "2", "--resume", "--out", out, timeout=120),
-                              in_use)  # the launcher's checks
+        assert_one_line_error(
+            run_cli("train", *LONG, "--workers", "2", "--resume", "--out", out, timeout=120), in_use
+        )  # the launcher's checks
         assert first.poll() is None
 
 

@@ -7,11 +7,36 @@ import torch
 
 from tests.integration.cli import assert_one_line_error, run_cli
 
-SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
-       "--batch-size", "64", "--no-progress")
-PS_SUMMARY = ("mode", "servers", "workers", "staleness_mean", "staleness_max", "staleness_hist", "pushes_per_sec",
-              "bytes_pushed_per_step", "bytes_pulled_per_step", "server_update_seconds", "worker_samples_per_sec",
-              "samples_per_sec", "push_seconds_per_step", "pull_seconds_per_step", "wait_seconds_per_step")
+SYN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "512",
+    "--test-subset",
+    "128",
+    "--batch-size",
+    "64",
+    "--no-progress",
+)
+PS_SUMMARY = (
+    "mode",
+    "servers",
+    "workers",
+    "staleness_mean",
+    "staleness_max",
+    "staleness_hist",
+    "pushes_per_sec",
+    "bytes_pushed_per_step",
+    "bytes_pulled_per_step",
+    "server_update_seconds",
+    "worker_samples_per_sec",
+    "samples_per_sec",
+    "push_seconds_per_step",
+    "pull_seconds_per_step",
+    "wait_seconds_per_step",
+)
 
 
 def rows_of(out):
@@ -23,10 +48,40 @@ def rows_of(out):
 @pytest.mark.slow
 def test_async_two_workers_two_servers_learn_real_cifar(tmp_path, cifar10_dir):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "mlp", "--dataset", "cifar10", "--data-dir", cifar10_dir, "--train-subset",
-                   "10000", "--test-subset", "2000", "--epochs", "2", "--batch-size", "128", "--lr", "0.01",
-                   "--schedule", "constant", "--crop-padding", "0", "--no-flip", "--no-progress", "--mode", "async",
-                   "--workers", "2", "--servers", "2", "--out", out, timeout=600)
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        cifar10_dir,
+        "--train-subset",
+        "10000",
+        "--test-subset",
+        "2000",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--lr",
+        "0.01",
+        "--schedule",
+        "constant",
+        "--crop-padding",
+        "0",
+        "--no-flip",
+        "--no-progress",
+        "--mode",
+        "async",
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--out",
+        out,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_acc"] > 0.30, summary  # chance is 0.10
@@ -45,11 +100,38 @@ def test_async_two_workers_two_servers_learn_real_cifar(tmp_path, cifar10_dir):
 @pytest.mark.dist
 def test_ps_sync_checkpoints_the_servers_and_resumes_them(tmp_path):
     out = tmp_path / "run"
-    first = run_cli("train", *SYN, "--mode", "ps-sync", "--workers", "2", "--servers", "2", "--epochs", "1",
-                    "--out", out, timeout=300)
+    first = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "ps-sync",
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--epochs",
+        "1",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli("train", *SYN, "--mode", "ps-sync", "--workers", "2", "--servers", "2", "--epochs", "2",
-                     "--out", out, "--resume", timeout=300)
+    second = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "ps-sync",
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--epochs",
+        "2",
+        "--out",
+        out,
+        "--resume",
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     servers = ckpt["optimizer"]["servers"]
@@ -65,8 +147,25 @@ def test_ps_sync_checkpoints_the_servers_and_resumes_them(tmp_path):
 @pytest.mark.dist
 def test_model_averaging_with_a_warm_start(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--mode", "ma", "--average-every", "3", "--warm-start-epochs", "1",
-                   "--workers", "2", "--servers", "1", "--epochs", "2", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "ma",
+        "--average-every",
+        "3",
+        "--warm-start-epochs",
+        "1",
+        "--workers",
+        "2",
+        "--servers",
+        "1",
+        "--epochs",
+        "2",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = rows_of(out)
     # Epoch 1: worker 0 alone over all 512 samples (16 steps of 32): averages after 3, 6, ..., 15 and 16.
@@ -80,23 +179,44 @@ def test_model_averaging_with_a_warm_start(tmp_path):
 @pytest.mark.dist
 def test_async_defaults_to_reduced_momentum_and_staleness_aware_lr(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--mode", "async", "--workers", "2", "--servers", "1", "--epochs", "1",
-                   "--momentum", "0.9", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "async",
+        "--workers",
+        "2",
+        "--servers",
+        "1",
+        "--epochs",
+        "1",
+        "--momentum",
+        "0.9",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("async: server momentum 0.4 (--momentum 0.9 less 1 - 1/2 for 2 asynchronous worker(s)), "
-            "staleness-aware lr on") in proc.stdout + proc.stderr
+    assert (
+        "async: server momentum 0.4 (--momentum 0.9 less 1 - 1/2 for 2 asynchronous worker(s)), staleness-aware lr on"
+    ) in proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["async_momentum"], summary["staleness_lr"]) == (pytest.approx(0.4), True)
     config = json.loads((out / "config.json").read_text())
     assert (config["async_momentum"], config["staleness_lr"]) == ("auto", True)
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (("--mode", "async", "--workers", "2", "--servers", "1", "--async-momentum", "high"),
-     "--async-momentum must be 'auto' or a number in [0, 1), got 'high'"),
-    (("--mode", "async", "--workers", "2"), "--mode async needs --servers S >= 1"),
-    (("--mode", "sync", "--workers", "2", "--servers", "1"), "--servers is for the parameter-server modes"),
-    (("--mode", "ps-sync", "--servers", "1", "--staleness", "2"), "--staleness bounds ASGD"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (
+            ("--mode", "async", "--workers", "2", "--servers", "1", "--async-momentum", "high"),
+            "--async-momentum must be 'auto' or a number in [0, 1), got 'high'",
+        ),
+        (("--mode", "async", "--workers", "2"), "--mode async needs --servers S >= 1"),
+        (("--mode", "sync", "--workers", "2", "--servers", "1"), "--servers is for the parameter-server modes"),
+        (("--mode", "ps-sync", "--servers", "1", "--staleness", "2"), "--staleness bounds ASGD"),
+    ],
+)
 def test_bad_parameter_server_flags_are_one_line(tmp_path, flags, fragment):
     assert_one_line_error(run_cli("train", *SYN, "--epochs", "1", *flags, "--out", tmp_path), fragment)

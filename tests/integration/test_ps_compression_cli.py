@@ -47,9 +47,34 @@ def units_at(sizes: tuple[int, ...], shards: int) -> list[int]:
 @pytest.mark.dist
 def test_async_topk_pushes_with_error_feedback_train_and_send_exactly_topk_bytes(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--train-subset", "128", "--batch-size", "16", "--epochs", "3", "--lr", "0.1",
-                   "--schedule", "constant", "--mode", "async", "--workers", "2", "--servers", "1",
-                   "--compress", "topk", "--ratio", "0.01", "--error-feedback", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--train-subset",
+        "128",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.1",
+        "--schedule",
+        "constant",
+        "--mode",
+        "async",
+        "--workers",
+        "2",
+        "--servers",
+        "1",
+        "--compress",
+        "topk",
+        "--ratio",
+        "0.01",
+        "--error-feedback",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["params"] == sum(MLP_SIZES)
@@ -59,8 +84,11 @@ def test_async_topk_pushes_with_error_feedback_train_and_send_exactly_topk_bytes
     assert summary["bytes_per_push"] == summary["bytes_pushed_per_step"] == expected  # async: one push a step
     assert summary["dense_bytes_per_push"] == 4 * summary["params"]
     assert summary["compression_ratio"] == pytest.approx(4 * summary["params"] / expected)
-    assert (summary["compress_method"], summary["compress_granularity"], summary["error_feedback"]) == \
-        ("topk", "layerwise", True)
+    assert (summary["compress_method"], summary["compress_granularity"], summary["error_feedback"]) == (
+        "topk",
+        "layerwise",
+        True,
+    )
     assert summary["compress_params"]["ratio"] == 0.01
     # it trains: 2 workers x 3 epochs x 8 steps (64 samples each, 8 a step), every push applied, and the
     # (memorised) training loss falls
@@ -74,9 +102,29 @@ def test_ps_sync_qsgd_pushes_use_the_bucket_flag_over_two_shards(tmp_path):
     """--qsgd-bucket reaches the parameter server's codec: one norm per 64 values, in each shard's part of each
     parameter (the first weight straddles the two shards)."""
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--train-subset", "64", "--batch-size", "16", "--epochs", "1", "--mode", "ps-sync",
-                   "--workers", "2", "--servers", "2", "--compress", "qsgd", "--qsgd-bucket", "64", "--out", out,
-                   timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--train-subset",
+        "64",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--mode",
+        "ps-sync",
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--compress",
+        "qsgd",
+        "--qsgd-bucket",
+        "64",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     units = units_at(MLP_SIZES, 2)
@@ -89,7 +137,21 @@ def test_ps_sync_qsgd_pushes_use_the_bucket_flag_over_two_shards(tmp_path):
 
 
 def test_powersgd_pushes_are_refused_in_one_line_before_any_worker_starts(tmp_path):
-    proc = run_cli("train", *SYN, "--epochs", "1", "--mode", "async", "--workers", "2", "--servers", "1",
-                   "--compress", "powersgd", "--out", tmp_path / "run")
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--epochs",
+        "1",
+        "--mode",
+        "async",
+        "--workers",
+        "2",
+        "--servers",
+        "1",
+        "--compress",
+        "powersgd",
+        "--out",
+        tmp_path / "run",
+    )
     assert_one_line_error(proc, "--compress powersgd cannot compress parameter-server pushes")
     assert not (tmp_path / "run").exists()

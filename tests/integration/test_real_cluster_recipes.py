@@ -12,8 +12,8 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -28,8 +28,23 @@ ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 HOSTS = 2
 TIMEOUT_S = 300
-TRAIN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128", "--epochs", "1",
-         "--batch-size", "64", "--no-progress", "--threads", "1")
+TRAIN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "512",
+    "--test-subset",
+    "128",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--no-progress",
+    "--threads",
+    "1",
+)
 
 
 @pytest.fixture
@@ -77,10 +92,34 @@ def assert_one_sync_job(results: list[tuple[int, str]], out: Path) -> None:
 def test_torchrun_on_every_node(cluster: str, tmp_path: Path) -> None:
     """torch's own launcher per node, c10d rendezvous at host 0; trainscale joins as a worker of it."""
     out = tmp_path / "run"
-    argvs = [net.in_namespace(cluster, i, [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS), "--node-rank", str(i),
-        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{net.address(0)}:29400",
-        "-m", "trainscale", "train", *TRAIN, "--out", str(out)]) for i in range(HOSTS)]
+    argvs = [
+        net.in_namespace(
+            cluster,
+            i,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(HOSTS),
+                "--node-rank",
+                str(i),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{net.address(0)}:29400",
+                "-m",
+                "trainscale",
+                "train",
+                *TRAIN,
+                "--out",
+                str(out),
+            ],
+        )
+        for i in range(HOSTS)
+    ]
     assert_one_sync_job(run_nodes(argvs, venv_env(), tmp_path / "logs"), out)
 
 
@@ -103,16 +142,18 @@ for p in procs:
 sys.exit(max(p.wait() != 0 for p in procs))
 '''
 
-FAKE_SCONTROL = '''#!/bin/sh
+FAKE_SCONTROL = """#!/bin/sh
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "h[0-1]" ] && printf 'h0\\nh1\\n'
-'''
+"""
 
 
 def fake_slurm(folder: Path, cluster: str) -> Path:
     """``srun`` and ``scontrol`` stand-ins in ``folder``; returns it (to go first on PATH)."""
     prefixes = [net.in_namespace(cluster, i, []) for i in range(HOSTS)]
-    for name, text in (("srun", FAKE_SRUN.format(python=sys.executable, prefixes=prefixes)),
-                       ("scontrol", FAKE_SCONTROL)):
+    for name, text in (
+        ("srun", FAKE_SRUN.format(python=sys.executable, prefixes=prefixes)),
+        ("scontrol", FAKE_SCONTROL),
+    ):
         (folder / name).write_text(text)
         (folder / name).chmod(0o755)
     return folder
@@ -122,11 +163,24 @@ def test_slurm_batch_script(cluster: str, tmp_path: Path) -> None:
     """The script as the batch step runs it: srun starts one `trainscale train` per node, node 0 = host h0."""
     out = tmp_path / "run"
     bin_dir = fake_slurm(tmp_path, cluster)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
-           "TRAINSCALE_VENV": str(Path(sys.executable).parent.parent), "SLURM_NNODES": str(HOSTS),
-           "SLURM_JOB_NODELIST": "h[0-1]", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}  # as in sbatch's batch step
-    job = subprocess.run(["bash", str(SBATCH), *TRAIN, "--out", str(out)], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+        "TRAINSCALE_VENV": str(Path(sys.executable).parent.parent),
+        "SLURM_NNODES": str(HOSTS),
+        "SLURM_JOB_NODELIST": "h[0-1]",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+    }  # as in sbatch's batch step
+    job = subprocess.run(
+        ["bash", str(SBATCH), *TRAIN, "--out", str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert_one_sync_job([(job.returncode, job.stdout[-3000:] + job.stderr[-3000:])], out)
     assert "results in" in job.stdout and "run folder is on node 0" in job.stdout
 
@@ -134,8 +188,11 @@ def test_slurm_batch_script(cluster: str, tmp_path: Path) -> None:
 def printed_commands(stdout: str) -> list[tuple[str, list[str]]]:
     """(host, argv) per node from `train --hosts` output: ``# node I: HOST`` then the command line."""
     lines = stdout.splitlines()
-    return [(line.split(": ", 1)[1], shlex.split(lines[n + 1])) for n, line in enumerate(lines)
-            if line.startswith("# node ")]
+    return [
+        (line.split(": ", 1)[1], shlex.split(lines[n + 1]))
+        for n, line in enumerate(lines)
+        if line.startswith("# node ")
+    ]
 
 
 def test_hosts_file_commands(cluster: str, tmp_path: Path) -> None:

@@ -12,8 +12,21 @@ def final_weights(out):
 
 
 def test_resume_is_bit_exact(tmp_path, monkeypatch):
-    base = dict(model="resnet20", dataset="synthetic", train_subset=384, test_subset=128, epochs=3, batch_size=64,
-                lr=0.1, momentum=0.9, schedule="onecycle", cutout=8, progress=False, threads=1, seed=3)
+    base = dict(
+        model="resnet20",
+        dataset="synthetic",
+        train_subset=384,
+        test_subset=128,
+        epochs=3,
+        batch_size=64,
+        lr=0.1,
+        momentum=0.9,
+        schedule="onecycle",
+        cutout=8,
+        progress=False,
+        threads=1,
+        seed=3,
+    )
     run_training(build_config(base, {"out": str(tmp_path / "straight")}))
 
     real_run_epoch = Trainer.run_epoch

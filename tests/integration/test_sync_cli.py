@@ -10,8 +10,21 @@ import pytest
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.runtime.network import free_port
 
-SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64", "--epochs", "1",
-       "--batch-size", "64", "--no-progress")
+SYN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "256",
+    "--test-subset",
+    "64",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--no-progress",
+)
 
 
 @pytest.mark.dist
@@ -19,10 +32,38 @@ SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--t
 @pytest.mark.slow
 def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "airbench", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "5000", "--test-subset", "1000", "--epochs", "2", "--batch-size", "200",
-                   "--lr", "0.2", "--nesterov", "--label-smoothing", "0.2", "--crop-padding", "2",
-                   "--precision", "bf16", "--workers", "2", "--out", out, "--no-progress", timeout=600)
+    proc = run_cli(
+        "train",
+        "--model",
+        "airbench",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        cifar10_dir,
+        "--train-subset",
+        "5000",
+        "--test-subset",
+        "1000",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "200",
+        "--lr",
+        "0.2",
+        "--nesterov",
+        "--label-smoothing",
+        "0.2",
+        "--crop-padding",
+        "2",
+        "--precision",
+        "bf16",
+        "--workers",
+        "2",
+        "--out",
+        out,
+        "--no-progress",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_acc"] > 0.35, summary  # chance is 0.10
@@ -54,19 +95,34 @@ def test_busy_rendezvous_port(tmp_path):
 
 def test_unreachable_rendezvous_endpoint(tmp_path):
     closed = free_port()
-    proc = run_cli("train", *SYN, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{closed}",
-                   "--rdzv-timeout", "2", "--out", tmp_path)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{closed}",
+        "--rdzv-timeout",
+        "2",
+        "--out",
+        tmp_path,
+    )
     assert_one_line_error(proc, f"cannot reach the rendezvous endpoint 127.0.0.1:{closed} within 2 s")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--mode", "local", "--workers", "2"), "--mode local trains in one process but --workers 2"),
-    (("--workers", "3"), "--batch-size 64 is not divisible by 3 workers"),
-    (("--workers", "2", "--sync-bn"), "--sync-bn needs CUDA workers"),
-    (("--gpus", "0,1"), "--devices/--gpus needs CUDA"),
-    (("--workers", "2", "--backend", "nccl"), "--backend nccl needs CUDA"),
-    (("--workers", "2", "--baseline", "/nonexistent"), "--baseline /nonexistent: no summary.json"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--mode", "local", "--workers", "2"), "--mode local trains in one process but --workers 2"),
+        (("--workers", "3"), "--batch-size 64 is not divisible by 3 workers"),
+        (("--workers", "2", "--sync-bn"), "--sync-bn needs CUDA workers"),
+        (("--gpus", "0,1"), "--devices/--gpus needs CUDA"),
+        (("--workers", "2", "--backend", "nccl"), "--backend nccl needs CUDA"),
+        (("--workers", "2", "--baseline", "/nonexistent"), "--baseline /nonexistent: no summary.json"),
+    ],
+)
 def test_bad_sync_flags(tmp_path, capsys, args, fragment):
     """In-process (the entry point itself, minus the interpreter start-up) to keep the suite quick."""
     from trainscale.cli import main

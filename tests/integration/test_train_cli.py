@@ -15,9 +15,30 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
     """The airbench94 recipe learns (kept cheap: 10,000 images, 2 epochs at batch 500), and the run records the
     reference's timer scope beside the trainer's, with the 6-view evaluation at the end."""
     out = tmp_path / "run"
-    proc = run_cli("train", "--recipe", "airbench94", "--dataset", "cifar10", "--data-dir", cifar10_dir,
-                   "--train-subset", "10000", "--test-subset", "2000", "--epochs", "2", "--batch-size", "500",
-                   "--precision", "bf16", "--target-acc", "0.4", "--out", out, "--no-progress")
+    proc = run_cli(
+        "train",
+        "--recipe",
+        "airbench94",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        cifar10_dir,
+        "--train-subset",
+        "10000",
+        "--test-subset",
+        "2000",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "500",
+        "--precision",
+        "bf16",
+        "--target-acc",
+        "0.4",
+        "--out",
+        out,
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_acc"] > 0.45, summary  # chance is 0.10
@@ -33,8 +54,12 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
     assert rows[-1]["elapsed_seconds"] == pytest.approx(sum(r["epoch_seconds"] for r in rows))
     assert (out / "logs.tsv").read_text().startswith("epoch\thours\ttop1Accuracy\n1\t")
     config = json.loads((out / "config.json").read_text())
-    assert (config["model"], config["recipe"], config["optimizer"], config["lr"]) == ("airbench94", "airbench94",
-                                                                                      "muon", 106.0)
+    assert (config["model"], config["recipe"], config["optimizer"], config["lr"]) == (
+        "airbench94",
+        "airbench94",
+        "muon",
+        106.0,
+    )
     assert config["resolved"]["lr"] == pytest.approx(0.053 * 500)  # the recipe's lr, scaled to batch 500
     assert "test acc" in proc.stdout and "best test acc" in proc.stdout
 
@@ -42,9 +67,26 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
 def test_synthetic_run_writes_the_contract(tmp_path):
     """Shapes and files only (synthetic labels carry no signal, so no accuracy claim)."""
     out = tmp_path / "syn"
-    proc = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "512",
-                   "--test-subset", "256", "--epochs", "2", "--batch-size", "128", "--out", out,
-                   "--no-progress", "--target-acc", "1.0")
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--train-subset",
+        "512",
+        "--test-subset",
+        "256",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--out",
+        out,
+        "--no-progress",
+        "--target-acc",
+        "1.0",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs_completed"] == 2 and summary["time_to_target_seconds"] is None

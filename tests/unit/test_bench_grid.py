@@ -45,7 +45,9 @@ def test_axes_expand_to_their_cartesian_product(tmp_path):
 
 
 def test_rows_cross_the_axes_and_carry_their_own(tmp_path):
-    runs = plan(tmp_path, """
+    runs = plan(
+        tmp_path,
+        """
         name = "rows"
         [base]
         model = "mlp"
@@ -57,9 +59,16 @@ def test_rows_cross_the_axes_and_carry_their_own(tmp_path):
         [[rows]]
         short_name = "B"
         axes.momentum = [0.0, 0.5]
-    """)
-    assert [r.name for r in runs] == ["A-lr0.1", "A-lr0.2", "B-lr0.1-momentum0.0", "B-lr0.1-momentum0.5",
-                                      "B-lr0.2-momentum0.0", "B-lr0.2-momentum0.5"]
+    """,
+    )
+    assert [r.name for r in runs] == [
+        "A-lr0.1",
+        "A-lr0.2",
+        "B-lr0.1-momentum0.0",
+        "B-lr0.1-momentum0.5",
+        "B-lr0.2-momentum0.0",
+        "B-lr0.2-momentum0.5",
+    ]
     assert {r.config["batch_size"] for r in runs if r.short_name == "A"} == {64}
 
 
@@ -110,8 +119,7 @@ def test_full_scale_is_the_base_settings(tmp_path):
 
 def test_hash_ignores_plumbing_and_follows_settings(tmp_path):
     run = plan(tmp_path, BASIC)[0]
-    assert config_hash({**run.config, "progress": True, "checkpoint": False, "rdzv_endpoint": "h:1"}) \
-        == run.config_hash
+    assert config_hash({**run.config, "progress": True, "checkpoint": False, "rdzv_endpoint": "h:1"}) == run.config_hash
     assert config_hash({**run.config, "seed": 1}) != run.config_hash
     assert config_hash({**run.config, "lr": 0.3}) != run.config_hash
     assert plan(tmp_path, BASIC)[0].run_id == run.run_id  # stable across processes and calls
@@ -123,25 +131,36 @@ def test_a_trainscale_that_adds_a_flag_keeps_the_run_ids(tmp_path):
     assert config_hash(older) == run.config_hash
 
 
-@pytest.mark.parametrize("text, line, fragment", [
-    ('name = "x"\n[base]\nmodel = "mlp"\nepochz = 3\n', 4, "unknown key 'epochz' (did you mean 'epochs'?)"),
-    ('name = "x"\nrepeat = 2\n', 2, "unknown key 'repeat' (did you mean 'repeats'?)"),
-    ('name = "x"\n[axes]\nlr = [0.1]\nbatchsize = [64]\n', 4, "unknown key 'batchsize'"),
-    ('name = "x"\n\n[[rows]]\nshort_name = "a"\nwrokers = 2\n', 5, "unknown key 'wrokers' (did you mean 'workers'?)"),
-    ('name = "x"\n[scale.quick]\nepochs = 1\nmodle = "mlp"\n', 4, "unknown key 'modle'"),
-    ('name = "x"\n[base]\nepochs = "ten"\n', 3, "'epochs' must be int, got 'ten'"),
-    ('name = "x"\n[base]\nmodel = "mlp"\n[axes]\nepochs = [1, 0]\n', 5, "--epochs must be a positive integer, got 0"),
-    ('name = "x"\n[base]\nmodel = "mlp"\nlr = -1.0\n', 4, "--lr must be >= 0"),
-    ('name = "x"\n[base]\nmodel = "resnet23"\n', 3, "did you mean 'resnet32'"),
-    ('name = "x"\n[axes]\n\nlr = []\n', 4, "axis 'lr' is empty"),
-    ('name = "x"\n[axes]\nlr = 0.1\n', 3, "axis 'lr' must be a list"),
-    ('name = "x"\n[base]\nout = "somewhere"\n', 3, "key 'out' is set by `trainscale bench`"),
-    ('name = "x"\n[[rows]]\nlr = 0.1\naxes.lr = [0.2]\n', 4, "'lr' is an axis and is also set by row"),
-    ('name = "x"\n[[rows]]\nworkers = 3\nbatch_size = 100\n', 4, "not divisible by 3 workers"),
-    ('name = "x"\n[scale.quick]\nrows = ["nope"]\n', 3, "no row has short_name 'nope'"),
-    ('[base]\nmodel = "mlp"\n', None, "the grid needs a 'name'"),
-    ('name = "x"\n[[rows]]\nshort_name = "a"\n[[rows]]\nshort_name = "b"\n', None, "have the same settings"),
-])
+@pytest.mark.parametrize(
+    "text, line, fragment",
+    [
+        ('name = "x"\n[base]\nmodel = "mlp"\nepochz = 3\n', 4, "unknown key 'epochz' (did you mean 'epochs'?)"),
+        ('name = "x"\nrepeat = 2\n', 2, "unknown key 'repeat' (did you mean 'repeats'?)"),
+        ('name = "x"\n[axes]\nlr = [0.1]\nbatchsize = [64]\n', 4, "unknown key 'batchsize'"),
+        (
+            'name = "x"\n\n[[rows]]\nshort_name = "a"\nwrokers = 2\n',
+            5,
+            "unknown key 'wrokers' (did you mean 'workers'?)",
+        ),
+        ('name = "x"\n[scale.quick]\nepochs = 1\nmodle = "mlp"\n', 4, "unknown key 'modle'"),
+        ('name = "x"\n[base]\nepochs = "ten"\n', 3, "'epochs' must be int, got 'ten'"),
+        (
+            'name = "x"\n[base]\nmodel = "mlp"\n[axes]\nepochs = [1, 0]\n',
+            5,
+            "--epochs must be a positive integer, got 0",
+        ),
+        ('name = "x"\n[base]\nmodel = "mlp"\nlr = -1.0\n', 4, "--lr must be >= 0"),
+        ('name = "x"\n[base]\nmodel = "resnet23"\n', 3, "did you mean 'resnet32'"),
+        ('name = "x"\n[axes]\n\nlr = []\n', 4, "axis 'lr' is empty"),
+        ('name = "x"\n[axes]\nlr = 0.1\n', 3, "axis 'lr' must be a list"),
+        ('name = "x"\n[base]\nout = "somewhere"\n', 3, "key 'out' is set by `trainscale bench`"),
+        ('name = "x"\n[[rows]]\nlr = 0.1\naxes.lr = [0.2]\n', 4, "'lr' is an axis and is also set by row"),
+        ('name = "x"\n[[rows]]\nworkers = 3\nbatch_size = 100\n', 4, "not divisible by 3 workers"),
+        ('name = "x"\n[scale.quick]\nrows = ["nope"]\n', 3, "no row has short_name 'nope'"),
+        ('[base]\nmodel = "mlp"\n', None, "the grid needs a 'name'"),
+        ('name = "x"\n[[rows]]\nshort_name = "a"\n[[rows]]\nshort_name = "b"\n', None, "have the same settings"),
+    ],
+)
 def test_bad_grids_fail_naming_file_line_and_key(tmp_path, text, line, fragment):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -163,11 +182,14 @@ def test_invalid_toml_is_a_grid_error(tmp_path):
         load_grid(grid_file(tmp_path, 'name = "x"\n[base\n'))
 
 
-@pytest.mark.parametrize("text, line", [
-    ('name = "x"\n[[rows]]\nshort_name = "a"\nmode = "lcoal"\n', 4),
-    ('name = "x"\n[axes]\nmode = ["local", "lcoal"]\n', 3),
-    ('name = "x"\n[base]\nmodel = "mlp"\nmode = "lcoal"\n', 4),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ('name = "x"\n[[rows]]\nshort_name = "a"\nmode = "lcoal"\n', 4),
+        ('name = "x"\n[axes]\nmode = ["local", "lcoal"]\n', 3),
+        ('name = "x"\n[base]\nmodel = "mlp"\nmode = "lcoal"\n', 4),
+    ],
+)
 def test_unknown_mode_names_file_line_and_a_suggestion(tmp_path, text, line):
     path = tmp_path / "modes.toml"
     path.write_text(text)
@@ -199,10 +221,21 @@ def test_locator_maps_tables_rows_dotted_and_multiline_keys():
         quick.epochs = 1
     """).lstrip()
     lines = KeyLocator(text)
-    assert [lines.line(p) for p in ("name", "base.model", "axes.workers", "axes.lr", "rows[0].short_name",
-                                     "rows[1].batch_size", "rows[1].axes.momentum", "scale.quick.axes.workers",
-                                     "rows[1].scale.quick.epochs", "rows[1].nothing")] \
-        == [1, 3, 5, 8, 10, 12, 13, 15, 17, 11]
+    assert [
+        lines.line(p)
+        for p in (
+            "name",
+            "base.model",
+            "axes.workers",
+            "axes.lr",
+            "rows[0].short_name",
+            "rows[1].batch_size",
+            "rows[1].axes.momentum",
+            "scale.quick.axes.workers",
+            "rows[1].scale.quick.epochs",
+            "rows[1].nothing",
+        )
+    ] == [1, 3, 5, 8, 10, 12, 13, 15, 17, 11]
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=[p.stem for p in GRIDS])
@@ -222,8 +255,15 @@ def test_shipped_grids_validate(path, scale):
 
 
 def test_every_results_page_has_its_grid():
-    assert [p.stem for p in GRIDS] == ["plan_accuracy", "seed000_multiverso", "seed001_mxnet_multigpu", "seed002_mxnet_dist",
-                                       "seed003_keras_scaling", "seed004_compression", "slow_links"]
+    assert [p.stem for p in GRIDS] == [
+        "plan_accuracy",
+        "seed000_multiverso",
+        "seed001_mxnet_multigpu",
+        "seed002_mxnet_dist",
+        "seed003_keras_scaling",
+        "seed004_compression",
+        "slow_links",
+    ]
 
 
 def test_the_slow_links_grid_runs_every_method_at_three_bandwidths_on_four_hosts():
@@ -243,10 +283,30 @@ def test_the_slow_links_grid_runs_every_method_at_three_bandwidths_on_four_hosts
 
 
 def test_set_values_are_toml_and_a_bare_word_is_text():
-    sets = parse_sets(["epochs=2", "lr=0.05", 'precision="bf16"', "compress=topk", "milestones=[2, 3]",
-                       "nesterov=true", "batch-size=64", "rdzv_id=42", "data_dir=/data/cifar"])
-    assert sets == {"epochs": 2, "lr": 0.05, "precision": "bf16", "compress": "topk", "milestones": [2, 3],
-                    "nesterov": True, "batch_size": 64, "rdzv_id": "42", "data_dir": "/data/cifar"}
+    sets = parse_sets(
+        [
+            "epochs=2",
+            "lr=0.05",
+            'precision="bf16"',
+            "compress=topk",
+            "milestones=[2, 3]",
+            "nesterov=true",
+            "batch-size=64",
+            "rdzv_id=42",
+            "data_dir=/data/cifar",
+        ]
+    )
+    assert sets == {
+        "epochs": 2,
+        "lr": 0.05,
+        "precision": "bf16",
+        "compress": "topk",
+        "milestones": [2, 3],
+        "nesterov": True,
+        "batch_size": 64,
+        "rdzv_id": "42",
+        "data_dir": "/data/cifar",
+    }
 
 
 def test_set_wins_over_every_layer_of_the_grid(tmp_path):
@@ -282,17 +342,22 @@ def test_set_changes_the_config_hash_so_old_runs_are_never_reused(tmp_path):
     assert not {r.config_hash for r in data} & {r.config_hash for r in base}
 
 
-@pytest.mark.parametrize("items, fragment", [
-    (["epochz=3"], "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
-                   "`trainscale train` flags"),
-    (["epochs=ten"], "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
-    (["lr=[0.1]"], "--set lr=[0.1]: 'lr' must be float, got [0.1]"),
-    (["milestones=[2,3"], "--set milestones=[2,3: '[2,3' is not a TOML value"),
-    (["out=elsewhere"], "--set out=\"elsewhere\": key 'out' is set by `trainscale bench` for each run"),
-    (["resume=true"], "--set resume=true: key 'resume' is set by `trainscale bench`"),
-    (["epochs"], "--set epochs: give KEY=VALUE"),
-    (["epochs=1", "epochs=2"], "--set epochs=2: 'epochs' is given twice with --set"),
-])
+@pytest.mark.parametrize(
+    "items, fragment",
+    [
+        (
+            ["epochz=3"],
+            "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?); --set takes the `trainscale train` flags",
+        ),
+        (["epochs=ten"], "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
+        (["lr=[0.1]"], "--set lr=[0.1]: 'lr' must be float, got [0.1]"),
+        (["milestones=[2,3"], "--set milestones=[2,3: '[2,3' is not a TOML value"),
+        (["out=elsewhere"], "--set out=\"elsewhere\": key 'out' is set by `trainscale bench` for each run"),
+        (["resume=true"], "--set resume=true: key 'resume' is set by `trainscale bench`"),
+        (["epochs"], "--set epochs: give KEY=VALUE"),
+        (["epochs=1", "epochs=2"], "--set epochs=2: 'epochs' is given twice with --set"),
+    ],
+)
 def test_bad_set_is_one_line_naming_it(items, fragment):
     with pytest.raises(GridError) as info:
         parse_sets(items)
@@ -303,15 +368,21 @@ def test_bad_set_is_one_line_naming_it(items, fragment):
 TWO_ROWS = 'name = "x"\n[base]\nmodel = "mlp"\n[axes]\nlr = [0.1]\n[[rows]]\nmomentum = 0.0\n[[rows]]\nmomentum = 0.9\n'
 
 
-@pytest.mark.parametrize("text, sets, fragment", [
-    (BASIC, {"epochz": 3}, "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?)"),
-    (BASIC, {"epochs": "ten"}, "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
-    (BASIC, {"progress": True}, "--set progress=true: key 'progress' is set by `trainscale bench`"),
-    (BASIC, {"epochs": 0}, "--set epochs=0: --epochs must be a positive integer, got 0"),
-    (BASIC, {"mode": "lcoal"}, "--set mode=\"lcoal\": unknown mode 'lcoal' (did you mean 'local'?)"),
-    (TWO_ROWS, {"momentum": 0.5}, ": runs 'lr0.1' and 'lr0.1' have the same settings once --set momentum=0.5 "
-                                  "applies to every run"),
-])
+@pytest.mark.parametrize(
+    "text, sets, fragment",
+    [
+        (BASIC, {"epochz": 3}, "--set epochz=3: unknown key 'epochz' (did you mean 'epochs'?)"),
+        (BASIC, {"epochs": "ten"}, "--set epochs=\"ten\": 'epochs' must be int, got 'ten'"),
+        (BASIC, {"progress": True}, "--set progress=true: key 'progress' is set by `trainscale bench`"),
+        (BASIC, {"epochs": 0}, "--set epochs=0: --epochs must be a positive integer, got 0"),
+        (BASIC, {"mode": "lcoal"}, "--set mode=\"lcoal\": unknown mode 'lcoal' (did you mean 'local'?)"),
+        (
+            TWO_ROWS,
+            {"momentum": 0.5},
+            ": runs 'lr0.1' and 'lr0.1' have the same settings once --set momentum=0.5 applies to every run",
+        ),
+    ],
+)
 def test_set_is_checked_when_the_runs_are_planned(tmp_path, text, sets, fragment):
     """Planning checks --set values too (a caller of plan_runs may skip parse_sets), naming the --set."""
     with pytest.raises(GridError) as info:
@@ -330,11 +401,14 @@ REMOTE = """
 """
 
 
-@pytest.mark.parametrize("text, line, key", [
-    (REMOTE, 4, "hosts"),
-    ('name = "r"\n[base]\nmodel = "mlp"\n[axes]\nhosts = ["h"]\n', 5, "hosts"),
-    ('name = "r"\n[base]\nmodel = "mlp"\n[[rows]]\nshort_name = "A"\nhosts = "h"\n', 6, "hosts"),
-])
+@pytest.mark.parametrize(
+    "text, line, key",
+    [
+        (REMOTE, 4, "hosts"),
+        ('name = "r"\n[base]\nmodel = "mlp"\n[axes]\nhosts = ["h"]\n', 5, "hosts"),
+        ('name = "r"\n[base]\nmodel = "mlp"\n[[rows]]\nshort_name = "A"\nhosts = "h"\n', 6, "hosts"),
+    ],
+)
 def test_a_grid_that_sets_ssh_or_hosts_is_refused_without_allow_ssh(tmp_path, text, line, key):
     grid = load_grid(grid_file(tmp_path, text))
     with pytest.raises(GridError) as info:
@@ -385,15 +459,20 @@ def test_cluster_hosts_and_bandwidth_name_a_cluster_the_bench_makes(tmp_path):
     from trainscale.cluster.bench import bench_cluster, take_cluster_keys
 
     path = tmp_path / "g.toml"
-    path.write_text('name = "c"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n'
-                    '[axes]\ncluster_hosts = [2, 4]\nbandwidth = ["100mbit", "1gbit"]\n')
+    path.write_text(
+        'name = "c"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n'
+        '[axes]\ncluster_hosts = [2, 4]\nbandwidth = ["100mbit", "1gbit"]\n'
+    )
     specs = plan_runs(load_grid(path), None)
     assert sorted(s.config["cluster"] for s in specs) == ["b2h100mbit", "b2h1gbit", "b4h100mbit", "b4h1gbit"]
     assert bench_cluster("b4h100mbit") == (4, 100_000_000) and bench_cluster("lab") is None
     assert take_cluster_keys({"lr": 0.1}) == {"lr": 0.1}
-    for values, fragment in (({"cluster_hosts": 2}, "go together"), ({"cluster_hosts": 1, "bandwidth": "1gbit"},
-                             "--hosts must be between"), ({"cluster_hosts": 2, "bandwidth": "1gbps"}, "--bandwidth"),
-                             ({"cluster_hosts": 2, "bandwidth": "1gbit", "cluster": "lab"}, "not both")):
+    for values, fragment in (
+        ({"cluster_hosts": 2}, "go together"),
+        ({"cluster_hosts": 1, "bandwidth": "1gbit"}, "--hosts must be between"),
+        ({"cluster_hosts": 2, "bandwidth": "1gbps"}, "--bandwidth"),
+        ({"cluster_hosts": 2, "bandwidth": "1gbit", "cluster": "lab"}, "not both"),
+    ):
         with pytest.raises(ConfigError, match=fragment):
             take_cluster_keys(values)
     path.write_text('name = "c"\n[base]\nmodel = "mlp"\ncluster_hosts = "two"\nbandwidth = "1gbit"\n')
@@ -410,4 +489,8 @@ def test_the_ps_lite_grid_has_emulated_cluster_scales():
     assert {emulated[n]["cluster"] for n in ("BSP", "Async")} == {"b5h1gbit"} and emulated["Async"]["servers"] == 1
     links = plan_runs(grid, "links")
     assert sorted((r.config["mode"], r.config["cluster"]) for r in links) == [
-        ("async", "b4h100mbit"), ("async", "b4h1gbit"), ("sync", "b4h100mbit"), ("sync", "b4h1gbit")]
+        ("async", "b4h100mbit"),
+        ("async", "b4h1gbit"),
+        ("sync", "b4h100mbit"),
+        ("sync", "b4h1gbit"),
+    ]

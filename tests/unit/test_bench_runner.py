@@ -8,20 +8,20 @@ import os
 import sys
 import textwrap
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
+from trainscale.app.config import TrainConfig, build_config
 from trainscale.bench.expand import plan_runs
 from trainscale.bench.grid import GridError, load_grid
 from trainscale.bench.runfolder import RunFolderError, State, folder_state, to_toml, write_run_files
 from trainscale.bench.runner import BenchOptions, run_grid
-from trainscale.app.config import TrainConfig, build_config
 
 # Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
 # (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
-FAKE_TRAIN = r'''
+FAKE_TRAIN = r"""
 import json, subprocess, sys, time, tomllib
 from pathlib import Path
 args = sys.argv[sys.argv.index("train") + 1:]
@@ -43,7 +43,7 @@ rows = [{"epoch": e + 1, "test_acc": 0.5, "train_acc": 0.5, "epoch_seconds": 1.0
 (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 (out / "summary.json").write_text(json.dumps({"epochs": config["epochs"], "epochs_completed": config["epochs"],
                                               "resumed": config.get("resume", False)}))
-'''
+"""
 
 GRID = """
     name = "fake"
@@ -61,7 +61,7 @@ def fake(tmp_path: Path) -> Path:
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_TRAIN)
     exe = tmp_path / "fakepython"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     exe.chmod(0o755)
     (tmp_path / "defaults.json").write_text(json.dumps(TrainConfig().to_dict()))
     return exe
@@ -179,8 +179,10 @@ def test_foreign_folder_is_refused(tmp_path, fake):
 
 def test_generated_run_toml_rebuilds_the_same_config(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text('name = "t"\n[base]\nmodel = "mlp"\nmilestones = [2, 3]\nweight_decay = 1e-5\n'
-                    'target_acc = 0.5\nlabel_smoothing = 0.1\n')
+    grid.write_text(
+        'name = "t"\n[base]\nmodel = "mlp"\nmilestones = [2, 3]\nweight_decay = 1e-5\n'
+        "target_acc = 0.5\nlabel_smoothing = 0.1\n"
+    )
     (spec,) = plan_runs(load_grid(grid), None)
     values = tomllib.loads(to_toml(spec.config))
     rebuilt = build_config(values).to_dict()
@@ -227,8 +229,11 @@ def test_set_and_data_dir_reach_the_plan_and_every_run_config(tmp_path, fake):
 def test_changed_set_plans_new_runs_and_is_refused_unless_update(tmp_path, fake):
     first = run_grid(options(tmp_path, fake, "[0.1]"))
     changed = options(tmp_path, fake, "[0.1]", sets={"epochs": 3})
-    with pytest.raises(GridError, match=r"other settings \(no --set -> --set epochs=3; 1 run\(s\) no longer "
-                                        r"planned, 1 new\)"):
+    with pytest.raises(
+        GridError,
+        match=r"other settings \(no --set -> --set epochs=3; 1 run\(s\) no longer "
+        r"planned, 1 new\)",
+    ):
         run_grid(changed)
     changed.update = True
     (second,) = run_grid(changed)
@@ -242,8 +247,22 @@ def test_cli_set_overrides_the_grid_in_the_dry_run(tmp_path, capsys):
 
     grid = tmp_path / "g.toml"
     grid.write_text('name = "t"\n[base]\nmodel = "mlp"\nepochs = 5\n[axes]\nlr = [0.1, 0.2]\n')
-    assert main(["bench", str(grid), "--out", str(tmp_path / "o"), "--dry-run", "--set", "epochs=2",
-                 "--set", "precision=bf16"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(grid),
+                "--out",
+                str(tmp_path / "o"),
+                "--dry-run",
+                "--set",
+                "epochs=2",
+                "--set",
+                "precision=bf16",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert 'grid t (scale none, --set epochs=2 --set precision="bf16"): 2 run(s)' in out
     rows = [line.split() for line in out.splitlines()[3:]]
@@ -251,16 +270,26 @@ def test_cli_set_overrides_the_grid_in_the_dry_run(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--set", "epochz=2"], "--set epochz=2: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
-                            "`trainscale train` flags (see `trainscale train --help`)"),
-    (["--set", "epochs=two"], "--set epochs=\"two\": 'epochs' must be int, got 'two'"),
-    (["--set", "out=x"], "--set out=\"x\": key 'out' is set by `trainscale bench` for each run; it cannot be given "
-                         "with --set"),
-    (["--data-dir", "{tmp}/no-such-data"], "--data-dir {tmp}/no-such-data: no such folder"),
-    (["--data-dir", "{tmp}", "--set", "data_dir=/x"], "--data-dir {tmp} and --set data_dir=\"/x\" both choose the "
-                                                      "data folder; give one"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--set", "epochz=2"],
+            "--set epochz=2: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
+            "`trainscale train` flags (see `trainscale train --help`)",
+        ),
+        (["--set", "epochs=two"], "--set epochs=\"two\": 'epochs' must be int, got 'two'"),
+        (
+            ["--set", "out=x"],
+            "--set out=\"x\": key 'out' is set by `trainscale bench` for each run; it cannot be given with --set",
+        ),
+        (["--data-dir", "{tmp}/no-such-data"], "--data-dir {tmp}/no-such-data: no such folder"),
+        (
+            ["--data-dir", "{tmp}", "--set", "data_dir=/x"],
+            '--data-dir {tmp} and --set data_dir="/x" both choose the data folder; give one',
+        ),
+    ],
+)
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_cli_bad_set_or_data_dir_is_one_line_and_status_2_before_any_run(tmp_path, capsys, flags, message, dry_run):
     from trainscale.cli import main
@@ -280,8 +309,9 @@ def test_descendants_finds_the_process_tree():
 
     from trainscale.bench.process import descendants
 
-    child = subprocess.Popen([sys.executable, "-c", "import subprocess,time; "
-                              "p=subprocess.Popen(['sleep','30']); time.sleep(30)"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess,time; p=subprocess.Popen(['sleep','30']); time.sleep(30)"]
+    )
     try:
         for _ in range(50):
             found = descendants(os.getpid())
@@ -296,7 +326,7 @@ def test_descendants_finds_the_process_tree():
         child.wait()
 
 
-@pytest.mark.parametrize("scales", ["", '[scale.quick]\nepochs = 1\n'])
+@pytest.mark.parametrize("scales", ["", "[scale.quick]\nepochs = 1\n"])
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_scale_the_grid_lacks_is_one_line_and_status_2(tmp_path, capsys, scales, dry_run):
     """Also on a grid without scales: running its own settings under a name the user asked for would record

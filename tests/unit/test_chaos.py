@@ -25,30 +25,42 @@ def test_link_cuts_never_take_host_0():
 
 
 def fault(steps_lost=1, detection=0.5, recovery=8.0):
-    return {"kind": "kill", "rank": 1, "step": 5, "steps_lost": steps_lost, "detection_seconds": detection,
-            "recovery_seconds": recovery}
+    return {
+        "kind": "kill",
+        "rank": 1,
+        "step": 5,
+        "steps_lost": steps_lost,
+        "detection_seconds": detection,
+        "recovery_seconds": recovery,
+    }
 
 
-@pytest.mark.parametrize("faults, kept, equal, met", [
-    ([fault(), fault(detection=1.9)], 0.9, True, True),
-    ([fault(steps_lost=2)], 0.9, True, False),
-    ([fault(detection=2.5)], 0.9, True, False),
-    ([fault(recovery=None)], 0.9, True, False),  # never healed
-    ([fault()], 0.8, True, False),
-    ([fault()], 0.9, False, False),
-    ([], 1.0, True, False),  # nothing was tested
-])
+@pytest.mark.parametrize(
+    "faults, kept, equal, met",
+    [
+        ([fault(), fault(detection=1.9)], 0.9, True, True),
+        ([fault(steps_lost=2)], 0.9, True, False),
+        ([fault(detection=2.5)], 0.9, True, False),
+        ([fault(recovery=None)], 0.9, True, False),  # never healed
+        ([fault()], 0.8, True, False),
+        ([fault()], 0.9, False, False),
+        ([], 1.0, True, False),  # nothing was tested
+    ],
+)
 def test_the_goals(faults, kept, equal, met):
     assert chaos.verdict(faults, kept, equal)["goals_met"] is met
 
 
-@pytest.mark.parametrize("mode, lost, skipped, met", [
-    ("async", 1, 0, True),
-    ("async", 2, 0, False),
-    ("ma", 2, 0, True),  # ma loses the local steps since its last average: up to its period (4 by default)
-    ("ma", 5, 0, False),
-    ("ps-sync", 1, 3, False),  # a batch no push committed
-])
+@pytest.mark.parametrize(
+    "mode, lost, skipped, met",
+    [
+        ("async", 1, 0, True),
+        ("async", 2, 0, False),
+        ("ma", 2, 0, True),  # ma loses the local steps since its last average: up to its period (4 by default)
+        ("ma", 5, 0, False),
+        ("ps-sync", 1, 3, False),  # a batch no push committed
+    ],
+)
 def test_the_parameter_server_goals(mode, lost, skipped, met):
     result = chaos.ps_verdict([fault(steps_lost=lost)], 0.9, skipped, {"mode": mode})
     assert result["goals_met"] is met and result["batches_skipped"] == skipped

@@ -13,16 +13,43 @@ def test_valid_names(name: str) -> None:
     assert net.validate_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "-a", "a b", "a_b", "a/b", "a.b", "x" * 17, "é", "a\nb", "a\n", "demo\n",
-                                  "a\t", "a\x00", "..", "x" * 16 + "\n"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "-a",
+        "a b",
+        "a_b",
+        "a/b",
+        "a.b",
+        "x" * 17,
+        "é",
+        "a\nb",
+        "a\n",
+        "demo\n",
+        "a\t",
+        "a\x00",
+        "..",
+        "x" * 16 + "\n",
+    ],
+)
 def test_invalid_names_are_one_line(name: str) -> None:
     with pytest.raises(ConfigError) as info:
         net.validate_name(name)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("text, bits", [("500kbit", 500_000), ("100mbit", 100_000_000), ("1gbit", 10**9),
-                                        ("1.5mbit", 1_500_000), ("8000bit", 8000), (" 20MBit ", 20_000_000)])
+@pytest.mark.parametrize(
+    "text, bits",
+    [
+        ("500kbit", 500_000),
+        ("100mbit", 100_000_000),
+        ("1gbit", 10**9),
+        ("1.5mbit", 1_500_000),
+        ("8000bit", 8000),
+        (" 20MBit ", 20_000_000),
+    ],
+)
 def test_parse_rate(text: str, bits: int) -> None:
     assert net.parse_rate(text) == bits
 
@@ -77,8 +104,21 @@ def test_burst_covers_one_tick_at_hz_100() -> None:
 def test_host_plan_shapes_both_directions() -> None:
     plan = net.plan_host(net.Cluster("lab", (10**9, 10**8)), 1)
     assert ["ip", "netns", "add", "tsc-lab-h1"] == plan[0]
-    assert ["ip", "link", "add", "eth0", "netns", "tsc-lab-h1", "type", "veth", "peer", "name", "p1", "netns",
-            "tsc-lab-sw"] in plan
+    assert [
+        "ip",
+        "link",
+        "add",
+        "eth0",
+        "netns",
+        "tsc-lab-h1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "p1",
+        "netns",
+        "tsc-lab-sw",
+    ] in plan
     assert ["ip", "-n", "tsc-lab-h1", "addr", "add", "10.77.0.2/24", "dev", "eth0"] in plan
     shapers = [argv for argv in plan if argv[0] == "tc"]
     assert [(a[2], a[6]) for a in shapers] == [("tsc-lab-h1", "eth0"), ("tsc-lab-sw", "p1")]
@@ -96,8 +136,11 @@ def test_switch_plan_and_link_commands() -> None:
 def test_namespaces_map_back_to_their_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     listing = "tsc-a-sw (id: 1)\ntsc-a-h0\ntsc-a-b-sw\ntsc-a-b-h10\nts-l0-abc123\nother\ntsc-a-h1-h0\n"
     monkeypatch.setattr(net, "run", lambda argv: listing)
-    assert net.trainscale_namespaces() == {"a": ["tsc-a-sw", "tsc-a-h0"], "a-b": ["tsc-a-b-sw", "tsc-a-b-h10"],
-                                           "a-h1": ["tsc-a-h1-h0"]}
+    assert net.trainscale_namespaces() == {
+        "a": ["tsc-a-sw", "tsc-a-h0"],
+        "a-b": ["tsc-a-b-sw", "tsc-a-b-h10"],
+        "a-h1": ["tsc-a-h1-h0"],
+    }
 
 
 def test_failed_command_is_one_line() -> None:

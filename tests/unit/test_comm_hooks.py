@@ -34,14 +34,25 @@ def test_commstats_per_step_and_reset():
     stats.record(60, last_bucket=True)
     stats.record(160, last_bucket=True, calls=2)
     stats.exchange_seconds, stats.comm_seconds, stats.hidden_seconds = 0.5, 0.8, 0.4
-    assert stats.per_step() == {"bytes_sent_per_step": 160.0, "allreduce_calls_per_step": 2.0,
-                                "comm_seconds_per_step": 0.25, "comm_ms_per_step": 400.0,
-                                "hidden_ms_per_step": 200.0}
+    assert stats.per_step() == {
+        "bytes_sent_per_step": 160.0,
+        "allreduce_calls_per_step": 2.0,
+        "comm_seconds_per_step": 0.25,
+        "comm_ms_per_step": 400.0,
+        "hidden_ms_per_step": 200.0,
+    }
     total = CommStats()
     total.add(stats)
     stats.reset()
-    assert (total.bytes_sent, total.steps, total.exchange_seconds, total.hidden_seconds, stats.steps,
-            stats.exchange_seconds, stats.hidden_seconds) == (320, 2, 0.5, 0.4, 0, 0.0, 0.0)
+    assert (
+        total.bytes_sent,
+        total.steps,
+        total.exchange_seconds,
+        total.hidden_seconds,
+        stats.steps,
+        stats.exchange_seconds,
+        stats.hidden_seconds,
+    ) == (320, 2, 0.5, 0.4, 0, 0.0, 0.0)
 
 
 class FakeClock:

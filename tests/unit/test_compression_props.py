@@ -27,17 +27,26 @@ from trainscale.compression import (
     list_compressors,
     make_reducer,
 )
-from trainscale.compression.bitpack import bits_for, pack_bits, packed_nbytes, unpack_bits
 from trainscale.compression.base import COMPRESSORS
+from trainscale.compression.bitpack import bits_for, pack_bits, packed_nbytes, unpack_bits
 from trainscale.compression.methods.sparse import _Sparse, count_for, format_nbytes, kept_indices, top_magnitudes
 from trainscale.errors import ConfigError
 
-PARAMS = {"randomk": {"ratio": 0.1}, "topk": {"ratio": 0.1}, "threshold": {"threshold": 0.5},
-          "qsgd": {"qstates": 7}, "dgc": {"ratio": 0.1}, "powersgd": {"rank": 1}}
+PARAMS = {
+    "randomk": {"ratio": 0.1},
+    "topk": {"ratio": 0.1},
+    "threshold": {"threshold": 0.5},
+    "qsgd": {"qstates": 7},
+    "dgc": {"ratio": 0.1},
+    "powersgd": {"rank": 1},
+}
 FAST = settings(max_examples=25, deadline=None)
 
-arrays = hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=7),
-                    elements=st.floats(-1e3, 1e3, width=32))
+arrays = hnp.arrays(
+    np.float32,
+    hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=7),
+    elements=st.floats(-1e3, 1e3, width=32),
+)
 
 
 def make(name: str, **overrides):
@@ -51,6 +60,7 @@ def roundtrip(name: str, x: torch.Tensor, key: str = "w", step: int = 0) -> torc
 
 # --- every compressor ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", list_compressors())
 @FAST
 @given(x=arrays)
@@ -62,9 +72,19 @@ def test_decode_encode_keeps_shape_dtype_and_is_finite(name, x):
 
 
 @pytest.mark.parametrize("name", list_compressors())
-@pytest.mark.parametrize("x", [torch.zeros(0), torch.zeros(0, 3), torch.tensor(2.5), torch.tensor([-1.0]),
-                               torch.zeros(17), torch.zeros(4, 5), torch.full((9,), 3.0)],
-                         ids=["empty", "empty2d", "scalar", "one", "zeros", "zeros2d", "constant"])
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.zeros(0),
+        torch.zeros(0, 3),
+        torch.tensor(2.5),
+        torch.tensor([-1.0]),
+        torch.zeros(17),
+        torch.zeros(4, 5),
+        torch.full((9,), 3.0),
+    ],
+    ids=["empty", "empty2d", "scalar", "one", "zeros", "zeros2d", "constant"],
+)
 def test_degenerate_tensors_are_safe(name, x):
     y = roundtrip(name, x)
     assert y.shape == x.shape and torch.isfinite(y).all()
@@ -126,9 +146,12 @@ def test_error_feedback_class_keeps_what_was_not_sent():
 
 # --- sparsifiers -----------------------------------------------------------------------------------
 
+
 @FAST
-@given(x=hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-10, 10, width=32), unique=True),
-       ratio=st.floats(0.01, 1.0))
+@given(
+    x=hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-10, 10, width=32), unique=True),
+    ratio=st.floats(0.01, 1.0),
+)
 def test_topk_keeps_exactly_the_largest_magnitudes(x, ratio):
     t = torch.from_numpy(x)
     c = create_compressor("topk", ratio=ratio)
@@ -207,11 +230,15 @@ def test_top_magnitudes_finds_the_same_set_as_a_full_topk(shape):
     """The sampled threshold only narrows where torch.topk looks; the kept set never changes."""
     gen = torch.Generator().manual_seed(1)
     n = 200_003
-    x = {"normal": lambda: torch.randn(n, generator=gen),
-         "heavy": lambda: torch.randn(n, generator=gen) ** 5,
-         "spikes": lambda: torch.zeros(n).index_fill_(0, torch.randint(n, (500,), generator=gen), 3.0) +
-         1e-3 * torch.randn(n, generator=gen),
-         "ties": lambda: torch.randint(-3, 4, (n,), generator=gen).float()}[shape]()
+    x = {
+        "normal": lambda: torch.randn(n, generator=gen),
+        "heavy": lambda: torch.randn(n, generator=gen) ** 5,
+        "spikes": lambda: (
+            torch.zeros(n).index_fill_(0, torch.randint(n, (500,), generator=gen), 3.0)
+            + 1e-3 * torch.randn(n, generator=gen)
+        ),
+        "ties": lambda: torch.randint(-3, 4, (n,), generator=gen).float(),
+    }[shape]()
     for k in (1, 37, 2_000, 20_000):
         got = top_magnitudes(x, k)
         assert got.numel() == k == got.unique().numel()
@@ -278,9 +305,17 @@ def test_a_dense_threshold_payload_costs_no_more_than_dense_at_the_collective():
 
 # --- quantisers ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,params", [("terngrad", {}), ("qsgd", {"qstates": 4}), ("qsgd", {"qstates": 255}),
-                                         ("qsgd", {"qstates": 3, "bucket_size": 16}),
-                                         ("randomk", {"ratio": 0.2, "unbiased": True})])
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("terngrad", {}),
+        ("qsgd", {"qstates": 4}),
+        ("qsgd", {"qstates": 255}),
+        ("qsgd", {"qstates": 3, "bucket_size": 16}),
+        ("randomk", {"ratio": 0.2, "unbiased": True}),
+    ],
+)
 def test_stochastic_compressors_are_unbiased(name, params):
     x = torch.randn(50, generator=torch.Generator().manual_seed(1))
     c = create_compressor(name, seed=3, **params)
@@ -351,6 +386,7 @@ def test_signsgd_majority_vote():
 
 # --- PowerSGD and DGC ------------------------------------------------------------------------------
 
+
 def test_powersgd_factors_and_dense_small_tensors():
     c = create_compressor("powersgd", rank=2)
     w = torch.randn(64, 32, 3, 3)
@@ -382,6 +418,7 @@ def test_dgc_sparsity_warmup_and_momentum_masking():
 
 # --- bit packing -----------------------------------------------------------------------------------
 
+
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), bits=st.integers(1, 16))
 def test_bitpack_roundtrip(data, bits):
@@ -400,10 +437,17 @@ def test_bitpack_is_exactly_n_times_b_over_8_for_multiples_of_8():
 
 # --- exchange, byte accounting, reducers, registry -------------------------------------------------
 
+
 def test_exchange_counts_bytes_handed_to_collectives():
     x = torch.randn(10_000)
-    for name, expected in [("none", 40_000), ("fp16", 20_000), ("topk", 100 * 8), ("randomk", 100 * 4),
-                           ("terngrad", 2_500 + 4), ("signsgd", 1_250 + 4)]:
+    for name, expected in [
+        ("none", 40_000),
+        ("fp16", 20_000),
+        ("topk", 100 * 8),
+        ("randomk", 100 * 4),
+        ("terngrad", 2_500 + 4),
+        ("signsgd", 1_250 + 4),
+    ]:
         stats = CompressionStats()
         Exchange(create_compressor(name, **({"ratio": 0.01} if "k" in name else {})), stats=stats).reduce([("w", x)])
         assert stats.bytes_sent == expected, name
@@ -443,7 +487,7 @@ def test_variable_size_exchange_counts_its_size_exchange():
 def test_manual_reducer_single_process(name, granularity):
     model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     reducer = make_reducer(model, name, granularity, error_feedback=True, **PARAMS.get(name, {}))
-    for step in range(2):
+    for _ in range(2):
         model.zero_grad()
         model(torch.randn(8, 20)).pow(2).mean().backward()
         reducer.reduce()
@@ -471,8 +515,20 @@ def test_manual_reducer_warmup_is_dense():
 
 
 def test_registry_names_aliases_and_errors():
-    assert {"none", "fp16", "bf16", "randomk", "topk", "threshold", "terngrad", "qsgd", "signsgd", "efsignsgd",
-            "powersgd", "dgc"} <= set(list_compressors())
+    assert {
+        "none",
+        "fp16",
+        "bf16",
+        "randomk",
+        "topk",
+        "threshold",
+        "terngrad",
+        "qsgd",
+        "signsgd",
+        "efsignsgd",
+        "powersgd",
+        "dgc",
+    } <= set(list_compressors())
     assert create_compressor("Thresholdv", threshold=0.1).name == "threshold"
     assert create_compressor("TopK", ratio=0.1, seed=None).name == "topk"
     with pytest.raises(ConfigError, match="did you mean 'topk'"):
@@ -497,8 +553,13 @@ def test_resnet9_payloads_meet_the_issue_targets(granularity):
     if granularity == "entire":
         grads = [("entire", torch.cat([g.reshape(-1) for _, g in grads]))]
     dense = 4 * 6_573_120
-    targets = {"topk": ({"ratio": 0.01}, 45), "randomk": ({"ratio": 0.01}, 90), "terngrad": ({}, 14),
-               "signsgd": ({}, 28), "qsgd": ({"qstates": 255}, 3.5)}
+    targets = {
+        "topk": ({"ratio": 0.01}, 45),
+        "randomk": ({"ratio": 0.01}, 90),
+        "terngrad": ({}, 14),
+        "signsgd": ({}, 28),
+        "qsgd": ({"qstates": 255}, 3.5),
+    }
     for name, (params, need) in targets.items():
         c = create_compressor(name, **params)
         sent = sum(c.encode(g, UnitContext(k)).nbytes for k, g in grads)
@@ -518,8 +579,9 @@ def test_error_feedback_with_a_noisy_quantiser_is_warned(caplog):
     from trainscale.compression.setup import validate_compression
 
     with caplog.at_level("WARNING", logger="trainscale.compression"):
-        plan = validate_compression(CompressionConfig(compress="qsgd", qstates=7, qsgd_bucket=128, error_feedback=True),
-                                    0, epochs=1)
+        plan = validate_compression(
+            CompressionConfig(compress="qsgd", qstates=7, qsgd_bucket=128, error_feedback=True), 0, epochs=1
+        )
     assert plan.params == {"qstates": 7, "bucket_size": 128, "seed": 0}
     assert "--error-feedback with qsgd" in caplog.text
     caplog.clear()

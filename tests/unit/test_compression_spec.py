@@ -44,6 +44,7 @@ def topk_bytes(numel: int, ratio: float) -> int:
 
 # --- one vocabulary ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["async", "ps-sync", "ma"])
 def test_parameter_server_pushes_take_each_flag_under_the_compressors_own_name(mode):
     """--qsgd-bucket is QSGD's bucket_size: a push codec built from the flags must use it (it used to be dropped,
@@ -54,13 +55,18 @@ def test_parameter_server_pushes_take_each_flag_under_the_compressors_own_name(m
     assert codec.spec.params == {"bucket_size": 64, "qstates": 15, "seed": 0}
 
 
-@pytest.mark.parametrize("flags, text, described", [
-    ({"compress": "qsgd", "qsgd_bucket": 64, "qstates": 15}, "qsgd:bucket_size=64,qstates=15",
-     "qsgd(S=15, 5 bits, bucket=64)"),
-    ({"compress": "powersgd", "powersgd_rank": 3}, "powersgd:rank=3", "powersgd(rank=3)"),
-    ({"compress": "topk", "ratio": 0.05, "granularity": "entire"}, "topk:ratio=0.05,granularity=entire",
-     "topk"),
-])
+@pytest.mark.parametrize(
+    "flags, text, described",
+    [
+        (
+            {"compress": "qsgd", "qsgd_bucket": 64, "qstates": 15},
+            "qsgd:bucket_size=64,qstates=15",
+            "qsgd(S=15, 5 bits, bucket=64)",
+        ),
+        ({"compress": "powersgd", "powersgd_rank": 3}, "powersgd:rank=3", "powersgd(rank=3)"),
+        ({"compress": "topk", "ratio": 0.05, "granularity": "entire"}, "topk:ratio=0.05,granularity=entire", "topk"),
+    ],
+)
 def test_the_flags_the_planners_text_and_a_run_folders_config_give_one_spec(flags, text, described):
     cfg = build_config(BASE, {"workers": 2, **flags})
     spec = plan_from_config(cfg.compression, cfg.run.seed)  # what sync, local SGD and DiLoCo build their exchange from
@@ -70,8 +76,9 @@ def test_the_flags_the_planners_text_and_a_run_folders_config_give_one_spec(flag
 
 
 def test_a_flag_the_method_does_not_take_is_refused_naming_the_flags_it_takes():
-    with pytest.raises(ConfigError, match=re.escape("--compress qsgd does not use --ratio; it takes: --qstates, "
-                                                    "--qsgd-bucket")):
+    with pytest.raises(
+        ConfigError, match=re.escape("--compress qsgd does not use --ratio; it takes: --qstates, --qsgd-bucket")
+    ):
         build_config(BASE, {"mode": "async", "servers": 1, "compress": "qsgd", "ratio": 0.1})
 
 
@@ -94,10 +101,17 @@ def test_dgc_pushes_are_accepted_and_switch_the_servers_momentum_off():
 
 # --- compressed pushes: round trip with error feedback ---------------------------------------------------
 
+
 @pytest.mark.parametrize("granularity", ["layerwise", "entire"])
-@pytest.mark.parametrize("method, params", [("topk", {"ratio": 0.01}), ("randomk", {"ratio": 0.05, "seed": 4}),
-                                            ("qsgd", {"qstates": 15, "bucket_size": 64, "seed": 4}),
-                                            ("signsgd", {})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("topk", {"ratio": 0.01}),
+        ("randomk", {"ratio": 0.05, "seed": 4}),
+        ("qsgd", {"qstates": 15, "bucket_size": 64, "seed": 4}),
+        ("signsgd", {}),
+    ],
+)
 def test_pushes_lose_no_gradient_mass_with_error_feedback(granularity, method, params):
     """Over several pushes to two shards, what the shards decoded plus what the worker still holds back is the sum
     of the gradients: error feedback delays what compression dropped, never loses it."""
@@ -108,12 +122,12 @@ def test_pushes_lose_no_gradient_mass_with_error_feedback(granularity, method, p
     bounds = shard_bounds(1540, 2)
     gen = torch.Generator().manual_seed(1)
     pushed, applied = torch.zeros(1540), torch.zeros(1540)
-    for step in range(5):
+    for _ in range(5):
         grad = torch.randn(1540, generator=gen)
         pushed += grad
         for s, payload in enumerate(codec.encode(split(grad, bounds), epoch=0)):
             assert payload_nbytes(payload) < 4 * (bounds[s][1] - bounds[s][0])
-            applied[bounds[s][0]:bounds[s][1]] += decode_push(decoders[s], payload)
+            applied[bounds[s][0] : bounds[s][1]] += decode_push(decoders[s], payload)
     if granularity == "layerwise":  # residuals per unit, in the flat vector's order
         held = torch.cat([codec.feedback.residual(key).reshape(-1) for units in codec.layout for key, _ in units])
     else:
@@ -123,15 +137,19 @@ def test_pushes_lose_no_gradient_mass_with_error_feedback(granularity, method, p
 
 def test_layerwise_topk_pushes_cut_parameters_at_shard_boundaries_and_send_the_exact_bytes():
     model = small_model()
-    codec = PushCodec(CompressionSpec("topk", "layerwise", {"ratio": 0.01}, True),
-                      units=unit_sizes(model, list(model.parameters())))
+    codec = PushCodec(
+        CompressionSpec("topk", "layerwise", {"ratio": 0.01}, True), units=unit_sizes(model, list(model.parameters()))
+    )
     bounds = shard_bounds(1540, 2)  # [0, 770) and [770, 1540): the first weight (1,200 values) straddles them
     payloads = codec.encode(split(torch.randn(1540), bounds), epoch=0)
-    assert codec.layout == [[("shard0/0.weight", 770)],
-                            [("shard1/0.weight", 430), ("shard1/0.bias", 30), ("shard1/2.weight", 300),
-                             ("shard1/2.bias", 10)]]
-    assert [payload_nbytes(p) for p in payloads] == [topk_bytes(770, 0.01),
-                                                     sum(topk_bytes(n, 0.01) for n in (430, 30, 300, 10))]
+    assert codec.layout == [
+        [("shard0/0.weight", 770)],
+        [("shard1/0.weight", 430), ("shard1/0.bias", 30), ("shard1/2.weight", 300), ("shard1/2.bias", 10)],
+    ]
+    assert [payload_nbytes(p) for p in payloads] == [
+        topk_bytes(770, 0.01),
+        sum(topk_bytes(n, 0.01) for n in (430, 30, 300, 10)),
+    ]
 
 
 def test_a_shard_applies_a_layerwise_push_and_the_worker_keeps_the_rest():
@@ -155,16 +173,26 @@ def test_a_shard_applies_a_layerwise_push_and_the_worker_keeps_the_rest():
 
 def test_pushes_go_dense_during_the_compression_warm_up():
     model = small_model()
-    codec = PushCodec(CompressionSpec("topk", "entire", {"ratio": 0.01}, True, warmup_epochs=1),
-                      units=unit_sizes(model, list(model.parameters())))
+    codec = PushCodec(
+        CompressionSpec("topk", "entire", {"ratio": 0.01}, True, warmup_epochs=1),
+        units=unit_sizes(model, list(model.parameters())),
+    )
     pieces = split(torch.randn(1540), shard_bounds(1540, 2))
     assert all(p is q for p, q in zip(codec.encode(pieces, epoch=0), pieces)) and codec.feedback.keys() == []
     assert payload_nbytes(codec.encode(pieces, epoch=1)) == 2 * topk_bytes(770, 0.01)
 
 
 def test_the_epoch_row_reports_bytes_per_push_and_the_compression_ratio():
-    workers = {"steps": 10, "push_seconds": 1, "pull_seconds": 1, "wait_seconds": 0, "bytes_pushed": 1000,
-               "bytes_pulled": 40000, "pushes": 5, "dense_bytes_pushed": 20000}
+    workers = {
+        "steps": 10,
+        "push_seconds": 1,
+        "pull_seconds": 1,
+        "wait_seconds": 0,
+        "bytes_pushed": 1000,
+        "bytes_pulled": 40000,
+        "pushes": 5,
+        "dense_bytes_pushed": 20000,
+    }
     row = epoch_row(merge_server_stats([]), workers, epoch_seconds=1.0, servers=1)
     assert (row["bytes_per_push"], row["dense_bytes_per_push"], row["compression_ratio"]) == (200, 4000, 20)
     assert row["bytes_pushed_per_step"] == 100  # ma: one push every other step here
@@ -180,7 +208,8 @@ def test_the_planner_prices_compressed_pushes_and_dense_pulls():
     topk = predict(make_profile(), setting(8e8, mode="ps-sync", spec=spec))
     link = Link(1e8)
     assert dense.wire_seconds == pytest.approx(2 * colocated_parameter_server(40 * MB, 4, 1, link))
-    assert topk.wire_seconds == pytest.approx(colocated_parameter_server(0.8 * MB, 4, 1, link)
-                                              + colocated_parameter_server(40 * MB, 4, 1, link))
+    assert topk.wire_seconds == pytest.approx(
+        colocated_parameter_server(0.8 * MB, 4, 1, link) + colocated_parameter_server(40 * MB, 4, 1, link)
+    )
     assert topk.comm_seconds == pytest.approx(topk.wire_seconds + 0.01 + 4 * 0.001)  # 4 pushes decoded per shard
     assert topk.comm_seconds < dense.comm_seconds

@@ -1,7 +1,7 @@
 import pytest
 
-from trainscale.errors import ConfigError
 from trainscale.app.config import FIELDS, TrainConfig, build_config, load_toml
+from trainscale.errors import ConfigError
 from trainscale.train.setup import BatchPlan
 
 
@@ -14,18 +14,21 @@ def test_layers_merge_left_to_right():
     assert (cfg.optim.epochs, cfg.optim.lr) == (5, 0.2)
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    ({"epochs": 0}, "--epochs must be a positive integer"),
-    ({"batch_size": -1}, "--batch-size must be a positive integer"),
-    ({"precision": "fp8"}, "--precision must be one of"),
-    ({"momentum": 1.5}, "--momentum"),
-    ({"target_acc": 94}, "fraction"),
-    ({"train_subset": 0}, "--train-subset"),
-    ({"model": "resnet23"}, "did you mean 'resnet32'"),
-    ({"dataset": "cifar11"}, "unknown dataset 'cifar11'"),
-    ({"schedule": "stepp"}, "did you mean 'step'"),
-    ({"milestones": [61, 41]}, "--milestones"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ({"epochs": 0}, "--epochs must be a positive integer"),
+        ({"batch_size": -1}, "--batch-size must be a positive integer"),
+        ({"precision": "fp8"}, "--precision must be one of"),
+        ({"momentum": 1.5}, "--momentum"),
+        ({"target_acc": 94}, "fraction"),
+        ({"train_subset": 0}, "--train-subset"),
+        ({"model": "resnet23"}, "did you mean 'resnet32'"),
+        ({"dataset": "cifar11"}, "unknown dataset 'cifar11'"),
+        ({"schedule": "stepp"}, "did you mean 'step'"),
+        ({"milestones": [61, 41]}, "--milestones"),
+    ],
+)
 def test_bad_values_name_the_problem(bad, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         build_config(bad)
@@ -36,7 +39,11 @@ def test_toml_accepts_dashes_and_underscores(tmp_path):
     path.write_text('model = "resnet20"\nbatch-size = 64\nlabel_smoothing = 0.1\nmilestones = [2, 3]\n')
     cfg = build_config(load_toml(path))
     assert (cfg.data.model, cfg.optim.batch_size, cfg.optim.label_smoothing, cfg.optim.milestones) == (
-        "resnet20", 64, 0.1, [2, 3])
+        "resnet20",
+        64,
+        0.1,
+        [2, 3],
+    )
 
 
 def test_toml_unknown_key_names_file_and_line(tmp_path):
@@ -61,11 +68,14 @@ def test_every_field_has_a_cli_flag():
     assert set(FIELDS) <= dests
 
 
-@pytest.mark.parametrize("kw, workers, expected", [
-    ({"batch_size": 512}, 1, (512, 512)),
-    ({"batch_size": 512}, 4, (128, 512)),
-    ({"batch_per_worker": 64}, 8, (64, 512)),
-])
+@pytest.mark.parametrize(
+    "kw, workers, expected",
+    [
+        ({"batch_size": 512}, 1, (512, 512)),
+        ({"batch_size": 512}, 4, (128, 512)),
+        ({"batch_per_worker": 64}, 8, (64, 512)),
+    ],
+)
 def test_batch_plan(kw, workers, expected):
     plan = BatchPlan.resolve(TrainConfig.flat(**kw), workers)
     assert (plan.per_worker, plan.global_batch) == expected
@@ -89,13 +99,19 @@ def test_toml_section_tables_read_like_flat_keys(tmp_path):
     assert (cfg.data.model, cfg.optim.lr, cfg.optim.batch_size, cfg.launch.workers) == ("resnet20", 0.1, 64, 2)
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("[optim]\nlrr = 0.1\n", r"run.toml:2: unknown key 'lrr' in \[optim\]"),
-    ("[optim]\n\nworkers = 2\n", r"run.toml:3: unknown key 'workers' in \[optim\] \(it belongs in \[launch\]"),
-    ("[optim]\nepochs = 2\nlr = 'fast'\n", r"run.toml:3: key 'lr' must be a number, got 'fast' \(str\)"),
-    ("model = 'mlp'\n[optimiser]\nlr = 0.1\n", r"run.toml:2: unknown table \[optimiser\]; the tables are the config "
-                                              "sections: data, optim, run, launch, compression, faults, replication"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[optim]\nlrr = 0.1\n", r"run.toml:2: unknown key 'lrr' in \[optim\]"),
+        ("[optim]\n\nworkers = 2\n", r"run.toml:3: unknown key 'workers' in \[optim\] \(it belongs in \[launch\]"),
+        ("[optim]\nepochs = 2\nlr = 'fast'\n", r"run.toml:3: key 'lr' must be a number, got 'fast' \(str\)"),
+        (
+            "model = 'mlp'\n[optimiser]\nlr = 0.1\n",
+            r"run.toml:2: unknown table \[optimiser\]; the tables are the config "
+            "sections: data, optim, run, launch, compression, faults, replication",
+        ),
+    ],
+)
 def test_toml_section_table_errors_name_file_line_and_key(tmp_path, text, fragment):
     path = tmp_path / "run.toml"
     path.write_text(text)

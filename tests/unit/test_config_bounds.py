@@ -31,19 +31,22 @@ FT = {"mode": "sync", "workers": 2, "fault_tolerance": True}
 PS = {"mode": "async", "servers": 1, "workers": 2}
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    ({**FT, "link_down": 1e9}, "--link-down must be a positive number and <= 3600"),
-    ({**FT, "link_down": -1.0}, "--link-down must be a positive number"),
-    ({**FT, "ft_timeout": 1e300}, "--ft-timeout must be <= 604800"),
-    ({**PS, "heartbeat_timeout": 1e300}, "--heartbeat-timeout must be <= 604800"),
-    ({**PS, "rpc_timeout": math.inf}, "--rpc-timeout must be a finite number"),
-    ({"dist_timeout": 1e12}, "--dist-timeout must be a positive number and <= 604800"),
-    ({"rdzv_timeout": -5.0}, "--rdzv-timeout must be a positive number"),
-    ({"gamma": 0.0}, "--gamma must be a positive number"),
-    ({"lr": 1e300}, "--lr must be within float32's range"),  # finite, but the optimizer's float32 update overflows
-    ({"mode": "diloco", "workers": 2, "outer_lr": math.inf}, "--outer-lr must be a finite number"),
-    ({"mode": "diloco", "workers": 2, "sync_every": 0}, "--sync-every must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        ({**FT, "link_down": 1e9}, "--link-down must be a positive number and <= 3600"),
+        ({**FT, "link_down": -1.0}, "--link-down must be a positive number"),
+        ({**FT, "ft_timeout": 1e300}, "--ft-timeout must be <= 604800"),
+        ({**PS, "heartbeat_timeout": 1e300}, "--heartbeat-timeout must be <= 604800"),
+        ({**PS, "rpc_timeout": math.inf}, "--rpc-timeout must be a finite number"),
+        ({"dist_timeout": 1e12}, "--dist-timeout must be a positive number and <= 604800"),
+        ({"rdzv_timeout": -5.0}, "--rdzv-timeout must be a positive number"),
+        ({"gamma": 0.0}, "--gamma must be a positive number"),
+        ({"lr": 1e300}, "--lr must be within float32's range"),  # finite, but the optimizer's float32 update overflows
+        ({"mode": "diloco", "workers": 2, "outer_lr": math.inf}, "--outer-lr must be a finite number"),
+        ({"mode": "diloco", "workers": 2, "sync_every": 0}, "--sync-every must be a positive number"),
+    ],
+)
 def test_ranges(settings, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("+", r"\+")):
         build_config(settings)
@@ -56,15 +59,18 @@ def test_toml_nan_is_refused(tmp_path):
         build_config(load_toml(path))
 
 
-@pytest.mark.parametrize("cls, settings, fragment", [
-    (PlanConfig, {"device_step_ms": math.nan}, "--device-step-ms must be a finite number"),
-    (PlanConfig, {"device_step_ms": -1.0}, "--device-step-ms must be a positive number"),
-    (PlanConfig, {"sync_every": 0}, "--sync-every must be >= 1"),
-    (PlanConfig, {"hosts": 0}, "--hosts must be >= 1"),
-    (PlanConfig, {"workers_per_host": 0}, "--workers-per-host must be >= 1"),
-    (PlanConfig, {"servers": 0}, "--servers must be >= 1"),
-    (ProfileConfig, {"cpus": math.inf}, "--cpus must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "cls, settings, fragment",
+    [
+        (PlanConfig, {"device_step_ms": math.nan}, "--device-step-ms must be a finite number"),
+        (PlanConfig, {"device_step_ms": -1.0}, "--device-step-ms must be a positive number"),
+        (PlanConfig, {"sync_every": 0}, "--sync-every must be >= 1"),
+        (PlanConfig, {"hosts": 0}, "--hosts must be >= 1"),
+        (PlanConfig, {"workers_per_host": 0}, "--workers-per-host must be >= 1"),
+        (PlanConfig, {"servers": 0}, "--servers must be >= 1"),
+        (ProfileConfig, {"cpus": math.inf}, "--cpus must be a finite number"),
+    ],
+)
 def test_plan_and_profile_settings(cls, settings, fragment):
     with pytest.raises(ConfigError, match=fragment):
         cls(**settings)

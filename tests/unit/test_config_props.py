@@ -10,8 +10,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -33,19 +34,53 @@ class Raw(str):
     """TOML text written as is: an integer literal too long for Python's int-to-text conversion."""
 
 
-PATHS = ["../x", "/etc", "/", "/etc/passwd", "/dev/null", "~", "..", ".", "", "runs", "a" * 300, "x\ny",
-         "\x00", "dir/../../up", "/proc/self", "ünïcødé/ラン", *([REAL_DATA] if REAL_DATA else [])]
-NAMES = {"model": ["mlp", "resnet9", "nosuch"], "dataset": ["synthetic", "cifar10", "cifar100", "imagefolder"],
-         "mode": ["auto", *list_modes()], "device": ["cpu", "auto", "cuda", "cuda:3", "tpu"],
-         "precision": ["fp32", "bf16", "fp16"], "schedule": ["onecycle", "step", "cosine", "constant"],
-         "nonfinite": ["stop", "skip"], "backend": ["auto", "gloo", "nccl"], "compress": ["none", "topk", "qsgd"]}
+PATHS = [
+    "../x",
+    "/etc",
+    "/",
+    "/etc/passwd",
+    "/dev/null",
+    "~",
+    "..",
+    ".",
+    "",
+    "runs",
+    "a" * 300,
+    "x\ny",
+    "\x00",
+    "dir/../../up",
+    "/proc/self",
+    "ünïcødé/ラン",
+    *([REAL_DATA] if REAL_DATA else []),
+]
+NAMES = {
+    "model": ["mlp", "resnet9", "nosuch"],
+    "dataset": ["synthetic", "cifar10", "cifar100", "imagefolder"],
+    "mode": ["auto", *list_modes()],
+    "device": ["cpu", "auto", "cuda", "cuda:3", "tpu"],
+    "precision": ["fp32", "bf16", "fp16"],
+    "schedule": ["onecycle", "step", "cosine", "constant"],
+    "nonfinite": ["stop", "skip"],
+    "backend": ["auto", "gloo", "nccl"],
+    "compress": ["none", "topk", "qsgd"],
+}
 
 printable = st.text(st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Zl", "Zp")), max_size=12)
 texts = st.one_of(printable, printable, printable, st.text(max_size=12))
-scalars = st.one_of(st.integers(-3, 3), st.integers(-(2**70), 2**70), st.floats(), st.booleans(), texts,
-                    st.sampled_from(PATHS), st.just(Raw("1" * 5000)))
-anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                         st.dictionaries(texts, inner, max_size=3)), max_leaves=5)
+scalars = st.one_of(
+    st.integers(-3, 3),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.booleans(),
+    texts,
+    st.sampled_from(PATHS),
+    st.just(Raw("1" * 5000)),
+)
+anything = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)),
+    max_leaves=5,
+)
 
 
 def typed_value(name: str) -> st.SearchStrategy:
@@ -65,13 +100,21 @@ def typed_value(name: str) -> st.SearchStrategy:
 
 
 def setting(name: str) -> st.SearchStrategy:
-    return st.tuples(st.sampled_from([name, name.replace("_", "-")]),
-                     st.one_of(typed_value(name), typed_value(name), typed_value(name), anything))
+    return st.tuples(
+        st.sampled_from([name, name.replace("_", "-")]),
+        st.one_of(typed_value(name), typed_value(name), typed_value(name), anything),
+    )
 
 
 # A small run that passes every check, so the mutations drawn over it reach the dry run's own checks.
-RUNNABLE = {"model": "mlp", "dataset": "synthetic", "train_subset": 256, "test_subset": 64, "batch_size": 64,
-            "device": "cpu"}
+RUNNABLE = {
+    "model": "mlp",
+    "dataset": "synthetic",
+    "train_subset": 256,
+    "test_subset": 64,
+    "batch_size": 64,
+    "device": "cpu",
+}
 
 
 def settings_table(max_size: int = 8) -> st.SearchStrategy:
@@ -186,22 +229,43 @@ def test_any_config_file_is_loaded_or_refused_in_one_line_and_nothing_is_written
 # ------------------------------------------------------------------------------ grid files
 
 axis = st.sampled_from(sorted(FIELDS)).flatmap(
-    lambda name: st.tuples(st.just(name), st.one_of(st.lists(st.one_of(typed_value(name), anything), max_size=2),
-                                                    anything)))
+    lambda name: st.tuples(
+        st.just(name), st.one_of(st.lists(st.one_of(typed_value(name), anything), max_size=2), anything)
+    )
+)
 axes = st.lists(axis, max_size=2).map(dict)
-row = st.fixed_dictionaries({}, optional={"short_name": st.one_of(texts, anything), "axes": axes,
-                                          "scale": st.dictionaries(texts, settings_table(2), max_size=1)}
-                            ).flatmap(lambda r: settings_table(3).map(lambda s: {**s, **r}))
-scale = st.fixed_dictionaries({}, optional={"repeats": st.one_of(st.integers(0, 2), anything), "axes": axes,
-                                            "rows": st.lists(texts, max_size=2), "description": anything}
-                              ).flatmap(lambda t: settings_table(3).map(lambda s: {**s, **t}))
+row = st.fixed_dictionaries(
+    {},
+    optional={
+        "short_name": st.one_of(texts, anything),
+        "axes": axes,
+        "scale": st.dictionaries(texts, settings_table(2), max_size=1),
+    },
+).flatmap(lambda r: settings_table(3).map(lambda s: {**s, **r}))
+scale = st.fixed_dictionaries(
+    {},
+    optional={
+        "repeats": st.one_of(st.integers(0, 2), anything),
+        "axes": axes,
+        "rows": st.lists(texts, max_size=2),
+        "description": anything,
+    },
+).flatmap(lambda t: settings_table(3).map(lambda s: {**s, **t}))
 grids = st.fixed_dictionaries(
     {"name": st.one_of(st.just("g"), st.just("g"), anything), "base": settings_table()},
-    optional={"description": anything, "source": texts, "repeats": st.one_of(st.integers(0, 3), anything),
-              "axes": axes, "rows": st.lists(row, max_size=2),
-              "scale": st.dictionaries(st.sampled_from(["quick", "full", "x"]), scale, max_size=2)}
-).flatmap(lambda grid: st.one_of(st.just(grid), st.dictionaries(texts, anything, max_size=1).map(
-    lambda extra: {**grid, **extra})))
+    optional={
+        "description": anything,
+        "source": texts,
+        "repeats": st.one_of(st.integers(0, 3), anything),
+        "axes": axes,
+        "rows": st.lists(row, max_size=2),
+        "scale": st.dictionaries(st.sampled_from(["quick", "full", "x"]), scale, max_size=2),
+    },
+).flatmap(
+    lambda grid: st.one_of(
+        st.just(grid), st.dictionaries(texts, anything, max_size=1).map(lambda extra: {**grid, **extra})
+    )
+)
 
 
 def grid_text(grid: dict[str, Any]) -> str:
@@ -242,8 +306,24 @@ def test_any_grid_is_planned_or_refused_in_one_line_and_nothing_is_written(grid,
 
 
 def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
-    flags = ("train", "--dry-run", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "256",
-             "--test-subset", "64", "--batch-size", "64", "--workers", "2", "--out", "run")
+    flags = (
+        "train",
+        "--dry-run",
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--train-subset",
+        "256",
+        "--test-subset",
+        "64",
+        "--batch-size",
+        "64",
+        "--workers",
+        "2",
+        "--out",
+        "run",
+    )
     proc = run_cli(*flags, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     shown = json.loads(proc.stdout)

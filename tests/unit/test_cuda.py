@@ -24,8 +24,15 @@ DETERMINISTIC = {"none", "fp16", "bf16", "topk", "threshold", "signsgd", "efsign
 
 def batches(device: torch.device, train: bool, n: int = 96) -> DeviceBatches:
     data = synthetic_dataset(n, 32, seed=3)
-    return DeviceBatches(data, 32, train=train, augment=AugmentConfig(crop_padding=4, cutout=8), device=device,
-                         seed=5, channels_last=True)
+    return DeviceBatches(
+        data,
+        32,
+        train=train,
+        augment=AugmentConfig(crop_padding=4, cutout=8),
+        device=device,
+        seed=5,
+        channels_last=True,
+    )
 
 
 def test_batches_live_on_the_gpu_and_evaluation_matches_the_cpu() -> None:
@@ -70,8 +77,9 @@ def test_fp16_training_learns_and_reports_gpu_memory() -> None:
     reset_peak_memory(CUDA)
     first = train_one_epoch(model, data, opt, precision.grad_scaler(), precision, lambda t: 0.05, 0, progress=False)
     for epoch in range(1, 6):
-        last = train_one_epoch(model, data, opt, precision.grad_scaler(), precision, lambda t: 0.05, epoch,
-                               progress=False)
+        last = train_one_epoch(
+            model, data, opt, precision.grad_scaler(), precision, lambda t: 0.05, epoch, progress=False
+        )
     assert last.loss < first.loss  # memorising 96 noise images: the loss must fall
     assert peak_memory_mb(CUDA) > 0
     assert 0.0 <= evaluate(model, batches(CUDA, train=False), precision, tta_flip=True).acc <= 1.0

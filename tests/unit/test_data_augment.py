@@ -40,8 +40,12 @@ def windows_match(out: torch.Tensor, padded: torch.Tensor) -> list[tuple[int, in
     size = out.shape[-1]
     offsets = []
     for i in range(out.shape[0]):
-        found = [(dy, dx) for dy in range(padded.shape[-2] - size + 1) for dx in range(padded.shape[-1] - size + 1)
-                 if torch.equal(padded[i, :, dy:dy + size, dx:dx + size], out[i])]
+        found = [
+            (dy, dx)
+            for dy in range(padded.shape[-2] - size + 1)
+            for dx in range(padded.shape[-1] - size + 1)
+            if torch.equal(padded[i, :, dy : dy + size, dx : dx + size], out[i])
+        ]
         assert found, f"output image {i} is not a window of the padded input"
         offsets.append(found[0])
     return offsets
@@ -56,8 +60,12 @@ def test_shapes_and_dtypes(dtype: torch.dtype) -> None:
     assert random_flip(x, gen()).shape == x.shape
     assert cutout(x, 8, gen=gen()).shape == x.shape
     assert resize(x, 299).shape == (8, 3, 299, 299)
-    for fn in (lambda t: random_crop(t, 32, 4, gen=gen()), lambda t: random_flip(t, gen()),
-               lambda t: cutout(t, 8, gen=gen()), lambda t: resize(t, 64)):
+    for fn in (
+        lambda t: random_crop(t, 32, 4, gen=gen()),
+        lambda t: random_flip(t, gen()),
+        lambda t: cutout(t, 8, gen=gen()),
+        lambda t: resize(t, 64),
+    ):
         assert fn(x).dtype == dtype
     assert normalize(x, (0.5,) * 3, (0.25,) * 3).dtype == torch.float32
     assert normalize(x, (0.5,) * 3, (0.25,) * 3, torch.bfloat16).dtype == torch.bfloat16
@@ -92,7 +100,7 @@ def test_random_crop_offsets_follow_the_generator() -> None:
     out = random_crop(x, 28, 0, gen=gen(5))
     oy, ox = crop_params(12, 32, 32, 28, 0, gen(5))
     for i in range(12):
-        assert torch.equal(out[i], x[i, :, oy[i]:oy[i] + 28, ox[i]:ox[i] + 28])
+        assert torch.equal(out[i], x[i, :, oy[i] : oy[i] + 28, ox[i] : ox[i] + 28])
     assert torch.equal(random_crop(x, 28, 0, gen=gen(5)), out)  # same seed, same crops
     assert not torch.equal(random_crop(x, 28, 0, gen=gen(6)), out)
 
@@ -104,8 +112,13 @@ def test_random_crop_covers_every_offset() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 4), side=st.integers(3, 10), padding=st.integers(0, 2), shrink=st.integers(0, 2),
-       seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(1, 4),
+    side=st.integers(3, 10),
+    padding=st.integers(0, 2),
+    shrink=st.integers(0, 2),
+    seed=st.integers(0, 2**31),
+)
 def test_random_crop_translation_property(n: int, side: int, padding: int, shrink: int, seed: int) -> None:
     x = torch.randint(0, 256, (n, 2, side, side), generator=gen(seed), dtype=torch.uint8)
     size = side - shrink
@@ -155,7 +168,7 @@ def test_cutout_zeroes_exactly_the_square() -> None:
 def test_random_cutout_squares() -> None:
     x = torch.full((200, 3, 32, 32), 255, dtype=torch.uint8)
     out = cutout(x, 8, gen=gen(2))
-    zeros = (out[:, 0] == 0)
+    zeros = out[:, 0] == 0
     counts = zeros.sum(dim=(1, 2))
     assert counts.min() >= 16 and counts.max() == 64
     assert torch.equal(zeros, out[:, 1] == 0) and torch.equal(zeros, out[:, 2] == 0)  # all channels alike

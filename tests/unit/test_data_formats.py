@@ -23,6 +23,7 @@ from trainscale.data import (
     DATASETS,
     FileSpec,
     ImageTensors,
+    checksums,
     download_dataset,
     ensure_dataset,
     find_cifar_folder,
@@ -38,7 +39,6 @@ from trainscale.data import (
     synthetic_dataset,
     verify_files,
 )
-from trainscale.data import checksums
 from trainscale.data.checksums import CIFAR10_BINARY_FILES, FORMATS
 from trainscale.data.imagefolder import ImageFolderDataset, list_samples
 from trainscale.errors import ConfigError, DataError
@@ -107,8 +107,12 @@ def write_cifar10_python(folder: Path, per_batch: int = 3, test: int = 2) -> dic
     for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", test)]:
         images = _images(n)
         labels = [int(v) for v in RNG.integers(0, 10, size=n)]
-        entry = {b"batch_label": b"tiny", b"labels": labels, b"data": images,
-                 b"filenames": [b"img%d.png" % i for i in range(n)]}
+        entry = {
+            b"batch_label": b"tiny",
+            b"labels": labels,
+            b"data": images,
+            b"filenames": [b"img%d.png" % i for i in range(n)],
+        }
         (folder / name).write_bytes(py2_pickle(entry))
         out[name] = (images, np.asarray(labels, dtype=np.int64))
     (folder / "batches.meta").write_bytes(py2_pickle({b"label_names": [b"airplane"] * 10}))
@@ -149,8 +153,9 @@ def test_cifar10_binary_tiny(tmp_path: Path) -> None:
         assert train.labels.dtype == torch.int64 and train.num_classes == 10 and train.name == "cifar10"
         expected = np.concatenate([written[f"data_batch_{i}.bin"][0] for i in range(1, 6)])
         assert np.array_equal(train.images.reshape(15, -1).numpy(), expected)
-        assert np.array_equal(train.labels.numpy(),
-                              np.concatenate([written[f"data_batch_{i}.bin"][1] for i in range(1, 6)]))
+        assert np.array_equal(
+            train.labels.numpy(), np.concatenate([written[f"data_batch_{i}.bin"][1] for i in range(1, 6)])
+        )
     test = load_cifar(tmp_path, "cifar10", train=False, verify=False)
     assert test.images.shape == (2, 3, 32, 32)
     # Row-major CHW: pixel byte 1024 of a record is the top-left pixel of the green channel.
@@ -295,8 +300,11 @@ def test_train_adds_the_flag_it_takes_to_skip_the_check(tmp_path: Path) -> None:
     folder = tmp_path / "cifar-10-batches-bin"
     write_cifar10_binary(folder)  # not the official files: the official checksums fail
     cfg = build_config({"model": "mlp", "dataset": "cifar10", "data_dir": str(tmp_path), "download": False})
-    with pytest.raises(DataError, match=r"trainscale data download --dataset cifar10 .*, or train without the "
-                       r"check \(--no-verify\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"trainscale data download --dataset cifar10 .*, or train without the "
+        r"check \(--no-verify\)$",
+    ):
         load_data(cfg)
 
 
@@ -366,9 +374,11 @@ def test_unpickler_refuses_hostile_pickle(tmp_path: Path) -> None:
 
 def test_unpickler_accepts_numpy_arrays(tmp_path: Path) -> None:
     array = np.arange(24, dtype=np.uint8).reshape(2, 12)
-    for blob in (py2_pickle({b"data": array, b"labels": [1, 2]}),
-                 pickle.dumps({b"data": array, b"labels": [1, 2]}, protocol=3),
-                 pickle.dumps({b"data": array, b"labels": [1, 2]}, protocol=4)):
+    for blob in (
+        py2_pickle({b"data": array, b"labels": [1, 2]}),
+        pickle.dumps({b"data": array, b"labels": [1, 2]}, protocol=3),
+        pickle.dumps({b"data": array, b"labels": [1, 2]}, protocol=4),
+    ):
         entry = restricted_loads(blob)
         assert np.array_equal(entry[b"data"], array) and entry[b"labels"] == [1, 2]
     path = tmp_path / "f"

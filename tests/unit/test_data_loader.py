@@ -26,10 +26,10 @@ from trainscale.errors import ConfigError
 
 def tagged(n: int = 103, size: int = 8) -> ImageTensors:
     """Images whose label is their index, so every yielded sample can be traced back."""
-    images = torch.randint(0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.uint8)
-    return ImageTensors(images=images, labels=torch.arange(n), num_classes=n, mean=(0.5,) * 3,
-                        std=(0.25,) * 3, name="tagged")
+    images = torch.randint(0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    return ImageTensors(
+        images=images, labels=torch.arange(n), num_classes=n, mean=(0.5,) * 3, std=(0.25,) * 3, name="tagged"
+    )
 
 
 def collect(batches: DeviceBatches | FolderBatches, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +50,9 @@ def test_train_shards_are_disjoint_and_equal() -> None:
     # Without drop_last every rank gets its full shard: world_size * shard samples, none twice.
     full = []
     for rank in range(2):
-        b = DeviceBatches(data, 10, train=True, augment=None, device="cpu", rank=rank, world_size=2, seed=4,
-                          drop_last=False)
+        b = DeviceBatches(
+            data, 10, train=True, augment=None, device="cpu", rank=rank, world_size=2, seed=4, drop_last=False
+        )
         assert len(b) == 6 and b.num_samples == 51
         full.extend(collect(b, 0)[1].tolist())
     assert len(full) == len(set(full)) == 2 * (103 // 2)
@@ -91,8 +92,9 @@ def test_augmentation_matches_the_batch_functions(monkeypatch: pytest.MonkeyPatc
     assert torch.equal(x, normalize(expected, data.mean, data.std))
     # Chunked augmentation (bounded memory) gives the same batches.
     monkeypatch.setattr(loader_mod, "AUGMENT_CHUNK_BYTES", 1)
-    x_chunked, _ = collect(DeviceBatches(data, 8, train=True, augment=aug, device="cpu", rank=1, world_size=2,
-                                         seed=3), 5)
+    x_chunked, _ = collect(
+        DeviceBatches(data, 8, train=True, augment=aug, device="cpu", rank=1, world_size=2, seed=3), 5
+    )
     assert torch.equal(x_chunked, x)
 
 
@@ -100,8 +102,7 @@ def test_eval_covers_every_sample_once_in_order() -> None:
     data = tagged(103)
     labels, sizes = [], []
     for rank in range(3):
-        b = DeviceBatches(data, 16, train=False, augment=AugmentConfig(cutout=8), device="cpu", rank=rank,
-                          world_size=3)
+        b = DeviceBatches(data, 16, train=False, augment=AugmentConfig(cutout=8), device="cpu", rank=rank, world_size=3)
         x, y = collect(b, 0)
         assert len(y) == b.num_samples == b.shard_size and len(b) == -(-b.shard_size // 16)
         assert torch.equal(x, normalize(data.images[y], data.mean, data.std))  # no augmentation at eval
@@ -121,8 +122,7 @@ def test_mxnet_style_crops_and_resize() -> None:
     assert torch.equal(x, normalize(data.images[:, :, 2:30, 2:30], data.mean, data.std))  # centre crop
     up = AugmentConfig(resize=299)
     for train in (True, False):
-        b = DeviceBatches(data, 4, train=train, augment=up, device="cpu", dtype=torch.bfloat16,
-                          channels_last=True)
+        b = DeviceBatches(data, 4, train=train, augment=up, device="cpu", dtype=torch.bfloat16, channels_last=True)
         x, _ = next(iter(b.epoch(0)))
         assert x.shape == (4, 3, 299, 299) and x.dtype == torch.bfloat16 and b.output_shape == (3, 299, 299)
         assert x.is_contiguous(memory_format=torch.channels_last)
@@ -162,7 +162,8 @@ def make_folder(root: Path, per_class: int = 3) -> None:
             (root / split / cls).mkdir(parents=True)
             for i in range(per_class):
                 Image.new("RGB", (48 + 8 * i, 40), (40 * i, 100 + c * 50, 30)).save(
-                    root / split / cls / f"{i}.{'png' if i % 2 else 'jpeg'}")
+                    root / split / cls / f"{i}.{'png' if i % 2 else 'jpeg'}"
+                )
 
 
 def test_folder_batches_shapes_and_sharding(tmp_path: Path) -> None:

@@ -8,8 +8,17 @@ import pytest
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 
-SMALL = dict(model="mlp", dataset="synthetic", train_subset=256, test_subset=64, batch_size=64, epochs=3,
-             progress=False, threads=1, checkpoint=False)
+SMALL = dict(
+    model="mlp",
+    dataset="synthetic",
+    train_subset=256,
+    test_subset=64,
+    batch_size=64,
+    epochs=3,
+    progress=False,
+    threads=1,
+    checkpoint=False,
+)
 
 
 @pytest.mark.parametrize("every, evaluated", [(1, [1, 2, 3]), (2, [2, 3]), (0, [3])])

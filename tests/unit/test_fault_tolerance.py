@@ -9,10 +9,16 @@ import torch
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.app.ft_launch import fault_records
 from trainscale.compression.collectives import done
-from trainscale.errors import ConfigError
 from trainscale.compression.setup import CompressionPlan
-from trainscale.modes.fault_tolerance import (CommittingOptimizer, Position, ReplicaBatches, ReplicaSession, buckets,
-                                              shared_compression_state)
+from trainscale.errors import ConfigError
+from trainscale.modes.fault_tolerance import (
+    CommittingOptimizer,
+    Position,
+    ReplicaBatches,
+    ReplicaSession,
+    buckets,
+    shared_compression_state,
+)
 from trainscale.runtime.faults import InjectedFault, parse_injected_fault
 
 
@@ -23,8 +29,9 @@ def test_inject_fault_parses_kind_rank_and_step():
     assert parse_injected_fault("kill:s2@30").text == "kill:s2@30"
 
 
-@pytest.mark.parametrize("text", ["kill", "kill:1", "kill:x@3", "nap:1@3", "kill:1@0", "kill:-1@3", "kill:1@", "kill:s@3",
-                                  "kill:ss1@3"])
+@pytest.mark.parametrize(
+    "text", ["kill", "kill:1", "kill:x@3", "nap:1@3", "kill:1@0", "kill:-1@3", "kill:1@", "kill:s@3", "kill:ss1@3"]
+)
 def test_a_malformed_fault_names_the_format(text):
     with pytest.raises(ConfigError, match="KIND:RANK@STEP"):
         parse_injected_fault(text)
@@ -84,7 +91,7 @@ def test_committed_steps_never_repeat_or_skip_a_batch_while_members_change():
 
 def test_buckets_hold_every_tensor_in_order():
     tensors = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
-    (flat, members), = buckets(tensors)
+    ((flat, members),) = buckets(tensors)
     assert flat.numel() == 12 + 5 + 8 and members == tensors
     assert torch.equal(flat[:12], tensors[0].flatten())
 
@@ -101,8 +108,14 @@ def test_fault_records_from_events():
         {"event": "members", "time": 21.0, "replica": 1, "step": 120, "members": 1},
     ]
     kill, hang = fault_records(events)
-    assert kill == {"kind": "kill", "rank": 1, "step": 5, "detection_seconds": pytest.approx(0.4),
-                    "recovery_seconds": pytest.approx(7.0), "steps_lost": 1}
+    assert kill == {
+        "kind": "kill",
+        "rank": 1,
+        "step": 5,
+        "detection_seconds": pytest.approx(0.4),
+        "recovery_seconds": pytest.approx(7.0),
+        "steps_lost": 1,
+    }
     assert hang["detection_seconds"] == pytest.approx(1.0) and hang["recovery_seconds"] is None
     assert hang["steps_lost"] == 0
 
@@ -123,19 +136,37 @@ def test_a_restarted_replica_meets_its_later_faults_but_never_repeats_one(tmp_pa
 SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--epochs", "1"]
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--workers", "2", "--inject-fault", "kill:1@3"], "--inject-fault needs --fault-tolerance"),
-    (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:2@3"], "only 2 replicas"),
-    (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:1"], "KIND:RANK@STEP"),
-    (["--workers", "2", "--fault-tolerance", "--mode", "async", "--servers", "1"], "is for --mode diloco, localsgd, sync"),
-    (["--workers", "2", "--fault-tolerance", "--ft-timeout", "0"], "--ft-timeout must be"),
-    (["--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3"], "run with --cluster NAME"),
-    (["--workers", "2", "--fault-tolerance", "--link-down", "0"], "--link-down must be a positive"),
-    (["--workers", "2", "--fault-tolerance", "--link-down", "3"], "give one with --inject-fault link"),
-    (["--workers", "2", "--link-down", "3"], "give one with --inject-fault link"),
-    (["--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400",
-      "--inject-fault", "kill:4@3"], "only 4 replicas"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--workers", "2", "--inject-fault", "kill:1@3"], "--inject-fault needs --fault-tolerance"),
+        (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:2@3"], "only 2 replicas"),
+        (["--workers", "2", "--fault-tolerance", "--inject-fault", "kill:1"], "KIND:RANK@STEP"),
+        (
+            ["--workers", "2", "--fault-tolerance", "--mode", "async", "--servers", "1"],
+            "is for --mode diloco, localsgd, sync",
+        ),
+        (["--workers", "2", "--fault-tolerance", "--ft-timeout", "0"], "--ft-timeout must be"),
+        (["--workers", "2", "--fault-tolerance", "--inject-fault", "link:1@3"], "run with --cluster NAME"),
+        (["--workers", "2", "--fault-tolerance", "--link-down", "0"], "--link-down must be a positive"),
+        (["--workers", "2", "--fault-tolerance", "--link-down", "3"], "give one with --inject-fault link"),
+        (["--workers", "2", "--link-down", "3"], "give one with --inject-fault link"),
+        (
+            [
+                "--workers",
+                "2",
+                "--fault-tolerance",
+                "--nnodes",
+                "2",
+                "--rdzv-endpoint",
+                "127.0.0.1:29400",
+                "--inject-fault",
+                "kill:4@3",
+            ],
+            "only 4 replicas",
+        ),
+    ],
+)
 def test_bad_fault_tolerance_settings_are_one_line(tmp_path, flags, fragment):
     assert_one_line_error(run_cli(*SMALL, *flags, "--out", tmp_path / "run"), fragment)
     assert not (tmp_path / "run").exists()
@@ -143,12 +174,15 @@ def test_bad_fault_tolerance_settings_are_one_line(tmp_path, flags, fragment):
 
 def test_fault_tolerance_across_machines_needs_a_shared_run_folder(tmp_path):
     """Any replica may take over writing the run: every machine must see one --out (no default per machine)."""
-    assert_one_line_error(run_cli(*SMALL, "--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint",
-                                  "127.0.0.1:29400"), "needs --out")
+    assert_one_line_error(
+        run_cli(*SMALL, "--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"),
+        "needs --out",
+    )
 
 
-@pytest.mark.parametrize("fault, fragment", [("link:0@3", "is on host 0"), ("link:1@3", "is on host 0"),
-                                             ("kill:6@3", "only 6 replicas")])
+@pytest.mark.parametrize(
+    "fault, fragment", [("link:0@3", "is on host 0"), ("link:1@3", "is on host 0"), ("kill:6@3", "only 6 replicas")]
+)
 def test_link_faults_on_a_cluster_spare_host_0_and_replicas_are_bounded(fault, fragment, monkeypatch):
     """On a cluster (its facts in the environment, as a node sees them) with 2 replicas per host for 3 hosts:
     replicas 0 and 1 are host 0's, which serves the lighthouse; a cut elsewhere is accepted."""
@@ -156,8 +190,15 @@ def test_link_faults_on_a_cluster_spare_host_0_and_replicas_are_bounded(fault, f
     from trainscale.runtime.cluster import CLUSTER_ENV
     from trainscale.runtime.job import Job, installed
 
-    base = {"model": "mlp", "dataset": "synthetic", "workers": 2, "fault_tolerance": True, "nnodes": 3,
-            "rdzv_endpoint": "10.77.0.1:29400", "out": "/tmp/x"}
+    base = {
+        "model": "mlp",
+        "dataset": "synthetic",
+        "workers": 2,
+        "fault_tolerance": True,
+        "nnodes": 3,
+        "rdzv_endpoint": "10.77.0.1:29400",
+        "out": "/tmp/x",
+    }
     with installed(Job.from_environ({CLUSTER_ENV: '{"name": "c"}'})):  # what a node's entry reads
         with pytest.raises(ConfigError, match=fragment):
             build_config({**base, "inject_fault": [fault]})

@@ -9,15 +9,45 @@ from trainscale.app.hosts import Host, host_problem, node_commands, parse_hosts,
 from trainscale.errors import ConfigError
 
 
-@pytest.mark.parametrize("name", ["gpu-a", "node_1", "n1.cluster.example.org", "10.0.0.1", "::1", "fe80::1",
-                                  "alice@gpu-a", "_svc@10.0.0.2", "bob.smith@node-b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpu-a",
+        "node_1",
+        "n1.cluster.example.org",
+        "10.0.0.1",
+        "::1",
+        "fe80::1",
+        "alice@gpu-a",
+        "_svc@10.0.0.2",
+        "bob.smith@node-b",
+    ],
+)
 def test_host_names_addresses_and_user_at_host_are_accepted(name):
     assert host_problem(name) is None
 
 
-@pytest.mark.parametrize("name", ["-oProxyCommand=touch /tmp/pwned", "-p2222", "a..b", "host.", "-host", "host-",
-                                  "@host", "user@", "-u@host", "us er@host", "a@b@c", "ho$st", "h;rm", "fe80::1%eth0",
-                                  "x" * 64, "é.example"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "-oProxyCommand=touch /tmp/pwned",
+        "-p2222",
+        "a..b",
+        "host.",
+        "-host",
+        "host-",
+        "@host",
+        "user@",
+        "-u@host",
+        "us er@host",
+        "a@b@c",
+        "ho$st",
+        "h;rm",
+        "fe80::1%eth0",
+        "x" * 64,
+        "é.example",
+    ],
+)
 def test_anything_else_is_refused(name):
     assert host_problem(name) is not None
 

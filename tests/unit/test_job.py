@@ -38,21 +38,28 @@ class Constants:
         self.assigned: dict[str, dict[str, ast.expr]] = {}
         self.imported: dict[str, dict[str, tuple[str, str | None]]] = {}  # local name -> (module, name or None)
         for module, tree in trees.items():
-            self.assigned[module] = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-                                     for t in node.targets if isinstance(t, ast.Name)}
+            self.assigned[module] = {
+                t.id: node.value
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                for t in node.targets
+                if isinstance(t, ast.Name)
+            }
             self.imported[module] = names = {}
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom):
                     base = node.module or ""
                     if node.level:
-                        base = ".".join(module.split(".")[:-node.level] + ([base] if base else []))
+                        base = ".".join(module.split(".")[: -node.level] + ([base] if base else []))
                     for alias in node.names:
                         full = f"{base}.{alias.name}"
                         names[alias.asname or alias.name] = (full, None) if full in trees else (base, alias.name)
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        names[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname else
-                                                                           alias.name.split(".")[0], None)
+                        names[alias.asname or alias.name.split(".")[0]] = (
+                            alias.name if alias.asname else alias.name.split(".")[0],
+                            None,
+                        )
 
     def holds(self, module: str, node: ast.expr, seen: frozenset = frozenset()) -> bool:
         """Whether ``node``, in ``module``, names an internal variable."""
@@ -101,8 +108,9 @@ def _called(call: ast.Call) -> str | None:
 
 def builders(tree: ast.Module) -> list[int]:
     """Lines that build a Job from an environment (``Job.from_environ(...)``)."""
-    return sorted(node.lineno for node in ast.walk(tree)
-                  if isinstance(node, ast.Call) and _called(node) == ENVIRON_BUILDER)
+    return sorted(
+        node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and _called(node) == ENVIRON_BUILDER
+    )
 
 
 def violations(root: Path, entry_points: dict[str, str]) -> list[str]:
@@ -114,10 +122,16 @@ def violations(root: Path, entry_points: dict[str, str]) -> list[str]:
     for name, tree in trees.items():
         if name in entry_points:
             continue
-        errors += [f"{name} line {line} reads an internal variable: {text}; take it from the Job the entry builds "
-                   "(trainscale.runtime.job)" for line, text in reads(name, tree, constants)]
-        errors += [f"{name} line {line} builds a Job from the environment: only the entry points do "
-                   f"({', '.join(entry_points)})" for line in builders(tree)]
+        errors += [
+            f"{name} line {line} reads an internal variable: {text}; take it from the Job the entry builds "
+            "(trainscale.runtime.job)"
+            for line, text in reads(name, tree, constants)
+        ]
+        errors += [
+            f"{name} line {line} builds a Job from the environment: only the entry points do "
+            f"({', '.join(entry_points)})"
+            for line in builders(tree)
+        ]
     return errors
 
 
@@ -148,14 +162,20 @@ def fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
 FAKE_ENTRIES = {"trainscale.runtime.job": "the parser"}
 
 
-@pytest.mark.parametrize("text, line", [
-    ("import os\nx = os.environ.get('TRAINSCALE_FT_REPLICA')\n", 2),  # a literal
-    ("import os\nfrom trainscale.runtime.job import REPLICA_ENV\ndef f():\n    return os.environ[REPLICA_ENV]\n", 4),
-    ("import os\nfrom trainscale.runtime import job\nx = os.getenv(job.REPLICA_ENV)\n", 3),  # module.NAME
-    ("import os\nfrom trainscale.runtime.job import SLOW\nx = SLOW in os.environ\n", 3),  # through an alias
-    ("import os\nMINE = 'TRAINSCALE_NEW_THING'\nx = os.environ.get(MINE, '')\n", 3),  # a local constant
-    ("from os import environ\ndef f(env=environ):\n    return env.get('TRAINSCALE_X')\n", 3),  # any mapping
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("import os\nx = os.environ.get('TRAINSCALE_FT_REPLICA')\n", 2),  # a literal
+        (
+            "import os\nfrom trainscale.runtime.job import REPLICA_ENV\ndef f():\n    return os.environ[REPLICA_ENV]\n",
+            4,
+        ),
+        ("import os\nfrom trainscale.runtime import job\nx = os.getenv(job.REPLICA_ENV)\n", 3),  # module.NAME
+        ("import os\nfrom trainscale.runtime.job import SLOW\nx = SLOW in os.environ\n", 3),  # through an alias
+        ("import os\nMINE = 'TRAINSCALE_NEW_THING'\nx = os.environ.get(MINE, '')\n", 3),  # a local constant
+        ("from os import environ\ndef f(env=environ):\n    return env.get('TRAINSCALE_X')\n", 3),  # any mapping
+    ],
+)
 def test_a_reintroduced_read_is_reported(tmp_path: Path, text: str, line: int) -> None:
     (error,) = violations(fake_tree(tmp_path, {"modes/deep.py": text}), FAKE_ENTRIES)
     assert error.startswith(f"trainscale.modes.deep line {line} reads an internal variable:"), error
@@ -165,13 +185,16 @@ def test_a_job_built_below_the_entry_is_reported(tmp_path: Path) -> None:
     text = "import os\nfrom trainscale.runtime.job import Job\njob = Job.from_environ(os.environ)\n"
     assert violations(fake_tree(tmp_path, {"train/deep.py": text}), FAKE_ENTRIES) == [
         "trainscale.train.deep line 3 builds a Job from the environment: only the entry points do "
-        "(trainscale.runtime.job)"]
+        "(trainscale.runtime.job)"
+    ]
 
 
 def test_writes_user_variables_and_torch_variables_pass(tmp_path: Path) -> None:
-    text = ("import os\nfrom trainscale.runtime.job import REPLICA_ENV\n"
-            "env = {**os.environ, REPLICA_ENV: '1'}\nos.environ[REPLICA_ENV] = '2'\nenv[REPLICA_ENV] = '3'\n"
-            "data = os.environ.get('TRAINSCALE_DATA')\nrank = os.environ.get('RANK', '0')\n")
+    text = (
+        "import os\nfrom trainscale.runtime.job import REPLICA_ENV\n"
+        "env = {**os.environ, REPLICA_ENV: '1'}\nos.environ[REPLICA_ENV] = '2'\nenv[REPLICA_ENV] = '3'\n"
+        "data = os.environ.get('TRAINSCALE_DATA')\nrank = os.environ.get('RANK', '0')\n"
+    )
     assert violations(fake_tree(tmp_path, {"app/launcher.py": text}), FAKE_ENTRIES) == []
 
 
@@ -190,11 +213,23 @@ def test_a_local_process_by_default() -> None:
 
 
 def test_a_fault_tolerant_replica_from_its_launchers_environment(tmp_path: Path) -> None:
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2", job_module.REPLICA_ENV: "3",
-           job_module.REPLICAS_ENV: "4", job_module.OWNER_ENV: "100", job_module.LAUNCHER_PID_ENV: "101",
-           job_module.EVENTS_ENV: str(tmp_path / "ft-events.jsonl"), job_module.BARRIER_ENV: "127.0.0.1:1234",
-           job_module.NODE_ENV: "2", job_module.CLUSTER_ENV: '{"name": "c", "hosts": 3}'}
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        job_module.REPLICA_ENV: "3",
+        job_module.REPLICAS_ENV: "4",
+        job_module.OWNER_ENV: "100",
+        job_module.LAUNCHER_PID_ENV: "101",
+        job_module.EVENTS_ENV: str(tmp_path / "ft-events.jsonl"),
+        job_module.BARRIER_ENV: "127.0.0.1:1234",
+        job_module.NODE_ENV: "2",
+        job_module.CLUSTER_ENV: '{"name": "c", "hosts": 3}',
+    }
     job = Job.from_environ(env)
     assert (job.role, job.replica, job.replicas, job.restarts, job.node) == ("replica", 3, 4, 2, 2)
     assert job.master == ("127.0.0.1", 29500) and job.barrier == "127.0.0.1:1234"

@@ -87,19 +87,24 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str, modules: dict[str,
     base = node.module or ""
     if node.level:
         parts = package.split(".")
-        anchor = parts[:max(0, len(parts) - node.level + 1)]
+        anchor = parts[: max(0, len(parts) - node.level + 1)]
         base = ".".join(anchor + ([base] if base else []))
-    return [_resolve(f"{base}.{alias.name}", modules) if f"{base}.{alias.name}" in modules
-            else _resolve(base, modules) for alias in node.names]
+    return [
+        _resolve(f"{base}.{alias.name}", modules) if f"{base}.{alias.name}" in modules else _resolve(base, modules)
+        for alias in node.names
+    ]
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
     """The trainscale modules that module ``name`` (file ``path``) imports, with their lines."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = {Import(name, node.lineno, target) for node in _import_nodes(tree)
-             for target in _targets(node, package, modules)
-             if target and target != name and target.split(".")[0] == ROOT}
+    found = {
+        Import(name, node.lineno, target)
+        for node in _import_nodes(tree)
+        for target in _targets(node, package, modules)
+        if target and target != name and target.split(".")[0] == ROOT
+    }
     return sorted(found, key=lambda imp: (imp.line, imp.target))
 
 
@@ -179,8 +184,9 @@ def private_imports(name: str, path: Path, modules: dict[str, Path]) -> list[str
         if isinstance(node, ast.ImportFrom):
             for alias, target in zip(node.names, _targets(node, package, modules)):
                 if alias.name.startswith("_") and target and _unit(target) != _unit(name):
-                    found.append(f"{Import(name, node.lineno, target)}: takes the private name {alias.name} "
-                                 "from another unit")
+                    found.append(
+                        f"{Import(name, node.lineno, target)}: takes the private name {alias.name} from another unit"
+                    )
     return found
 
 
@@ -191,8 +197,10 @@ def _benchmark_error(imp: Import, names: list[str]) -> str | None:
         return f"{where} line {imp.line} imports {imp.target}: the private name {private[0]} is not for benchmarks"
     if len(parts) > 3:
         package = ".".join(parts[:3])
-        return (f"{where} line {imp.line} imports {imp.target}: reaches into the sub-package {package}; "
-                f"import what {package} exports (add it to its __init__ if it is public)")
+        return (
+            f"{where} line {imp.line} imports {imp.target}: reaches into the sub-package {package}; "
+            f"import what {package} exports (add it to its __init__ if it is public)"
+        )
     return None
 
 
@@ -205,8 +213,11 @@ def benchmark_violations(folder: Path, root: Path) -> list[str]:
         for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
             names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
             for target in dict.fromkeys(_targets(node, "", modules)):
-                error = _benchmark_error(Import(where, node.lineno, target), names) if (
-                    target and target.split(".")[0] == ROOT) else None
+                error = (
+                    _benchmark_error(Import(where, node.lineno, target), names)
+                    if (target and target.split(".")[0] == ROOT)
+                    else None
+                )
                 errors += [error] if error else []
     return errors
 
@@ -238,22 +249,29 @@ def fake_tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
-@pytest.mark.parametrize("text, line", [
-    ("import os\nfrom trainscale.app import main\n", 2),  # module level
-    ("def f():\n    import trainscale.app.main.run\n", 2),  # inside a function, longest module prefix
-    ("class C:\n    from ..app.main import run\n", 2),  # relative, inside a class
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("import os\nfrom trainscale.app import main\n", 2),  # module level
+        ("def f():\n    import trainscale.app.main.run\n", 2),  # inside a function, longest module prefix
+        ("class C:\n    from ..app.main import run\n", 2),  # relative, inside a class
+    ],
+)
 def test_upward_import_is_reported(tmp_path: Path, text: str, line: int) -> None:
     assert violations(fake_tree(tmp_path, {"core/a.py": text}), FAKE_LAYERS) == [
-        f"trainscale.core.a line {line} imports trainscale.app.main: points up: layer core imports layer app"]
+        f"trainscale.core.a line {line} imports trainscale.app.main: points up: layer core imports layer app"
+    ]
 
 
 def test_type_checking_upward_import_is_reported(tmp_path: Path) -> None:
-    text = ("import typing\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainscale.app import main\n"
-            "if typing.TYPE_CHECKING:\n    import trainscale.app.main\n")
+    text = (
+        "import typing\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainscale.app import main\n"
+        "if typing.TYPE_CHECKING:\n    import trainscale.app.main\n"
+    )
     assert violations(fake_tree(tmp_path, {"core/a.py": text}), FAKE_LAYERS) == [
         f"trainscale.core.a line {line} imports trainscale.app.main: points up: layer core imports layer app"
-        for line in (4, 6)]
+        for line in (4, 6)
+    ]
 
 
 def test_type_checking_cycle_is_reported(tmp_path: Path) -> None:
@@ -264,28 +282,37 @@ def test_type_checking_cycle_is_reported(tmp_path: Path) -> None:
 
 
 def _fake_benchmarks(tmp_path: Path, text: str) -> list[str]:
-    root = fake_tree(tmp_path, {"core/deep/__init__.py": "from .inner import f\n", "core/deep/inner.py": "",
-                                "core/a.py": ""})
+    root = fake_tree(
+        tmp_path, {"core/deep/__init__.py": "from .inner import f\n", "core/deep/inner.py": "", "core/a.py": ""}
+    )
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "speed.py").write_text(text)
     return benchmark_violations(tmp_path / "benchmarks", root)
 
 
-@pytest.mark.parametrize("text, error", [
-    ("import os\nfrom trainscale.core.deep.inner import f\n", "line 2 imports trainscale.core.deep.inner: reaches "
-     "into the sub-package trainscale.core.deep; import what trainscale.core.deep exports"),
-    ("def main():\n    import trainscale.core.deep.inner\n", "line 2 imports trainscale.core.deep.inner: reaches"),
-    ("from trainscale.core.deep import inner\n", "line 1 imports trainscale.core.deep.inner: reaches"),
-    ("from trainscale.core.a import _helper\n", "line 1 imports trainscale.core.a: the private name _helper"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        (
+            "import os\nfrom trainscale.core.deep.inner import f\n",
+            "line 2 imports trainscale.core.deep.inner: reaches "
+            "into the sub-package trainscale.core.deep; import what trainscale.core.deep exports",
+        ),
+        ("def main():\n    import trainscale.core.deep.inner\n", "line 2 imports trainscale.core.deep.inner: reaches"),
+        ("from trainscale.core.deep import inner\n", "line 1 imports trainscale.core.deep.inner: reaches"),
+        ("from trainscale.core.a import _helper\n", "line 1 imports trainscale.core.a: the private name _helper"),
+    ],
+)
 def test_benchmark_reaching_into_internals_is_reported(tmp_path: Path, text: str, error: str) -> None:
     (found,) = _fake_benchmarks(tmp_path, text)
     assert found.startswith(f"benchmarks/speed.py {error}")
 
 
 def test_benchmark_public_imports_pass(tmp_path: Path) -> None:
-    text = ("import trainscale\nfrom trainscale.core import a\nfrom trainscale.core.deep import f\n"
-            "import trainscale.core.a\nfrom trainscale.errors import E\nimport numpy\n")
+    text = (
+        "import trainscale\nfrom trainscale.core import a\nfrom trainscale.core.deep import f\n"
+        "import trainscale.core.a\nfrom trainscale.errors import E\nimport numpy\n"
+    )
     assert _fake_benchmarks(tmp_path, text) == []
 
 
@@ -296,10 +323,17 @@ def test_sideways_import_is_reported(tmp_path: Path) -> None:
 
 
 def test_private_name_from_another_unit_is_reported(tmp_path: Path) -> None:
-    root = fake_tree(tmp_path, {"core/a.py": "from trainscale.core.b import _ok\n", "core/b.py": "",
-                                "app/main.py": "def f():\n    from ..core.b import _helper\n"})
+    root = fake_tree(
+        tmp_path,
+        {
+            "core/a.py": "from trainscale.core.b import _ok\n",
+            "core/b.py": "",
+            "app/main.py": "def f():\n    from ..core.b import _helper\n",
+        },
+    )
     assert violations(root, FAKE_LAYERS) == [
-        "trainscale.app.main line 2 imports trainscale.core.b: takes the private name _helper from another unit"]
+        "trainscale.app.main line 2 imports trainscale.core.b: takes the private name _helper from another unit"
+    ]
 
 
 def test_cycle_is_reported(tmp_path: Path) -> None:
@@ -307,15 +341,22 @@ def test_cycle_is_reported(tmp_path: Path) -> None:
     root = fake_tree(tmp_path, {"core/a.py": "from . import b\n", "core/b.py": b_text})
     assert violations(root, FAKE_LAYERS) == [
         "import cycle between trainscale.core.a, trainscale.core.b:\n    trainscale.core.a line 1 imports "
-        "trainscale.core.b\n    trainscale.core.b line 2 imports trainscale.core.a"]
+        "trainscale.core.b\n    trainscale.core.b line 2 imports trainscale.core.a"
+    ]
 
 
 def test_clean_tree_has_no_violations(tmp_path: Path) -> None:
-    root = fake_tree(tmp_path, {
-        "util.py": "from .errors import E\n", "errors.py": "class E(Exception): pass\n",
-        "core/a.py": "import trainscale.util\nfrom trainscale.core import b\nfrom . import c\n",
-        "core/b.py": "from trainscale.errors import E\n", "core/c.py": "from trainscale.core import thing\n",
-        "app/main.py": "def run():\n    from trainscale.core.a import f\n    from ..errors import E\n"})
+    root = fake_tree(
+        tmp_path,
+        {
+            "util.py": "from .errors import E\n",
+            "errors.py": "class E(Exception): pass\n",
+            "core/a.py": "import trainscale.util\nfrom trainscale.core import b\nfrom . import c\n",
+            "core/b.py": "from trainscale.errors import E\n",
+            "core/c.py": "from trainscale.core import thing\n",
+            "app/main.py": "def run():\n    from trainscale.core.a import f\n    from ..errors import E\n",
+        },
+    )
     assert violations(root, FAKE_LAYERS) == []
 
 

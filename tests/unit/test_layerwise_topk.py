@@ -29,9 +29,17 @@ STEPS = 4
 def tiny_resnet_like() -> nn.Module:
     """Tiny tensors (BatchNorm, biases: k=1) beside larger ones, like ResNet-20's."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,8 +51,9 @@ def sgd(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=5e-4)
 
 
-def reference_topk_ef(grads: dict[str, torch.Tensor], residuals: dict[str, torch.Tensor],
-                      ratio: float) -> dict[str, torch.Tensor]:
+def reference_topk_ef(
+    grads: dict[str, torch.Tensor], residuals: dict[str, torch.Tensor], ratio: float
+) -> dict[str, torch.Tensor]:
     """Layerwise Top-k with error feedback, written from its definition (one rank: the average is
     what this rank sends)."""
     out = {}
@@ -60,8 +69,9 @@ def reference_topk_ef(grads: dict[str, torch.Tensor], residuals: dict[str, torch
     return out
 
 
-def hook_and_reference(ratio: float) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]],
-                                                CompressionHookState]:
+def hook_and_reference(
+    ratio: float,
+) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]], CompressionHookState]:
     """Per step: the gradients the DDP hook leaves in ``.grad`` and the reference's, from the same
     parameters and batch. Tiny buckets: several per step, rebuilt by DDP after step 0."""
     base = tiny_resnet_like()

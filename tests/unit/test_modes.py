@@ -45,6 +45,7 @@ def test_every_config_field_has_help_and_a_flag():
 def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch, tmp_path):
     """A mode registered from outside trainscale brings its section (flags, TOML table, config.json, validation,
     refusal under other modes) with its registration alone: nothing in trainscale is patched."""
+
     @dataclass
     class GossipConfig(Section):
         TITLE: ClassVar[str] = "gossip"
@@ -79,13 +80,16 @@ def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch, tmp_path):
         build_config({"mode": "gossip", "workers": 2, "gossip_peers": 0})
 
 
-@pytest.mark.parametrize("values, fragment", [
-    ({"epochs": "1"}, "must be an integer, got '1' (str)"),
-    ({"epochs": True}, "must be an integer, got True (bool)"),
-    ({"lr": "0.1"}, "must be a number, got '0.1' (str)"),
-    ({"milestones": "41,61"}, "must be a list of integers, got '41,61' (str)"),
-    ({"flip": 1}, "must be true or false, got 1 (int)"),
-])
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"epochs": "1"}, "must be an integer, got '1' (str)"),
+        ({"epochs": True}, "must be an integer, got True (bool)"),
+        ({"lr": "0.1"}, "must be a number, got '0.1' (str)"),
+        ({"milestones": "41,61"}, "must be a list of integers, got '41,61' (str)"),
+        ({"flip": 1}, "must be true or false, got 1 (int)"),
+    ],
+)
 def test_wrong_types_are_one_line_errors(values, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         build_config(values)

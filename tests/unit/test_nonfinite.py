@@ -47,8 +47,9 @@ class Batches:
 
 def epoch(model: nn.Module, batches: Batches, nonfinite: str, lr: float = 0.1):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    return train_one_epoch(model, batches, optimizer, CPU.grad_scaler(), CPU, lambda t: lr, epoch=0,
-                           progress=False, nonfinite=nonfinite)
+    return train_one_epoch(
+        model, batches, optimizer, CPU.grad_scaler(), CPU, lambda t: lr, epoch=0, progress=False, nonfinite=nonfinite
+    )
 
 
 def test_a_nan_step_is_skipped_leaving_the_parameters_as_they_were():
@@ -84,15 +85,19 @@ def test_a_step_with_finite_loss_but_non_finite_gradients_is_skipped():
 def test_an_epoch_of_only_skipped_steps_stops_training():
     model = nn.Linear(6, 3)
     batches = Batches(model, bad={0, 1, 2, 3})
-    with pytest.raises(NonFiniteLoss, match=r"every step of epoch 1 \(4\) had a non-finite loss or gradients and "
-                                            r"was skipped \(--nonfinite skip"):
+    with pytest.raises(
+        NonFiniteLoss,
+        match=r"every step of epoch 1 \(4\) had a non-finite loss or gradients and "
+        r"was skipped \(--nonfinite skip",
+    ):
         epoch(model, batches, "skip")
     assert all(torch.equal(batches.before[0], b) for b in batches.before)
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     with process_group(torch.device("cpu"), "gloo", timeout_s=60):
         torch.manual_seed(0)
         model = nn.Linear(6, 3)
@@ -120,8 +125,25 @@ def test_skip_is_refused_for_parameter_server_modes_and_unknown_values():
         build_config({"model": "mlp", "nonfinite": "ignore"})
 
 
-TINY = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64",
-        "--batch-size", "64", "--schedule", "constant", "--epochs", "2", "--no-progress", "--threads", "1")
+TINY = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "256",
+    "--test-subset",
+    "64",
+    "--batch-size",
+    "64",
+    "--schedule",
+    "constant",
+    "--epochs",
+    "2",
+    "--no-progress",
+    "--threads",
+    "1",
+)
 
 
 def test_an_overflowing_lr_stops_with_one_line_by_default(tmp_path):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -44,8 +44,12 @@ def symlink_to_fifo(path: Path) -> Path:
     return path
 
 
-SPECIAL: dict[str, Callable[[Path], Path]] = {"char device": char_device, "fifo": fifo, "folder": folder,
-                                             "symlink to a fifo": symlink_to_fifo}
+SPECIAL: dict[str, Callable[[Path], Path]] = {
+    "char device": char_device,
+    "fifo": fifo,
+    "folder": folder,
+    "symlink to a fifo": symlink_to_fifo,
+}
 
 
 @pytest.fixture(params=list(SPECIAL))

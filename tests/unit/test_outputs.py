@@ -8,9 +8,19 @@ from trainscale.train.trainer import step_split
 
 
 def row(epoch, acc):
-    return {"epoch": epoch, "lr": 0.1, "train_loss": 1.0, "train_acc": 0.5, "test_loss": 1.1, "test_acc": acc,
-            "epoch_seconds": 10.0, "eval_seconds": 1.0, "elapsed_seconds": 10.0 * epoch, "samples_per_sec": 100.0,
-            "peak_memory_mb": 1.0}
+    return {
+        "epoch": epoch,
+        "lr": 0.1,
+        "train_loss": 1.0,
+        "train_acc": 0.5,
+        "test_loss": 1.1,
+        "test_acc": acc,
+        "epoch_seconds": 10.0,
+        "eval_seconds": 1.0,
+        "elapsed_seconds": 10.0 * epoch,
+        "samples_per_sec": 100.0,
+        "peak_memory_mb": 1.0,
+    }
 
 
 def test_metrics_and_dawnbench_tsv(tmp_path):
@@ -50,8 +60,11 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
 
 
 def test_step_split_uses_the_same_steady_epochs_for_both_halves():
-    rows = [{"step_seconds": 9.0, "comm_seconds_per_step": 5.0}, {"step_seconds": 1.0, "comm_seconds_per_step": 0.25},
-            {"step_seconds": 2.0, "comm_seconds_per_step": 0.75}]
+    rows = [
+        {"step_seconds": 9.0, "comm_seconds_per_step": 5.0},
+        {"step_seconds": 1.0, "comm_seconds_per_step": 0.25},
+        {"step_seconds": 2.0, "comm_seconds_per_step": 0.75},
+    ]
     assert step_split(rows) == {"step_seconds": 1.5, "comm_seconds_per_step": 0.5, "compute_seconds_per_step": 1.0}
     assert step_split(rows[:1]) == {"step_seconds": 9.0, "comm_seconds_per_step": 5.0, "compute_seconds_per_step": 4.0}
     assert step_split([{"step_seconds": 1.0}, {"step_seconds": 3.0}]) == {"step_seconds": 3.0}  # local: no split

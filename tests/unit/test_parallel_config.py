@@ -5,15 +5,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainscale.app.config import build_config
+from trainscale.app.failures import describe_failure
+from trainscale.app.hosts import node_commands, parse_hosts
+from trainscale.app.worker_env import to_argv
 from trainscale.cli import build_parser
 from trainscale.errors import ConfigError
 from trainscale.runtime.faults import Fault, parse_fault
-from trainscale.app.hosts import node_commands, parse_hosts
-from trainscale.app.failures import describe_failure
-from trainscale.app.worker_env import to_argv
 from trainscale.runtime.network import check_port_free, parse_endpoint, wait_reachable
 from trainscale.train.scaling import config_mismatches, scaling_efficiency
-from trainscale.app.config import build_config
 from trainscale.train.setup import check_fits
 
 
@@ -22,14 +22,17 @@ def parse(*argv):
     return {k: v for k, v in vars(args).items() if k != "command"}
 
 
-@pytest.mark.parametrize("layer, env_world, expected", [
-    ({}, None, ("local", 1)),
-    ({"workers": 2}, None, ("sync", 2)),
-    ({"devices": [0, 1, 2]}, None, ("sync", 3)),
-    ({"nnodes": 2, "rdzv_endpoint": "h:1"}, None, ("sync", 1)),
-    ({}, "4", ("sync", 1)),
-    ({"mode": "sync"}, None, ("sync", 1)),
-])
+@pytest.mark.parametrize(
+    "layer, env_world, expected",
+    [
+        ({}, None, ("local", 1)),
+        ({"workers": 2}, None, ("sync", 2)),
+        ({"devices": [0, 1, 2]}, None, ("sync", 3)),
+        ({"nnodes": 2, "rdzv_endpoint": "h:1"}, None, ("sync", 1)),
+        ({}, "4", ("sync", 1)),
+        ({"mode": "sync"}, None, ("sync", 1)),
+    ],
+)
 def test_mode_resolution(monkeypatch, layer, env_world, expected):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     if env_world:
@@ -38,18 +41,21 @@ def test_mode_resolution(monkeypatch, layer, env_world, expected):
     assert (cfg.run.mode, cfg.launch.workers) == expected
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    ({"mode": "local", "workers": 2}, "--mode local trains in one process but --workers 2"),
-    ({"workers": 0}, "--workers must be a positive integer"),
-    ({"nnodes": 2}, "--nnodes > 1 needs --rdzv-endpoint"),
-    ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "--node-rank must be in 0..1"),
-    ({"rdzv_endpoint": "nohostport"}, "--rdzv-endpoint must be HOST:PORT"),
-    ({"devices": [0, 0]}, "distinct GPU indices"),
-    ({"devices": [0, 1], "workers": 4}, "one worker per GPU"),
-    ({"backend": "mpi"}, "--backend must be one of"),
-    ({"max_restarts": -1}, "--max-restarts"),
-    ({"ssh": True}, "--ssh runs the per-node commands of --hosts"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ({"mode": "local", "workers": 2}, "--mode local trains in one process but --workers 2"),
+        ({"workers": 0}, "--workers must be a positive integer"),
+        ({"nnodes": 2}, "--nnodes > 1 needs --rdzv-endpoint"),
+        ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "--node-rank must be in 0..1"),
+        ({"rdzv_endpoint": "nohostport"}, "--rdzv-endpoint must be HOST:PORT"),
+        ({"devices": [0, 0]}, "distinct GPU indices"),
+        ({"devices": [0, 1], "workers": 4}, "one worker per GPU"),
+        ({"backend": "mpi"}, "--backend must be one of"),
+        ({"max_restarts": -1}, "--max-restarts"),
+        ({"ssh": True}, "--ssh runs the per-node commands of --hosts"),
+    ],
+)
 def test_bad_parallel_settings(monkeypatch, bad, fragment):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError, match=fragment):
@@ -62,8 +68,20 @@ def test_gpus_is_an_alias_of_devices():
 
 
 def test_flags_round_trip_through_to_argv():
-    flags = parse("--model", "mlp", "--workers", "2", "--no-flip", "--sync-bn", "--milestones", "3,5",
-                  "--lr", "0.05", "--out", "runs/x")
+    flags = parse(
+        "--model",
+        "mlp",
+        "--workers",
+        "2",
+        "--no-flip",
+        "--sync-bn",
+        "--milestones",
+        "3,5",
+        "--lr",
+        "0.05",
+        "--out",
+        "runs/x",
+    )
     assert parse(*to_argv(flags)) == flags
 
 
@@ -92,11 +110,14 @@ def test_hosts_file_gives_one_command_per_node(tmp_path):
         assert "hosts" not in node and node["model"] == "resnet20"
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("a slots=2\nb slots=4\n", "same slots="),
-    ("a slots=x\n", "hosts:1: expected 'host' or 'host slots=N'"),
-    ("\n# nothing\n", "lists no hosts"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("a slots=2\nb slots=4\n", "same slots="),
+        ("a slots=x\n", "hosts:1: expected 'host' or 'host slots=N'"),
+        ("\n# nothing\n", "lists no hosts"),
+    ],
+)
 def test_bad_hosts_files(tmp_path, text, fragment):
     path = tmp_path / "hosts"
     path.write_text(text)
@@ -112,8 +133,9 @@ def test_fault_spec():
 
 
 def failure(message, exitcode=1, timestamp=100, local_rank=0):
-    return SimpleNamespace(message=message, exitcode=exitcode, timestamp=timestamp, local_rank=local_rank,
-                           signal_name=lambda: "SIGKILL")
+    return SimpleNamespace(
+        message=message, exitcode=exitcode, timestamp=timestamp, local_rank=local_rank, signal_name=lambda: "SIGKILL"
+    )
 
 
 def test_root_cause_prefers_the_real_error_over_its_consequences():
@@ -148,19 +170,32 @@ def test_failure_kinds_come_from_the_exception_type_not_its_text():
     root = failure({"message": "ValueError: later", "kind": "error"}, timestamp=5, local_rank=1)
     assert describe_failure({0: peer, 1: root})[0].startswith("worker rank 0")
     # Within one second the worker's own nanosecond stamp decides: the root cause records before its peers.
-    late = failure({"message": "RuntimeError: callback failed", "kind": "error", "time_ns": 7 * 10**9 + 900},
-                   timestamp=7)
-    early = failure({"message": "RuntimeError: injected", "kind": "error", "time_ns": 7 * 10**9 + 100},
-                    timestamp=7, local_rank=1)
-    assert describe_failure({0: late, 1: early})[0].startswith("worker rank 1 (local rank 1) failed: RuntimeError: "
-                                                                "injected")
-    assert describe_failure({0: failure("Signal 15 (SIGTERM) received by PID 9", exitcode=-15, timestamp=1),
-                             1: failure("", exitcode=-9, timestamp=5)})[0].startswith("worker rank 1")
+    late = failure(
+        {"message": "RuntimeError: callback failed", "kind": "error", "time_ns": 7 * 10**9 + 900}, timestamp=7
+    )
+    early = failure(
+        {"message": "RuntimeError: injected", "kind": "error", "time_ns": 7 * 10**9 + 100}, timestamp=7, local_rank=1
+    )
+    assert describe_failure({0: late, 1: early})[0].startswith(
+        "worker rank 1 (local rank 1) failed: RuntimeError: injected"
+    )
+    assert describe_failure(
+        {
+            0: failure("Signal 15 (SIGTERM) received by PID 9", exitcode=-15, timestamp=1),
+            1: failure("", exitcode=-9, timestamp=5),
+        }
+    )[0].startswith("worker rank 1")
 
 
 def test_scaling_efficiency():
-    base = {"world_size": 1, "samples_per_sec": 1000.0, "model": "m", "dataset": "d", "precision": "bf16",
-            "image_size": 32}
+    base = {
+        "world_size": 1,
+        "samples_per_sec": 1000.0,
+        "model": "m",
+        "dataset": "d",
+        "precision": "bf16",
+        "image_size": 32,
+    }
     run = {**base, "world_size": 4, "samples_per_sec": 3000.0}
     assert scaling_efficiency(run, base) == pytest.approx(0.75)
     steady = {**run, "steady_epoch_seconds": 10.0, "train_samples_per_epoch": 36000}

@@ -34,14 +34,35 @@ def make_profile() -> Profile:
     """40 MB of gradients in two buckets (ready at 30% and 100% of a 0.2 s backward), 0.3 s per step."""
     buckets = [Bucket(1, int(25 * MB), 0.06), Bucket(0, int(15 * MB), 0.2)]
     compressors = {
-        "bf16": CompressorProfile("bf16", "bf16", "layerwise", timing(0.002), timing(0.002),
-                                  [("all_reduce", int(20 * MB))]),
+        "bf16": CompressorProfile(
+            "bf16", "bf16", "layerwise", timing(0.002), timing(0.002), [("all_reduce", int(20 * MB))]
+        ),
         "topk:ratio=0.01,granularity=entire": CompressorProfile(
-            "topk:ratio=0.01,granularity=entire", "topk", "entire", timing(0.01), timing(0.001),
-            [("all_gather", int(0.8 * MB))]),
+            "topk:ratio=0.01,granularity=entire",
+            "topk",
+            "entire",
+            timing(0.01),
+            timing(0.001),
+            [("all_gather", int(0.8 * MB))],
+        ),
     }
-    return Profile("resnet9", 64, "fp32", "test cpu", 1, None, timing(0.0), timing(0.09), timing(0.2), timing(0.01),
-                   int(40 * MB), int(10 * MB), buckets, 100.0, compressors)
+    return Profile(
+        "resnet9",
+        64,
+        "fp32",
+        "test cpu",
+        1,
+        None,
+        timing(0.0),
+        timing(0.09),
+        timing(0.2),
+        timing(0.01),
+        int(40 * MB),
+        int(10 * MB),
+        buckets,
+        100.0,
+        compressors,
+    )
 
 
 def setting(bandwidth_bits: float, hosts: int = 4, **kw) -> Setting:
@@ -115,8 +136,10 @@ class TestPredict:
     @pytest.mark.parametrize("compress", ["none", "bf16", "topk:ratio=0.01,granularity=entire"])
     def test_slower_links_never_faster(self, mode, compress):
         rates = [1e7, 1e8, 4e8, 1e9, 1e10, 1e11]
-        steps = [predict(make_profile(), setting(r, mode=mode, spec=parse_spec(compress), sync_every=4)).step_seconds
-                 for r in rates]
+        steps = [
+            predict(make_profile(), setting(r, mode=mode, spec=parse_spec(compress), sync_every=4)).step_seconds
+            for r in rates
+        ]
         assert steps == sorted(steps, reverse=True)
 
     def test_more_workers_never_more_efficient_in_sync(self):
@@ -249,10 +272,19 @@ class TestDilation:
     def test_summary_projected_back(self):
         from trainscale.cluster.dilation import projected
 
-        summary = {"step_seconds": 2.0, "samples_per_sec": 100.0, "steady_epoch_seconds": 50.0,
-                   "cluster": {"dilation": {"target": "t", "factor": 4.0}}}
-        assert projected(summary)["projected"] == {"target": "t", "factor": 4.0, "step_seconds": 0.5,
-                                                   "steady_epoch_seconds": 12.5, "samples_per_sec": 400.0}
+        summary = {
+            "step_seconds": 2.0,
+            "samples_per_sec": 100.0,
+            "steady_epoch_seconds": 50.0,
+            "cluster": {"dilation": {"target": "t", "factor": 4.0}},
+        }
+        assert projected(summary)["projected"] == {
+            "target": "t",
+            "factor": 4.0,
+            "step_seconds": 0.5,
+            "steady_epoch_seconds": 12.5,
+            "samples_per_sec": 400.0,
+        }
         assert projected({"step_seconds": 1.0, "cluster": {"hosts": 2}}) == {}
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -25,23 +26,30 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("old, new, fragment", [
-    ("hosts = 5\n", 'hosts = "five"\n', r":16: key 'hosts' must be a whole number, got 'five'"),
-    ("hosts = 5\n", "hosts = 0\n", r":16: key 'hosts' must be a positive number, got 0"),
-    ("hosts = 5\n", "hosts = 2.5\n", "key 'hosts' must be a whole number"),
-    ("hosts = 5\n", "hosts = 99999999999999999999999\n", "key 'hosts' must be at most"),
-    ('name = "pslite-gtx980"', "name = {a = 1}", r":13: key 'name' must be text"),
-    ('device = "gtx980"', "device = 3", "key 'device' must be text, got 3"),
-    ('[link.inter]\nbandwidth = "1gbit"', "[link.inter]\nbandwidth = 1000", r":22: \[link.inter\] key 'bandwidth' must "
-                                                                          "be text"),
-    ('latency = "50us"', "latency = 5", r"\[link.inter\] key 'latency' must be text"),
-    ("devices = 10", "devices = 0", r":59: \[\[published\]\] #3 key 'devices' must be a positive number, got 0"),
-    ("images_per_sec = 714.29\n", "", r"\[\[published\]\] #1 missing key 'images_per_sec'"),
-    ("images_per_sec = 714.29", "images_per_sec = nan", "key 'images_per_sec' must be a positive number, got nan"),
-    ("batch_size = 256", 'batch_size = "256"', r"\[\[published\]\] #1 key 'batch_size' must be a whole number"),
-    ("devices = 10\nhosts = 5", "devices = 2\nhosts = 5", "key 'hosts' is 5, more than its 2 devices"),
-    ("workers_per_host = 1", "workers_per_host = 0", "key 'workers_per_host' must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "old, new, fragment",
+    [
+        ("hosts = 5\n", 'hosts = "five"\n', r":16: key 'hosts' must be a whole number, got 'five'"),
+        ("hosts = 5\n", "hosts = 0\n", r":16: key 'hosts' must be a positive number, got 0"),
+        ("hosts = 5\n", "hosts = 2.5\n", "key 'hosts' must be a whole number"),
+        ("hosts = 5\n", "hosts = 99999999999999999999999\n", "key 'hosts' must be at most"),
+        ('name = "pslite-gtx980"', "name = {a = 1}", r":13: key 'name' must be text"),
+        ('device = "gtx980"', "device = 3", "key 'device' must be text, got 3"),
+        (
+            '[link.inter]\nbandwidth = "1gbit"',
+            "[link.inter]\nbandwidth = 1000",
+            r":22: \[link.inter\] key 'bandwidth' must "
+            "be text",
+        ),
+        ('latency = "50us"', "latency = 5", r"\[link.inter\] key 'latency' must be text"),
+        ("devices = 10", "devices = 0", r":59: \[\[published\]\] #3 key 'devices' must be a positive number, got 0"),
+        ("images_per_sec = 714.29\n", "", r"\[\[published\]\] #1 missing key 'images_per_sec'"),
+        ("images_per_sec = 714.29", "images_per_sec = nan", "key 'images_per_sec' must be a positive number, got nan"),
+        ("batch_size = 256", 'batch_size = "256"', r"\[\[published\]\] #1 key 'batch_size' must be a whole number"),
+        ("devices = 10\nhosts = 5", "devices = 2\nhosts = 5", "key 'hosts' is 5, more than its 2 devices"),
+        ("workers_per_host = 1", "workers_per_host = 0", "key 'workers_per_host' must be a positive number"),
+    ],
+)
 def test_bad_cluster_file_is_one_line_with_its_line(tmp_path, old, new, fragment):
     assert old in CLUSTER
     path = write(tmp_path, CLUSTER.replace(old, new, 1))
@@ -49,26 +57,36 @@ def test_bad_cluster_file_is_one_line_with_its_line(tmp_path, old, new, fragment
         load_cluster(str(path))
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    ("link = 3", r":3: key 'link' must be a table, got 3"),
-    ("published = [1, 2]", r":3: key 'published' must be an array of tables"),
-    ("[link]\ninter = \"fast\"", r":4: \[link\] key 'inter' must be a table"),
-])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ("link = 3", r":3: key 'link' must be a table, got 3"),
+        ("published = [1, 2]", r":3: key 'published' must be an array of tables"),
+        ('[link]\ninter = "fast"', r":4: \[link\] key 'inter' must be a table"),
+    ],
+)
 def test_a_value_where_a_table_goes(tmp_path, extra, fragment):
     path = write(tmp_path, f'name = "x"\nhosts = 1\n{extra}\n')
     with pytest.raises(ConfigError, match=f"^{path}{fragment}"):
         load_cluster(str(path))
 
 
-@pytest.mark.parametrize("old, new, fragment", [
-    ("images_per_sec = 714.29", "images_per_sec = 0", r":16: \[\[throughput\]\] #1 key 'images_per_sec' must be a "
-                                                      "positive number, got 0"),
-    ("images_per_sec = 714.29", "images_per_sec = nan", "must be a positive number, got nan"),
-    ("images_per_sec = 714.29", "images_per_sec = -3", "must be a positive number, got -3"),
-    ('model = "inception_bn_small"\n', "", r":13: \[\[throughput\]\] #1 missing key 'model'"),
-    ("batch_size = 256", "batch_size = 25.6", "key 'batch_size' must be a whole number, got 25.6"),
-    ('model = "inception_bn_small"', 'model = ["mlp"]', "key 'model' must be text"),
-])
+@pytest.mark.parametrize(
+    "old, new, fragment",
+    [
+        (
+            "images_per_sec = 714.29",
+            "images_per_sec = 0",
+            r":16: \[\[throughput\]\] #1 key 'images_per_sec' must be a "
+            "positive number, got 0",
+        ),
+        ("images_per_sec = 714.29", "images_per_sec = nan", "must be a positive number, got nan"),
+        ("images_per_sec = 714.29", "images_per_sec = -3", "must be a positive number, got -3"),
+        ('model = "inception_bn_small"\n', "", r":13: \[\[throughput\]\] #1 missing key 'model'"),
+        ("batch_size = 256", "batch_size = 25.6", "key 'batch_size' must be a whole number, got 25.6"),
+        ('model = "inception_bn_small"', 'model = ["mlp"]', "key 'model' must be text"),
+    ],
+)
 def test_bad_device_file_is_one_line_with_its_line(tmp_path, old, new, fragment):
     path = write(tmp_path, DEVICE.replace(old, new, 1))
     with pytest.raises(ConfigError, match=f"^{path}{fragment}" if fragment.startswith(":") else fragment):
@@ -100,20 +118,26 @@ def _set(*keys: Any) -> Callable[[dict[str, Any]], None]:
         for key in keys[:-2]:
             target = target[key]
         target[keys[-2]] = keys[-1]
+
     return change
 
 
-@pytest.mark.parametrize("change, fragment", [
-    (_set("forward", "median", math.nan), "forward.median must be a finite number >= 0, got nan"),
-    (_set("backward", "median", -1.0), "backward.median must be a finite number >= 0, got -1"),
-    (_set("batch_size", "big"), "batch_size must be a whole number, got 'big'"),
-    (_set("model", {"a": 1}), "model must be text"),
-    (_set("buckets", 0, "nbytes", "x"), r"buckets\[0\].nbytes must be a whole number"),
-    (_set("compressors", "bf16", "encode", "median", math.inf), "compressors.bf16.encode.median must be a finite"),
-    (_set("compressors", "bf16", "collectives", [["all_reduce", -5]]),
-     r"compressors.bf16.collectives holds .*, not a \[kind, bytes\] pair"),
-    (_set("peak_memory_mb", math.nan), "peak_memory_mb must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (_set("forward", "median", math.nan), "forward.median must be a finite number >= 0, got nan"),
+        (_set("backward", "median", -1.0), "backward.median must be a finite number >= 0, got -1"),
+        (_set("batch_size", "big"), "batch_size must be a whole number, got 'big'"),
+        (_set("model", {"a": 1}), "model must be text"),
+        (_set("buckets", 0, "nbytes", "x"), r"buckets\[0\].nbytes must be a whole number"),
+        (_set("compressors", "bf16", "encode", "median", math.inf), "compressors.bf16.encode.median must be a finite"),
+        (
+            _set("compressors", "bf16", "collectives", [["all_reduce", -5]]),
+            r"compressors.bf16.collectives holds .*, not a \[kind, bytes\] pair",
+        ),
+        (_set("peak_memory_mb", math.nan), "peak_memory_mb must be a finite number"),
+    ],
+)
 def test_profile_values_are_checked(tmp_path, change, fragment):
     raw = json.loads(make_profile().to_json())
     change(raw)

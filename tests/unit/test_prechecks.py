@@ -13,8 +13,8 @@ import trainscale.data.download as download_mod
 from trainscale.app.config import build_config
 from trainscale.data import ensure_dataset
 from trainscale.errors import ConfigError
-from trainscale.models import create_model, list_models, model_info
 from trainscale.io import check_folder_writable
+from trainscale.models import create_model, list_models, model_info
 from trainscale.train.setup import check_model_input
 
 
@@ -104,8 +104,11 @@ def no_download(monkeypatch):
 
 def test_a_mistyped_data_dir_is_refused_before_any_download(tmp_path, no_download):
     typo = tmp_path / "dtaa" / "cifar"
-    with pytest.raises(ConfigError, match=rf"--data-dir {typo} does not exist; fix the path, or create the folder "
-                                          rf"\(mkdir -p {typo}\).*`trainscale data download --dataset cifar10"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--data-dir {typo} does not exist; fix the path, or create the folder "
+        rf"\(mkdir -p {typo}\).*`trainscale data download --dataset cifar10",
+    ):
         ensure_dataset("cifar10", typo, download=True, verify=False)
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match="afile is a file, not a folder"):

@@ -3,8 +3,10 @@ launcher refuse the same wrong settings with the same line, before any worker st
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -49,10 +51,10 @@ def wrong_settings(tmp_path: Path) -> dict[str, dict[str, Any]]:
 def test_dry_run_and_every_launcher_refuse_alike(tmp_path: Path, workers: int) -> None:
     for name, values in wrong_settings(tmp_path).items():
         cfg = build_config({**SMALL, "out": str(tmp_path / "run"), "workers": workers, **values})
-        line = refusal(lambda: dry_run(cfg))
-        launcher = prepare if workers > 1 else (lambda c: preflight(c, data=False))
+        line = refusal(functools.partial(dry_run, cfg))
+        launcher = prepare if workers > 1 else functools.partial(preflight, data=False)
         if workers > 1 or "shard" not in name:  # one process checks its shard as it loads the data
-            assert refusal(lambda: launcher(cfg)) == line, name
+            assert refusal(functools.partial(launcher, cfg)) == line, name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "held"]  # nothing written
 
 
@@ -64,15 +66,24 @@ def test_a_cluster_run_and_its_dry_run_refuse_alike(tmp_path: Path, monkeypatch:
     assert "no cluster named 'nosuch'" in line or "trainscale cluster needs" in line
 
 
-def test_a_cluster_dry_run_checks_the_mode_against_the_clusters_hosts(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cluster_dry_run_checks_the_mode_against_the_clusters_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Replica numbers are bounded only once the hosts are known: the dry run refuses them as the run does."""
     pytest.importorskip("torchft")
     import trainscale.app.preflight as module
 
     monkeypatch.setattr(module, "check_cluster", lambda name: {"name": name, "hosts": 2})
-    cfg = build_config({**SMALL, "cluster": "fake", "mode": "sync", "fault_tolerance": True,
-                        "inject_fault": ["kill:5@3"], "out": str(tmp_path / "run")})
+    cfg = build_config(
+        {
+            **SMALL,
+            "cluster": "fake",
+            "mode": "sync",
+            "fault_tolerance": True,
+            "inject_fault": ["kill:5@3"],
+            "out": str(tmp_path / "run"),
+        }
+    )
     line = refusal(lambda: dry_run(cfg))
     assert "there are only 2 replicas" in line
     assert refusal(lambda: cluster_main(cfg)) == line

@@ -5,8 +5,9 @@ from pathlib import Path
 
 from trainscale.models import list_models
 
-SPEC = importlib.util.spec_from_file_location("project_pages",
-                                              Path(__file__).parents[2] / "benchmarks" / "project_pages.py")
+SPEC = importlib.util.spec_from_file_location(
+    "project_pages", Path(__file__).parents[2] / "benchmarks" / "project_pages.py"
+)
 pages = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(pages)
 
@@ -20,7 +21,18 @@ def test_every_published_model_is_registered_and_profiled_once():
 
 
 def test_the_table_has_one_line_per_row_with_the_ratio():
-    rows = [{"cluster": "c", "model": "m", "devices": 8, "hosts": 1, "batch": 128, "mode": "sync",
-             "published": 2000.0, "predicted": 2500.0, "ratio": 1.25}]
+    rows = [
+        {
+            "cluster": "c",
+            "model": "m",
+            "devices": 8,
+            "hosts": 1,
+            "batch": 128,
+            "mode": "sync",
+            "published": 2000.0,
+            "predicted": 2500.0,
+            "ratio": 1.25,
+        }
+    ]
     lines = pages.markdown(rows).splitlines()
     assert len(lines) == 3 and lines[2] == "| c | m | 8 | 1 | 128 | sync | 2,000 | 2,500 | 1.25 |"

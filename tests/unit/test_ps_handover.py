@@ -67,8 +67,16 @@ class FakeOptimizer:
 
 
 def device_batches(rank: int, world: int = 3) -> DeviceBatches:
-    return DeviceBatches(synthetic_dataset(96, 8, seed=1), 8, train=True, augment=AugmentConfig(), device="cpu",
-                         rank=rank, world_size=world, seed=5)
+    return DeviceBatches(
+        synthetic_dataset(96, 8, seed=1),
+        8,
+        train=True,
+        augment=AugmentConfig(),
+        device="cpu",
+        rank=rank,
+        world_size=world,
+        seed=5,
+    )
 
 
 def test_a_worker_trains_its_share_as_the_owner_would_have_then_asks_again():

@@ -99,8 +99,10 @@ def test_model_averaging_adds_the_mean_change():
 
 def test_pushes_from_many_threads_are_applied_atomically():
     server, _ = shard(Rule("async"), workers=4, numel=10_000)
-    threads = [threading.Thread(target=lambda w=w: [server.push(w, 0, s, torch.ones(10_000), 1.0, 0, None)
-                                                    for s in range(50)]) for w in range(4)]
+    threads = [
+        threading.Thread(target=lambda w=w: [server.push(w, 0, s, torch.ones(10_000), 1.0, 0, None) for s in range(50)])
+        for w in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -135,13 +137,27 @@ def test_coordinator_reduces_over_live_workers_and_names_a_dead_broadcast_source
 
 
 def test_shard_statistics_merge_and_become_an_epoch_row():
-    a = {"updates": 4, "pushes": 4, "staleness_sum": 2, "staleness_max": 1, "staleness_hist": {0: 2, 1: 2},
-         "clock_gap_max": 1, "update_seconds": 0.4, "bytes_in": 16, "bytes_out": 16, "dead_workers": []}
+    a = {
+        "updates": 4,
+        "pushes": 4,
+        "staleness_sum": 2,
+        "staleness_max": 1,
+        "staleness_hist": {0: 2, 1: 2},
+        "clock_gap_max": 1,
+        "update_seconds": 0.4,
+        "bytes_in": 16,
+        "bytes_out": 16,
+        "dead_workers": [],
+    }
     b = dict(a, staleness_max=3, staleness_hist={3: 4}, staleness_sum=12, dead_workers=[1])
     merged = merge_server_stats([a, b])
     assert merged["staleness_hist"] == {0: 2, 1: 2, 3: 4} and merged["dead_workers"] == [1]
-    row = epoch_row(merged, {"steps": 4, "push_seconds": 1, "pull_seconds": 1, "wait_seconds": 0, "bytes_pushed": 64,
-                             "bytes_pulled": 64}, epoch_seconds=2.0, servers=2)
+    row = epoch_row(
+        merged,
+        {"steps": 4, "push_seconds": 1, "pull_seconds": 1, "wait_seconds": 0, "bytes_pushed": 64, "bytes_pulled": 64},
+        epoch_seconds=2.0,
+        servers=2,
+    )
     assert row["ps_pushes"] == 4 and row["pushes_per_sec"] == 2.0 and row["staleness_mean"] == 14 / 8
     assert row["bytes_pushed_per_step"] == 16
 

@@ -48,10 +48,16 @@ def test_user_settings_win_and_lr_scales_with_the_batch() -> None:
     assert (optim.lr, optim.lr_scaling, optim.schedule, optim.milestones) == (0.1, "none", "step", [83, 124])
     scaled = build_config({"model": "resnet50", "batch_size": 512})
     assert (scaled.optim.lr, scaled.optim.lr_scaling, scaled.optim.base_batch_size) == (
-        0.1, "linear", 256)  # 0.2 at 512
+        0.1,
+        "linear",
+        256,
+    )  # 0.2 at 512
     mine = build_config({"model": "resnet50", "batch_size": 512, "lr": 0.3, "schedule": "cosine"})
     assert (mine.optim.lr, mine.optim.lr_scaling, mine.optim.schedule) == (
-        0.3, "none", "cosine")  # no scaling of the user's lr
+        0.3,
+        "none",
+        "cosine",
+    )  # no scaling of the user's lr
     assert mine.optim.milestones == [41, 61]  # the recipe's milestones went with its schedule: trainscale's default
 
 
@@ -78,15 +84,16 @@ def test_muon_refused_for_parameter_server_modes() -> None:
 
 def images(n: int = 40) -> ImageTensors:
     data = torch.arange(n * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(n, 3, 4, 4)
-    return ImageTensors(images=data, labels=torch.arange(n), num_classes=n, mean=(0.5,) * 3, std=(0.25,) * 3,
-                        name="tiny")
+    return ImageTensors(
+        images=data, labels=torch.arange(n), num_classes=n, mean=(0.5,) * 3, std=(0.25,) * 3, name="tiny"
+    )
 
 
 def flipped_by_label(batches: DeviceBatches, epoch: int, data: ImageTensors) -> dict[int, bool]:
     out = {}
     for x, y in batches.epoch(epoch):
         for image, label in zip(x, y.tolist()):
-            plain = batches._finish(data.images[label:label + 1])[0]
+            plain = batches._finish(data.images[label : label + 1])[0]
             assert torch.equal(image, plain) or torch.equal(image, plain.flip(2))
             out[label] = not torch.equal(image, plain)
     return out
@@ -95,8 +102,9 @@ def flipped_by_label(batches: DeviceBatches, epoch: int, data: ImageTensors) -> 
 def test_alternating_flip_flips_each_image_on_every_other_epoch() -> None:
     data = images()
     aug = AugmentConfig(crop_padding=0, flip=True, alternate_flip=True)
-    ranks = [DeviceBatches(data, 4, train=True, augment=aug, device="cpu", rank=r, world_size=2, seed=3)
-             for r in range(2)]
+    ranks = [
+        DeviceBatches(data, 4, train=True, augment=aug, device="cpu", rank=r, world_size=2, seed=3) for r in range(2)
+    ]
     epochs = [{k: v for b in ranks for k, v in flipped_by_label(b, e, data).items()} for e in range(3)]
     assert set(epochs[0]) == set(range(40))
     assert all(epochs[1][i] != epochs[0][i] and epochs[2][i] == epochs[0][i] for i in range(40))
@@ -136,8 +144,11 @@ def test_muon_step_equals_torch_muon_on_the_flattened_filter(layout: torch.memor
     torch.manual_seed(0)
     conv = nn.Conv2d(6, 8, 3, bias=False).to(memory_format=layout)
     reference = nn.Parameter(conv.weight.detach().clone().flatten(1))
-    ours = MuonWithSGD([{"params": [conv.weight], "lr": 0.1, "muon": True, "momentum": 0.6}],
-                       {"momentum": 0.9, "nesterov": True}, normalise_filters=False)
+    ours = MuonWithSGD(
+        [{"params": [conv.weight], "lr": 0.1, "muon": True, "momentum": 0.6}],
+        {"momentum": 0.9, "nesterov": True},
+        normalise_filters=False,
+    )
     theirs = torch.optim.Muon([reference], lr=0.1, momentum=0.6, nesterov=True, weight_decay=0.0, ns_steps=3)
     for _ in range(3):
         grad = torch.randn(8, 6, 3, 3)
@@ -153,8 +164,14 @@ def test_muon_step_equals_torch_muon_on_the_flattened_filter(layout: torch.memor
 def test_muon_state_round_trips_through_a_checkpoint() -> None:
     torch.manual_seed(1)
     conv = nn.Conv2d(4, 4, 3, bias=False).to(memory_format=torch.channels_last)
-    make = lambda: MuonWithSGD([{"params": [conv.weight], "lr": 0.05, "muon": True, "momentum": 0.6}],  # noqa: E731
-                               {"momentum": 0.9, "nesterov": True}, normalise_filters=True)
+
+    def make() -> MuonWithSGD:
+        return MuonWithSGD(
+            [{"params": [conv.weight], "lr": 0.05, "muon": True, "momentum": 0.6}],
+            {"momentum": 0.9, "nesterov": True},
+            normalise_filters=True,
+        )
+
     first = make()
     conv.weight.grad = torch.randn_like(conv.weight)
     first.step()

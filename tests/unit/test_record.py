@@ -24,8 +24,17 @@ from trainscale.runtime.faults import InjectedFault
 from trainscale.train.trainer import step_split
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-TINY = {"model": "mlp", "dataset": "synthetic", "train_subset": 256, "test_subset": 64, "batch_size": 64, "epochs": 2,
-        "progress": False, "threads": 1, "target_acc": 0.01}
+TINY = {
+    "model": "mlp",
+    "dataset": "synthetic",
+    "train_subset": 256,
+    "test_subset": 64,
+    "batch_size": 64,
+    "epochs": 2,
+    "progress": False,
+    "threads": 1,
+    "target_acc": 0.01,
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +57,48 @@ def test_the_figures_of_modes_clusters_and_faults_are_defined():
     parameter server's rows, a dilated cluster's projection; each key is defined for the file it goes to."""
     stats = CompressionStats(method="topk", steps=2, bytes_sent=10, dense_bytes=40, calls=2)
     plan = CompressionPlan("topk", "layerwise", {"ratio": 0.01}, True, 0)
-    server = merge_server_stats([{"updates": 2, "pushes": 2, "staleness_sum": 1, "staleness_max": 1,
-                                  "staleness_hist": {"0": 1, "1": 1}, "clock_gap_max": 0, "update_seconds": 0.1,
-                                  "bytes_in": 8, "bytes_out": 8}])
-    workers = {"steps": 2, "push_seconds": 0.1, "pull_seconds": 0.1, "wait_seconds": 0.0, "bytes_pushed": 8,
-               "bytes_pulled": 8}
-    rows = [stats.summary(), CommStats(bytes_sent=8, calls=1, steps=1).per_step(), epoch_row(server, workers, 1.0, 1),
-            {K.rounds: 1, K.steps_per_round: 2.0}]
+    server = merge_server_stats(
+        [
+            {
+                "updates": 2,
+                "pushes": 2,
+                "staleness_sum": 1,
+                "staleness_max": 1,
+                "staleness_hist": {"0": 1, "1": 1},
+                "clock_gap_max": 0,
+                "update_seconds": 0.1,
+                "bytes_in": 8,
+                "bytes_out": 8,
+            }
+        ]
+    )
+    workers = {
+        "steps": 2,
+        "push_seconds": 0.1,
+        "pull_seconds": 0.1,
+        "wait_seconds": 0.0,
+        "bytes_pushed": 8,
+        "bytes_pulled": 8,
+    }
+    rows = [
+        stats.summary(),
+        CommStats(bytes_sent=8, calls=1, steps=1).per_step(),
+        epoch_row(server, workers, 1.0, 1),
+        {K.rounds: 1, K.steps_per_round: 2.0},
+    ]
     assert [problems(row, METRICS) for row in rows] == [[], [], [], []]
     run_rows = [{k: v for k, v in row.items() if k != K.ps_pushes} for row in rows]  # the PS's run_stats drops it
     assert [problems(row, SUMMARY) for row in run_rows] == [[], [], [], []]
-    cluster = {K.cluster: {"name": "c", "dilation": {"target": "t", "factor": 2.0}}, K.step_seconds: 1.0,
-               K.samples_per_sec: 10.0}
+    cluster = {
+        K.cluster: {"name": "c", "dilation": {"target": "t", "factor": 2.0}},
+        K.step_seconds: 1.0,
+        K.samples_per_sec: 10.0,
+    }
     assert problems({**plan.describe(), **cluster, **projected(cluster)}, SUMMARY) == []
-    assert problems(step_split([{K.step_seconds: 1.0, K.comm_seconds_per_step: 0.5, K.comm_ms_per_step: 400.0}]),
-                    SUMMARY) == []
+    assert (
+        problems(step_split([{K.step_seconds: 1.0, K.comm_seconds_per_step: 0.5, K.comm_ms_per_step: 400.0}]), SUMMARY)
+        == []
+    )
 
 
 def test_a_key_is_its_string_wherever_a_bare_name_was_used():
@@ -90,7 +126,8 @@ def test_merge_keeps_the_producers_order_and_a_later_part_wins(caplog):
     assert merged == {"not_a_key_of_ours": 1}  # kept, never lost
     assert [r.message for r in caplog.records].count(
         "metrics.jsonl key 'not_a_key_of_ours' has no definition in trainscale.record: define it "
-        "(trainscale.record.define)") == 1
+        "(trainscale.record.define)"
+    ) == 1
 
 
 def test_a_plug_in_defines_its_own_key():
@@ -118,40 +155,55 @@ def test_fault_records_are_merged_into_the_summary_by_the_writer(tmp_path):
     before = {K.model: "mlp", K.world_size: 2, K.best_test_acc: 0.5}
     RunWriter(tmp_path).write_summary(before)
     events = tmp_path / "events.jsonl"
-    lines = [{"event": "members", "time": 0.0, "replica": 0, "members": 2, "step": 0},
-             {"event": "fault", "time": 1.0, "replica": 1, "kind": "crash", "rank": 1, "step": 5},
-             {"event": "aborted", "time": 1.5, "replica": 0, "step": 5},
-             {"event": "healed", "time": 3.0, "replica": 1, "step": 6},
-             {"event": "final", "time": 4.0, "replica": 0, "digest": "a", "step": 9},
-             {"event": "final", "time": 4.0, "replica": 1, "digest": "a", "step": 9}]
+    lines = [
+        {"event": "members", "time": 0.0, "replica": 0, "members": 2, "step": 0},
+        {"event": "fault", "time": 1.0, "replica": 1, "kind": "crash", "rank": 1, "step": 5},
+        {"event": "aborted", "time": 1.5, "replica": 0, "step": 5},
+        {"event": "healed", "time": 3.0, "replica": 1, "step": 6},
+        {"event": "final", "time": 4.0, "replica": 0, "digest": "a", "step": 9},
+        {"event": "final", "time": 4.0, "replica": 1, "digest": "a", "step": 9},
+    ]
     events.write_text("".join(json.dumps(e) + "\n" for e in lines))
     record_faults(tmp_path, events, [InjectedFault("crash", 1, 5)])
     after = read_summary(tmp_path)
     assert {k: after[k] for k in before} == before and problems(after, SUMMARY) == []
-    assert after[K.faults] == [{"kind": "crash", "rank": 1, "step": 5, "detection_seconds": 0.5,
-                                "recovery_seconds": 2.0, "steps_lost": 1}]
+    assert after[K.faults] == [
+        {"kind": "crash", "rank": 1, "step": 5, "detection_seconds": 0.5, "recovery_seconds": 2.0, "steps_lost": 1}
+    ]
     assert after[K.replicas_equal] is True and after[K.replicas_finished] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", SUMMARY]
 
 
 def test_parameter_server_fault_records_go_through_the_same_writer(tmp_path):
     RunWriter(tmp_path).write_summary({K.model: "mlp", K.mode: "async"})
-    lines = [{"event": "fault", "time": 1.0, "kind": "crash", "rank": 1, "step": 3, "steps_lost": 2},
-             {"event": "dead", "time": 1.5, "worker": 1}, {"event": "resumed", "time": 2.0}]
+    lines = [
+        {"event": "fault", "time": 1.0, "kind": "crash", "rank": 1, "step": 3, "steps_lost": 2},
+        {"event": "dead", "time": 1.5, "worker": 1},
+        {"event": "resumed", "time": 2.0},
+    ]
     (tmp_path / ft.EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in lines))
     record_ps_faults(tmp_path, [InjectedFault("crash", 1, 3)])
     after = read_summary(tmp_path)
     assert after[K.mode] == "async" and problems(after, SUMMARY) == []
-    assert after[K.faults] == [{"kind": "crash", "rank": 1, "step": 3, "detection_seconds": 0.5,
-                                "recovery_seconds": 1.0, "steps_lost": 2, "handed_over": False}]
+    assert after[K.faults] == [
+        {
+            "kind": "crash",
+            "rank": 1,
+            "step": 3,
+            "detection_seconds": 0.5,
+            "recovery_seconds": 1.0,
+            "steps_lost": 2,
+            "handed_over": False,
+        }
+    ]
 
 
 def test_the_readme_lists_exactly_the_defined_keys():
     assert record.readme_section(README.read_text()) == record.readme_block().strip(), (
-        "the README's list of keys is stale: run `python -m trainscale.record README.md`")
+        "the README's list of keys is stale: run `python -m trainscale.record README.md`"
+    )
 
 
 def test_the_readme_says_where_a_new_summary_key_goes():
     text = " ".join(README.read_text().split())
     assert "**A summary key** (or a `metrics.jsonl` key): one definition plus its producer." in text
-

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from trainscale.app.config import TrainConfig
 from trainscale.bench.expand import plan_runs
 from trainscale.bench.grid import load_grid
 from trainscale.bench.runfolder import write_run_files
@@ -21,34 +22,92 @@ from trainscale.bench.runner import BenchOptions, write_grid_json
 from trainscale.errors import ConfigError
 from trainscale.report.aggregate import Stat
 from trainscale.report.build import write_report
-from trainscale.app.config import TrainConfig
 
-CPU = {"torch": "2.13.0+cpu", "python": "3.11.7", "device": "cpu", "device_name": "cpu (Test CPU)", "cpu": "Test CPU",
-       "cpu_count": 2, "torch_threads": 2, "cuda": None, "hostname": "box", "git_commit": "abc123"}
+CPU = {
+    "torch": "2.13.0+cpu",
+    "python": "3.11.7",
+    "device": "cpu",
+    "device_name": "cpu (Test CPU)",
+    "cpu": "Test CPU",
+    "cpu_count": 2,
+    "torch_threads": 2,
+    "cuda": None,
+    "hostname": "box",
+    "git_commit": "abc123",
+}
 GPU = {**CPU, "device": "cuda:0", "device_name": "NVIDIA H100", "cuda": "12.4"}
 SCOPE = "training steps only (test)"
 
 
-def make_run(folder: Path, *, workers: int = 1, seed: int = 0, rate: float = 100.0, acc: float = 0.5,
-             env: dict | None = None, lr: float = 0.1, extra: dict | None = None, epochs: int = 3,
-             config: dict | None = None) -> Path:
+def make_run(
+    folder: Path,
+    *,
+    workers: int = 1,
+    seed: int = 0,
+    rate: float = 100.0,
+    acc: float = 0.5,
+    env: dict | None = None,
+    lr: float = 0.1,
+    extra: dict | None = None,
+    epochs: int = 3,
+    config: dict | None = None,
+) -> Path:
     """A finished run folder as `trainscale train` writes it; ``rate`` is its steady images/s."""
     folder.mkdir(parents=True)
-    config = {**TrainConfig().to_dict(), "model": "mlp", "epochs": epochs, "workers": workers, "seed": seed, "lr": lr,
-              "batch_per_worker": 100, "mode": "sync" if workers > 1 else "local", "out": str(folder),
-              **(config or {})}
+    config = {
+        **TrainConfig().to_dict(),
+        "model": "mlp",
+        "epochs": epochs,
+        "workers": workers,
+        "seed": seed,
+        "lr": lr,
+        "batch_per_worker": 100,
+        "mode": "sync" if workers > 1 else "local",
+        "out": str(folder),
+        **(config or {}),
+    }
     per_epoch = 1000 * workers
     steady = per_epoch / rate
-    metrics = [{"epoch": e, "lr": lr, "train_acc": acc - 0.1, "test_acc": acc * e / epochs, "epoch_seconds": steady,
-                "eval_seconds": 0.1, "elapsed_seconds": steady * e, "samples_per_sec": rate} for e in
-               range(1, epochs + 1)]
-    summary = {"out": str(folder), "model": "mlp", "params": 10, "dataset": "cifar10", "mode": config["mode"],
-               "world_size": workers, "epochs": epochs, "epochs_completed": epochs, "batch_size": 100 * workers,
-               "batch_per_worker": 100, "lr": lr, "precision": "fp32", "image_size": 32,
-               "train_samples_per_epoch": per_epoch, "seed": seed, "environment": env or CPU,
-               "best_test_acc": acc, "final_test_acc": acc, "mean_epoch_seconds": steady,
-               "steady_epoch_seconds": steady, "samples_per_sec": rate, "peak_memory_mb": 500.0 + workers,
-               "total_train_seconds": steady * epochs, "timer_scope": SCOPE, **(extra or {})}
+    metrics = [
+        {
+            "epoch": e,
+            "lr": lr,
+            "train_acc": acc - 0.1,
+            "test_acc": acc * e / epochs,
+            "epoch_seconds": steady,
+            "eval_seconds": 0.1,
+            "elapsed_seconds": steady * e,
+            "samples_per_sec": rate,
+        }
+        for e in range(1, epochs + 1)
+    ]
+    summary = {
+        "out": str(folder),
+        "model": "mlp",
+        "params": 10,
+        "dataset": "cifar10",
+        "mode": config["mode"],
+        "world_size": workers,
+        "epochs": epochs,
+        "epochs_completed": epochs,
+        "batch_size": 100 * workers,
+        "batch_per_worker": 100,
+        "lr": lr,
+        "precision": "fp32",
+        "image_size": 32,
+        "train_samples_per_epoch": per_epoch,
+        "seed": seed,
+        "environment": env or CPU,
+        "best_test_acc": acc,
+        "final_test_acc": acc,
+        "mean_epoch_seconds": steady,
+        "steady_epoch_seconds": steady,
+        "samples_per_sec": rate,
+        "peak_memory_mb": 500.0 + workers,
+        "total_train_seconds": steady * epochs,
+        "timer_scope": SCOPE,
+        **(extra or {}),
+    }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
@@ -74,8 +133,12 @@ def test_csv_has_one_row_per_run_with_every_summary_config_and_environment_field
     rows = read_csv(tmp_path / "report" / "results.csv")
     assert len(rows) == 3
     summary = json.loads((scaling_runs / "w2" / "summary.json").read_text())
-    expected = {k for k in summary if k != "environment"} | {f"environment.{k}" for k in CPU} \
-        | {f"config.{k}" for k in TrainConfig().to_dict()} | {"run_id", "status", "scaling_efficiency"}
+    expected = (
+        {k for k in summary if k != "environment"}
+        | {f"environment.{k}" for k in CPU}
+        | {f"config.{k}" for k in TrainConfig().to_dict()}
+        | {"run_id", "status", "scaling_efficiency"}
+    )
     assert expected <= set(rows[0])
     w2 = next(r for r in rows if r["run_id"] == "w2")
     assert float(w2["scaling_efficiency"]) == pytest.approx((168 / 2) / 105)
@@ -85,8 +148,10 @@ def test_csv_has_one_row_per_run_with_every_summary_config_and_environment_field
 def test_markdown_tables_have_the_seeds_columns_and_mean_and_spread(scaling_runs, tmp_path):
     write_report([scaling_runs], tmp_path / "report")
     md = (tmp_path / "report" / "results.md").read_text()
-    assert ("| Short Name | model | processes | GPUs per process | parameter server | batch size | initial LR | "
-            "seconds per epoch | best validation accuracy | runs |") in md
+    assert (
+        "| Short Name | model | processes | GPUs per process | parameter server | batch size | initial LR | "
+        "seconds per epoch | best validation accuracy | runs |"
+    ) in md
     assert "| Short Name | model | workers | batch size | images/s | scaling efficiency |" in md
     assert "peak memory (MB)" in md and f"timer scope: {SCOPE}" in md
     # the two 1-worker repeats: images/s 100 and 110 -> mean 105, sample stdev 7.07
@@ -129,16 +194,36 @@ def test_runs_from_two_environments_are_never_averaged_together(tmp_path):
 
 def test_communication_table_and_plot_only_when_bytes_were_measured(tmp_path):
     make_run(tmp_path / "runs" / "dense", workers=2, extra={"bytes_sent_per_step": 4_000_000.0})
-    make_run(tmp_path / "runs" / "topk", workers=2, lr=0.2, acc=0.45,
-             extra={"bytes_sent_per_step": 80_000.0, "dense_bytes_per_step": 4_000_000.0,
-                    "compress_method": "topk", "compress_granularity": "layerwise"})
-    make_run(tmp_path / "runs" / "bf16", workers=2, rate=50.0, lr=0.3,
-             extra={"bytes_sent_per_step": 2_000_000.0, "dense_bytes_per_step": 4_000_000.0,
-                    "compress_method": "bf16", "compress_granularity": "layerwise"})
+    make_run(
+        tmp_path / "runs" / "topk",
+        workers=2,
+        lr=0.2,
+        acc=0.45,
+        extra={
+            "bytes_sent_per_step": 80_000.0,
+            "dense_bytes_per_step": 4_000_000.0,
+            "compress_method": "topk",
+            "compress_granularity": "layerwise",
+        },
+    )
+    make_run(
+        tmp_path / "runs" / "bf16",
+        workers=2,
+        rate=50.0,
+        lr=0.3,
+        extra={
+            "bytes_sent_per_step": 2_000_000.0,
+            "dense_bytes_per_step": 4_000_000.0,
+            "compress_method": "bf16",
+            "compress_granularity": "layerwise",
+        },
+    )
     write_report([tmp_path / "runs"], tmp_path / "report")
     md = (tmp_path / "report" / "results.md").read_text()
-    assert ("| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 | "
-            "compression vs bf16 |") in md
+    assert (
+        "| Short Name | method | ratio | granularity | workers | bytes per step | compression vs fp32 | "
+        "compression vs bf16 |"
+    ) in md
     rows = {line.split(" | ")[0]: line.split(" | ") for line in md.splitlines() if line.startswith("| ")}
     assert rows["| topk"][1:8] == ["topk", "-", "layerwise", "2", "80,000", "50.0", "25.0"]
     assert rows["| dense"][1:8] == ["none", "-", "-", "2", "4,000,000", "1.0", "0.5"]
@@ -151,7 +236,8 @@ def test_communication_table_and_plot_only_when_bytes_were_measured(tmp_path):
 
 def make_grid_dir(tmp_path: Path) -> tuple[Path, list]:
     grid = tmp_path / "grid.toml"
-    grid.write_text(textwrap.dedent("""
+    grid.write_text(
+        textwrap.dedent("""
         name = "handmade"
         description = "for the report tests"
         [base]
@@ -159,7 +245,8 @@ def make_grid_dir(tmp_path: Path) -> tuple[Path, list]:
         epochs = 3
         [axes]
         lr = [0.1, 0.2, 0.3]
-    """))
+    """)
+    )
     out = tmp_path / "results"
     specs = plan_runs(load_grid(grid), None)
     out.mkdir()
@@ -171,8 +258,9 @@ def make_grid_dir(tmp_path: Path) -> tuple[Path, list]:
         write_run_files(folder, spec, resume=False)
     failed = out / "runs" / specs[2].run_id
     write_run_files(failed, specs[2], resume=False)
-    (out / "grid.jsonl").write_text(json.dumps({"run_id": specs[2].run_id, "status": "failed",
-                                                "error": "trainscale train: error: it broke"}) + "\n")
+    (out / "grid.jsonl").write_text(
+        json.dumps({"run_id": specs[2].run_id, "status": "failed", "error": "trainscale train: error: it broke"}) + "\n"
+    )
     return out, specs
 
 
@@ -235,23 +323,30 @@ def test_header_describes_the_runs_that_were_made_not_the_grid_description(tmp_p
     write_grid_json(options, load_grid(grid), specs)
     for spec, seen in zip(specs, (1920, 1984)):
         folder = out / "runs" / spec.run_id
-        make_run(folder, lr=0.05, epochs=spec.config["epochs"], extra={"model": "resnet20",
-                                                                       "train_samples_per_epoch": seen})
+        make_run(
+            folder, lr=0.05, epochs=spec.config["epochs"], extra={"model": "resnet20", "train_samples_per_epoch": seen}
+        )
         (folder / "config.json").write_text(json.dumps({**spec.config, "out": str(folder)}))
         write_run_files(folder, spec, resume=False)
     make_run(tmp_path / "plain" / "mlp-run", epochs=1)
     report = write_report([out, tmp_path / "plain"], tmp_path / "report")
     head = next(line for line in report.intro if line.startswith("Grid big-grid"))
-    assert head == ("Grid big-grid (scale quick, --set lr=0.05): 2 run(s) of resnet20 for 1 or 2 epochs on 2,000 "
-                    "cifar10 training images (1,920 or 1,984 per epoch).")
-    assert "Runs outside a grid: 1 run(s) of mlp for 1 epoch on all cifar10 training images (1,000 per epoch)." \
+    assert head == (
+        "Grid big-grid (scale quick, --set lr=0.05): 2 run(s) of resnet20 for 1 or 2 epochs on 2,000 "
+        "cifar10 training images (1,920 or 1,984 per epoch)."
+    )
+    assert (
+        "Runs outside a grid: 1 run(s) of mlp for 1 epoch on all cifar10 training images (1,000 per epoch)."
         in report.intro
+    )
     md = (tmp_path / "report" / "results.md").read_text()
     page = (tmp_path / "report" / "index.html").read_text()
     assert head in md and head in page
     described = next(line for line in md.splitlines() if "ResNet-32" in line)  # the grid's own words: secondary
-    assert described == ("The grid file describes big-grid as: ResNet-32, 82 epochs on all 50,000 images; scale "
-                         "quick: ResNet-20 on 2,000 images (its words, not a record of the runs above).")
+    assert described == (
+        "The grid file describes big-grid as: ResNet-32, 82 epochs on all 50,000 images; scale "
+        "quick: ResNet-20 on 2,000 images (its words, not a record of the runs above)."
+    )
     assert md.index(head) < md.index(described)
 
 
@@ -282,20 +377,34 @@ def test_stat_text_shows_spread_only_for_repeats():
 def test_bsp_and_async_on_a_cluster_get_the_step_split_table_and_the_side_by_side_figure(tmp_path):
     cluster = {"name": "b5h1gbit", "hosts": 5, "rate_bps": 10**9, "rates_bps": [10**9] * 5}
     split = {"step_seconds": 0.5, "wire_bytes_sent_per_step": 2**21, "cluster": cluster}
-    make_run(tmp_path / "runs" / "bsp", workers=5, extra={**split, "comm_seconds_per_step": 0.125,
-                                                        "compute_seconds_per_step": 0.375, "comm_ms_per_step": 200.0,
-                                                        "hidden_ms_per_step": 80.0})
-    async_run = make_run(tmp_path / "runs" / "async", workers=5, extra={
-        **split, "mode": "async", "servers": 5, "comm_seconds_per_step": 0.25, "compute_seconds_per_step": 0.25})
+    make_run(
+        tmp_path / "runs" / "bsp",
+        workers=5,
+        extra={
+            **split,
+            "comm_seconds_per_step": 0.125,
+            "compute_seconds_per_step": 0.375,
+            "comm_ms_per_step": 200.0,
+            "hidden_ms_per_step": 80.0,
+        },
+    )
+    async_run = make_run(
+        tmp_path / "runs" / "async",
+        workers=5,
+        extra={**split, "mode": "async", "servers": 5, "comm_seconds_per_step": 0.25, "compute_seconds_per_step": 0.25},
+    )
     config = json.loads((async_run / "config.json").read_text())
     (async_run / "config.json").write_text(json.dumps({**config, "mode": "async", "servers": 1}))
     write_report([tmp_path / "runs"], tmp_path / "report")
     text = (tmp_path / "report" / "results.md").read_text()
     table = text.split("### Step time: compute and communication")[1].split("\n\n")[1].splitlines()
-    assert ("| bsp | sync | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 375.0 | 125.0 | 25% | - | 200.0 | 80.0 | - | "
-            "2.00 | 100 |") in table[2:]
-    assert ("| async | async | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 250.0 | 250.0 | 50% | - | - | - | - | 2.00 | "
-            "100 |") in table[2:]
+    assert (
+        "| bsp | sync | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 375.0 | 125.0 | 25% | - | 200.0 | 80.0 | - | "
+        "2.00 | 100 |"
+    ) in table[2:]
+    assert (
+        "| async | async | none | 5 | 5 hosts at 1 Gbit/s | 500.0 | 250.0 | 250.0 | 50% | - | - | - | - | 2.00 | 100 |"
+    ) in table[2:]
     with Image.open(tmp_path / "report" / "accuracy_bsp_async.png") as image:
         assert image.size[0] > 2 * 400  # two panels
 
@@ -309,10 +418,18 @@ def test_slow_links_report_times_each_method_to_target_against_fp32_and_bf16_per
         for rate, seconds in zip((10**9, 10**8, 10**7), per_rate):
             cluster = {"name": f"b4h{rate}", "hosts": 4, "rate_bps": rate, "rates_bps": [rate] * 4}
             compress = {"fp32": "none", "bf16": "bf16", "topk": "topk"}[method]
-            make_run(tmp_path / "runs" / f"{method}-{rate}", workers=4, config={"compress": compress,
-                     "cluster": cluster["name"]}, extra={"cluster": cluster, "target_acc": 0.4,
-                     "time_to_target_seconds": seconds, "compress_method": compress,
-                     "bytes_sent_per_step": 1000.0})
+            make_run(
+                tmp_path / "runs" / f"{method}-{rate}",
+                workers=4,
+                config={"compress": compress, "cluster": cluster["name"]},
+                extra={
+                    "cluster": cluster,
+                    "target_acc": 0.4,
+                    "time_to_target_seconds": seconds,
+                    "compress_method": compress,
+                    "bytes_sent_per_step": 1000.0,
+                },
+            )
     write_report([tmp_path / "runs"], tmp_path / "report")
     text = (tmp_path / "report" / "results.md").read_text()
     table = text.split("### Time to 40.00 % test accuracy")[1].split("\n\n")[1].splitlines()
@@ -335,16 +452,32 @@ def test_profile_puts_the_planner_beside_cluster_runs(tmp_path):
     profile = dataclasses.replace(make_profile(), model="mlp", batch_size=100, threads=1, cpus=0.5)
     (tmp_path / "p.json").write_text(profile.to_json())
     cluster = {"hosts": 4, "rate_bps": 8e8, "rates_bps": [8e8] * 4, "threads_per_process": 1, "cpus_per_host": 0.5}
-    for name, rate, compress, step in (("fp32-fast", 8e8, "none", 0.75), ("fp32-slow", 8e7, "none", 6.0),
-                                       ("bf16-fast", 8e8, "bf16", 0.55), ("bf16-slow", 8e7, "bf16", 3.2)):
-        make_run(tmp_path / "runs" / name, workers=1, extra={
-            "world_size": 4, "batch_size": 400, "target_acc": 0.3, "time_to_target_seconds": step * 10,
-            "step_seconds": step, "comm_seconds_per_step": step - 0.3,
-            "cluster": {**cluster, "rate_bps": rate, "rates_bps": [rate] * 4}},
-            config={"mode": "sync", "compress": compress, "cluster": name.split("-")[1]})
-    make_run(tmp_path / "runs" / "other-batch", workers=1, extra={
-        "world_size": 4, "batch_per_worker": 64, "step_seconds": 1.0, "cluster": cluster},
-        config={"mode": "sync", "cluster": "c"})
+    for name, rate, compress, step in (
+        ("fp32-fast", 8e8, "none", 0.75),
+        ("fp32-slow", 8e7, "none", 6.0),
+        ("bf16-fast", 8e8, "bf16", 0.55),
+        ("bf16-slow", 8e7, "bf16", 3.2),
+    ):
+        make_run(
+            tmp_path / "runs" / name,
+            workers=1,
+            extra={
+                "world_size": 4,
+                "batch_size": 400,
+                "target_acc": 0.3,
+                "time_to_target_seconds": step * 10,
+                "step_seconds": step,
+                "comm_seconds_per_step": step - 0.3,
+                "cluster": {**cluster, "rate_bps": rate, "rates_bps": [rate] * 4},
+            },
+            config={"mode": "sync", "compress": compress, "cluster": name.split("-")[1]},
+        )
+    make_run(
+        tmp_path / "runs" / "other-batch",
+        workers=1,
+        extra={"world_size": 4, "batch_per_worker": 64, "step_seconds": 1.0, "cluster": cluster},
+        config={"mode": "sync", "cluster": "c"},
+    )
     report = write_report([tmp_path / "runs"], tmp_path / "report", [tmp_path / "p.json"])
     md = (tmp_path / "report" / "results.md").read_text()
     table = md.split("### Planned against measured step time")[1].split("###")[0]

@@ -133,7 +133,10 @@ def test_report_reads_metrics_with_a_torn_last_line_and_names_a_bad_line_inside(
     statuses = report_status(tmp_path, tmp_path / "runs")
     assert statuses["torn"][0] == "ok"
     assert statuses["inside"] == ("corrupt", f"{inside}:2 is not valid JSON; the file is corrupt: restore or delete it")
-    assert len([r for r in warnings_seen.records if "torn/metrics.jsonl: ignoring a torn last line" in r.getMessage()]) == 1
+    assert (
+        len([r for r in warnings_seen.records if "torn/metrics.jsonl: ignoring a torn last line" in r.getMessage()])
+        == 1
+    )
 
 
 def test_report_tolerates_a_torn_ledger_line_and_refuses_a_corrupt_ledger_or_grid_json(tmp_path):

@@ -37,13 +37,22 @@ def test_alone_a_process_has_restarted_when_its_agent_says_so(monkeypatch, count
     assert job_restarted() is restarted
 
 
-@pytest.mark.parametrize("call", [lambda: all_reduce_sum(torch.ones(1)), world_size, rank, barrier,
-                                  lambda: broadcast_object(1), is_main_process, job_restarted])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: all_reduce_sum(torch.ones(1)),
+        world_size,
+        rank,
+        barrier,
+        lambda: broadcast_object(1),
+        is_main_process,
+        job_restarted,
+    ],
+)
 def test_helpers_raise_when_the_launcher_says_distributed_but_no_group_exists(monkeypatch, call):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(NoProcessGroup, match="WORLD_SIZE=4 says this process is one of 4"):
         call()
-
 
 
 GROUP_LIFETIME = """
@@ -74,12 +83,14 @@ def test_leaving_the_process_group_frees_it_after_an_optimizer_step():
     assert "pt_gloo_runloop" in inside and "gloo_tcp_loop" in inside
     assert not {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"} & set(after), after
 
+
 AVERAGE = """
 import os, sys, torch
 from trainscale.runtime.dist import average_in_place, broadcast_tensors
 from trainscale.runtime.process_group import process_group
 rank = int(sys.argv[1])
-os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=sys.argv[2])
 with process_group(torch.device("cpu"), "gloo", timeout_s=60):
     a, b = torch.full((2, 2), float(rank)), torch.tensor([3.0 * rank, 1.0], dtype=torch.float64)
     average_in_place([a, b])
@@ -102,9 +113,16 @@ def test_average_in_place_and_broadcast_tensors_across_two_ranks():
 
 # ------------------------------------------------------------------ processes end with their job (runtime.orphans)
 
+
 def python(code: str, *args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def gone(pid: int, timeout: float) -> bool:
@@ -154,8 +172,10 @@ def test_a_child_whose_parent_died_before_it_asked_exits_at_once():
 
 
 def test_a_worker_stops_silently_on_sigint():
-    proc = python("from trainscale.runtime.orphans import die_quietly_on_stop\nimport time\ndie_quietly_on_stop()\n"
-                  "print('ready', flush=True)\ntime.sleep(60)")
+    proc = python(
+        "from trainscale.runtime.orphans import die_quietly_on_stop\nimport time\ndie_quietly_on_stop()\n"
+        "print('ready', flush=True)\ntime.sleep(60)"
+    )
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=10)
@@ -163,6 +183,7 @@ def test_a_worker_stops_silently_on_sigint():
 
 
 # ------------------------------------------------------------------ the run folder's lock (results.lock_run_folder)
+
 
 def test_the_run_folder_lock_refuses_a_second_holder_and_leaves_nothing(tmp_path):
     out = tmp_path / "run"
@@ -189,8 +210,10 @@ def test_a_lock_file_left_by_a_killed_job_is_no_obstacle(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
-HOLDER = "import sys\nfrom trainscale.results import lock_run_folder\nwith lock_run_folder(sys.argv[1]):\n" \
-         "    print('held', flush=True)\n    sys.stdin.read()\n"
+HOLDER = (
+    "import sys\nfrom trainscale.results import lock_run_folder\nwith lock_run_folder(sys.argv[1]):\n"
+    "    print('held', flush=True)\n    sys.stdin.read()\n"
+)
 
 
 def test_a_folder_another_process_holds_is_refused_by_the_checks(tmp_path):

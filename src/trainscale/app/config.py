@@ -101,8 +101,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         if isinstance(value, dict) and name not in FIELDS:
             if name not in sections:
                 line = _table_line(text, key)
-                raise ConfigError(f"{path}:{line}: unknown table [{key}]; the tables are the config sections: "
-                                  f"{', '.join(sections)}" if line else f"{path}: unknown key {key!r}")
+                raise ConfigError(
+                    f"{path}:{line}: unknown table [{key}]; the tables are the config sections: {', '.join(sections)}"
+                    if line
+                    else f"{path}: unknown key {key!r}"
+                )
             values.update(_table(path, text, key, sections[name], value))
             continue
         line = _line_of(text, key)
@@ -123,8 +126,10 @@ def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[
         where = f"{path}:{line}" if line else str(path)
         if name not in own:
             elsewhere = f" (it belongs in [{TrainConfig.field_map()[name][0]}] or at the top)" if name in FIELDS else ""
-            raise ConfigError(f"{where}: unknown key {key!r} in [{table}]{elsewhere}; valid keys are the "
-                              f"`trainscale train` flags of that section")
+            raise ConfigError(
+                f"{where}: unknown key {key!r} in [{table}]{elsewhere}; valid keys are the "
+                f"`trainscale train` flags of that section"
+            )
         values[name] = typed(name, value, f"{where}: key {key!r}")
     return values
 
@@ -202,10 +207,16 @@ def validate_optimizer(cfg: TrainConfig) -> None:
     if not mode_class(cfg.run.mode).uses_servers:
         return
     mode = cfg.run.mode
-    require(cfg.optim.optimizer == "sgd", f"--optimizer {cfg.optim.optimizer} is for --mode local and sync, not --mode "
-            f"{mode} (the parameter servers apply SGD); use --optimizer sgd")
-    require(cfg.optim.head_lr_factor == 1, f"--head-lr-factor is for --mode local and sync, not --mode {mode} (the "
-            "parameter servers apply one learning rate); leave it at 1")
+    require(
+        cfg.optim.optimizer == "sgd",
+        f"--optimizer {cfg.optim.optimizer} is for --mode local and sync, not --mode "
+        f"{mode} (the parameter servers apply SGD); use --optimizer sgd",
+    )
+    require(
+        cfg.optim.head_lr_factor == 1,
+        f"--head-lr-factor is for --mode local and sync, not --mode {mode} (the "
+        "parameter servers apply one learning rate); leave it at 1",
+    )
 
 
 def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
@@ -231,15 +242,19 @@ def validate_nonfinite(cfg: TrainConfig) -> None:
     """``--nonfinite``: skipping needs every rank to agree on each step before it is applied; a
     parameter-server worker pushes its gradients as its own step, with no such agreement, so those modes
     keep the default, stop."""
-    require(cfg.optim.nonfinite == "stop" or not mode_class(cfg.run.mode).uses_servers,
-            f"--nonfinite skip is for --mode local and sync, not --mode {cfg.run.mode} (parameter-server workers "
-            "push every step's gradients); use --nonfinite stop")
+    require(
+        cfg.optim.nonfinite == "stop" or not mode_class(cfg.run.mode).uses_servers,
+        f"--nonfinite skip is for --mode local and sync, not --mode {cfg.run.mode} (parameter-server workers "
+        "push every step's gradients); use --nonfinite stop",
+    )
     compression = cfg.compression
     stateless = compression.compress in STATELESS_COMPRESSION and not compression.error_feedback
-    require(cfg.optim.nonfinite == "stop" or stateless,
-            f"--nonfinite skip cannot be combined with --compress {compression.compress}"
-            f"{' --error-feedback' if compression.error_feedback else ''}: the compressor's state (residuals, momentum) "
-            "would carry a skipped step's NaN into every later step; use --nonfinite stop")
+    require(
+        cfg.optim.nonfinite == "stop" or stateless,
+        f"--nonfinite skip cannot be combined with --compress {compression.compress}"
+        f"{' --error-feedback' if compression.error_feedback else ''}: the compressor's state (residuals, momentum) "
+        "would carry a skipped step's NaN into every later step; use --nonfinite stop",
+    )
 
 
 def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
@@ -249,18 +264,25 @@ def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
     launch = cfg.launch
     workers = launch.local_workers
     launched_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    several = workers > 1 or launch.nnodes > 1 or launched_world > 1 or launch.hosts is not None or \
-        launch.cluster is not None
+    several = (
+        workers > 1 or launch.nnodes > 1 or launched_world > 1 or launch.hosts is not None or launch.cluster is not None
+    )
     mode = cfg.run.mode
     if mode == "auto" and cfg.ps.servers:
         mode = "async"
     if mode == "auto":
         mode = "sync" if several else "local"
     elif mode == "local" and several:
-        what = f"WORLD_SIZE={launched_world} from the launcher" if launched_world > 1 else \
-            f"--workers {workers}" if workers > 1 else "--nnodes/--hosts/--cluster"
-        raise ConfigError(f"--mode local trains in one process but {what} asks for several; "
-                          "use --mode sync (or leave --mode out)")
+        what = (
+            f"WORLD_SIZE={launched_world} from the launcher"
+            if launched_world > 1
+            else f"--workers {workers}"
+            if workers > 1
+            else "--nnodes/--hosts/--cluster"
+        )
+        raise ConfigError(
+            f"--mode local trains in one process but {what} asks for several; use --mode sync (or leave --mode out)"
+        )
     return cfg.replace(workers=workers, mode=mode)
 
 
@@ -278,9 +300,11 @@ def validate_mode(cfg: TrainConfig) -> None:
             section.validate()
     mode.validate(cfg)
     plan = validate_compression(cfg.compression, cfg.run.seed, cfg.optim.epochs)
-    require(not (plan.enabled or cfg.compression.error_feedback) or CompressionConfig in mode.sections,
-            f"--compress {plan.method} compresses the gradients workers exchange: it needs --workers N >= 2 "
-            f"(sync mode), not --mode {cfg.run.mode}")
+    require(
+        not (plan.enabled or cfg.compression.error_feedback) or CompressionConfig in mode.sections,
+        f"--compress {plan.method} compresses the gradients workers exchange: it needs --workers N >= 2 "
+        f"(sync mode), not --mode {cfg.run.mode}",
+    )
 
 
 def _refuse_foreign(section: Section, mode: str) -> None:

@@ -33,8 +33,15 @@ def resolved(checked: Checked) -> dict[str, Any]:
     if checked.hosts is not None:
         return {"nodes": [h.name for h in checked.hosts], "checked": "settings, hosts file"}
     assert checked.batch is not None
-    return {"out": str(checked.out) if checked.out is not None else None, "world_size": checked.world_size,
-            "batch_per_worker": checked.batch.per_worker, "global_batch_size": checked.batch.global_batch,
-            "lr": checked.batch.lr, "train_samples": checked.train_samples, "test_samples": checked.test_samples,
-            "checked": "settings, devices, run folder, data" + (", baseline" if cfg.launch.baseline else "") +
-            (", cluster" if checked.cluster is not None else "")}
+    return {
+        "out": str(checked.out) if checked.out is not None else None,
+        "world_size": checked.world_size,
+        "batch_per_worker": checked.batch.per_worker,
+        "global_batch_size": checked.batch.global_batch,
+        "lr": checked.batch.lr,
+        "train_samples": checked.train_samples,
+        "test_samples": checked.test_samples,
+        "checked": "settings, devices, run folder, data"
+        + (", baseline" if cfg.launch.baseline else "")
+        + (", cluster" if checked.cluster is not None else ""),
+    }

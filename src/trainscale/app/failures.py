@@ -74,9 +74,17 @@ def write_node_report(failures: dict[int, ProcessFailure], message: str, status:
     (``Job.node_report``; None: no such parent)."""
     if path:
         failure = failures[root_cause(failures)]
-        atomic_write_text(Path(path), dumps({"message": message, "status": status,
-                                             "consequence": is_consequence(failure),
-                                             "time_ns": failure_time_ns(failure)}))
+        atomic_write_text(
+            Path(path),
+            dumps(
+                {
+                    "message": message,
+                    "status": status,
+                    "consequence": is_consequence(failure),
+                    "time_ns": failure_time_ns(failure),
+                }
+            ),
+        )
 
 
 def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:

@@ -44,11 +44,21 @@ def record_faults(out: Path, events_path: Path, injected: list[InjectedFault]) -
     fired = {(f["kind"], f["rank"], f["step"]) for f in faults}
     for fault in injected:
         if (fault.kind, fault.rank, fault.step) not in fired:
-            log.warning("--inject-fault %s:%d@%d never fired: the job ended at step %s", fault.kind, fault.rank,
-                        fault.step, max((e["step"] for e in events if e["event"] == "final"), default="?"))
+            log.warning(
+                "--inject-fault %s:%d@%d never fired: the job ended at step %s",
+                fault.kind,
+                fault.rank,
+                fault.step,
+                max((e["step"] for e in events if e["event"] == "final"), default="?"),
+            )
     digests = {e["replica"]: e["digest"] for e in events if e["event"] == "final"}
-    RunWriter(out, clean=False).merge_summary({K.faults: faults, K.replicas_equal: len(set(digests.values())) == 1
-                                               if digests else None, K.replicas_finished: len(digests)})
+    RunWriter(out, clean=False).merge_summary(
+        {
+            K.faults: faults,
+            K.replicas_equal: len(set(digests.values())) == 1 if digests else None,
+            K.replicas_finished: len(digests),
+        }
+    )
 
 
 def record_ps_faults(out: Path, injected: list[InjectedFault]) -> None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainscale.errors import ConfigError
 from trainscale.app.config import TrainConfig
 from trainscale.app.rendezvous import DEFAULT_MULTINODE_ID
 from trainscale.app.worker_env import to_argv
+from trainscale.errors import ConfigError
 
 DEFAULT_PORT = 29400  # torch's default c10d rendezvous port
 _LINE = re.compile(r"^(?P<host>[^\s#]+)(?:\s+slots=(?P<slots>\d+))?\s*$")
@@ -96,8 +96,14 @@ def node_commands(cfg: TrainConfig, flags: dict[str, Any], hosts: list[Host]) ->
     common = {k: v for k, v in flags.items() if k not in ("hosts", "ssh", "cluster", "node_rank", "nnodes")}
     out = []
     for rank, host in enumerate(hosts):
-        node = {**common, "workers": host.slots or cfg.launch.workers, "nnodes": len(hosts), "node_rank": rank,
-                "rdzv_endpoint": endpoint, "rdzv_id": cfg.launch.rdzv_id or DEFAULT_MULTINODE_ID}
+        node = {
+            **common,
+            "workers": host.slots or cfg.launch.workers,
+            "nnodes": len(hosts),
+            "node_rank": rank,
+            "rdzv_endpoint": endpoint,
+            "rdzv_id": cfg.launch.rdzv_id or DEFAULT_MULTINODE_ID,
+        }
         out.append((host.name, ["trainscale", "train", *to_argv(node)]))
     return out
 

@@ -39,10 +39,10 @@ from trainscale.app.worker_env import fault_log_folder, logged_faults, worker_ar
 from trainscale.log import relabel
 from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_json
-from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime import ft
+from trainscale.runtime.cpus import threads_per_worker
 from trainscale.runtime.job import Job, this_job
+from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
@@ -72,19 +72,27 @@ def prepare(cfg: TrainConfig) -> LaunchPlan:
     """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others."""
     checked = preflight(cfg)
     endpoint, is_host = rendezvous_address(cfg)
-    return LaunchPlan(endpoint, is_host, run_id(cfg), checked.out,
-                      threads_per_worker(cfg.run.threads, cfg.launch.local_workers))
+    return LaunchPlan(
+        endpoint, is_host, run_id(cfg), checked.out, threads_per_worker(cfg.run.threads, cfg.launch.local_workers)
+    )
 
 
 def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
     """torch's LaunchConfig: fixed node count, torch's c10d rendezvous with its store bound to one address
     (``runtime.rendezvous``), a 0.1 s monitor so failures stop the job fast."""
-    return LaunchConfig(min_nodes=cfg.launch.nnodes, max_nodes=cfg.launch.nnodes,
-                        nproc_per_node=cfg.launch.local_workers + cfg.ps.servers,
-                        run_id=plan.run_id, rdzv_backend=register_backend(), rdzv_endpoint=plan.endpoint,
-                        rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.launch.rdzv_timeout)},
-                        max_restarts=cfg.launch.max_restarts, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn",
-                        local_addr=bind_address(plan.endpoint, plan.is_host))
+    return LaunchConfig(
+        min_nodes=cfg.launch.nnodes,
+        max_nodes=cfg.launch.nnodes,
+        nproc_per_node=cfg.launch.local_workers + cfg.ps.servers,
+        run_id=plan.run_id,
+        rdzv_backend=register_backend(),
+        rdzv_endpoint=plan.endpoint,
+        rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.launch.rdzv_timeout)},
+        max_restarts=cfg.launch.max_restarts,
+        monitor_interval=MONITOR_INTERVAL_S,
+        start_method="spawn",
+        local_addr=bind_address(plan.endpoint, plan.is_host),
+    )
 
 
 def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> int:
@@ -110,8 +118,15 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     become_launcher()  # the workers die with this process, quietly (runtime.orphans)
     relabel(f"node {cfg.launch.node_rank} launcher")
     servers = f" and {cfg.ps.servers} parameter server(s)" if cfg.ps.servers else ""
-    log.info("starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)", cfg.launch.workers, servers,
-             cfg.launch.node_rank, cfg.launch.nnodes, plan.endpoint, plan.threads)
+    log.info(
+        "starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)",
+        cfg.launch.workers,
+        servers,
+        cfg.launch.node_rank,
+        cfg.launch.nnodes,
+        plan.endpoint,
+        plan.threads,
+    )
     events = plan.out / ft.EVENTS_FILE if plan.out is not None and cfg.ps.servers else None
     try:
         with lock_run_folder(plan.out):  # for the whole job, restarts included: no second job writes there
@@ -124,8 +139,10 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
         print(f"trainscale train: error: {message}", file=sys.stderr)
         return status
     except RendezvousError as exc:
-        print(f"trainscale train: error: rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(
+            f"trainscale train: error: rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
@@ -134,8 +151,11 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
         record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
         if done < cfg.optim.epochs:  # every worker died, each one survivable on its own
-            print(f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.optim.epochs} "
-                  "epoch(s); --resume continues from the last one", file=sys.stderr)
+            print(
+                f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.optim.epochs} "
+                "epoch(s); --resume continues from the last one",
+                file=sys.stderr,
+            )
             return 1
     report(cfg, plan.out)
     return 0
@@ -147,12 +167,20 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     die_with_parent(signal.SIGKILL, job.owner_pid)
     address = job.address or LOCALHOST
     assert cfg.run.out is not None  # a fault-tolerant job's --out is resolved before its replicas start
-    plan = LaunchPlan(f"{address}:{free_port(address)}", True, uuid.uuid4().hex, Path(cfg.run.out),
-                      threads_per_worker(cfg.run.threads, cfg.launch.local_workers))
+    plan = LaunchPlan(
+        f"{address}:{free_port(address)}",
+        True,
+        uuid.uuid4().hex,
+        Path(cfg.run.out),
+        threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
+    )
     become_launcher()
     relabel(f"replica {job.replica} agent")
-    config = dataclasses.replace(launch_config(cfg.replace(nnodes=1), plan), nproc_per_node=1,
-                                 max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS)
+    config = dataclasses.replace(
+        launch_config(cfg.replace(nnodes=1), plan),
+        nproc_per_node=1,
+        max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS,
+    )
     try:
         elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
     except ChildFailedError as exc:

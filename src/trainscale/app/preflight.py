@@ -72,8 +72,9 @@ def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked
         return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes)
     n_train, n_test = sample_counts(cfg, download=not dry)
     batch = check_fits(cfg, n_train, n_test, cfg.launch.local_workers * cfg.launch.nnodes)
-    return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes, batch=batch, train_samples=n_train,
-                   test_samples=n_test)
+    return Checked(
+        cfg, cluster=record, out=out, nodes=cfg.launch.nnodes, batch=batch, train_samples=n_train, test_samples=n_test
+    )
 
 
 def check_devices(cfg: TrainConfig) -> None:
@@ -82,8 +83,10 @@ def check_devices(cfg: TrainConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("--devices/--gpus needs CUDA GPUs and this machine has none; use --workers N on the CPU")
         if max(cfg.launch.devices) >= torch.cuda.device_count() or cfg.run.device == "cpu":
-            raise ConfigError(f"--devices {','.join(map(str, cfg.launch.devices))}: this machine has "
-                              f"{torch.cuda.device_count()} GPU(s) and --device is {cfg.run.device}")
+            raise ConfigError(
+                f"--devices {','.join(map(str, cfg.launch.devices))}: this machine has "
+                f"{torch.cuda.device_count()} GPU(s) and --device is {cfg.run.device}"
+            )
     device = torch.device("cuda") if cfg.launch.devices else resolve_device(cfg.run.device)
     Precision(cfg.run.precision, device)
     if cfg.launch.backend == "nccl" and device.type != "cuda":

@@ -13,8 +13,9 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -107,10 +108,12 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     plan = check_fits(cfg, len(train), len(test), workers)
     want = cfg.data.image_size or model_info(cfg.data.model).input_size
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
-    common: dict[str, Any] = dict(device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed,
-                  channels_last=cfg.run.channels_last)
-    train_batches = with_fault_injection(DeviceBatches(train, plan.per_worker, train=True, augment=aug_train,
-                                                       **common), rank(), job)
+    common: dict[str, Any] = dict(
+        device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed, channels_last=cfg.run.channels_last
+    )
+    train_batches = with_fault_injection(
+        DeviceBatches(train, plan.per_worker, train=True, augment=aug_train, **common), rank(), job
+    )
     test_batches: Batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
     started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
@@ -124,22 +127,44 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
     facts = job.cluster  # on an emulated cluster: count the bytes its interfaces send
     callbacks = with_cluster(mode, len(train_batches), facts)
-    trainer = Trainer(cfg=cfg, model=model, optimizer=optimizer, precision=precision,
-                      train_batches=train_batches, test_batches=test_batches,
-                      lr_at=lambda t: plan.lr * schedule(t), writer=writer,
-                      train_model=mode.wrap_model(model, device), callbacks=callbacks,
-                      baseline=load_baseline(cfg) if writer is not None else None,
-                      cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
-                      summary_base=merge(summary_base(cfg, plan, params, device, want,
-                                                      train_batches.num_samples * world_size(), writer),
-                                         {K.data_init_seconds: data_init_seconds}, mode.describe()))
+    trainer = Trainer(
+        cfg=cfg,
+        model=model,
+        optimizer=optimizer,
+        precision=precision,
+        train_batches=train_batches,
+        test_batches=test_batches,
+        lr_at=lambda t: plan.lr * schedule(t),
+        writer=writer,
+        train_model=mode.wrap_model(model, device),
+        callbacks=callbacks,
+        baseline=load_baseline(cfg) if writer is not None else None,
+        cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
+        summary_base=merge(
+            summary_base(cfg, plan, params, device, want, train_batches.num_samples * world_size(), writer),
+            {K.data_init_seconds: data_init_seconds},
+            mode.describe(),
+        ),
+    )
     if resume:
         trainer.resume()
     if writer is not None and is_main_process():
         on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
-        writer.write_config({**cfg.to_dict(), **on_cluster, "out": str(writer.out), "resolved": {
-            "batch_per_worker": plan.per_worker, "global_batch_size": plan.global_batch, "lr": plan.lr,
-            "image_size": want, "device": str(device), "world_size": workers}})
+        writer.write_config(
+            {
+                **cfg.to_dict(),
+                **on_cluster,
+                "out": str(writer.out),
+                "resolved": {
+                    "batch_per_worker": plan.per_worker,
+                    "global_batch_size": plan.global_batch,
+                    "lr": plan.lr,
+                    "image_size": want,
+                    "device": str(device),
+                    "world_size": workers,
+                },
+            }
+        )
     return trainer
 
 

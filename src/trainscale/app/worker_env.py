@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trainscale.app.config import TrainConfig
 from trainscale.modes import mode_class

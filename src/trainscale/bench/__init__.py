@@ -6,5 +6,14 @@ from trainscale.bench.expand import RunSpec, config_hash, plan_runs
 from trainscale.bench.grid import Grid, GridError, load_grid
 from trainscale.bench.runner import BenchOptions, RunResult, run_grid
 
-__all__ = ["BenchOptions", "Grid", "GridError", "RunResult", "RunSpec", "config_hash", "load_grid", "plan_runs",
-           "run_grid"]
+__all__ = [
+    "BenchOptions",
+    "Grid",
+    "GridError",
+    "RunResult",
+    "RunSpec",
+    "config_hash",
+    "load_grid",
+    "plan_runs",
+    "run_grid",
+]

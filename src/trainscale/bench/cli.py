@@ -15,28 +15,58 @@ if TYPE_CHECKING:
 
 
 def add_bench_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("grid", type=Path, help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml "
-                   "(the Keras-MXNet scaling study)")
+    p.add_argument(
+        "grid",
+        type=Path,
+        help="grid file (TOML), e.g. benchmarks/grids/seed003_keras_scaling.toml (the Keras-MXNet scaling study)",
+    )
     p.add_argument("--out", type=Path, required=True, help="results folder (re-run the same command to resume)")
-    p.add_argument("--scale", default=None, help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
-                   "the default for a grid with scales) or full (the original study's own settings, for GPU machines)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="a `trainscale train` setting for every run of the grid, e.g. --set epochs=2, --set "
-                   "precision=bf16, --set milestones=[2,3] (repeatable; VALUE is a TOML value, a bare word is "
-                   "text; KEY with dashes or underscores). It wins over everything the grid file says about KEY "
-                   "([base], rows, axes and the scale): an axis of KEY runs its one value. The values are "
-                   "recorded in grid.json and each run's config, so a changed --set plans new runs")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="folder holding the dataset, for every run: --set data_dir=DIR, but checked to exist "
-                   "before any run starts and recorded as an absolute path (with neither this nor a data_dir in "
-                   "the grid, runs look in $TRAINSCALE_DATA, else ~/.cache/trainscale)")
-    p.add_argument("--timeout", type=_seconds, default=None, help="seconds one run may take before it is stopped "
-                   "and recorded as failed (default: no limit)")
+    p.add_argument(
+        "--scale",
+        default=None,
+        help="the grid's [scale.NAME] to apply: quick (minutes on a CPU, "
+        "the default for a grid with scales) or full (the original study's own settings, for GPU machines)",
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a `trainscale train` setting for every run of the grid, e.g. --set epochs=2, --set "
+        "precision=bf16, --set milestones=[2,3] (repeatable; VALUE is a TOML value, a bare word is "
+        "text; KEY with dashes or underscores). It wins over everything the grid file says about KEY "
+        "([base], rows, axes and the scale): an axis of KEY runs its one value. The values are "
+        "recorded in grid.json and each run's config, so a changed --set plans new runs",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder holding the dataset, for every run: --set data_dir=DIR, but checked to exist "
+        "before any run starts and recorded as an absolute path (with neither this nor a data_dir in "
+        "the grid, runs look in $TRAINSCALE_DATA, else ~/.cache/trainscale)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help="seconds one run may take before it is stopped and recorded as failed (default: no limit)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit (nothing is written)")
-    p.add_argument("--allow-ssh", action="store_true", help="let the grid set `hosts`/`ssh` (its runs then start "
-                   "commands on the machines its hosts files name); refused without it")
-    p.add_argument("--update", action="store_true", help="allow a results folder planned from other settings: "
-                   "runs whose settings still match are kept, the others run")
+    p.add_argument(
+        "--allow-ssh",
+        action="store_true",
+        help="let the grid set `hosts`/`ssh` (its runs then start "
+        "commands on the machines its hosts files name); refused without it",
+    )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="allow a results folder planned from other settings: "
+        "runs whose settings still match are kept, the others run",
+    )
 
 
 def _seconds(text: str) -> float:
@@ -58,16 +88,26 @@ def bench_command(args: argparse.Namespace) -> int:
     from trainscale.io import check_folder_writable
 
     check_folder_writable(args.out, "--out")  # a file or an unwritable place: one line before any run
-    options = BenchOptions(grid=args.grid, out=args.out, scale=args.scale, timeout=args.timeout,
-                           update=args.update, sets=parse_sets(args.sets), data_dir=args.data_dir,
-                           allow_ssh=args.allow_ssh)
+    options = BenchOptions(
+        grid=args.grid,
+        out=args.out,
+        scale=args.scale,
+        timeout=args.timeout,
+        update=args.update,
+        sets=parse_sets(args.sets),
+        data_dir=args.data_dir,
+        allow_ssh=args.allow_ssh,
+    )
     if args.dry_run:
         print_plan(options, *plan(options))
         return 0
     results = run_grid(options)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "skipped", "failed", "timeout")}
-    print(f"{len(results)} run(s): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-          + f"; ledger {args.out / 'grid.jsonl'}; report with `trainscale report {args.out} --out REPORT`")
+    print(
+        f"{len(results)} run(s): "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + f"; ledger {args.out / 'grid.jsonl'}; report with `trainscale report {args.out} --out REPORT`"
+    )
     for r in results:
         if r.status in ("failed", "timeout"):
             print(f"  {r.status}: {r.run_id}: {r.error}")
@@ -82,11 +122,20 @@ def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
 
     shown = [k for s in specs for k in s.point if k not in ("batch_size", "batch_per_worker")]
     keys = list(dict.fromkeys(shown + ["model", "mode", "workers", "batch", "epochs", "seed"]))
-    rows = [{"run": s.run_id, **{k: s.config.get(k, s.point.get(k)) for k in keys}, "batch": _batch(s.config),
-             "state": _state(options, s)} for s in specs]
+    rows = [
+        {
+            "run": s.run_id,
+            **{k: s.config.get(k, s.point.get(k)) for k in keys},
+            "batch": _batch(s.config),
+            "state": _state(options, s),
+        }
+        for s in specs
+    ]
     sets = set_text(overrides(options))
-    print(f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}{', ' + sets if sets else ''}): "
-          f"{len(specs)} run(s) into {options.out / 'runs'}")
+    print(
+        f"grid {grid.name} (scale {effective_scale(options, grid) or 'none'}{', ' + sets if sets else ''}): "
+        f"{len(specs)} run(s) into {options.out / 'runs'}"
+    )
     print(format_table(rows, [("run", "run", str)] + [(k, k, str) for k in keys] + [("state", "state", str)]))
 
 

@@ -24,22 +24,47 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainscale.cluster.bench import take_cluster_keys
 from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
+from trainscale.cluster.bench import take_cluster_keys
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
 from trainscale.train import BatchPlan
 
 SET_SOURCE = "--set"  # the source of a key that --set chose (an error about it names --set, not a line)
 # Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.
-HASH_EXCLUDE = frozenset({"out", "resume", "progress", "checkpoint", "rdzv_endpoint", "rdzv_id", "rdzv_timeout",
-                          "node_rank", "hosts", "ssh", "dist_timeout", "max_restarts", "dry_run"})
+HASH_EXCLUDE = frozenset(
+    {
+        "out",
+        "resume",
+        "progress",
+        "checkpoint",
+        "rdzv_endpoint",
+        "rdzv_id",
+        "rdzv_timeout",
+        "node_rank",
+        "hosts",
+        "ssh",
+        "dist_timeout",
+        "max_restarts",
+        "dry_run",
+    }
+)
 # Keys that make a run start commands on other machines: a grid may set them only with --allow-ssh.
 REMOTE_KEYS = ("hosts", "ssh")
 MAX_RUNS = 10_000  # more planned runs than this is a typo (repeats = 1000000), not a benchmark
 # Short labels for axis values in run names ("w2-bpw32"); other keys use their own name.
-ABBREVIATIONS = {"workers": "w", "batch_per_worker": "bpw", "batch_size": "bs", "precision": "", "model": "",
-                 "mode": "", "compress": "", "granularity": "", "servers": "s", "train_subset": "n"}
+ABBREVIATIONS = {
+    "workers": "w",
+    "batch_per_worker": "bpw",
+    "batch_size": "bs",
+    "precision": "",
+    "model": "",
+    "mode": "",
+    "compress": "",
+    "granularity": "",
+    "servers": "s",
+    "train_subset": "n",
+}
 
 
 @dataclass
@@ -57,8 +82,16 @@ class RunSpec:
 
     def record(self) -> dict[str, Any]:
         """What grid.json and bench.json keep about the run."""
-        return {"run_id": self.run_id, "name": self.name, "label": self.label, "short_name": self.short_name,
-                "repeat": self.repeat, "axes": self.point, "config_hash": self.config_hash, "config": self.config}
+        return {
+            "run_id": self.run_id,
+            "name": self.name,
+            "label": self.label,
+            "short_name": self.short_name,
+            "repeat": self.repeat,
+            "axes": self.point,
+            "config_hash": self.config_hash,
+            "config": self.config,
+        }
 
 
 @dataclass
@@ -86,8 +119,11 @@ def row_plans(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None)
     table = _scale_table(grid, scale)
     wanted = table.get("rows")
     rows = list(enumerate(grid.rows)) or [(0, {})]
-    return [_with_sets(_row_plan(grid, scale, table, row, i), sets or {}) for i, row in rows
-            if wanted is None or row.get("short_name") in wanted]
+    return [
+        _with_sets(_row_plan(grid, scale, table, row, i), sets or {})
+        for i, row in rows
+        if wanted is None or row.get("short_name") in wanted
+    ]
 
 
 def _with_sets(plan: RowPlan, sets: dict[str, Any]) -> RowPlan:
@@ -111,9 +147,12 @@ def _row_plan(grid: Grid, scale: str | None, table: dict[str, Any], row: dict[st
     sources = {k: f"base.{k}" for k in grid.base}
     sources.update({k: f"rows[{index}].{k}" for k in fixed})
     axes: dict[str, list[Any]] = {}
-    for path, layer in (("axes", grid.axes), (f"rows[{index}].axes", row.get("axes", {})),
-                        (f"scale.{scale}.axes", table.get("axes", {})),
-                        (f"rows[{index}].scale.{scale}.axes", own.get("axes", {}))):
+    for path, layer in (
+        ("axes", grid.axes),
+        (f"rows[{index}].axes", row.get("axes", {})),
+        (f"scale.{scale}.axes", table.get("axes", {})),
+        (f"rows[{index}].scale.{scale}.axes", own.get("axes", {})),
+    ):
         for key, values in layer.items():
             if path.startswith("scale.") and key not in axes and _is_row_axis(grid, key):
                 continue  # a scale's values for an axis of other rows only
@@ -133,15 +172,20 @@ def _is_row_axis(grid: Grid, key: str) -> bool:
 def _check_conflicts(grid: Grid, plan: RowPlan) -> None:
     for key in plan.axes:
         if key in plan.fixed:
-            raise grid.error(plan.sources[key], f"'{key}' is an axis and is also set by row "
-                             f"{plan.short_name or plan.index + 1} (rows[{plan.index}].{key}); keep one")
+            raise grid.error(
+                plan.sources[key],
+                f"'{key}' is an axis and is also set by row "
+                f"{plan.short_name or plan.index + 1} (rows[{plan.index}].{key}); keep one",
+            )
         if key in plan.overrides:
-            raise grid.error(plan.sources[key], f"'{key}' is an axis and a scale sets it too; in a scale write "
-                             f"axes.{key} = [...]")
+            raise grid.error(
+                plan.sources[key], f"'{key}' is an axis and a scale sets it too; in a scale write axes.{key} = [...]"
+            )
 
 
-def plan_runs(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None,
-              allow_ssh: bool = False) -> list[RunSpec]:
+def plan_runs(
+    grid: Grid, scale: str | None, sets: dict[str, Any] | None = None, allow_ssh: bool = False
+) -> list[RunSpec]:
     """Every run of the grid at this scale, each config built and validated; errors name file and line
     (or the --set). ``sets``: `trainscale bench --set` values, applied to every run over the grid's.
     ``allow_ssh``: `trainscale bench --allow-ssh`, without which no run may use ``hosts``/``ssh``."""
@@ -149,10 +193,12 @@ def plan_runs(grid: Grid, scale: str | None, sets: dict[str, Any] | None = None,
     repeats = _scale_table(grid, scale).get("repeats", grid.repeats)
     plans = row_plans(grid, scale, sets)
     _check_plans(grid, plans, repeats, allow_ssh)
-    specs = [_spec(grid, plan, dict(zip(plan.axes, combo)), repeat, repeats)
-             for plan in plans
-             for combo in itertools.product(*plan.axes.values())
-             for repeat in range(repeats)]
+    specs = [
+        _spec(grid, plan, dict(zip(plan.axes, combo)), repeat, repeats)
+        for plan in plans
+        for combo in itertools.product(*plan.axes.values())
+        for repeat in range(repeats)
+    ]
     _check_unique(grid, specs, sets)
     return specs
 
@@ -165,8 +211,10 @@ def _check_plans(grid: Grid, plans: list[RowPlan], repeats: int, allow_ssh: bool
             _refuse_remote(grid, plan)
     total = repeats * sum(math.prod(len(values) for values in plan.axes.values()) for plan in plans)
     if total > MAX_RUNS:
-        raise grid.error("repeats" if repeats > MAX_RUNS else "axes", f"the grid plans {total:,} runs (rows x axis "
-                         f"values x repeats); more than {MAX_RUNS:,} is surely a mistake")
+        raise grid.error(
+            "repeats" if repeats > MAX_RUNS else "axes",
+            f"the grid plans {total:,} runs (rows x axis values x repeats); more than {MAX_RUNS:,} is surely a mistake",
+        )
 
 
 def _refuse_remote(grid: Grid, plan: RowPlan) -> None:
@@ -177,8 +225,14 @@ def _refuse_remote(grid: Grid, plan: RowPlan) -> None:
         values = plan.axes.get(key, [layers.get(key)])
         chosen = next((v for v in values if v not in (None, False)), None)
         if chosen is not None:
-            raise _error(grid, key, {key: chosen}, plan.sources, f"'{key}' = {chosen!r} would make the runs start "
-                         "commands on other machines (over ssh); pass `trainscale bench --allow-ssh` to allow it")
+            raise _error(
+                grid,
+                key,
+                {key: chosen},
+                plan.sources,
+                f"'{key}' = {chosen!r} would make the runs start "
+                "commands on other machines (over ssh); pass `trainscale bench --allow-ssh` to allow it",
+            )
 
 
 def _spec(grid: Grid, plan: RowPlan, point: dict[str, Any], repeat: int, repeats: int) -> RunSpec:
@@ -188,8 +242,16 @@ def _spec(grid: Grid, plan: RowPlan, point: dict[str, Any], repeat: int, repeats
     digest = config_hash(config)
     label = run_label(grid, plan.short_name, point)
     name = f"{label}-r{repeat}" if repeats > 1 else label
-    return RunSpec(run_id=f"{name}-{digest}", name=name, label=label, repeat=repeat, config=config,
-                   config_hash=digest, point=point, short_name=plan.short_name)
+    return RunSpec(
+        run_id=f"{name}-{digest}",
+        name=name,
+        label=label,
+        repeat=repeat,
+        config=config,
+        config_hash=digest,
+        point=point,
+        short_name=plan.short_name,
+    )
 
 
 def build_run_config(grid: Grid, values: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
@@ -284,6 +346,9 @@ def _check_unique(grid: Grid, specs: list[RunSpec], sets: dict[str, Any]) -> Non
     for spec in specs:
         if spec.config_hash in seen:
             cause = f" once {set_text(sets)} applies to every run" if sets else ""
-            raise grid.error("rows", f"runs '{seen[spec.config_hash].name}' and '{spec.name}' have the same "
-                             f"settings{cause}; remove the duplicate row or axis value")
+            raise grid.error(
+                "rows",
+                f"runs '{seen[spec.config_hash].name}' and '{spec.name}' have the same "
+                f"settings{cause}; remove the duplicate row or axis value",
+            )
         seen[spec.config_hash] = spec

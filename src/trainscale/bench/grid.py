@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from trainscale.bench.locate import KeyLocator
 from trainscale.errors import ConfigError
@@ -116,8 +117,10 @@ def _check_printable(grid: Grid, table: dict[str, Any], prefix: str) -> None:
 def _check_keys(grid: Grid, table: dict[str, Any], allowed: tuple[str, ...], prefix: str, what: str) -> None:
     for key in table:
         if key.replace("-", "_") not in allowed:
-            raise grid.error(_join(prefix, key), f"unknown key '{key}'{_did_you_mean(key, allowed)}; {what} are: "
-                             f"{', '.join(allowed)}")
+            raise grid.error(
+                _join(prefix, key),
+                f"unknown key '{key}'{_did_you_mean(key, allowed)}; {what} are: {', '.join(allowed)}",
+            )
 
 
 def _join(prefix: str, key: str) -> str:
@@ -182,8 +185,11 @@ def _row_scales(grid: Grid, row: dict[str, Any], index: int) -> dict[str, Any]:
     checked = {}
     for name, value in table.items():
         if name not in grid.scales:
-            raise grid.error(f"{prefix}.{name}", f"row overrides scale '{name}', which the grid does not define "
-                             f"(its scales: {', '.join(grid.scales) or 'none'})")
+            raise grid.error(
+                f"{prefix}.{name}",
+                f"row overrides scale '{name}', which the grid does not define "
+                f"(its scales: {', '.join(grid.scales) or 'none'})",
+            )
         checked[name] = _scale_keys(grid, value, f"{prefix}.{name}", ("axes",))
     return {**row, "scale": checked} if checked else {k: v for k, v in row.items() if k != "scale"}
 
@@ -265,8 +271,9 @@ def key_problem(key: str, owned_hint: str, unknown_hint: str, extra: tuple[str, 
         return f"key '{key}' is set by `trainscale bench` for each run; {owned_hint}"
     if name in FIELDS or name in CLUSTER_KEY_TYPES:
         return None
-    return (f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; {unknown_hint} "
-            "(see `trainscale train --help`)")
+    return (
+        f"unknown key '{key}'{_did_you_mean(name, [*FIELDS, *extra])}; {unknown_hint} (see `trainscale train --help`)"
+    )
 
 
 def check_type(grid: Grid, name: str, value: Any, path: str) -> None:
@@ -317,8 +324,9 @@ def parse_set(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         if not bare or not text:
-            raise GridError(f"--set {item}: '{text}' is not a TOML value (a number, true/false, \"text\" or "
-                            "[a, list])") from None
+            raise GridError(
+                f"--set {item}: '{text}' is not a TOML value (a number, true/false, \"text\" or [a, list])"
+            ) from None
         return key, text
     return key, text if bare and _wants_text(key, value) else value
 
@@ -350,8 +358,9 @@ def check_sets(sets: dict[str, Any]) -> dict[str, Any]:
     for key, value in sets.items():
         shown = f"--set {key}={_text(value)}"
         name = key.replace("-", "_")
-        problem = key_problem(key, "it cannot be given with --set", "--set takes the `trainscale train` flags") \
-            or type_problem(name, value)
+        problem = key_problem(
+            key, "it cannot be given with --set", "--set takes the `trainscale train` flags"
+        ) or type_problem(name, value)
         if problem:
             raise GridError(f"{shown}: {problem}")
         if name in checked:

@@ -13,8 +13,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from trainscale.io import open_output
 
@@ -27,8 +27,9 @@ POLL_SECONDS = 1.0
 def start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group."""
     with open_output(log_path) as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
 
 
 def wait(proc: subprocess.Popen, timeout: float | None, on_poll: Callable[[], None] = lambda: None) -> bool:

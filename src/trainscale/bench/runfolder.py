@@ -66,8 +66,10 @@ def _check_marker(folder: Path, spec: RunSpec) -> None:
             raise RunFolderError(f"{folder} holds files not written by `trainscale bench`; move it away")
         return
     if marker.get("config_hash") != spec.config_hash:
-        raise RunFolderError(f"{folder} holds a run with config hash {marker.get('config_hash')}, the grid plans "
-                             f"{spec.config_hash}; results of different settings are never mixed: move it away")
+        raise RunFolderError(
+            f"{folder} holds a run with config hash {marker.get('config_hash')}, the grid plans "
+            f"{spec.config_hash}; results of different settings are never mixed: move it away"
+        )
 
 
 def _check_config(folder: Path, spec: RunSpec) -> None:
@@ -76,8 +78,9 @@ def _check_config(folder: Path, spec: RunSpec) -> None:
         return
     known = defaults()
     ignored = HASH_EXCLUDE | (CLUSTER_SETS if spec.config.get("cluster") else frozenset())
-    differ = sorted(k for k, v in spec.config.items() if k not in ignored
-                    and not _same(written.get(k, known.get(k, _MISSING)), v))
+    differ = sorted(
+        k for k, v in spec.config.items() if k not in ignored and not _same(written.get(k, known.get(k, _MISSING)), v)
+    )
     if differ:
         shown = ", ".join(f"{k}: {written.get(k, 'absent')!r} vs {spec.config[k]!r}" for k in differ[:4])
         raise RunFolderError(f"{folder}/config.json differs from the planned run ({shown}); move it away")
@@ -112,8 +115,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else
-                                                         ("inf" if value > 0 else "-inf"))
+        return (
+            repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+        )
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, (list, tuple)):

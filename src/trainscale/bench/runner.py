@@ -26,17 +26,18 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from tqdm import tqdm
 
 from trainscale.bench import process
-from trainscale.cluster.bench import cluster_for
 from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
+from trainscale.cluster.bench import cluster_for
 from trainscale.io import append_jsonl, atomic_write_text, open_regular, read_json
 from trainscale.record import SUMMARY, K
 
@@ -82,12 +83,15 @@ def overrides(options: BenchOptions) -> dict[str, Any]:
     if options.data_dir is None:
         return sets
     if "data_dir" in sets:
-        raise GridError(f"--data-dir {options.data_dir} and {set_text({'data_dir': sets['data_dir']})} both "
-                        "choose the data folder; give one")
+        raise GridError(
+            f"--data-dir {options.data_dir} and {set_text({'data_dir': sets['data_dir']})} both "
+            "choose the data folder; give one"
+        )
     folder = Path(options.data_dir).expanduser()
     if not folder.is_dir():
-        raise GridError(f"--data-dir {options.data_dir}: no such folder"
-                        + (" (it is a file)" if folder.exists() else ""))
+        raise GridError(
+            f"--data-dir {options.data_dir}: no such folder" + (" (it is a file)" if folder.exists() else "")
+        )
     return {**sets, "data_dir": str(folder.resolve())}
 
 
@@ -112,8 +116,15 @@ def run_grid(options: BenchOptions) -> list[RunResult]:
         write_grid_json(options, grid, specs)
         results = [_skipped(s) for s in specs if states[s.run_id] is State.DONE]
         todo = [s for s in specs if states[s.run_id] is not State.DONE]
-        log.info("grid %s (scale %s): %d run(s), %d already finished, %d to run; results in %s", grid.name,
-                 effective_scale(options, grid) or "none", len(specs), len(results), len(todo), options.out)
+        log.info(
+            "grid %s (scale %s): %d run(s), %d already finished, %d to run; results in %s",
+            grid.name,
+            effective_scale(options, grid) or "none",
+            len(specs),
+            len(results),
+            len(todo),
+            options.out,
+        )
         for result in results:
             append_ledger(options.out, result)
         results += _run_all(options, todo, states)
@@ -132,8 +143,7 @@ def _run_all(options: BenchOptions, todo: list[RunSpec], states: dict[str, State
     groups: dict[str | None, list[RunSpec]] = {}
     for spec in todo:
         groups.setdefault(spec.config.get("cluster"), []).append(spec)
-    with tqdm(total=len(todo), desc=f"bench {options.grid.stem}", unit="run", dynamic_ncols=True,
-              disable=None) as bar:
+    with tqdm(total=len(todo), desc=f"bench {options.grid.stem}", unit="run", dynamic_ncols=True, disable=None) as bar:
         for cluster, specs in groups.items():
             with cluster_for(cluster):
                 for spec in specs:
@@ -142,9 +152,16 @@ def _run_all(options: BenchOptions, todo: list[RunSpec], states: dict[str, State
                     results.append(result)
                     append_ledger(options.out, result)
                     bar.update(1)
-                    log.info("[%d/%d] %s: %s in %.1f s%s (%s left)", len(results), len(todo), spec.run_id,
-                             result.status, result.seconds, f": {result.error}" if result.error else "",
-                             _eta(results, len(todo)))
+                    log.info(
+                        "[%d/%d] %s: %s in %.1f s%s (%s left)",
+                        len(results),
+                        len(todo),
+                        spec.run_id,
+                        result.status,
+                        result.seconds,
+                        f": {result.error}" if result.error else "",
+                        _eta(results, len(todo)),
+                    )
     return results
 
 
@@ -182,8 +199,9 @@ def _show_epoch(bar: tqdm | None, spec: RunSpec, folder: Path) -> None:
     bar.set_postfix_str(f"{spec.name} epoch {done}/{spec.config['epochs']}")
 
 
-def _result(spec: RunSpec, folder: Path, code: int | None, seconds: float, timed_out: bool,
-            timeout: float | None) -> RunResult:
+def _result(
+    spec: RunSpec, folder: Path, code: int | None, seconds: float, timed_out: bool, timeout: float | None
+) -> RunResult:
     complete = _completed(folder) == spec.config["epochs"]
     if not timed_out and code == 0 and complete:
         return RunResult(spec.run_id, spec.name, "ok", seconds, code)
@@ -194,8 +212,9 @@ def _result(spec: RunSpec, folder: Path, code: int | None, seconds: float, timed
         error = "exited with status 0 but summary.json does not cover every epoch"
     else:
         error = _error_line(tail) or f"exited with status {code}"
-    atomic_write_text(folder / ERROR, f"{error}\nexit status: {code}\n\n--- last lines of {LOG} ---\n" + "\n".join(tail)
-                                + "\n")
+    atomic_write_text(
+        folder / ERROR, f"{error}\nexit status: {code}\n\n--- last lines of {LOG} ---\n" + "\n".join(tail) + "\n"
+    )
     return RunResult(spec.run_id, spec.name, "timeout" if timed_out else "failed", seconds, code, error)
 
 
@@ -237,8 +256,9 @@ def _locked(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise GridError(f"{out} is in use by another `trainscale bench`; wait for it or use another --out") \
-                from None
+            raise GridError(
+                f"{out} is in use by another `trainscale bench`; wait for it or use another --out"
+            ) from None
         yield
 
 
@@ -252,26 +272,41 @@ def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> 
     if old is not None and not options.update:
         _check_same_plan(path, old, grid, scale, sets, [s.run_id for s in specs])
     sessions = (old or {}).get("sessions", []) + [{"started": _now(), "environment": bench_environment()}]
-    record = {"name": grid.name, "description": grid.description, "source": grid.source,
-              "scale_description": grid.scales.get(scale or "", {}).get("description", ""),
-              "grid_file": str(options.grid), "grid_text": grid.text, "scale": scale, "set": sets,
-              "timeout": options.timeout, "runs": planned, "sessions": sessions}
+    record = {
+        "name": grid.name,
+        "description": grid.description,
+        "source": grid.source,
+        "scale_description": grid.scales.get(scale or "", {}).get("description", ""),
+        "grid_file": str(options.grid),
+        "grid_text": grid.text,
+        "scale": scale,
+        "set": sets,
+        "timeout": options.timeout,
+        "runs": planned,
+        "sessions": sessions,
+    }
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
-def _check_same_plan(path: Path, old: dict[str, Any], grid: Grid, scale: str | None, sets: dict[str, Any],
-                     ids: list[str]) -> None:
+def _check_same_plan(
+    path: Path, old: dict[str, Any], grid: Grid, scale: str | None, sets: dict[str, Any], ids: list[str]
+) -> None:
     old_ids = [r["run_id"] for r in old.get("runs", [])]
-    changes = [f"{what} {a!r} -> {b!r}" for what, a, b in (("grid", old.get("name"), grid.name),
-                                                           ("scale", old.get("scale"), scale)) if a != b]
+    changes = [
+        f"{what} {a!r} -> {b!r}"
+        for what, a, b in (("grid", old.get("name"), grid.name), ("scale", old.get("scale"), scale))
+        if a != b
+    ]
     if (old.get("set") or {}) != sets:
         changes.append(f"{set_text(old.get('set') or {}) or 'no --set'} -> {set_text(sets) or 'no --set'}")
     gone, new = set(old_ids) - set(ids), set(ids) - set(old_ids)
     if gone or new:
         changes.append(f"{len(gone)} run(s) no longer planned, {len(new)} new")
     if changes:
-        raise GridError(f"{path} was planned from other settings ({'; '.join(changes)}); results are never "
-                        "mixed silently: use another --out, or --update to keep the runs whose settings still match")
+        raise GridError(
+            f"{path} was planned from other settings ({'; '.join(changes)}); results are never "
+            "mixed silently: use another --out, or --update to keep the runs whose settings still match"
+        )
 
 
 def bench_environment() -> dict[str, Any]:

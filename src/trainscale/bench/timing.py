@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -41,8 +42,9 @@ def paired_ratios(numerator: Timing, denominator: Timing) -> list[float]:
     return [a / b for a, b in zip(numerator.seconds, denominator.seconds)]
 
 
-def time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int, device: torch.device
-                     ) -> dict[str, Timing]:
+def time_interleaved(
+    fns: dict[str, Callable[[], None]], repeats: int, warmup: int, device: torch.device
+) -> dict[str, Timing]:
     """Time each callable ``repeats`` times, round-robin so drift (thermal, other load) hits all alike."""
     for fn in fns.values():
         for _ in range(warmup):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from trainscale.cluster.command import bring_down, bring_up, state_path
 from trainscale.errors import ConfigError
@@ -29,12 +30,14 @@ def take_cluster_keys(values: dict[str, Any]) -> dict[str, Any]:
     if hosts is None or bandwidth is None:
         raise ConfigError("cluster_hosts and bandwidth go together: a grid run on an emulated cluster needs both")
     if rest.get("cluster") is not None:
-        raise ConfigError("give either cluster (one made with `trainscale cluster up`) or cluster_hosts and "
-                          "bandwidth (made by the bench), not both")
+        raise ConfigError(
+            "give either cluster (one made with `trainscale cluster up`) or cluster_hosts and "
+            "bandwidth (made by the bench), not both"
+        )
     if not isinstance(hosts, int) or isinstance(hosts, bool):
         raise ConfigError(f"cluster_hosts must be an integer, got {hosts!r}")
     if not isinstance(bandwidth, str):
-        raise ConfigError(f"bandwidth must be a rate like \"100mbit\", got {bandwidth!r}")
+        raise ConfigError(f'bandwidth must be a rate like "100mbit", got {bandwidth!r}')
     return {**rest, "cluster": cluster_name(net.check_hosts(hosts), net.parse_rate(bandwidth))}
 
 

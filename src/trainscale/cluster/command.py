@@ -49,8 +49,10 @@ def check_cluster(name: str) -> dict:
     live = set(net.trainscale_namespaces().get(record["name"], []))
     gone = [ns for ns in record["namespaces"] if ns not in live]
     if gone:
-        raise ConfigError(f"cluster '{name}' is recorded but {', '.join(gone)} is gone (a reboot?): "
-                          f"trainscale cluster down {name}, then up again")
+        raise ConfigError(
+            f"cluster '{name}' is recorded but {', '.join(gone)} is gone (a reboot?): "
+            f"trainscale cluster down {name}, then up again"
+        )
     return record
 
 
@@ -61,18 +63,25 @@ def save(record: dict) -> None:
 
 
 def record_of(cluster: net.Cluster) -> dict:
-    return {"name": cluster.name, "hosts": cluster.hosts, "switch": cluster.switch,
-            "namespaces": [net.host_ns(cluster.name, i) for i in range(cluster.hosts)],
-            "addresses": [net.address(i) for i in range(cluster.hosts)],
-            "rates_bps": list(cluster.rates), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "name": cluster.name,
+        "hosts": cluster.hosts,
+        "switch": cluster.switch,
+        "namespaces": [net.host_ns(cluster.name, i) for i in range(cluster.hosts)],
+        "addresses": [net.address(i) for i in range(cluster.hosts)],
+        "rates_bps": list(cluster.rates),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def host_index(record: dict, text: str) -> int:
     """HOST is an index (``1``) or a namespace-style name (``h1``)."""
     digits = text[1:] if text.startswith("h") else text
     if not digits.isdigit() or int(digits) >= record["hosts"]:
-        raise ConfigError(f"HOST must be 0-{record['hosts'] - 1} (or h0-h{record['hosts'] - 1}) for cluster "
-                          f"'{record['name']}', got '{text}'")
+        raise ConfigError(
+            f"HOST must be 0-{record['hosts'] - 1} (or h0-h{record['hosts'] - 1}) for cluster "
+            f"'{record['name']}', got '{text}'"
+        )
     return int(digits)
 
 
@@ -92,9 +101,11 @@ def up(args: argparse.Namespace) -> int:
         rates, dilation = net.parse_rates(args.bandwidth, net.check_hosts(args.hosts)), None
     record = bring_up(name, rates, dilation)
     hosts = record["hosts"]
-    print(f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {net.switch_ns(name)}, "
-          f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
-          f"ip netns exec {net.host_ns(name, 0)} COMMAND")
+    print(
+        f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {net.switch_ns(name)}, "
+        f"round trip {record['rtt_seconds'] * 1e3:.3f} ms; run commands on a host with: "
+        f"ip netns exec {net.host_ns(name, 0)} COMMAND"
+    )
     if dilation:
         print(dilation["text"])
     return 0
@@ -158,8 +169,10 @@ def status(args: argparse.Namespace) -> int:
     debris = sorted((set(live) | net.leftover_cpu_groups()) - {r["name"] for r in records}) if not args.name else []
     if debris:
         left = [ns for n in debris for ns in live.get(n) or [f"CPU groups of {n}"]]
-        print(f"namespaces with no state file (debris): {', '.join(left)}; "
-              f"remove them with: trainscale cluster down --all")
+        print(
+            f"namespaces with no state file (debris): {', '.join(left)}; "
+            f"remove them with: trainscale cluster down --all"
+        )
     return 0
 
 
@@ -172,8 +185,9 @@ def _status_rows(record: dict, live: dict[str, list[str]]) -> list[list[str]]:
             state, tx, rx = stats.state, str(stats.tx_bytes), str(stats.rx_bytes)
         else:
             state, tx, rx = "missing", "-", "-"
-        rows.append([record["name"], ns, record["addresses"][i], net.format_rate(record["rates_bps"][i]),
-                     state, tx, rx])
+        rows.append(
+            [record["name"], ns, record["addresses"][i], net.format_rate(record["rates_bps"][i]), state, tx, rx]
+        )
     return rows
 
 
@@ -203,8 +217,15 @@ def probe(args: argparse.Namespace) -> int:
         result = net.measure(record["name"], 0, dst, args.bytes, PROBE_PINGS)
         rtts.append(result["rtt_seconds"])
         rate = min(record["rates_bps"][0], record["rates_bps"][dst])
-        rows.append([f"h0 -> h{dst}", record["addresses"][dst], f"{result['rtt_seconds'] * 1e3:.3f}",
-                     f"{result['bits_per_second'] / 1e6:.1f}", f"{rate / 1e6:g}"])
+        rows.append(
+            [
+                f"h0 -> h{dst}",
+                record["addresses"][dst],
+                f"{result['rtt_seconds'] * 1e3:.3f}",
+                f"{result['bits_per_second'] / 1e6:.1f}",
+                f"{rate / 1e6:g}",
+            ]
+        )
     print(_table(["path", "address", "rtt_ms (median)", "measured_mbit", "configured_mbit"], rows))
     record["rtt_seconds"] = statistics.median(rtts)
     save(record)
@@ -223,11 +244,18 @@ def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--hosts", type=int, help=f"{net.MIN_HOSTS}-{net.MAX_HOSTS}")
     p.add_argument("--bandwidth", help="e.g. 1gbit, or one rate per host: 1gbit,1gbit,100mbit")
-    p.add_argument("--dilate-to", metavar="CLUSTER", help="emulate this cluster file's hosts and links (configs/"
-                   "clusters) slowed by this machine's step time over its device's, so compute and communication "
-                   "keep the target's ratio; runs on it report their times projected back to the target")
-    p.add_argument("--profile", help="with --dilate-to: this machine's profile of the model to run, taken with the "
-                   "CPUs each emulated host gets (trainscale profile --cpus)")
+    p.add_argument(
+        "--dilate-to",
+        metavar="CLUSTER",
+        help="emulate this cluster file's hosts and links (configs/"
+        "clusters) slowed by this machine's step time over its device's, so compute and communication "
+        "keep the target's ratio; runs on it report their times projected back to the target",
+    )
+    p.add_argument(
+        "--profile",
+        help="with --dilate-to: this machine's profile of the model to run, taken with the "
+        "CPUs each emulated host gets (trainscale profile --cpus)",
+    )
     p = sub.add_parser("status", help="hosts, addresses, rates, link states and byte counters")
     p.add_argument("name", nargs="?")
     p = sub.add_parser("down", help="delete NAME (or --all trainscale clusters and debris)")

@@ -18,8 +18,9 @@ from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 
 
-def dilated_rates(target: str, profile_path: str | None, hosts: int | None,
-                  bandwidth: str | None) -> tuple[list[int], dict[str, Any]]:
+def dilated_rates(
+    target: str, profile_path: str | None, hosts: int | None, bandwidth: str | None
+) -> tuple[list[int], dict[str, Any]]:
     """The emulated cluster's rates (bit/s, one per host) and the dilation record for ``target``."""
     if profile_path is None:
         raise ConfigError("--dilate-to needs --profile P: this machine's profile of the model the runs will train")
@@ -33,25 +34,36 @@ def dilated_rates(target: str, profile_path: str | None, hosts: int | None,
     profile = load_profile(profile_path)
     share = cpu_count() / spec.hosts
     if profile.cpus is None or abs(profile.cpus - share) > 1e-6:
-        raise ConfigError(f"--profile {profile_path} was taken with {profile.cpus or 'all'} CPUs, but each of "
-                          f"{spec.hosts} emulated hosts gets {share:g}: profile again with --cpus {share:g}")
+        raise ConfigError(
+            f"--profile {profile_path} was taken with {profile.cpus or 'all'} CPUs, but each of "
+            f"{spec.hosts} emulated hosts gets {share:g}: profile again with --cpus {share:g}"
+        )
     target_step, figure = load_device(spec.device).step_seconds(profile.model, profile.batch_size)
     factor = profile.compute_seconds / target_step
     rate = int(spec.inter.bandwidth * 8 / factor)
     if not net.MIN_RATE <= rate <= net.MAX_RATE:
-        raise ConfigError(f"--dilate-to {target}: its {net.format_rate(int(spec.inter.bandwidth * 8))} links "
-                          f"dilated {factor:.3g}x would be {rate} bit/s, outside what tc shapes (8kbit-100gbit)")
-    text = (f"dilated to {spec.name}: this machine's {profile.model} step at batch {profile.batch_size} takes "
-            f"{1e3 * profile.compute_seconds:.1f} ms against {1e3 * target_step:.1f} ms on a {spec.device} "
-            f"({figure.source}), so every link runs {factor:.3g}x slower: "
-            f"{net.format_rate(int(spec.inter.bandwidth * 8))} -> {net.format_rate(rate)}; train with --workers "
-            f"{spec.devices_per_host} per host to match its {spec.devices_per_host} devices per host")
-    return [rate] * spec.hosts, {"target": spec.name, "factor": factor, "device": spec.device,
-                                 "model": profile.model, "batch_size": profile.batch_size,
-                                 "target_rate_bps": int(spec.inter.bandwidth * 8),
-                                 "this_step_seconds": profile.compute_seconds, "target_step_seconds": target_step,
-                                 "text": text}
-
+        raise ConfigError(
+            f"--dilate-to {target}: its {net.format_rate(int(spec.inter.bandwidth * 8))} links "
+            f"dilated {factor:.3g}x would be {rate} bit/s, outside what tc shapes (8kbit-100gbit)"
+        )
+    text = (
+        f"dilated to {spec.name}: this machine's {profile.model} step at batch {profile.batch_size} takes "
+        f"{1e3 * profile.compute_seconds:.1f} ms against {1e3 * target_step:.1f} ms on a {spec.device} "
+        f"({figure.source}), so every link runs {factor:.3g}x slower: "
+        f"{net.format_rate(int(spec.inter.bandwidth * 8))} -> {net.format_rate(rate)}; train with --workers "
+        f"{spec.devices_per_host} per host to match its {spec.devices_per_host} devices per host"
+    )
+    return [rate] * spec.hosts, {
+        "target": spec.name,
+        "factor": factor,
+        "device": spec.device,
+        "model": profile.model,
+        "batch_size": profile.batch_size,
+        "target_rate_bps": int(spec.inter.bandwidth * 8),
+        "this_step_seconds": profile.compute_seconds,
+        "target_step_seconds": target_step,
+        "text": text,
+    }
 
 
 def projected(summary: dict[str, Any]) -> dict[str, Any]:
@@ -63,5 +75,11 @@ def projected(summary: dict[str, Any]) -> dict[str, Any]:
     factor = float(dilation["factor"])
     times = {k: summary[k] / factor for k in PROJECTED_TIMES if summary.get(k) is not None}
     rate = summary.get(K.samples_per_sec)
-    return {K.projected: {"target": dilation["target"], "factor": factor, **times,
-                          "samples_per_sec": rate * factor if rate else None}}
+    return {
+        K.projected: {
+            "target": dilation["target"],
+            "factor": factor,
+            **times,
+            "samples_per_sec": rate * factor if rate else None,
+        }
+    }

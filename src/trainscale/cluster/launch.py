@@ -27,8 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from trainscale.app.config import TrainConfig
 from trainscale.app.hosts import Host, node_commands
@@ -36,8 +37,8 @@ from trainscale.app.preflight import preflight
 from trainscale.io import read_json
 from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
-from trainscale.runtime.job import NODE_REPORT_ENV
 from trainscale.runtime.cpus import cpu_count
+from trainscale.runtime.job import NODE_REPORT_ENV
 from trainscale.runtime.orphans import die_with_parent
 
 STOP_GRACE_S = 15.0
@@ -56,18 +57,26 @@ def host_share(record: dict[str, Any], cfg: TrainConfig) -> tuple[float, int]:
 
 def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str, Any]:
     """The cluster as summary.json records it (``cpus_per_host`` None: no quota could be set)."""
-    return {"name": record["name"], "hosts": record["hosts"], "rate_bps": min(record["rates_bps"]),
-            "rates_bps": record["rates_bps"], "rtt_seconds": record.get("rtt_seconds"),
-            "interface": net.HOST_DEV, "threads_per_process": threads, "cpus_per_host": cpus,
-            **({"dilation": record["dilation"]} if record.get("dilation") else {})}
+    return {
+        "name": record["name"],
+        "hosts": record["hosts"],
+        "rate_bps": min(record["rates_bps"]),
+        "rates_bps": record["rates_bps"],
+        "rtt_seconds": record.get("rtt_seconds"),
+        "interface": net.HOST_DEV,
+        "threads_per_process": threads,
+        "cpus_per_host": cpus,
+        **({"dilation": record["dilation"]} if record.get("dilation") else {}),
+    }
 
 
 def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
     """Every setting that differs from its default, as flags: a node must not read ``--config`` again, where
     ``cluster`` (or a bench's ``cluster_hosts``) would send it back here."""
     defaults = TrainConfig().to_dict()
-    return {k: v for k, v in cfg.to_dict().items()
-            if v is not None and v != defaults[k] and k not in ("config", "cluster")}
+    return {
+        k: v for k, v in cfg.to_dict().items() if v is not None and v != defaults[k] and k not in ("config", "cluster")
+    }
 
 
 def cluster_main(cfg: TrainConfig) -> int:
@@ -80,8 +89,10 @@ def cluster_main(cfg: TrainConfig) -> int:
     commands = node_commands(cfg, {**resolved_flags(cfg), "out": str(out), "threads": threads}, hosts)
     with net.cpu_quotas(record["name"], record["hosts"], cpus) as groups, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, net.CLUSTER_ENV: json.dumps(facts(record, threads, cpus if groups else None))}
-        argvs = [net.in_namespace(record["name"], i, [sys.executable, "-m", "trainscale", *argv[1:]])
-                 for i, (_, argv) in enumerate(commands)]
+        argvs = [
+            net.in_namespace(record["name"], i, [sys.executable, "-m", "trainscale", *argv[1:]])
+            for i, (_, argv) in enumerate(commands)
+        ]
         status = Nodes(argvs, env, groups, Path(tmp)).run()
     if status == 0:
         summary = read_json(out / SUMMARY)
@@ -106,9 +117,11 @@ def wire_line(summary: dict[str, Any]) -> str:
 def projected_line(summary: dict[str, Any]) -> str:
     """The run's figures on the target cluster of a time-dilated emulation."""
     p = summary[K.projected]
-    parts = [f"step {1e3 * p[K.step_seconds]:.1f} ms" if p.get(K.step_seconds) else None,
-             f"{p[K.samples_per_sec]:,.0f} images/s" if p.get(K.samples_per_sec) else None,
-             f"{p[K.steady_epoch_seconds]:.2f} s per epoch" if p.get(K.steady_epoch_seconds) else None]
+    parts = [
+        f"step {1e3 * p[K.step_seconds]:.1f} ms" if p.get(K.step_seconds) else None,
+        f"{p[K.samples_per_sec]:,.0f} images/s" if p.get(K.samples_per_sec) else None,
+        f"{p[K.steady_epoch_seconds]:.2f} s per epoch" if p.get(K.steady_epoch_seconds) else None,
+    ]
     return f"projected to {p['target']} (times / {p['factor']:.3g}): " + ", ".join(x for x in parts if x)
 
 
@@ -116,8 +129,7 @@ class Nodes:
     """The node processes of one job: started, watched, and always stopped. Each node's own error line is
     held back: when several fail, the parent names the root cause once (``root_cause``)."""
 
-    def __init__(self, argvs: list[list[str]], env: dict[str, str], groups: list[Path] | None,
-                 reports: Path) -> None:
+    def __init__(self, argvs: list[list[str]], env: dict[str, str], groups: list[Path] | None, reports: Path) -> None:
         self.argvs, self.env, self.groups, self.reports = argvs, env, groups, reports
         self.procs: list[subprocess.Popen] = []
         self.relays: list[threading.Thread] = []
@@ -141,8 +153,14 @@ class Nodes:
     def start(self, index: int, argv: list[str]) -> None:
         group = self.groups[index] if self.groups else None
         env = {**self.env, NODE_REPORT_ENV: str(self.report_path(index))}
-        proc = subprocess.Popen(argv, env=env, stdout=None if index == 0 else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_node_setup(group))
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=None if index == 0 else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_node_setup(group),
+        )
         self.procs.append(proc)
         relay = threading.Thread(target=self.relay, args=(index, proc.stderr), daemon=True)
         relay.start()
@@ -155,7 +173,7 @@ class Nodes:
         for raw in stream:
             line = raw.decode(errors="replace")
             if line.startswith(ERROR_PREFIX):
-                self.held[index] = line[len(ERROR_PREFIX):].strip()
+                self.held[index] = line[len(ERROR_PREFIX) :].strip()
             elif self.shown is None or index in self.shown:
                 sys.stderr.write(line)
                 sys.stderr.flush()
@@ -217,6 +235,7 @@ def _wait_for(procs: list[subprocess.Popen], seconds: float) -> None:
 
 def _node_setup(group: Path | None) -> Callable[[], None]:
     """Run in each node's process before it execs: die with this process; join its host's CPU group."""
+
     def setup() -> None:
         die_with_parent(signal.SIGTERM)
         if group is not None:
@@ -227,4 +246,3 @@ def _node_setup(group: Path | None) -> Callable[[], None]:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-

@@ -11,7 +11,8 @@ run's figures projected to the cluster it stands for (``cluster.dilation.project
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainscale.cluster.dilation import projected
 from trainscale.cluster.wire import WireCounter

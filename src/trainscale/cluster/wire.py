@@ -44,8 +44,9 @@ class WireCounter(Forwarding):
     def after_train_epoch(self, model: nn.Module) -> None:
         barrier()
         sent, received = interface_counters(self.facts["interface"])
-        mine = torch.tensor([(sent - self.start[0]) / self.steps, (received - self.start[1]) / self.steps],
-                            dtype=torch.float64)
+        mine = torch.tensor(
+            [(sent - self.start[0]) / self.steps, (received - self.start[1]) / self.steps], dtype=torch.float64
+        )
         mean = all_reduce_sum(mine) / world_size()  # every host has the same number of workers
         self.epochs.append((float(mean[0]), float(mean[1])))
         self.inner.after_train_epoch(model)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -67,7 +68,7 @@ class Payload:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def replace(self, tensors: dict[str, Tensor]) -> "Payload":
+    def replace(self, tensors: dict[str, Tensor]) -> Payload:
         """The same agreed description with other travelling tensors (e.g. another rank's, or a sum)."""
         return Payload(tensors, self.shape, self.dtype, self.meta, self.selected)
 
@@ -166,8 +167,14 @@ def compressor_params(name: str) -> list[str]:
     return list(COMPRESSORS.get(canonical_method(name)).meta["params"])
 
 
-METHOD_ALIASES = {"thresholdv": "threshold", "threshold-v": "threshold", "random-k": "randomk",
-                  "top-k": "topk", "dense": "none", "ef-signsgd": "efsignsgd"}
+METHOD_ALIASES = {
+    "thresholdv": "threshold",
+    "threshold-v": "threshold",
+    "random-k": "randomk",
+    "top-k": "topk",
+    "dense": "none",
+    "ef-signsgd": "efsignsgd",
+}
 
 
 def canonical_method(name: str) -> str:

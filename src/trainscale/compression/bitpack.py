@@ -108,7 +108,7 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     codes = codes.reshape(-1)
     byte_planes = _byte_planes(codes, bits)
     rest_bits = bits - 8 * (bits // 8)
-    values = byte_planes[:bits // 8] + (_split(byte_planes[-1], rest_bits) if rest_bits else [])
+    values = byte_planes[: bits // 8] + (_split(byte_planes[-1], rest_bits) if rest_bits else [])
     chunks = [_pack_plane(v, width) for v, (_, width) in zip(values, plan)]
     return torch.cat(chunks) if len(chunks) > 1 else chunks[0].contiguous()
 
@@ -122,7 +122,7 @@ def unpack_bits(packed: Tensor, bits: int, numel: int) -> Tensor:
     start = 0
     for offset, width in planes(bits):
         size = plane_nbytes(numel, width)
-        plane = _unpack_plane(packed[start:start + size], width, numel)
+        plane = _unpack_plane(packed[start : start + size], width, numel)
         start += size
         if width == 8:
             bytes_.append(plane)

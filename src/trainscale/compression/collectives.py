@@ -8,7 +8,8 @@ all-reduce, so tensors are coalesced into one flat buffer per dtype.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,6 @@ from torch import Tensor
 from trainscale.compression.stats import CompressionStats
 from trainscale.runtime.comm_hooks import OverlapClock
 from trainscale.runtime.dist import is_distributed
-
 
 Future = torch.futures.Future
 
@@ -114,6 +114,7 @@ class Communicator:
             if not single:
                 for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                     t.copy_(part.view_as(t))
+
         return self._launch(lambda: self.transport.all_reduce(flat), unpack)
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
@@ -143,4 +144,5 @@ class Communicator:
             else:
                 self.stats.comm_seconds += time.perf_counter() - launched
             return finish()
+
         return future.then(landed)

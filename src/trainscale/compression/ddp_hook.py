@@ -39,8 +39,13 @@ from trainscale.errors import ConfigError
 from trainscale.runtime.comm_hooks import OverlapClock
 
 GRANULARITIES = ("layerwise", "entire")
-GRANULARITY_ALIASES = {"entiremodel": "entire", "entire-model": "entire", "entire_model": "entire",
-                       "layer": "layerwise", "layer-wise": "layerwise"}
+GRANULARITY_ALIASES = {
+    "entiremodel": "entire",
+    "entire-model": "entire",
+    "entire_model": "entire",
+    "layer": "layerwise",
+    "layer-wise": "layerwise",
+}
 ENTIRE_KEY = "entire"
 
 
@@ -109,14 +114,22 @@ class CompressionHookState:
     Call ``set_epoch(epoch)`` at the start of every epoch when using ``warmup_epochs`` or DGC.
     """
 
-    def __init__(self, compressor: Compressor, granularity: str = "layerwise", *, model: nn.Module | None = None,
-                 error_feedback: bool = False, warmup_steps: int = 0, warmup_epochs: int = 0,
-                 stats: CompressionStats | None = None, group: Carrier = None) -> None:
+    def __init__(
+        self,
+        compressor: Compressor,
+        granularity: str = "layerwise",
+        *,
+        model: nn.Module | None = None,
+        error_feedback: bool = False,
+        warmup_steps: int = 0,
+        warmup_epochs: int = 0,
+        stats: CompressionStats | None = None,
+        group: Carrier = None,
+    ) -> None:
         self.granularity = canonical_granularity(granularity)
         stats = stats or CompressionStats(method=compressor.name, granularity=self.granularity)
         self.clock = OverlapClock(stats)
-        self.exchange = Exchange(compressor, error_feedback=error_feedback, stats=stats, group=group,
-                                 clock=self.clock)
+        self.exchange = Exchange(compressor, error_feedback=error_feedback, stats=stats, group=group, clock=self.clock)
         self.keys = ParamKeys(model)
         self.steps = StepClock(int(warmup_steps), int(warmup_epochs))
         self.pending: list[_Pending] = []

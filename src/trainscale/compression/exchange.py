@@ -63,7 +63,7 @@ def deserialize(buffer: Tensor, slots: list[Slot], templates: list[Payload]) -> 
     tensors: list[dict[str, Tensor]] = [{} for _ in templates]
     offset = 0
     for s in slots:
-        tensors[s.unit][s.name] = buffer[offset:offset + s.nbytes].view(s.dtype)
+        tensors[s.unit][s.name] = buffer[offset : offset + s.nbytes].view(s.dtype)
         offset += s.nbytes
     return [t.replace(tensors[i]) for i, t in enumerate(templates)]
 
@@ -83,9 +83,15 @@ class Exchange:
     process group it is the identity (still counting the bytes it would hand over).
     """
 
-    def __init__(self, compressor: Compressor, *, error_feedback: bool = False,
-                 stats: CompressionStats | None = None, group: Carrier = None,
-                 clock: OverlapClock | None = None) -> None:
+    def __init__(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool = False,
+        stats: CompressionStats | None = None,
+        group: Carrier = None,
+        clock: OverlapClock | None = None,
+    ) -> None:
         self.compressor = compressor
         self.stats = stats or CompressionStats(method=compressor.name)
         self.comm = Communicator(self.stats, group, clock)
@@ -93,13 +99,15 @@ class Exchange:
         self.feedback = ErrorFeedback() if wants_feedback else None
         self.stats.world_size = self.comm.world_size
 
-    def reduce(self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0,
-               dense: bool = False) -> list[Tensor]:
+    def reduce(
+        self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0, dense: bool = False
+    ) -> list[Tensor]:
         """Average ``units`` over ranks: compressed, or plain all-reduce when ``dense`` (warm-up)."""
         return self.reduce_async(units, step, epoch, dense).wait()
 
-    def reduce_async(self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0,
-                     dense: bool = False) -> Future:
+    def reduce_async(
+        self, units: list[tuple[str, Tensor]], step: int = 0, epoch: int = 0, dense: bool = False
+    ) -> Future:
         """:meth:`reduce`, launched: a future of the averaged gradients."""
         grads = [g for _, g in units]
         self.stats.world_size = self.comm.world_size
@@ -132,8 +140,9 @@ class Exchange:
                 self.stats.fallback_units += 1
         return payloads
 
-    def _remember(self, ctxs: list[UnitContext], inputs: list[Tensor], payloads: list[Payload],
-                  scale: float = 1.0) -> None:
+    def _remember(
+        self, ctxs: list[UnitContext], inputs: list[Tensor], payloads: list[Payload], scale: float = 1.0
+    ) -> None:
         """Error feedback: keep ``input - scale * decode(payload)``, before the exchange touches anything."""
         if self.feedback is None:
             return
@@ -147,13 +156,17 @@ class Exchange:
         scaled = [x.div(world) for x in inputs] if world > 1 else inputs
         payloads = self._encode(scaled, ctxs)
         self._remember(ctxs, inputs, payloads, float(world))
-        owned = payloads if world == 1 else [p.replace({k: _owned(t, x) for k, t in p.tensors.items()})
-                                             for p, x in zip(payloads, inputs)]
+        owned = (
+            payloads
+            if world == 1
+            else [p.replace({k: _owned(t, x) for k, t in p.tensors.items()}) for p, x in zip(payloads, inputs)]
+        )
         device = self._device(inputs)
 
         def decode(_: Future) -> list[Tensor]:
             with self.stats.timer("decode", device):
                 return [self.compressor.decode(p) for p in owned]
+
         return self.comm.all_reduce_async_([t for p in owned for t in p.tensors.values()]).then(decode)
 
     def _allgather(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> Future:
@@ -165,6 +178,7 @@ class Exchange:
             per_rank = gathered.value()
             with self.stats.timer("decode", device):
                 return [self.compressor.combine([ranked[u] for ranked in per_rank]) for u in range(len(payloads))]
+
         return self.gather_payloads_async(payloads).then(combine)
 
     def _custom(self, inputs: list[Tensor], ctxs: list[UnitContext]) -> Future:
@@ -189,8 +203,11 @@ class Exchange:
         me = self.comm.rank
 
         def unpack(gathered: Future) -> list[list[Payload]]:
-            return [payloads if r == me else deserialize(buf, per_rank[r] if per_rank else slots, payloads)
-                    for r, buf in enumerate(gathered.value())]
+            return [
+                payloads if r == me else deserialize(buf, per_rank[r] if per_rank else slots, payloads)
+                for r, buf in enumerate(gathered.value())
+            ]
+
         return self.comm.all_gather_async(buffer).then(unpack)
 
     def _gather_layouts(self, slots: list[Slot], device: torch.device) -> list[list[Slot]]:
@@ -200,8 +217,10 @@ class Exchange:
         return [[replace(s, numel=int(n)) for s, n in zip(slots, c.tolist())] for c in gathered]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"feedback": self.feedback.state_dict() if self.feedback else None,
-                "compressor": self.compressor.state_dict()}
+        return {
+            "feedback": self.feedback.state_dict() if self.feedback else None,
+            "compressor": self.compressor.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.feedback is not None and state.get("feedback"):

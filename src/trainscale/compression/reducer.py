@@ -88,16 +88,31 @@ class ManualReducer(Reducer):
         self.state.end_step()
 
 
-def make_reducer(model: nn.Module, method: str | Compressor = "none", granularity: str = "layerwise", *,
-                 error_feedback: bool = False, warmup_steps: int = 0, warmup_epochs: int = 0,
-                 group: Carrier = None, **params: Any) -> Reducer:
+def make_reducer(
+    model: nn.Module,
+    method: str | Compressor = "none",
+    granularity: str = "layerwise",
+    *,
+    error_feedback: bool = False,
+    warmup_steps: int = 0,
+    warmup_epochs: int = 0,
+    group: Carrier = None,
+    **params: Any,
+) -> Reducer:
     """A reducer for ``model``: hook-based for a DDP model, manual (call ``.reduce()``) otherwise.
 
     ``method`` is a registry name (``params`` go to ``create_compressor``) or a ready compressor.
     """
     compressor = method if isinstance(method, Compressor) else create_compressor(method, **params)
-    state = CompressionHookState(compressor, granularity, model=model, error_feedback=error_feedback,
-                                 warmup_steps=warmup_steps, warmup_epochs=warmup_epochs, group=group)
+    state = CompressionHookState(
+        compressor,
+        granularity,
+        model=model,
+        error_feedback=error_feedback,
+        warmup_steps=warmup_steps,
+        warmup_epochs=warmup_epochs,
+        group=group,
+    )
     if isinstance(model, DistributedDataParallel):
         return HookReducer(model, state)
     return ManualReducer(model, state)

@@ -14,8 +14,16 @@ from trainscale.errors import ConfigError
 
 CompressionPlan = CompressionSpec  # the resolved settings of a run, under the name the modes import
 
-__all__ = ["FLAG_PARAMS", "CompressionPlan", "CompressionSpec", "ddp_kwargs", "make_hook", "plan_from_config",
-           "split_compress_flag", "validate_compression"]
+__all__ = [
+    "FLAG_PARAMS",
+    "CompressionPlan",
+    "CompressionSpec",
+    "ddp_kwargs",
+    "make_hook",
+    "plan_from_config",
+    "split_compress_flag",
+    "validate_compression",
+]
 
 
 def plan_from_config(cfg: CompressionConfig, seed: int) -> CompressionSpec:
@@ -37,6 +45,5 @@ def validate_compression(cfg: CompressionConfig, seed: int, epochs: int) -> Comp
     plan = plan_from_config(cfg, seed)
     plan.warn_if_unwise()
     if not 0 <= cfg.compress_warmup_epochs < epochs:
-        raise ConfigError(f"--compress-warmup-epochs must be in [0, epochs={epochs}), "
-                          f"got {cfg.compress_warmup_epochs}")
+        raise ConfigError(f"--compress-warmup-epochs must be in [0, epochs={epochs}), got {cfg.compress_warmup_epochs}")
     return plan

@@ -32,8 +32,13 @@ log = logging.getLogger("trainscale.compression")
 
 DENSE = "none"
 # --flag (config field) -> the compressor's keyword; a flag a method does not take is an error, never ignored
-FLAG_PARAMS = {"ratio": "ratio", "threshold": "threshold", "qstates": "qstates", "qsgd_bucket": "bucket_size",
-               "powersgd_rank": "rank"}
+FLAG_PARAMS = {
+    "ratio": "ratio",
+    "threshold": "threshold",
+    "qstates": "qstates",
+    "qsgd_bucket": "bucket_size",
+    "powersgd_rank": "rank",
+}
 
 
 class CompressionFlags(Protocol):
@@ -89,14 +94,24 @@ class CompressionSpec:
 
     def describe(self) -> dict[str, Any]:
         """The summary.json keys of a run's compression."""
-        return {"compress_method": self.method, "compress_granularity": self.granularity,
-                "compress_params": self.params, "error_feedback": self.error_feedback,
-                "compress_warmup_epochs": self.warmup_epochs}
+        return {
+            "compress_method": self.method,
+            "compress_granularity": self.granularity,
+            "compress_params": self.params,
+            "error_feedback": self.error_feedback,
+            "compress_warmup_epochs": self.warmup_epochs,
+        }
 
     def hook_state(self, model: nn.Module | None = None, group: Any = None) -> CompressionHookState:
         """The exchange state a DDP hook or a manual reducer runs on (residuals keyed by parameter name)."""
-        return CompressionHookState(self.compressor(), self.granularity, model=model,
-                                    error_feedback=self.error_feedback, warmup_epochs=self.warmup_epochs, group=group)
+        return CompressionHookState(
+            self.compressor(),
+            self.granularity,
+            model=model,
+            error_feedback=self.error_feedback,
+            warmup_epochs=self.warmup_epochs,
+            group=group,
+        )
 
     @classmethod
     def from_config(cls, cfg: CompressionFlags, seed: int | None = None) -> CompressionSpec:
@@ -109,8 +124,10 @@ class CompressionSpec:
         unused = [f"--{flag.replace('_', '-')}" for flag in given if FLAG_PARAMS[flag] not in accepted]
         if unused:
             takes = [f"--{flag.replace('_', '-')}" for flag, p in FLAG_PARAMS.items() if p in accepted]
-            raise ConfigError(f"--compress {method} does not use {', '.join(unused)}; it takes: "
-                              f"{', '.join(takes) or 'none of the compressor flags'}")
+            raise ConfigError(
+                f"--compress {method} does not use {', '.join(unused)}; it takes: "
+                f"{', '.join(takes) or 'none of the compressor flags'}"
+            )
         params = {FLAG_PARAMS[flag]: value for flag, value in given.items()}
         if "seed" in accepted and seed is not None:
             params["seed"] = seed
@@ -121,9 +138,12 @@ class CompressionSpec:
     def warn_if_unwise(self) -> None:
         """Log what the settings' own checks cannot refuse but a user should know (once, at validation)."""
         if self.error_feedback and self.compressor().noisy:
-            log.warning("--error-feedback with %s: an unbiased stochastic quantiser's error can exceed its input, "
-                        "and fed back it grows from step to step (training may diverge); leave error feedback off, "
-                        "or use more levels and smaller buckets", self.method)
+            log.warning(
+                "--error-feedback with %s: an unbiased stochastic quantiser's error can exceed its input, "
+                "and fed back it grows from step to step (training may diverge); leave error feedback off, "
+                "or use more levels and smaller buckets",
+                self.method,
+            )
 
     @classmethod
     def parse(cls, text: str) -> CompressionSpec:
@@ -145,8 +165,10 @@ class CompressionSpec:
                 continue
             if key not in compressor_params(method) or key == "seed":
                 accepted = [a for a in compressor_params(method) if a != "seed"]
-                raise ConfigError(f"--compress {text!r}: {method} takes {', '.join(accepted) or 'no parameters'} "
-                                  f"and granularity, not {key!r}")
+                raise ConfigError(
+                    f"--compress {text!r}: {method} takes {', '.join(accepted) or 'no parameters'} "
+                    f"and granularity, not {key!r}"
+                )
             params[key] = _value(value)
         spec = cls(method, granularity, params)
         try:

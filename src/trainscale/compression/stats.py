@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -14,7 +14,7 @@ that do not depend on the chunk size.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,10 @@ def pad(x: torch.Tensor, padding: int, mode: str = "reflect") -> torch.Tensor:
         return F.pad(x, (padding,) * 4, mode="constant", value=0)
     if mode == "reflect":
         if padding >= min(x.shape[-2:]):
-            raise ConfigError(f"reflect padding {padding} needs images larger than {padding} pixels, "
-                              f"got {tuple(x.shape[-2:])}; use a smaller --crop-padding")
+            raise ConfigError(
+                f"reflect padding {padding} needs images larger than {padding} pixels, "
+                f"got {tuple(x.shape[-2:])}; use a smaller --crop-padding"
+            )
         return F.pad(x, (padding,) * 4, mode="reflect")
     raise ConfigError(f"unknown pad mode '{mode}'; choose one of: {', '.join(PAD_MODES)}")
 
@@ -54,8 +56,10 @@ def crop_params(
     span_h = height + 2 * padding - size + 1
     span_w = width + 2 * padding - size + 1
     if span_h < 1 or span_w < 1:
-        raise ConfigError(f"crop size {size} is larger than the {height}x{width} images padded by {padding}; "
-                          f"use a crop size of at most {min(height, width) + 2 * padding}")
+        raise ConfigError(
+            f"crop size {size} is larger than the {height}x{width} images padded by {padding}; "
+            f"use a crop size of at most {min(height, width) + 2 * padding}"
+        )
     oy = torch.randint(0, span_h, (n,), generator=gen, device=gen.device)
     ox = torch.randint(0, span_w, (n,), generator=gen, device=gen.device)
     return oy, ox
@@ -111,7 +115,7 @@ def center_crop(x: torch.Tensor, size: int) -> torch.Tensor:
     if size > h or size > w:
         raise ConfigError(f"center crop size {size} is larger than the {h}x{w} images")
     top, left = (h - size) // 2, (w - size) // 2
-    return x[:, :, top:top + size, left:left + size]
+    return x[:, :, top : top + size, left : left + size]
 
 
 # --------------------------------------------------------------------------------------------- flip
@@ -182,8 +186,9 @@ def cutout(x: torch.Tensor, size: int = 8, *, gen: torch.Generator, inplace: boo
 
 
 @functools.lru_cache(maxsize=64)
-def _affine(mean: tuple[float, ...], std: tuple[float, ...], unit: float, device: torch.device
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _affine(
+    mean: tuple[float, ...], std: tuple[float, ...], unit: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel (scale, shift) with ``x * scale - shift == (x / unit - mean) / std``, cached per device."""
     mean_t = torch.tensor(mean, dtype=torch.float64)
     std_t = torch.tensor(std, dtype=torch.float64)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from trainscale.errors import ConfigError, DataError
 
@@ -22,7 +22,6 @@ URL_BASE = "https://www.cs.toronto.edu/~kriz/"
 CIFAR_IMAGE_BYTES = 3 * 32 * 32
 CIFAR10_RECORD_BYTES = 1 + CIFAR_IMAGE_BYTES  # label byte + pixels
 CIFAR100_RECORD_BYTES = 2 + CIFAR_IMAGE_BYTES  # coarse label byte + fine label byte + pixels
-
 
 
 class ChecksumError(DataError):
@@ -105,22 +104,48 @@ FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
         FormatSpec(
-            "cifar10-binary", "cifar10", "binary", "cifar-10-batches-bin", "cifar-10-binary.tar.gz",
+            "cifar10-binary",
+            "cifar10",
+            "binary",
+            "cifar-10-batches-bin",
+            "cifar-10-binary.tar.gz",
             "c32a1d4ab5d03f1284b67883e8d87530",
-            tuple(f"data_batch_{i}.bin" for i in range(1, 6)), ("test_batch.bin",), CIFAR10_BINARY_FILES,
+            tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
+            ("test_batch.bin",),
+            CIFAR10_BINARY_FILES,
         ),
         FormatSpec(
-            "cifar10-python", "cifar10", "python", "cifar-10-batches-py", "cifar-10-python.tar.gz",
+            "cifar10-python",
+            "cifar10",
+            "python",
+            "cifar-10-batches-py",
+            "cifar-10-python.tar.gz",
             "c58f30108f718f92721af3b95e74349a",
-            tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), CIFAR10_PYTHON_FILES,
+            tuple(f"data_batch_{i}" for i in range(1, 6)),
+            ("test_batch",),
+            CIFAR10_PYTHON_FILES,
         ),
         FormatSpec(
-            "cifar100-binary", "cifar100", "binary", "cifar-100-binary", "cifar-100-binary.tar.gz",
-            "03b5dce01913d631647c71ecec9e9cb8", ("train.bin",), ("test.bin",), CIFAR100_BINARY_FILES,
+            "cifar100-binary",
+            "cifar100",
+            "binary",
+            "cifar-100-binary",
+            "cifar-100-binary.tar.gz",
+            "03b5dce01913d631647c71ecec9e9cb8",
+            ("train.bin",),
+            ("test.bin",),
+            CIFAR100_BINARY_FILES,
         ),
         FormatSpec(
-            "cifar100-python", "cifar100", "python", "cifar-100-python", "cifar-100-python.tar.gz",
-            "eb9058c3a382ffc7106e4002c42a8d85", ("train",), ("test",), CIFAR100_PYTHON_FILES,
+            "cifar100-python",
+            "cifar100",
+            "python",
+            "cifar-100-python",
+            "cifar-100-python.tar.gz",
+            "eb9058c3a382ffc7106e4002c42a8d85",
+            ("train",),
+            ("test",),
+            CIFAR100_PYTHON_FILES,
         ),
     )
 }
@@ -172,8 +197,7 @@ def verify_file(path: Path, spec: FileSpec, hint: str = fix_hint(Path("."), None
         actual = md5_file(path)
         if actual != spec.md5.lower():
             raise ChecksumError(
-                f"{path} failed its checksum (expected MD5 {spec.md5}, got {actual}; corrupted or altered); "
-                f"{hint}"
+                f"{path} failed its checksum (expected MD5 {spec.md5}, got {actual}; corrupted or altered); {hint}"
             )
     with _verified_lock:
         _verified.add(key)
@@ -200,4 +224,3 @@ def verify_files(
         if spec is None:
             raise ConfigError(f"no checksum entry for '{name}' in the {fmt} table")
         verify_file(Path(folder) / name, spec, hint)
-

@@ -5,22 +5,22 @@ Both formats are parsed with ``numpy.frombuffer`` and reshapes only: no per-samp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import torch
 
 from trainscale.data.checksums import (
-    CIFAR100_RECORD_BYTES,
     CIFAR10_RECORD_BYTES,
+    CIFAR100_RECORD_BYTES,
     CIFAR_IMAGE_BYTES,
     FORMATS,
     FileSpec,
     FormatSpec,
     verify_files,
 )
-from trainscale.data.tensors import CIFAR100_MEAN, CIFAR100_STD, CIFAR10_MEAN, CIFAR10_STD, ImageTensors
+from trainscale.data.tensors import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, ImageTensors
 from trainscale.data.unpickle import restricted_load
 from trainscale.errors import ConfigError, DataError
 
@@ -63,7 +63,7 @@ def _read_binary(path: Path, record_bytes: int, label_offset: int) -> tuple[np.n
             f"altered); delete the folder and run `trainscale data download`"
         )
     records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, record_bytes)
-    images = records[:, record_bytes - CIFAR_IMAGE_BYTES:]
+    images = records[:, record_bytes - CIFAR_IMAGE_BYTES :]
     labels = records[:, label_offset].astype(np.int64)
     return images, labels
 
@@ -72,12 +72,19 @@ def _read_python(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with open(path, "rb") as f:
         entry = restricted_load(f, source=str(path))
     if not isinstance(entry, dict):
-        raise DataError(f"{path} does not hold a dict of arrays (got {type(entry).__name__}); "
-                        f"delete the folder and run `trainscale data download`")
+        raise DataError(
+            f"{path} does not hold a dict of arrays (got {type(entry).__name__}); "
+            f"delete the folder and run `trainscale data download`"
+        )
     data = entry.get(b"data")
     labels = entry.get(b"fine_labels", entry.get(b"labels"))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != CIFAR_IMAGE_BYTES or labels is None:
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != CIFAR_IMAGE_BYTES
+        or labels is None
+    ):
         shape = getattr(data, "shape", None)
         raise DataError(
             f"{path} is not a CIFAR batch (expected b'data' as uint8 N x {CIFAR_IMAGE_BYTES} and b'labels' or "
@@ -86,11 +93,14 @@ def _read_python(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         label_array = np.asarray(labels, dtype=np.int64)
     except (TypeError, ValueError) as exc:
-        raise DataError(f"{path}: labels are not integers ({exc}); delete the folder and run "
-                        f"`trainscale data download`") from exc
+        raise DataError(
+            f"{path}: labels are not integers ({exc}); delete the folder and run `trainscale data download`"
+        ) from exc
     if label_array.shape != (data.shape[0],):
-        raise DataError(f"{path}: {data.shape[0]} images but {label_array.size} labels; delete the folder and "
-                        f"run `trainscale data download`")
+        raise DataError(
+            f"{path}: {data.shape[0]} images but {label_array.size} labels; delete the folder and "
+            f"run `trainscale data download`"
+        )
     return data, label_array
 
 

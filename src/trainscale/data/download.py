@@ -58,8 +58,9 @@ def fetch_url(url: str, dest: Path, *, progress: bool = True, timeout: float = 6
     with urllib.request.urlopen(request, timeout=timeout) as response, open_output(dest) as out:
         length = response.headers.get("Content-Length")
         total = int(length) if length else None
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=url.rsplit("/", 1)[-1],
-                  disable=not progress) as bar:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=url.rsplit("/", 1)[-1], disable=not progress
+        ) as bar:
             while block := response.read(1 << 20):
                 out.write(block)
                 written += len(block)
@@ -70,8 +71,12 @@ def fetch_url(url: str, dest: Path, *, progress: bool = True, timeout: float = 6
 
 def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
     path = PurePosixPath(member.name)
-    if member.name.startswith(("/", "\\")) or path.is_absolute() or ".." in path.parts \
-            or (path.parts and ":" in path.parts[0]):
+    if (
+        member.name.startswith(("/", "\\"))
+        or path.is_absolute()
+        or ".." in path.parts
+        or (path.parts and ":" in path.parts[0])
+    ):
         raise DataError(
             f"refused to extract {archive}: member '{member.name}' has an absolute path or '..'; it is not an "
             f"official archive: delete it and download again"
@@ -199,7 +204,10 @@ def check_download_root(name: str, root: Path, data_dir: str | os.PathLike[str] 
         return
     source = "--data-dir" if data_dir is not None and str(data_dir) != "" else f"${ENV_VAR}"
     if root.exists():
-        raise ConfigError(f"{source} {root} is a file, not a folder; give the folder that holds (or is to hold) "
-                          f"the {name} files")
-    raise ConfigError(f"{source} {root} does not exist; fix the path, or create the folder (mkdir -p {root}) to "
-                      f"download {name} into it, or run `trainscale data download --dataset {name} --data-dir {root}`")
+        raise ConfigError(
+            f"{source} {root} is a file, not a folder; give the folder that holds (or is to hold) the {name} files"
+        )
+    raise ConfigError(
+        f"{source} {root} does not exist; fix the path, or create the folder (mkdir -p {root}) to "
+        f"download {name} into it, or run `trainscale data download --dataset {name} --data-dir {root}`"
+    )

@@ -14,8 +14,8 @@ and evaluation the centre square.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -60,8 +60,7 @@ def list_samples(root: Path, split: str) -> tuple[list[tuple[Path, int]], list[s
     classes = find_classes(split_dir)
     samples: list[tuple[Path, int]] = []
     for index, name in enumerate(classes):
-        files = sorted(p for p in (split_dir / name).iterdir()
-                       if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        files = sorted(p for p in (split_dir / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
         samples.extend((p, index) for p in files)
     if not samples:
         raise DataError(f"no .jpg/.jpeg/.png images under {split_dir}; {LAYOUT_HINT}")
@@ -238,11 +237,17 @@ def load_folder_as_tensors(
     loader = DataLoader(dataset, batch_size=64, sampler=order, num_workers=num_workers)
     pos = 0
     for x, y in loader:
-        images[pos:pos + len(x)] = x
-        labels[pos:pos + len(x)] = y
+        images[pos : pos + len(x)] = x
+        labels[pos : pos + len(x)] = y
         pos += len(x)
-    return ImageTensors(images=images, labels=labels, num_classes=len(dataset.classes),
-                        mean=IMAGENET_MEAN, std=IMAGENET_STD, name="imagefolder")
+    return ImageTensors(
+        images=images,
+        labels=labels,
+        num_classes=len(dataset.classes),
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        name="imagefolder",
+    )
 
 
 def _ranks_in_class(samples: list[tuple[Path, int]]) -> list[int]:

@@ -11,8 +11,9 @@ what makes a resumed run identical to an uninterrupted one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -149,13 +150,15 @@ class DeviceBatches:
         _, _, h, w = data.images.shape
         self.input_size = (int(h), int(w))
         aug = augment
-        self.crop_size = (aug.crop_size if aug and aug.crop_size is not None else None)
+        self.crop_size = aug.crop_size if aug and aug.crop_size is not None else None
         self._padding = aug.crop_padding if (train and aug) else 0
         if train and aug is not None and self.crop_size is None and h != w:
             raise ConfigError(f"random crops of non-square {h}x{w} images of {data.name} need an explicit crop size")
         if aug is not None and self.crop_size is not None and self.crop_size > min(h, w) + aug.crop_padding * 2:
-            raise ConfigError(f"crop size {self.crop_size} is larger than the {h}x{w} images of {data.name} padded "
-                              f"by {aug.crop_padding}; use a crop size of at most {min(h, w) + 2 * aug.crop_padding}")
+            raise ConfigError(
+                f"crop size {self.crop_size} is larger than the {h}x{w} images of {data.name} padded "
+                f"by {aug.crop_padding}; use a crop size of at most {min(h, w) + 2 * aug.crop_padding}"
+            )
 
         # The uint8 data go to the device once. With a padded random crop, the padded images are kept
         # instead (evaluation reads their interior), so no epoch pays for padding again.
@@ -207,7 +210,7 @@ class DeviceBatches:
         if not p:
             return self._images
         h, w = self.input_size
-        return self._images[:, :, p:p + h, p:p + w]
+        return self._images[:, :, p : p + h, p : p + w]
 
     def _train_epoch(self, epoch: int) -> Iterator[Batch]:
         return (finish() for finish in self.lazy_epoch(epoch))
@@ -251,8 +254,9 @@ class DeviceBatches:
                 assert aug is not None and cx is not None
                 x = A.apply_cutout(x, aug.cutout, cy[start:stop], cx[start:stop], inplace=True)
             for b in range(0, stop - start, self.batch_size):
-                yield functools.partial(self._batch, x[b:b + self.batch_size],
-                                        labels[start + b:start + b + self.batch_size])
+                yield functools.partial(
+                    self._batch, x[b : b + self.batch_size], labels[start + b : start + b + self.batch_size]
+                )
 
     def _alternating_flips(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """The flip mask of ``indices`` in ``epoch`` under alternate flipping (see ``AugmentConfig``); the

@@ -13,8 +13,9 @@ from trainscale.registry import Registry
 DATASETS: Registry[ImageTensors] = Registry("dataset")
 
 
-def _load_cifar(name: str, *, train: bool, data_dir: str | os.PathLike[str] | None, verify: bool, download: bool,
-                **_: Any) -> ImageTensors:
+def _load_cifar(
+    name: str, *, train: bool, data_dir: str | os.PathLike[str] | None, verify: bool, download: bool, **_: Any
+) -> ImageTensors:
     # CIFAR is always returned at 32x32 (``image_size`` is ignored): upscaling for a larger model is
     # done per batch on the device by ``AugmentConfig.resize``, which keeps the stored data small.
     from trainscale.data.cifar import load_cifar
@@ -49,8 +50,10 @@ def imagefolder(*, train: bool, data_dir: Path | str | None, image_size: int | N
 
     root = data_dir if data_dir not in (None, "") else os.environ.get(ENV_VAR) or None
     if root is None:
-        raise ConfigError(f"dataset 'imagefolder' needs --data-dir (or {ENV_VAR}) pointing at a folder with "
-                          f"train/<class>/ and val/<class>/ image folders")
+        raise ConfigError(
+            f"dataset 'imagefolder' needs --data-dir (or {ENV_VAR}) pointing at a folder with "
+            f"train/<class>/ and val/<class>/ image folders"
+        )
     return load_folder_as_tensors(root, "train" if train else "val", image_size or 224)
 
 
@@ -65,8 +68,15 @@ def load_dataset(
     synthetic_size: int = 50_000,
 ) -> ImageTensors:
     """Load the training (``train=True``) or test split of a registered dataset into memory."""
-    return DATASETS.create(name, train=train, data_dir=data_dir, verify=verify, download=download,
-                           image_size=image_size, synthetic_size=synthetic_size)
+    return DATASETS.create(
+        name,
+        train=train,
+        data_dir=data_dir,
+        verify=verify,
+        download=download,
+        image_size=image_size,
+        synthetic_size=synthetic_size,
+    )
 
 
 def list_datasets() -> list[str]:

@@ -23,13 +23,16 @@ def synthetic_dataset(
     For measuring shapes, speed and scaling only: the labels carry no information, so NEVER use this
     for accuracy (a model can only memorise it).
     """
-    for value, what in ((num_samples, "number of synthetic samples"), (image_size, "image size"),
-                        (num_classes, "number of classes"), (channels, "number of channels")):
+    for value, what in (
+        (num_samples, "number of synthetic samples"),
+        (image_size, "image size"),
+        (num_classes, "number of classes"),
+        (channels, "number of channels"),
+    ):
         if value < 1:
             raise ConfigError(f"the {what} must be a positive integer, got {value}")
     gen = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 256, (num_samples, channels, image_size, image_size), generator=gen,
-                           dtype=torch.uint8)
+    images = torch.randint(0, 256, (num_samples, channels, image_size, image_size), generator=gen, dtype=torch.uint8)
     labels = torch.randint(0, num_classes, (num_samples,), generator=gen, dtype=torch.int64)
     return ImageTensors(
         images=images,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 from trainscale.errors import DataError
 
@@ -23,6 +24,7 @@ def _reconstruct() -> Callable[..., Any]:
         from numpy._core.multiarray import _reconstruct as fn
     except ImportError:  # numpy < 2
         from numpy.core.multiarray import _reconstruct as numpy1_fn
+
         return numpy1_fn
     return fn
 
@@ -75,8 +77,17 @@ def restricted_load(fileobj: IO[bytes], *, source: str | None = None) -> Any:
         return RestrictedUnpickler(fileobj, source=where).load()
     except DataError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
-            KeyError, UnicodeDecodeError, MemoryError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        UnicodeDecodeError,
+        MemoryError,
+    ) as exc:
         raise DataError(
             f"{where} is not a readable CIFAR python pickle ({type(exc).__name__}: {exc}); it is truncated or "
             f"corrupted: delete the folder and run `trainscale data download`"

@@ -22,7 +22,7 @@ and the logits are divided by the width (256) instead of scaled by 1/9, and the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -43,15 +43,23 @@ def fc_head(num_classes: int, dropout: float) -> nn.Sequential:
     )
 
 
-@register_model("alexnet", input_size=32, description="torchvision-like AlexNet at 32x32 with 3 FC layers (23.3 M)",
-                recipe="krizhevsky2012")
+@register_model(
+    "alexnet",
+    input_size=32,
+    description="torchvision-like AlexNet at 32x32 with 3 FC layers (23.3 M)",
+    recipe="krizhevsky2012",
+)
 def alexnet(num_classes: int = 10, dropout: float = 0.5) -> nn.Module:
     """FC-heavy AlexNet (23,272,266 params at 10 classes): the layer-wise compression study's large-FC case."""
     return nn.Sequential(conv_features(batch_norm=False), fc_head(num_classes, dropout))
 
 
-@register_model("alexnet_bn", input_size=32, description="AlexNet convs with BN, global max pool, one Linear (2.26 M)",
-                recipe="krizhevsky2012")
+@register_model(
+    "alexnet_bn",
+    input_size=32,
+    description="AlexNet convs with BN, global max pool, one Linear (2.26 M)",
+    recipe="krizhevsky2012",
+)
 def alexnet_bn(num_classes: int = 10) -> nn.Module:
     """BN AlexNet (2,255,306 params at 10 classes): same convs, no FC stack, so conv layers dominate."""
     return nn.Sequential(

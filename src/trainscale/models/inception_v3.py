@@ -9,7 +9,7 @@ net has 23,834,568 parameters for 1000 classes (21,806,058 for 10).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

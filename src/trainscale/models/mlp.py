@@ -6,15 +6,19 @@ single-process step on the whole batch to floating-point accuracy, which the syn
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
 from trainscale.models.registry import register_model
 
 
-@register_model("mlp", input_size=32, description="flatten -> 512 -> 256 -> classes, ReLU, no BN (1.71 M params)",
-                recipe="mxnet-mnist")
+@register_model(
+    "mlp",
+    input_size=32,
+    description="flatten -> 512 -> 256 -> classes, ReLU, no BN (1.71 M params)",
+    recipe="mxnet-mnist",
+)
 def mlp(num_classes: int = 10, hidden: Sequence[int] = (512, 256), in_features: int = 3 * 32 * 32) -> nn.Module:
     """Flatten, then Linear+ReLU for each width in ``hidden``, then a Linear to ``num_classes``."""
     layers: list[nn.Module] = [nn.Flatten()]

@@ -16,8 +16,9 @@ its whitening bias.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -49,14 +50,25 @@ class ModelInfo:
 
 
 def register_model(
-    name: str, *, input_size: int, description: str, recipe: str, default_dataset: str = "cifar10",
+    name: str,
+    *,
+    input_size: int,
+    description: str,
+    recipe: str,
+    default_dataset: str = "cifar10",
     data_init_images: int = 0,
 ) -> Callable[[ModelFactory], ModelFactory]:
     """Register a factory under ``name``; the metadata lets data loaders size inputs to match the net,
     ``recipe`` names its default training settings, and ``data_init_images`` (> 0) asks for
     ``model.data_init(images)`` with that many training images."""
-    return MODELS.register(name, input_size=input_size, description=description, default_dataset=default_dataset,
-                           recipe=recipe, data_init_images=data_init_images)
+    return MODELS.register(
+        name,
+        input_size=input_size,
+        description=description,
+        default_dataset=default_dataset,
+        recipe=recipe,
+        data_init_images=data_init_images,
+    )
 
 
 def create_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:

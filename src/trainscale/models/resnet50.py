@@ -87,8 +87,12 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-@register_model("resnet50", input_size=32, description="bottleneck ResNet-50 with a 3x3 CIFAR stem (23.5 M params)",
-                recipe="goyal2017")
+@register_model(
+    "resnet50",
+    input_size=32,
+    description="bottleneck ResNet-50 with a 3x3 CIFAR stem (23.5 M params)",
+    recipe="goyal2017",
+)
 def resnet50(num_classes: int = 10) -> nn.Module:
     """The 23,520,842-parameter bottleneck ResNet-50 for 32x32 input (not MXNet's 28x28 ~0.76 M "resnet50")."""
     return ResNet50(cifar_stem(), num_classes)

@@ -61,8 +61,12 @@ def build_resnet9(num_classes: int = 10) -> nn.Sequential:
     )
 
 
-@register_model("resnet9", input_size=32, description="cifar10-fast ResNet9 (6.57 M params, 79 s to 94% on a V100)",
-                recipe="cifar10-fast")
+@register_model(
+    "resnet9",
+    input_size=32,
+    description="cifar10-fast ResNet9 (6.57 M params, 79 s to 94% on a V100)",
+    recipe="cifar10-fast",
+)
 def resnet9(num_classes: int = 10) -> nn.Module:
     """cifar10-fast ResNet9: the reference net for DAWNBench-style time-to-94% runs."""
     return build_resnet9(num_classes)

@@ -6,7 +6,7 @@ counts equal to the paper's (ResNet-32: 464,154), which a 1x1 projection shortcu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

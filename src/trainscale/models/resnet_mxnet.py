@@ -49,8 +49,9 @@ def conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
 def units_per_stage(num_layers: int) -> int:
     """Basic units per stage for ``num_layers``, by get_symbol's rule; other depths MXNet builds differently or not."""
     if (num_layers - 2) % 6 != 0 or num_layers >= BOTTLENECK_FROM:
-        raise ValueError(f"MXNet's CIFAR resnet builds basic units only for 6n+2 < {BOTTLENECK_FROM} layers, "
-                         f"got {num_layers}")
+        raise ValueError(
+            f"MXNet's CIFAR resnet builds basic units only for 6n+2 < {BOTTLENECK_FROM} layers, got {num_layers}"
+        )
     return (num_layers - 2) // 6
 
 
@@ -87,9 +88,7 @@ class MXNetCifarResNet(nn.Module):
         self.bn_data = batch_norm(3)
         self.bn_data.weight.requires_grad_(False)  # fix_gamma=True: gamma stays 1
         self.conv0 = conv3x3(3, FILTERS[0])
-        self.stages = nn.Sequential(*(
-            stage(FILTERS[i], FILTERS[i + 1], units, 1 if i == 0 else 2) for i in range(3)
-        ))
+        self.stages = nn.Sequential(*(stage(FILTERS[i], FILTERS[i + 1], units, 1 if i == 0 else 2) for i in range(3)))
         self.bn1 = batch_norm(FILTERS[-1])
         self.fc1 = nn.Linear(FILTERS[-1], num_classes)
         self._init_weights()
@@ -107,17 +106,25 @@ class MXNetCifarResNet(nn.Module):
         return self.fc1(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-@register_model("resnet50_mxnet", input_size=28,
-                description="MXNet 0.11 CIFAR symbols/resnet.py at 50 layers: pre-activation, 8 basic units "
-                            "per stage (seed 001's 'resnet50', 758,621 params)", recipe="mxnet-cifar")
+@register_model(
+    "resnet50_mxnet",
+    input_size=28,
+    description="MXNet 0.11 CIFAR symbols/resnet.py at 50 layers: pre-activation, 8 basic units "
+    "per stage (seed 001's 'resnet50', 758,621 params)",
+    recipe="mxnet-cifar",
+)
 def resnet50_mxnet(num_classes: int = 10) -> nn.Module:
     """``train_cifar10.py --network resnet --num-layers 50`` (symbols/resnet.py, 3x28x28): the page's "resnet50"."""
     return MXNetCifarResNet(50, num_classes)
 
 
-@register_model("resnet110_mxnet", input_size=28,
-                description="MXNet 0.11 CIFAR symbols/resnet.py at 110 layers: pre-activation, 18 basic units "
-                            "per stage (seed 001's 'resnet110', 1,730,781 params)", recipe="mxnet-cifar")
+@register_model(
+    "resnet110_mxnet",
+    input_size=28,
+    description="MXNet 0.11 CIFAR symbols/resnet.py at 110 layers: pre-activation, 18 basic units "
+    "per stage (seed 001's 'resnet110', 1,730,781 params)",
+    recipe="mxnet-cifar",
+)
 def resnet110_mxnet(num_classes: int = 10) -> nn.Module:
     """``train_cifar10.py --network resnet`` (110 layers by default; symbols/resnet.py, 3x28x28): "resnet110"."""
     return MXNetCifarResNet(110, num_classes)

@@ -6,9 +6,11 @@ in ``sections`` the config sections it takes; its own section and checks in the 
 and add one import line below.
 """
 
+from trainscale.modes import (
+    localsgd,  # noqa: F401  (registers localsgd, diloco)
+    ps,  # noqa: F401  (registers async, ps-sync, ma)
+    sync,  # noqa: F401  (registers sync)
+)
 from trainscale.modes.base import MODES, Mode, create_mode, list_modes, mode_class, register_mode
-from trainscale.modes import sync  # noqa: F401  (registers sync)
-from trainscale.modes import localsgd  # noqa: F401  (registers localsgd, diloco)
-from trainscale.modes import ps  # noqa: F401  (registers async, ps-sync, ma)
 
 __all__ = ["MODES", "Mode", "create_mode", "list_modes", "mode_class", "register_mode"]

@@ -9,7 +9,8 @@ against the rest of the config; the engine sees it only as ``Callbacks``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ClassVar, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -105,6 +106,7 @@ MODES: Registry[Mode] = Registry("mode")
 def register_mode(*names: str) -> Callable[[type[Mode]], type[Mode]]:
     """Register a Mode class under each of ``names`` (one class may serve several, e.g. async and ps-sync);
     it is built as ``cls(name, cfg)``."""
+
     def decorator(cls: type[Mode]) -> type[Mode]:
         for name in names:
             MODES.register(name, sections=cls.sections)(cls)
@@ -134,4 +136,3 @@ def list_modes() -> list[str]:
 @register_mode("local")
 class LocalMode(Mode):
     """One process, no communication (the engine's Callbacks, all no-ops)."""
-

@@ -17,7 +17,6 @@ def bn_buffers(model: nn.Module) -> list[torch.Tensor]:
     return out
 
 
-
 def bn_running_stats(model: nn.Module) -> list[torch.Tensor]:
     """The running mean/var buffers of every BatchNorm layer that tracks them."""
     return [b for b in bn_buffers(model) if b.is_floating_point()]

@@ -50,11 +50,15 @@ class PeriodicConfig(Section):
     outer_momentum: float | None = option(None, f"diloco: the outer momentum (default {DILOCO_OUTER[1]})")
 
     def validate(self) -> None:
-        require(self.sync_every is None or self.sync_every >= 1,
-                f"--sync-every must be a positive number of steps, got {self.sync_every}")
+        require(
+            self.sync_every is None or self.sync_every >= 1,
+            f"--sync-every must be a positive number of steps, got {self.sync_every}",
+        )
         require(self.outer_lr is None or self.outer_lr > 0, f"--outer-lr must be positive, got {self.outer_lr}")
-        require(self.outer_momentum is None or 0 <= self.outer_momentum < 1,
-                f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        require(
+            self.outer_momentum is None or 0 <= self.outer_momentum < 1,
+            f"--outer-momentum must be in [0, 1), got {self.outer_momentum}",
+        )
 
 
 @dataclass

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -50,25 +51,35 @@ log = logging.getLogger("trainscale.localsgd")
 class PeriodicMode(SyncMode):
     """See the module docstring."""
 
-    sections: ClassVar[tuple[type[Section], ...]] = (CompressionConfig, FaultConfig, ReplicationConfig, SyncConfig,
-                                                       PeriodicConfig)
+    sections: ClassVar[tuple[type[Section], ...]] = (
+        CompressionConfig,
+        FaultConfig,
+        ReplicationConfig,
+        SyncConfig,
+        PeriodicConfig,
+    )
 
     @classmethod
     def validate(cls, cfg: TrainConfig) -> None:  # type: ignore[override]
         super().validate(cfg)
         if not 0 <= cfg.periodic.local_after_epochs < cfg.optim.epochs:
-            raise ConfigError(f"--local-after-epochs must be in [0, epochs={cfg.optim.epochs}), "
-                              f"got {cfg.periodic.local_after_epochs}")
+            raise ConfigError(
+                f"--local-after-epochs must be in [0, epochs={cfg.optim.epochs}), got {cfg.periodic.local_after_epochs}"
+            )
         periodic = cfg.periodic
         if cfg.run.mode == "localsgd" and (periodic.outer_lr is not None or periodic.outer_momentum is not None):
-            raise ConfigError("--outer-lr and --outer-momentum are for --mode diloco (local SGD averages: outer lr 1, "
-                              "no momentum)")
+            raise ConfigError(
+                "--outer-lr and --outer-momentum are for --mode diloco (local SGD averages: outer lr 1, no momentum)"
+            )
         if cfg.sync.sync_bn:
-            raise ConfigError(f"--sync-bn needs DDP; --mode {cfg.run.mode} averages the BatchNorm statistics each "
-                              "epoch")
+            raise ConfigError(
+                f"--sync-bn needs DDP; --mode {cfg.run.mode} averages the BatchNorm statistics each epoch"
+            )
         if cfg.run.precision == "fp16":
-            raise ConfigError(f"--mode {cfg.run.mode} needs every worker to take every step; fp16's grad scaler skips "
-                              "steps per worker: use --precision bf16")
+            raise ConfigError(
+                f"--mode {cfg.run.mode} needs every worker to take every step; fp16's grad scaler skips "
+                "steps per worker: use --precision bf16"
+            )
 
     def __init__(self, name: str = "localsgd", cfg: TrainConfig | None = None) -> None:
         cfg = cfg or TrainConfig()
@@ -78,8 +89,9 @@ class PeriodicMode(SyncMode):
         diloco = name == "diloco"
         periodic = cfg.periodic
         self.outer_lr = (periodic.outer_lr or DILOCO_OUTER[0]) if diloco else 1.0
-        self.outer_momentum = (DILOCO_OUTER[1] if periodic.outer_momentum is None else periodic.outer_momentum) \
-            if diloco else 0.0
+        self.outer_momentum = (
+            (DILOCO_OUTER[1] if periodic.outer_momentum is None else periodic.outer_momentum) if diloco else 0.0
+        )
         self.epoch = 0
         self.since_round = 0
         self.params: list[nn.Parameter] = []
@@ -102,12 +114,18 @@ class PeriodicMode(SyncMode):
         exchanged."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.anchor = [p.detach().clone().float() for p in self.params]
-        self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
-                                     nesterov=self.outer_momentum > 0)
+        self.outer = torch.optim.SGD(
+            self.anchor, lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0
+        )
         plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
-        self.exchange = CompressionHookState(plan.compressor(), plan.granularity, model=model,
-                                             error_feedback=plan.error_feedback, warmup_epochs=plan.warmup_epochs,
-                                             group=group)
+        self.exchange = CompressionHookState(
+            plan.compressor(),
+            plan.granularity,
+            model=model,
+            error_feedback=plan.error_feedback,
+            warmup_epochs=plan.warmup_epochs,
+            group=group,
+        )
         self.stats = self.exchange.stats
         return model
 
@@ -175,8 +193,12 @@ class PeriodicMode(SyncMode):
     def inner_state(self) -> list[torch.Tensor]:
         """The inner optimizer's floating-point state tensors (momentum buffers), averaged at each epoch's end."""
         assert self.inner is not None
-        return [v for state in self.inner.state.values() for v in state.values()
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
+        return [
+            v
+            for state in self.inner.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0
+        ]
 
     # ------------------------------------------------------------------------------ figures and state
 
@@ -192,9 +214,17 @@ class PeriodicMode(SyncMode):
         row = stats.per_step()
         steps, rounds = self.steps[period], stats.steps
         scale = rounds / steps if steps else 0.0
-        for key in (K.bytes_sent_per_step, K.dense_bytes_per_step, K.wire_bytes_per_step, K.allreduce_calls_per_step,
-                    K.encode_ms_per_step, K.decode_ms_per_step, K.comm_ms_per_step, K.hidden_ms_per_step,
-                    K.comm_seconds_per_step):
+        for key in (
+            K.bytes_sent_per_step,
+            K.dense_bytes_per_step,
+            K.wire_bytes_per_step,
+            K.allreduce_calls_per_step,
+            K.encode_ms_per_step,
+            K.decode_ms_per_step,
+            K.comm_ms_per_step,
+            K.hidden_ms_per_step,
+            K.comm_seconds_per_step,
+        ):
             if row.get(key) is not None:
                 row[key] *= scale
         return {**row, K.rounds: rounds, K.steps_per_round: steps / rounds if rounds else None}
@@ -222,7 +252,12 @@ class PeriodicMode(SyncMode):
             self.outer.load_state_dict(state["outer"])
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "sync_every": self.sync_every, "local_after_epochs": self.local_after_epochs,
-                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "bytes_sent_scope": "payload each worker hands to the collectives per training step: one "
-                                    "pseudo-gradient every sync_every steps, averaged over the steps"}
+        return {
+            **super().describe(),
+            "sync_every": self.sync_every,
+            "local_after_epochs": self.local_after_epochs,
+            "outer_lr": self.outer_lr,
+            "outer_momentum": self.outer_momentum,
+            "bytes_sent_scope": "payload each worker hands to the collectives per training step: one "
+            "pseudo-gradient every sync_every steps, averaged over the steps",
+        }

@@ -14,7 +14,8 @@ import contextlib
 import copy
 import inspect
 import logging
-from typing import Any, ClassVar, Iterator, TypedDict
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from torch import nn
@@ -55,8 +56,10 @@ def no_forward_buffer_sync() -> BufferSync:
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
-SYNC_BN_NEEDS_CUDA = ("--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU leave it off: "
-                      "running statistics are averaged over workers at each epoch end")
+SYNC_BN_NEEDS_CUDA = (
+    "--sync-bn needs CUDA workers (torch's SyncBatchNorm is GPU-only); on the CPU leave it off: "
+    "running statistics are averaged over workers at each epoch end"
+)
 
 
 @register_mode("sync")
@@ -98,8 +101,9 @@ class SyncMode(Mode):
             self.backend = backend
             main = elect_main_rank(self.node_rank == 0 and local_rank() == 0)
             with quiet_unless_main():
-                log.info("%s mode: %d workers over %s; rank %d writes the run folder", self.name, world_size(), backend,
-                         main)
+                log.info(
+                    "%s mode: %d workers over %s; rank %d writes the run folder", self.name, world_size(), backend, main
+                )
                 try:
                     yield
                 finally:
@@ -111,8 +115,9 @@ class SyncMode(Mode):
         # Buffers are synced once at construction (identical starting BN statistics), not before every
         # forward: per-worker statistics, averaged at epoch end (see ``after_train_epoch``).
         extra = compression_ddp_kwargs(self.compression, model) if self.compression else {}
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      **no_forward_buffer_sync(), **extra)
+        ddp = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, **no_forward_buffer_sync(), **extra
+        )
         state, hook = self.comm_hook(ddp)
         register_hook(ddp, state, hook)
         return ddp
@@ -167,9 +172,16 @@ class SyncMode(Mode):
         return stats.per_step()
 
     def describe(self) -> dict[str, Any]:
-        bn = "SyncBatchNorm (global batch statistics)" if self.sync_bn else \
-            "per-worker batch statistics; running statistics averaged over workers at each epoch end"
+        bn = (
+            "SyncBatchNorm (global batch statistics)"
+            if self.sync_bn
+            else "per-worker batch statistics; running statistics averaged over workers at each epoch end"
+        )
         compression = self.compression.describe() if self.compression else {"compress_method": "none"}
-        return {"backend": self.backend, "batchnorm": bn, "evaluation": EVALUATION, **compression,
-                "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)"}
-
+        return {
+            "backend": self.backend,
+            "batchnorm": bn,
+            "evaluation": EVALUATION,
+            **compression,
+            "bytes_sent_scope": "payload each worker hands to all-reduce per step (DDP gradient buckets)",
+        }

@@ -20,8 +20,16 @@ from trainscale.plan.predict import MODES, Prediction, Setting, predict
 from trainscale.plan.profile import Profile
 from trainscale.record import K
 
-COMPRESSION_KEYS = ("compress", "method", "granularity", "ratio", "threshold", "qstates", "qsgd_bucket",
-                    "powersgd_rank")
+COMPRESSION_KEYS = (
+    "compress",
+    "method",
+    "granularity",
+    "ratio",
+    "threshold",
+    "qstates",
+    "qsgd_bucket",
+    "powersgd_rank",
+)
 
 
 @dataclass
@@ -57,8 +65,17 @@ def setting_for_run(config: dict[str, Any], summary: dict[str, Any]) -> Setting 
     rate = min(cluster.get("rates_bps") or [cluster["rate_bps"]])
     link = Link(rate / 8.0, (cluster.get("rtt_seconds") or 0.0) / 2)
     sync_every = config.get("sync_every") or (DEFAULT_SYNC_EVERY if mode in ("localsgd", "diloco") else 1)
-    return Setting(int(cluster["hosts"]), int(config.get("workers") or 1), link, None, mode, method_spec(config),
-                   int(sync_every), int(config.get("servers") or 1), batch_size=int(summary[K.batch_per_worker]))
+    return Setting(
+        int(cluster["hosts"]),
+        int(config.get("workers") or 1),
+        link,
+        None,
+        mode,
+        method_spec(config),
+        int(sync_every),
+        int(config.get("servers") or 1),
+        batch_size=int(summary[K.batch_per_worker]),
+    )
 
 
 def profile_key(model: str, batch: int, precision: str, threads: int | None, cpus: float | None) -> tuple[Any, ...]:
@@ -71,12 +88,18 @@ def key_of_profile(p: Profile) -> tuple[Any, ...]:
 
 def key_of_run(summary: dict[str, Any]) -> tuple[Any, ...]:
     cluster = summary.get(K.cluster) or {}
-    return profile_key(str(summary.get(K.model)), int(summary.get(K.batch_per_worker) or 0),
-                       str(summary.get(K.precision)), cluster.get("threads_per_process"), cluster.get("cpus_per_host"))
+    return profile_key(
+        str(summary.get(K.model)),
+        int(summary.get(K.batch_per_worker) or 0),
+        str(summary.get(K.precision)),
+        cluster.get("threads_per_process"),
+        cluster.get("cpus_per_host"),
+    )
 
 
-def check_run(name: str, config: dict[str, Any], summary: dict[str, Any],
-              profiles: dict[tuple[Any, ...], Profile]) -> Check | None:
+def check_run(
+    name: str, config: dict[str, Any], summary: dict[str, Any], profiles: dict[tuple[Any, ...], Profile]
+) -> Check | None:
     """The run beside its prediction, or None when it cannot be predicted (no cluster, no profile, no timing)."""
     setting = setting_for_run(config, summary)
     profile = profiles.get(key_of_run(summary))
@@ -84,8 +107,14 @@ def check_run(name: str, config: dict[str, Any], summary: dict[str, Any],
         return None
     if not setting.spec.dense and setting.spec.text not in profile.compressors:
         return None
-    return Check(name, setting, float(summary[K.step_seconds]), summary.get(K.comm_seconds_per_step),
-                 predict(profile, setting), profile)
+    return Check(
+        name,
+        setting,
+        float(summary[K.step_seconds]),
+        summary.get(K.comm_seconds_per_step),
+        predict(profile, setting),
+        profile,
+    )
 
 
 def mean_absolute_error(checks: list[Check]) -> float:

@@ -21,16 +21,25 @@ MIB = 2**20
 
 def run_profile(cfg: ProfileConfig) -> int:
     p = profile_command(cfg)
-    print(f"{p.model} at batch {p.batch_size} ({p.precision}) on {p.device}, {p.threads} thread(s)"
-          + (f" under {p.cpus:g} CPUs" if p.cpus else ""))
-    print(f"  data {1e3 * p.data.median:.1f} ms, forward {1e3 * p.forward.median:.1f} ms, backward {1e3 * p.backward.median:.1f} ms, optimizer "
-          f"{1e3 * p.optimizer.median:.1f} ms (medians of {p.forward.repeats}; step {1e3 * p.compute_seconds:.1f} ms)")
-    print(f"  {len(p.buckets)} DDP bucket(s), {p.gradient_bytes / MIB:.2f} MiB of fp32 gradients; peak memory "
-          f"{p.peak_memory_mb:.0f} MB")
+    print(
+        f"{p.model} at batch {p.batch_size} ({p.precision}) on {p.device}, {p.threads} thread(s)"
+        + (f" under {p.cpus:g} CPUs" if p.cpus else "")
+    )
+    print(
+        f"  data {1e3 * p.data.median:.1f} ms, forward {1e3 * p.forward.median:.1f} ms, "
+        f"backward {1e3 * p.backward.median:.1f} ms, optimizer "
+        f"{1e3 * p.optimizer.median:.1f} ms (medians of {p.forward.repeats}; step {1e3 * p.compute_seconds:.1f} ms)"
+    )
+    print(
+        f"  {len(p.buckets)} DDP bucket(s), {p.gradient_bytes / MIB:.2f} MiB of fp32 gradients; peak memory "
+        f"{p.peak_memory_mb:.0f} MB"
+    )
     for c in p.compressors.values():
         sent = sum(n for _, n in c.collectives)
-        print(f"  {c.spec}: encode {1e3 * c.encode.median:.1f} ms, decode {1e3 * c.decode.median:.1f} ms, "
-              f"{sent / MIB:.3f} MiB handed to {len(c.collectives)} collective(s)")
+        print(
+            f"  {c.spec}: encode {1e3 * c.encode.median:.1f} ms, decode {1e3 * c.decode.median:.1f} ms, "
+            f"{sent / MIB:.3f} MiB handed to {len(c.collectives)} collective(s)"
+        )
     print(f"profile in {cfg.out}")
     return 0
 
@@ -44,18 +53,25 @@ def describe_setting(s: Setting) -> str:
     where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
     rate = "no link" if s.workers == 1 else f"{format_rate(int(link.bandwidth * 8))} links"
     return f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}" + (
-        f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else "")
+        f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else ""
+    )
 
 
 def print_plan(profile: Profile, setting: Setting, p: Prediction, origin: str) -> None:
-    print(f"plan: {profile.model} at batch {setting.batch_size or profile.batch_size} per worker "
-          f"({profile.precision}) on {describe_setting(setting)}")
+    print(
+        f"plan: {profile.model} at batch {setting.batch_size or profile.batch_size} per worker "
+        f"({profile.precision}) on {describe_setting(setting)}"
+    )
     print(f"  compute from {origin}")
-    print(f"  step {_ms(p.step_seconds)} ms = compute {_ms(p.compute_seconds)} + communication "
-          f"{_ms(p.comm_seconds)} (encode {_ms(p.encode_seconds)}, decode {_ms(p.decode_seconds)}); collectives in "
-          f"flight {_ms(p.wire_seconds)} ms, {_ms(p.hidden_seconds)} ms of it hidden under backward")
-    print(f"  {p.images_per_sec:,.0f} images/s, scaling efficiency {p.scaling_efficiency:.2f} at {p.workers} "
-          f"worker(s); {p.bytes_per_step_per_link / MIB:.2f} MiB per step over each link")
+    print(
+        f"  step {_ms(p.step_seconds)} ms = compute {_ms(p.compute_seconds)} + communication "
+        f"{_ms(p.comm_seconds)} (encode {_ms(p.encode_seconds)}, decode {_ms(p.decode_seconds)}); collectives in "
+        f"flight {_ms(p.wire_seconds)} ms, {_ms(p.hidden_seconds)} ms of it hidden under backward"
+    )
+    print(
+        f"  {p.images_per_sec:,.0f} images/s, scaling efficiency {p.scaling_efficiency:.2f} at {p.workers} "
+        f"worker(s); {p.bytes_per_step_per_link / MIB:.2f} MiB per step over each link"
+    )
 
 
 def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]]:
@@ -66,8 +82,10 @@ def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]
             raise ConfigError(f"--sweep {item!r}: expected workers=1,2,4 or bandwidth=100mbit,1gbit")
         axes[key] = [v.strip() for v in values.split(",") if v.strip()]
         if not axes[key]:
-            raise ConfigError(f"--sweep {item!r}: give at least one value, e.g. {key}=" + (
-                "1,2,4" if key == "workers" else "100mbit,1gbit"))
+            raise ConfigError(
+                f"--sweep {item!r}: give at least one value, e.g. {key}="
+                + ("1,2,4" if key == "workers" else "100mbit,1gbit")
+            )
     try:
         workers = [int(w) for w in axes.get("workers", [str(setting.workers)])]
     except ValueError:
@@ -100,21 +118,28 @@ def crossover_table(profile: Profile, setting: Setting) -> list[dict[str, Any]]:
         if base is None or spec.text == "bf16":
             continue
         found = crossover(profile, replace(setting, spec=spec), base)
-        out.append({"method": spec.text, "workers": setting.workers,
-                    "below": crossover_text(found)})
+        out.append({"method": spec.text, "workers": setting.workers, "below": crossover_text(found)})
     return out
 
 
 def print_sweep(result: dict[str, Any], setting: Setting) -> None:
-    print(format_table(result["rows"], [
-        ("bandwidth", "bandwidth", str), ("workers", "workers", str),
-        ("step_seconds", "step ms", _ms), ("compute_seconds", "compute ms", _ms),
-        ("comm_seconds", "comm ms", _ms), ("images_per_sec", "img/s", lambda v: f"{v:,.0f}"),
-        ("scaling_efficiency", "efficiency", lambda v: f"{v:.2f}")]))
+    print(
+        format_table(
+            result["rows"],
+            [
+                ("bandwidth", "bandwidth", str),
+                ("workers", "workers", str),
+                ("step_seconds", "step ms", _ms),
+                ("compute_seconds", "compute ms", _ms),
+                ("comm_seconds", "comm ms", _ms),
+                ("images_per_sec", "img/s", lambda v: f"{v:,.0f}"),
+                ("scaling_efficiency", "efficiency", lambda v: f"{v:.2f}"),
+            ],
+        )
+    )
     if result["crossover"]:
         print(f"\nbeats bf16 all-reduce below ({setting.mode}, {max(result['workers'])} workers):")
-        print(format_table(result["crossover"], [("method", "method", str),
-                                                 ("below", "bandwidth", str)]))
+        print(format_table(result["crossover"], [("method", "method", str), ("below", "bandwidth", str)]))
 
 
 def check_plot(path: Path) -> None:
@@ -157,10 +182,18 @@ def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list
             continue
         s = published_setting(profile, setting, row, device)
         predicted = predict(profile, s)
-        rows.append({"devices": int(row["devices"]), "hosts": s.hosts, "batch": int(row["batch_size"]),
-                     "mode": s.mode, "published": float(row["images_per_sec"]), "predicted": predicted.images_per_sec,
-                     "ratio": predicted.images_per_sec / float(row["images_per_sec"]),
-                     "source": str(row.get("source", ""))})
+        rows.append(
+            {
+                "devices": int(row["devices"]),
+                "hosts": s.hosts,
+                "batch": int(row["batch_size"]),
+                "mode": s.mode,
+                "published": float(row["images_per_sec"]),
+                "predicted": predicted.images_per_sec,
+                "ratio": predicted.images_per_sec / float(row["images_per_sec"]),
+                "source": str(row.get("source", "")),
+            }
+        )
     return rows
 
 
@@ -171,16 +204,32 @@ def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], d
     batch, devices, hosts = int(row["batch_size"]), int(row["devices"]), int(row.get("hosts", 1))
     per_host = int(row.get("workers_per_host", max(1, devices // hosts)))
     seconds, _ = device.step_seconds(profile.model, batch)
-    return replace(setting, hosts=hosts, per_host=per_host, mode=str(row["mode"]),
-                   compute_scale=seconds / profile.compute_seconds, batch_size=batch * devices // hosts // per_host)
+    return replace(
+        setting,
+        hosts=hosts,
+        per_host=per_host,
+        mode=str(row["mode"]),
+        compute_scale=seconds / profile.compute_seconds,
+        batch_size=batch * devices // hosts // per_host,
+    )
 
 
 def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
     print(f"\n{cluster.name}: published against planned ({cluster.source})")
-    print(format_table(rows, [("devices", "devices", str), ("hosts", "hosts", str), ("batch", "batch", str),
-                              ("mode", "mode", str), ("published", "published img/s", lambda v: f"{v:,.0f}"),
-                              ("predicted", "planned img/s", lambda v: f"{v:,.0f}"),
-                              ("ratio", "planned/published", lambda v: f"{v:.2f}")]))
+    print(
+        format_table(
+            rows,
+            [
+                ("devices", "devices", str),
+                ("hosts", "hosts", str),
+                ("batch", "batch", str),
+                ("mode", "mode", str),
+                ("published", "published img/s", lambda v: f"{v:,.0f}"),
+                ("predicted", "planned img/s", lambda v: f"{v:,.0f}"),
+                ("ratio", "planned/published", lambda v: f"{v:.2f}"),
+            ],
+        )
+    )
 
 
 def run_plan(cfg: PlanConfig) -> int:
@@ -211,4 +260,3 @@ def run_plan(cfg: PlanConfig) -> int:
         if not cfg.json:
             print(f"\nplot in {cfg.plot}")
     return 0
-

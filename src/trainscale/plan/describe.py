@@ -66,8 +66,10 @@ class Device:
         figures = [t for t in self.throughput if t.model == model]
         if not figures:
             have = ", ".join(sorted({t.model for t in self.throughput})) or "none"
-            raise ConfigError(f"device {self.name} has no throughput for model {model} (it has: {have}); add a "
-                              f"[[throughput]] to its file or plan with this machine's profile (no --device)")
+            raise ConfigError(
+                f"device {self.name} has no throughput for model {model} (it has: {have}); add a "
+                f"[[throughput]] to its file or plan with this machine's profile (no --device)"
+            )
         best = min(figures, key=lambda t: (abs(t.batch_size - batch_size), -t.batch_size))
         return best.step_seconds * batch_size / best.batch_size, best
 
@@ -127,8 +129,7 @@ class _Table:
             if key is not None and re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
                 found = i + 1
                 break
-        table = f" {self.header}" + (f" #{self.nth + 1}" if self.header.startswith("[[") else "") if self.header \
-            else ""
+        table = f" {self.header}" + (f" #{self.nth + 1}" if self.header.startswith("[[") else "") if self.header else ""
         return f"{self.path}{f':{found}' if found else ''}:{table}" + (f" key {key!r}" if key else "")
 
     def get(self, key: str, kind: type, default: Any = ..., positive: bool = False) -> Any:
@@ -140,12 +141,15 @@ class _Table:
             return default
         value = self.raw[key]
         numeric = kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (numeric and (kind is float or isinstance(value, int)) or kind not in (int, float)
-                and isinstance(value, kind)):
+        if not (
+            numeric
+            and (kind is float or isinstance(value, int))
+            or kind not in (int, float)
+            and isinstance(value, kind)
+        ):
             raise ConfigError(f"{self.where(key)} must be {_NAMES[kind]}, got {ascii(value)[:60]}")
         if numeric and not (math.isfinite(value) and (value > 0 or not positive)):
-            raise ConfigError(f"{self.where(key)} must be a {'positive' if positive else 'finite'} number, got "
-                              f"{value}")
+            raise ConfigError(f"{self.where(key)} must be a {'positive' if positive else 'finite'} number, got {value}")
         if kind is int and numeric and value > MAX_COUNT:
             raise ConfigError(f"{self.where(key)} must be at most {MAX_COUNT}, got {value}")
         return float(value) if kind is float else value
@@ -169,9 +173,16 @@ def _read(path: Path, kind: str) -> _Table:
 def load_device(name: str) -> Device:
     path = find_file(name, "devices")
     top = _read(path, "device file")
-    rows = [Throughput(t.get("model", str), t.get("batch_size", int, positive=True),
-                       t.get("images_per_sec", float, positive=True), t.get("precision", str, "fp32"),
-                       t.get("source", str)) for t in top.tables("throughput")]
+    rows = [
+        Throughput(
+            t.get("model", str),
+            t.get("batch_size", int, positive=True),
+            t.get("images_per_sec", float, positive=True),
+            t.get("precision", str, "fp32"),
+            t.get("source", str),
+        )
+        for t in top.tables("throughput")
+    ]
     return Device(top.get("name", str, path.stem), top.get("description", str, ""), tuple(rows))
 
 
@@ -188,8 +199,12 @@ PUBLISHED_OPTIONAL = {"hosts": int, "workers_per_host": int, "global_batch_size"
 
 def _published(row: _Table) -> dict[str, Any]:
     """One published figure, its numbers checked (> 0, whole where they count) and its hosts fitting its devices."""
-    values = {**row.raw, "model": row.get("model", str), "mode": row.get("mode", str),
-              "source": row.get("source", str, "")}
+    values = {
+        **row.raw,
+        "model": row.get("model", str),
+        "mode": row.get("mode", str),
+        "source": row.get("source", str, ""),
+    }
     values.update({k: row.get(k, kind, positive=True) for k, kind in PUBLISHED_NUMBERS.items()})
     values.update({k: row.get(k, kind, None, positive=True) for k, kind in PUBLISHED_OPTIONAL.items() if k in row.raw})
     if values.get("hosts", 1) > values["devices"]:
@@ -202,10 +217,17 @@ def load_cluster(name: str) -> ClusterSpec:
     top = _read(path, "cluster file")
     links = top.table("link", "[link]") or _Table(path, top.text, {}, "[link]")
     device = top.get("device", str, None)
-    spec = ClusterSpec(top.get("name", str, path.stem), top.get("description", str, ""),
-                       top.get("hosts", int, positive=True), top.get("devices_per_host", int, 1, positive=True),
-                       device, _link(links.table("inter", "[link.inter]")), _link(links.table("intra", "[link.intra]")),
-                       tuple(_published(row) for row in top.tables("published")), top.get("source", str, ""))
+    spec = ClusterSpec(
+        top.get("name", str, path.stem),
+        top.get("description", str, ""),
+        top.get("hosts", int, positive=True),
+        top.get("devices_per_host", int, 1, positive=True),
+        device,
+        _link(links.table("inter", "[link.inter]")),
+        _link(links.table("intra", "[link.intra]")),
+        tuple(_published(row) for row in top.tables("published")),
+        top.get("source", str, ""),
+    )
     if spec.hosts > 1 and spec.inter is None:
         raise ConfigError(f"{path}: {spec.hosts} hosts need a [link.inter] with a bandwidth")
     if spec.devices_per_host > 1 and spec.intra is None:

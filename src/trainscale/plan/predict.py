@@ -59,13 +59,16 @@ class Setting:
     @property
     def link(self) -> Link:
         """The ring's bottleneck: the slower of the links it crosses (one host: its devices' link)."""
-        links = [lk for lk in ((self.inter if self.hosts > 1 else None),
-                               (self.intra if self.per_host > 1 else None)) if lk is not None]
+        links = [
+            lk
+            for lk in ((self.inter if self.hosts > 1 else None), (self.intra if self.per_host > 1 else None))
+            if lk is not None
+        ]
         if not links:
             return self.intra or self.inter or Link(math.inf)
         return Link(min(lk.bandwidth for lk in links), max(lk.latency for lk in links))
 
-    def with_workers(self, workers: int) -> "Setting":
+    def with_workers(self, workers: int) -> Setting:
         """The same cluster shape grown or shrunk to ``workers`` (hosts filled one after another)."""
         per_host = min(self.per_host, workers)
         return replace(self, hosts=math.ceil(workers / per_host), per_host=per_host)
@@ -102,12 +105,24 @@ class _Step:
 
 def predict(profile: Profile, setting: Setting) -> Prediction:
     compute = profile.compute_seconds * setting.compute_scale
-    part = {"sync": _sync, "ps-sync": _ps_sync, "async": _async, "localsgd": _periodic,
-            "diloco": _periodic}[setting.mode](profile, setting)
+    part = {"sync": _sync, "ps-sync": _ps_sync, "async": _async, "localsgd": _periodic, "diloco": _periodic}[
+        setting.mode
+    ](profile, setting)
     step = compute + part.exposed
     images = setting.workers * (setting.batch_size or profile.batch_size) / step
-    return Prediction(setting.workers, step, compute, part.exposed, part.wire, max(0.0, part.wire - part.exposed),
-                      part.encode, part.decode, images, compute / step, part.link_bytes)
+    return Prediction(
+        setting.workers,
+        step,
+        compute,
+        part.exposed,
+        part.wire,
+        max(0.0, part.wire - part.exposed),
+        part.encode,
+        part.decode,
+        images,
+        compute / step,
+        part.link_bytes,
+    )
 
 
 def _collectives(profile: Profile, spec: MethodSpec) -> list[tuple[str, float]]:
@@ -213,22 +228,30 @@ def _periodic(profile: Profile, setting: Setting) -> _Step:
     encode, decode = _coding(profile, setting)
     wire = _wire(collectives, 1.0, setting)
     h = setting.sync_every
-    return _Step((encode + wire + decode) / h, wire / h, encode / h, decode / h,
-                 _link_bytes(collectives, setting.workers) / h)
+    return _Step(
+        (encode + wire + decode) / h, wire / h, encode / h, decode / h, _link_bytes(collectives, setting.workers) / h
+    )
 
 
 LOWEST, HIGHEST = 1e5 / 8, 1e12 / 8  # bytes/s: 100 kbit/s to 1 Tbit/s
 
 
-def crossover(profile: Profile, setting: Setting, baseline: Setting, low: float = LOWEST,
-              high: float = HIGHEST) -> float | None:
+def crossover(
+    profile: Profile, setting: Setting, baseline: Setting, low: float = LOWEST, high: float = HIGHEST
+) -> float | None:
     """The bandwidth (bytes/s) below which ``setting`` steps faster than ``baseline`` on the same links, or
     None when it never does in [low, high] (or always does: then ``high``)."""
+
     def gain(bw: float) -> float:
         def at(s: Setting) -> Setting:
-            return replace(s, inter=replace(s.inter or Link(bw), bandwidth=bw),
-                           intra=replace(s.intra, bandwidth=bw) if s.intra and s.hosts == 1 else s.intra)
+            return replace(
+                s,
+                inter=replace(s.inter or Link(bw), bandwidth=bw),
+                intra=replace(s.intra, bandwidth=bw) if s.intra and s.hosts == 1 else s.intra,
+            )
+
         return predict(profile, at(baseline)).step_seconds - predict(profile, at(setting)).step_seconds
+
     if gain(low) <= 0:
         return None
     if gain(high) > 0:

@@ -20,9 +20,10 @@ import statistics
 import time
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +51,22 @@ class ProfileConfig(Section):
     precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA)", choices=("fp32", "bf16", "fp16"))
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     channels_last: bool = option(True, "channels_last memory format, as training uses by default")
-    threads: int | None = option(None, "torch intra-op threads (default: this machine's cores, or the CPUs of "
-                                 "--cpus rounded up: what one worker gets)")
-    cpus: float | None = option(None, "measure under a CPU quota of C CPUs, as an emulated host of "
-                                "`trainscale cluster` gets (0.5 for 4 hosts on 2 cores); needs root")
+    threads: int | None = option(
+        None,
+        "torch intra-op threads (default: this machine's cores, or the CPUs of "
+        "--cpus rounded up: what one worker gets)",
+    )
+    cpus: float | None = option(
+        None,
+        "measure under a CPU quota of C CPUs, as an emulated host of "
+        "`trainscale cluster` gets (0.5 for 4 hosts on 2 cores); needs root",
+    )
     crop_padding: int = option(4, "augmentation as training does it: pad-and-random-crop padding (0: none)")
-    compress: list[str] = option([], "also time this compressor on the model's gradients: METHOD[:key=value,...], "
-                                 "e.g. bf16, topk:ratio=0.01,granularity=entire, powersgd:rank=2 (repeatable)")
+    compress: list[str] = option(
+        [],
+        "also time this compressor on the model's gradients: METHOD[:key=value,...], "
+        "e.g. bf16, topk:ratio=0.01,granularity=entire, powersgd:rank=2 (repeatable)",
+    )
     repeats: int = option(10, "timed steps (medians and spread are over these)")
     warmup: int = option(3, "untimed steps first (allocation, DDP's bucket rebuild, caches)")
     out: str = option("profile.json", "where to write the profile (JSON)")
@@ -72,7 +82,7 @@ class Timing:
     repeats: int
 
     @classmethod
-    def of(cls, samples: list[float]) -> "Timing":
+    def of(cls, samples: list[float]) -> Timing:
         return cls(statistics.median(samples), min(samples), max(samples), len(samples))
 
 
@@ -140,8 +150,10 @@ class Profile:
     def compressor(self, spec: MethodSpec) -> CompressorProfile:
         if spec.text not in self.compressors:
             have = ", ".join(self.compressors) or "none"
-            raise ConfigError(f"the profile has no timings for --compress {spec.text} (it has: {have}); "
-                              f"run trainscale profile again with --compress {spec.text}")
+            raise ConfigError(
+                f"the profile has no timings for --compress {spec.text} (it has: {have}); "
+                f"run trainscale profile again with --compress {spec.text}"
+            )
         return self.compressors[spec.text]
 
     def to_json(self) -> str:
@@ -163,8 +175,9 @@ def load_profile(path: str | Path) -> Profile:
     try:
         profile = _profile_from(raw)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"--profile {path}: damaged ({type(exc).__name__}: {exc}); make it again with "
-                          f"trainscale profile") from None
+        raise ConfigError(
+            f"--profile {path}: damaged ({type(exc).__name__}: {exc}); make it again with trainscale profile"
+        ) from None
     problem = profile_problem(profile)
     if problem:
         raise ConfigError(f"--profile {path}: {problem}; make it again with trainscale profile")
@@ -184,9 +197,14 @@ def profile_problem(profile: Profile) -> str | None:
 
 
 def _timings(profile: Profile) -> list[tuple[str, Timing]]:
-    return [*((n, getattr(profile, n)) for n in ("data", "forward", "backward", "optimizer")),
-            *((f"compressors.{k}.{n}", getattr(c, n)) for k, c in profile.compressors.items() for n in ("encode",
-                                                                                                       "decode"))]
+    return [
+        *((n, getattr(profile, n)) for n in ("data", "forward", "backward", "optimizer")),
+        *(
+            (f"compressors.{k}.{n}", getattr(c, n))
+            for k, c in profile.compressors.items()
+            for n in ("encode", "decode")
+        ),
+    ]
 
 
 def _field_problem(obj: Any, prefix: str) -> str | None:
@@ -210,8 +228,14 @@ def _value_problem(hint: Any, value: Any, name: str) -> str | None:
     if origin is list:
         inner = args[0]
         if typing.get_origin(inner) is tuple and isinstance(value, list):  # JSON's tuples are lists
-            return next((f"{name} holds {ascii(v)[:40]}, not a [kind, bytes] pair" for v in value if not (
-                len(v) == 2 and isinstance(v[0], str) and _number_problem(int, v[1], name) is None)), None)
+            return next(
+                (
+                    f"{name} holds {ascii(v)[:40]}, not a [kind, bytes] pair"
+                    for v in value
+                    if not (len(v) == 2 and isinstance(v[0], str) and _number_problem(int, v[1], name) is None)
+                ),
+                None,
+            )
         if not isinstance(value, list):
             return f"{name} must be a list, got {ascii(value)[:40]}"
         return next((p for i, v in enumerate(value) if (p := _value_problem(inner, v, f"{name}[{i}]"))), None)
@@ -235,13 +259,27 @@ def _number_problem(hint: Any, value: Any, name: str) -> str | None:
 
 def _profile_from(raw: dict[str, Any]) -> Profile:
     timings = {k: Timing(**raw[k]) for k in ("data", "forward", "backward", "optimizer")}
-    compressors = {k: CompressorProfile(v["spec"], v["method"], v["granularity"], Timing(**v["encode"]),
-                                        Timing(**v["decode"]), [tuple(c) for c in v["collectives"]])
-                   for k, v in raw.get("compressors", {}).items()}
+    compressors = {
+        k: CompressorProfile(
+            v["spec"],
+            v["method"],
+            v["granularity"],
+            Timing(**v["encode"]),
+            Timing(**v["decode"]),
+            [tuple(c) for c in v["collectives"]],
+        )
+        for k, v in raw.get("compressors", {}).items()
+    }
     rest = {k: v for k, v in raw.items() if k not in (*timings, "compressors", "buckets")}
-    return Profile(**rest, data=timings["data"], forward=timings["forward"], backward=timings["backward"],
-                   optimizer=timings["optimizer"], buckets=[Bucket(**b) for b in raw["buckets"]],
-                   compressors=compressors)
+    return Profile(
+        **rest,
+        data=timings["data"],
+        forward=timings["forward"],
+        backward=timings["backward"],
+        optimizer=timings["optimizer"],
+        buckets=[Bucket(**b) for b in raw["buckets"]],
+        compressors=compressors,
+    )
 
 
 def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
@@ -252,8 +290,9 @@ def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.warmup < 1:
-        raise ConfigError(f"--warmup must be at least 1 (DDP rebuilds its buckets after the first step), "
-                          f"got {cfg.warmup}")
+        raise ConfigError(
+            f"--warmup must be at least 1 (DDP rebuilds its buckets after the first step), got {cfg.warmup}"
+        )
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.cpus is not None and not 0.01 <= cfg.cpus <= (os.cpu_count() or 1):
@@ -287,8 +326,13 @@ class _Steps:
     sizes: dict[int, int] = field(default_factory=dict)
 
 
-def _step(ddp: nn.Module, opt: torch.optim.Optimizer, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-          precision: Precision, recorder: _Recorder) -> list[float]:
+def _step(
+    ddp: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    precision: Precision,
+    recorder: _Recorder,
+) -> list[float]:
     """One training step; returns its time points: start, batch ready, backward start, backward end, end."""
     device = precision.device
     synchronize(device)
@@ -325,8 +369,9 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
         t0, t1, t2, t3, t4 = _step(ddp, opt, batches, precision, recorder)
         if i < cfg.warmup:
             continue
-        for samples, seconds in zip((steps.data, steps.forward, steps.backward, steps.optimizer),
-                                    (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        for samples, seconds in zip(
+            (steps.data, steps.forward, steps.backward, steps.optimizer), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        ):
             samples.append(seconds)
         for index, nbytes, at in recorder.calls:
             steps.ready.setdefault(index, []).append(at - t2)
@@ -374,8 +419,9 @@ def _units(grads: list[tuple[str, torch.Tensor]], granularity: str) -> list[tupl
     return grads
 
 
-def profile_compressor(spec: MethodSpec, grads: list[tuple[str, torch.Tensor]], warmup: int,
-                       repeats: int) -> CompressorProfile:
+def profile_compressor(
+    spec: MethodSpec, grads: list[tuple[str, torch.Tensor]], warmup: int, repeats: int
+) -> CompressorProfile:
     """Encode + decode of one step's gradients through the exchange layer, timed by its own clocks."""
     stats = _RecordingStats()
     exchange = Exchange(create_compressor(spec.method, **spec.params), stats=stats)
@@ -388,23 +434,27 @@ def profile_compressor(spec: MethodSpec, grads: list[tuple[str, torch.Tensor]], 
         if i >= warmup:
             encode.append(stats.encode_seconds - before[0])
             decode.append(stats.decode_seconds - before[1])
-    return CompressorProfile(spec.text, spec.method, spec.granularity, Timing.of(encode), Timing.of(decode),
-                             list(stats.launched))
+    return CompressorProfile(
+        spec.text, spec.method, spec.granularity, Timing.of(encode), Timing.of(decode), list(stats.launched)
+    )
 
 
-def training_batches(cfg: ProfileConfig, device: torch.device,
-                     steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def training_batches(
+    cfg: ProfileConfig, device: torch.device, steps: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` batches of synthetic CIFAR-sized images through the training loader: on the device, cropped,
     flipped and normalised as a run's are (a 28-pixel model crops, a 299-pixel one upscales)."""
     from trainscale.data.loader import AugmentConfig, DeviceBatches
     from trainscale.data.synthetic import synthetic_dataset
 
     native, want = 32, model_info(cfg.model).input_size
-    augment = AugmentConfig(crop_padding=cfg.crop_padding, crop_size=want if want < native else None,
-                            resize=want if want > native else None)
+    augment = AugmentConfig(
+        crop_padding=cfg.crop_padding, crop_size=want if want < native else None, resize=want if want > native else None
+    )
     data = synthetic_dataset(cfg.batch_size * steps, native)
-    loader = DeviceBatches(data, cfg.batch_size, train=True, augment=augment, device=device,
-                           channels_last=cfg.channels_last)
+    loader = DeviceBatches(
+        data, cfg.batch_size, train=True, augment=augment, device=device, channels_last=cfg.channels_last
+    )
     return iter((b[0], b[1]) for b in loader.epoch(0))
 
 
@@ -441,10 +491,24 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         raise RuntimeError(f"recorded buckets {[b.nbytes for b in buckets]} differ from DDP's {ddp_sizes}")
     grads = [(n, p.grad.detach().float().clone()) for n, p in model.named_parameters() if p.grad is not None]
     compressors = {s.text: profile_compressor(s, grads, cfg.warmup, cfg.repeats) for s in specs}
-    return Profile(cfg.model, cfg.batch_size, cfg.precision, device_name(device), torch.get_num_threads(), cfg.cpus,
-                   data, forward, backward, optimizer,
-                   sum(g.numel() * 4 for _, g in grads), sum(g.numel() for _, g in grads), buckets,
-                   peak_memory_mb(device), compressors, environment(device))
+    return Profile(
+        cfg.model,
+        cfg.batch_size,
+        cfg.precision,
+        device_name(device),
+        torch.get_num_threads(),
+        cfg.cpus,
+        data,
+        forward,
+        backward,
+        optimizer,
+        sum(g.numel() * 4 for _, g in grads),
+        sum(g.numel() for _, g in grads),
+        buckets,
+        peak_memory_mb(device),
+        compressors,
+        environment(device),
+    )
 
 
 @contextlib.contextmanager

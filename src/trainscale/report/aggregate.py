@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.bench.expand import HASH_EXCLUDE, significant
 from trainscale.modes.ps.config import PS_MODES

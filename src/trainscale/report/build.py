@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
@@ -51,9 +52,13 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
     collection = collect([Path(d) for d in dirs])
     _prepare_out(Path(out))
     parts = partitions(collection.records)
-    report = Report("trainscale benchmark report", _intro(dirs, collection), _warnings(collection, parts),
-                    [_section(p, i, len(parts), out, profiles) for i, p in enumerate(parts, start=1)],
-                    problems(collection.records))
+    report = Report(
+        "trainscale benchmark report",
+        _intro(dirs, collection),
+        _warnings(collection, parts),
+        [_section(p, i, len(parts), out, profiles) for i, p in enumerate(parts, start=1)],
+        problems(collection.records),
+    )
     write_csv(out / "results.csv", csv_rows(collection.records, parts))
     atomic_write_text(out / "results.md", render_markdown(report))
     atomic_write_text(out / "index.html", render_html(report))
@@ -80,8 +85,11 @@ def _intro(dirs: list[Path], collection: Collection) -> list[str]:
     for record in collection.records:
         counts[record.status] = counts.get(record.status, 0) + 1
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Generated {when} from {', '.join(str(d) for d in dirs)}: {len(collection.records)} run(s), "
-             + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "."]
+    lines = [
+        f"Generated {when} from {', '.join(str(d) for d in dirs)}: {len(collection.records)} run(s), "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + "."
+    ]
     by_folder: dict[Path | None, list[RunRecord]] = {}
     for record in collection.records:
         by_folder.setdefault(record.folder.parent.parent if record.grid else None, []).append(record)
@@ -95,13 +103,21 @@ def _intro(dirs: list[Path], collection: Collection) -> list[str]:
 
 def _grid_lines(name: str, meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
     sets = set_text(meta.get("set") or {})
-    lines = [f"Grid {name} (scale {meta.get('scale') or 'none'}{', ' + sets if sets else ''}): "
-             f"{describe_runs(records)}."]
-    described = [text for text in (meta.get("description"), meta.get("scale_description") and
-                                   f"scale {meta.get('scale')}: {meta['scale_description']}") if text]
+    lines = [
+        f"Grid {name} (scale {meta.get('scale') or 'none'}{', ' + sets if sets else ''}): {describe_runs(records)}."
+    ]
+    described = [
+        text
+        for text in (
+            meta.get("description"),
+            meta.get("scale_description") and f"scale {meta.get('scale')}: {meta['scale_description']}",
+        )
+        if text
+    ]
     if described:
-        lines.append(f"The grid file describes {name} as: {'; '.join(described)} (its words, not a record of the "
-                     "runs above).")
+        lines.append(
+            f"The grid file describes {name} as: {'; '.join(described)} (its words, not a record of the runs above)."
+        )
     return lines
 
 
@@ -117,8 +133,10 @@ def describe_runs(records: list[RunRecord]) -> str:
     subsets = _distinct(c.get("train_subset") or "all" for c, _ in pairs)
     datasets = _distinct(c.get("dataset") or s.get(K.dataset) for c, s in pairs)
     per_epoch = _distinct(s.get(K.train_samples_per_epoch) for _, s in pairs)
-    text = (f"{len(made)} run(s) of {_or(models)} for {_or(epochs)} epoch{'' if epochs == ['1'] else 's'} on "
-            f"{_or(subsets)} {_or(datasets)} training images")
+    text = (
+        f"{len(made)} run(s) of {_or(models)} for {_or(epochs)} epoch{'' if epochs == ['1'] else 's'} on "
+        f"{_or(subsets)} {_or(datasets)} training images"
+    )
     return text + (f" ({_or(per_epoch)} per epoch)" if per_epoch else "")
 
 
@@ -146,8 +164,11 @@ def _grid_meta(root: Path) -> dict[str, Any]:
 def _warnings(collection: Collection, parts: list[Partition]) -> list[str]:
     warnings = list(collection.warnings)
     if len(parts) > 1:
-        warnings.insert(0, f"These runs were measured in {len(parts)} different environments (device or torch "
-                           "version); each has its own tables and plots and they are never averaged together.")
+        warnings.insert(
+            0,
+            f"These runs were measured in {len(parts)} different environments (device or torch "
+            "version); each has its own tables and plots and they are never averaged together.",
+        )
     return warnings
 
 
@@ -160,14 +181,23 @@ def _section(part: Partition, number: int, total: int, out: Path, profiles: dict
     tables = [environment_table(part), configurations(part), scaling(part)]
     plots = write_plots(part, out, suffix)
     if not profiles:
-        tables += [t for t in (communication(part), step_split(part), time_to_target(part), crossover(part))
-                   if t is not None]
+        tables += [
+            t for t in (communication(part), step_split(part), time_to_target(part), crossover(part)) if t is not None
+        ]
         return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
     from trainscale.report.planned import planned_crossover, planned_plot, planned_table
 
-    tables += [t for t in (communication(part), step_split(part), time_to_target(part),
-                           crossover(part, lambda g: planned_crossover(g, profiles)), planned_table(part, profiles))
-               if t is not None]
+    tables += [
+        t
+        for t in (
+            communication(part),
+            step_split(part),
+            time_to_target(part),
+            crossover(part, lambda g: planned_crossover(g, profiles)),
+            planned_table(part, profiles),
+        )
+        if t is not None
+    ]
     scatter = planned_plot(part, profiles, out / f"planned_measured{suffix}.png")
     if scatter is not None:
         plots["Planned against measured step time"] = scatter

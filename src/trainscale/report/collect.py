@@ -90,8 +90,9 @@ def plain_record(folder: Path, warnings: list[str] | None = None) -> RunRecord:
     """A run folder made by `trainscale train` directly: ok only when its summary covers every epoch."""
     record = read_run(RunRecord(folder, "ok"), warnings)
     summary = record.summary
-    if record.ok and (summary.get(K.epochs_completed) is None
-                      or summary.get(K.epochs_completed) != summary.get(K.epochs)):
+    if record.ok and (
+        summary.get(K.epochs_completed) is None or summary.get(K.epochs_completed) != summary.get(K.epochs)
+    ):
         record.status = "incomplete"
         record.error = f"{summary.get(K.epochs_completed)} of {summary.get(K.epochs)} epochs finished"
     return record
@@ -126,8 +127,9 @@ def grid_records(root: Path, warnings: list[str]) -> list[RunRecord]:
     return [_grid_record(root, name, run, ledger.get(run["run_id"], {}), warnings) for run in planned]
 
 
-def _grid_record(root: Path, name: str, run: dict[str, Any], last: dict[str, Any],
-                 warnings: list[str] | None = None) -> RunRecord:
+def _grid_record(
+    root: Path, name: str, run: dict[str, Any], last: dict[str, Any], warnings: list[str] | None = None
+) -> RunRecord:
     from trainscale.bench.expand import RunSpec
     from trainscale.bench.runfolder import State, folder_state
 
@@ -151,8 +153,10 @@ def _warn_stale(root: Path, planned: set[str], warnings: list[str]) -> None:
     runs = root / "runs"
     stale = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name not in planned) if runs.is_dir() else []
     if stale:
-        message = (f"{root}: {len(stale)} run folder(s) not planned by its grid.json (older settings) are left "
-                   f"out: {', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}")
+        message = (
+            f"{root}: {len(stale)} run folder(s) not planned by its grid.json (older settings) are left "
+            f"out: {', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}"
+        )
         _warn(message, warnings)
 
 
@@ -172,8 +176,9 @@ def _object(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise DataError(f"{path} cannot be read ({exc.strerror or exc}); restore or delete it") from None
     if not isinstance(value, dict):
-        raise DataError(f"{path} holds a JSON {type(value).__name__}, not an object; the file is corrupt: "
-                        "restore or delete it")
+        raise DataError(
+            f"{path} holds a JSON {type(value).__name__}, not an object; the file is corrupt: restore or delete it"
+        )
     return value
 
 

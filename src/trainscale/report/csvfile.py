@@ -15,8 +15,20 @@ from trainscale.record import K
 from trainscale.report.aggregate import Partition, run_throughput
 from trainscale.report.collect import RunRecord
 
-LEAD = ["run_id", "label", "grid", "status", "error", "folder", "repeat", "partition", "group",
-        "throughput_images_per_sec", "scaling_efficiency", "efficiency_baseline"]
+LEAD = [
+    "run_id",
+    "label",
+    "grid",
+    "status",
+    "error",
+    "folder",
+    "repeat",
+    "partition",
+    "group",
+    "throughput_images_per_sec",
+    "scaling_efficiency",
+    "efficiency_baseline",
+]
 
 
 def csv_rows(records: list[RunRecord], parts: list[Partition]) -> list[dict[str, Any]]:
@@ -37,11 +49,20 @@ def _placement(parts: list[Partition]) -> dict[int, tuple[Any, str, float | None
 
 
 def _row(r: RunRecord, partition: int | str, group: str, efficiency: float | None, baseline: str) -> dict[str, Any]:
-    row: dict[str, Any] = {"run_id": r.run_id, "label": r.label, "grid": r.grid, "status": r.status,
-                           "error": r.error, "folder": str(r.folder), "repeat": r.bench.get("repeat", ""),
-                           "partition": partition, "group": group,
-                           "throughput_images_per_sec": run_throughput(r) if r.ok else None,
-                           "scaling_efficiency": efficiency, "efficiency_baseline": baseline}
+    row: dict[str, Any] = {
+        "run_id": r.run_id,
+        "label": r.label,
+        "grid": r.grid,
+        "status": r.status,
+        "error": r.error,
+        "folder": str(r.folder),
+        "repeat": r.bench.get("repeat", ""),
+        "partition": partition,
+        "group": group,
+        "throughput_images_per_sec": run_throughput(r) if r.ok else None,
+        "scaling_efficiency": efficiency,
+        "efficiency_baseline": baseline,
+    }
     for key, value in r.summary.items():
         if key == K.environment:
             row.update({f"environment.{k}": v for k, v in (value or {}).items()})

@@ -35,21 +35,27 @@ def render_html(report: Report) -> str:
     parts += [_section(s) for s in report.sections]
     if report.problems:
         parts.append("<h2>Runs without results</h2>" + report.problems.html())
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{html.escape(report.title)}</title><style>{CSS}</style></head><body>"
-            + "\n".join(parts) + "</body></html>\n")
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(report.title)}</title><style>{CSS}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>\n"
+    )
 
 
 def _section(section: Section) -> str:
     body = [f"<h2>{html.escape(section.title)}</h2>"] + [t.html() for t in section.tables]
     body += ["<h3>Figures</h3>"] + [_figure(title, path) for title, path in section.plots.items()]
     body.append("<h3>Accuracy by epoch</h3>")
-    body += [f"<details><summary>{html.escape(t.title)}</summary>{t.html(heading=False)}</details>"
-             for t in section.epochs]
+    body += [
+        f"<details><summary>{html.escape(t.title)}</summary>{t.html(heading=False)}</details>" for t in section.epochs
+    ]
     return "\n".join(body)
 
 
 def _figure(title: str, path: Path) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return (f"<figure><img alt='{html.escape(title, quote=True)}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(title)}</figcaption></figure>")
+    return (
+        f"<figure><img alt='{html.escape(title, quote=True)}' src='data:image/png;base64,{data}'>"
+        f"<figcaption>{html.escape(title)}</figcaption></figure>"
+    )

@@ -17,8 +17,8 @@ With several environments each gets its own set (``-env2`` ...), never one plot 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import matplotlib
 
@@ -48,25 +48,32 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
     """Every figure this partition has data for: title -> PNG path."""
     figures = {
         "Test accuracy against epoch": ("accuracy_epoch", lambda ax: _accuracy(ax, part, K.epoch, "epoch")),
-        "Test accuracy against training time": ("accuracy_time",
-                                                lambda ax: _accuracy(ax, part, K.elapsed_seconds,
-                                                                     "training time (s)")),
+        "Test accuracy against training time": (
+            "accuracy_time",
+            lambda ax: _accuracy(ax, part, K.elapsed_seconds, "training time (s)"),
+        ),
     }
     written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
-    if len({uses_parameter_server(g) for g in part.groups
-            if g.world_size > 1 and g.summary(K.dataset) != "synthetic"}) == 2:
+    if (
+        len({uses_parameter_server(g) for g in part.groups if g.world_size > 1 and g.summary(K.dataset) != "synthetic"})
+        == 2
+    ):
         written["BSP and parameter-server training: test accuracy against epoch and against time"] = _save_pair(
-            out / f"accuracy_bsp_async{suffix}.png", lambda axes: _side_by_side(axes, part))
+            out / f"accuracy_bsp_async{suffix}.png", lambda axes: _side_by_side(axes, part)
+        )
     if len({g.world_size for g in part.groups}) > 1:
         written["Images/s and scaling efficiency against workers"] = _save_pair(
-            out / f"throughput_workers{suffix}.png", lambda axes: _scaling(axes, part))
+            out / f"throughput_workers{suffix}.png", lambda axes: _scaling(axes, part)
+        )
     networks = _by_network(part)
     if len(networks) > 1:
         written["Test accuracy against training time on each network"] = _save_row(
-            out / f"accuracy_time_networks{suffix}.png", len(networks), lambda axes: _networks(axes, networks))
+            out / f"accuracy_time_networks{suffix}.png", len(networks), lambda axes: _networks(axes, networks)
+        )
     if any(bytes_per_step(r) for r in part.runs):
         written["Accuracy against bytes per step and compression ratio"] = _save_pair(
-            out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part))
+            out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part)
+        )
     return written
 
 
@@ -115,21 +122,29 @@ def _by_network(part: Partition) -> dict[str, list[Group]]:
 
 def _networks(axes: list[Axes], networks: dict[str, list[Group]]) -> None:
     for ax, (network, groups) in zip(axes, networks.items()):
-        _accuracy(ax, Partition({}, groups, [r for g in groups for r in g.runs]), K.elapsed_seconds,
-                  "training time (s)")
+        _accuracy(
+            ax, Partition({}, groups, [r for g in groups for r in g.runs]), K.elapsed_seconds, "training time (s)"
+        )
         ax.set_title(network)
 
 
 def _accuracy(ax: Axes, part: Partition, x_key: str, x_label: str) -> None:
-    runs = [(group, run) for group in part.groups for run in group.runs
-            if run.summary.get(K.dataset) != "synthetic"]  # random images: speed only, no accuracy curve
+    runs = [
+        (group, run) for group in part.groups for run in group.runs if run.summary.get(K.dataset) != "synthetic"
+    ]  # random images: speed only, no accuracy curve
     for index, (group, run) in enumerate(runs):
         evaluated = [m for m in run.metrics if m.get(K.test_acc) is not None]  # --eval-every skips some epochs
         xs: list[float] = [m[x_key] for m in evaluated if m.get(x_key) is not None]
         ys = [100 * m[K.test_acc] for m in evaluated]
         if ys and len(xs) == len(ys):  # line styles cycle so runs with equal curves stay visible
-            ax.plot(xs, ys, marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=STYLES[index % len(STYLES)],
-                    label=run.run_id if len(group.runs) > 1 else group.label)
+            ax.plot(
+                xs,
+                ys,
+                marker=MARKERS[index % len(MARKERS)],
+                markersize=4,
+                linestyle=STYLES[index % len(STYLES)],
+                label=run.run_id if len(group.runs) > 1 else group.label,
+            )
     ax.set_xlabel(x_label)
     ax.set_ylabel("test accuracy (%)")
     if x_key == K.epoch:
@@ -155,8 +170,9 @@ def families(part: Partition) -> dict[str, list[Group]]:
     for group in part.groups:
         config = group.first.config or {}
         kind = "ps" if uses_parameter_server(group) else "data-parallel"
-        key = json.dumps({"kind": kind, **{k: v for k, v in config.items() if k not in FAMILY_EXCLUDE}},
-                         sort_keys=True, default=str)
+        key = json.dumps(
+            {"kind": kind, **{k: v for k, v in config.items() if k not in FAMILY_EXCLUDE}}, sort_keys=True, default=str
+        )
         found.setdefault(key, []).append(group)
     return {_family_label(gs): sorted(gs, key=lambda g: g.world_size) for gs in found.values()}
 
@@ -164,16 +180,19 @@ def families(part: Partition) -> dict[str, list[Group]]:
 def _family_label(groups: list[Group]) -> str:
     g = groups[0]
     kind = f"{g.summary(K.mode)}, " if uses_parameter_server(g) else ""
-    return (f"{kind}{g.summary(K.model)}, {g.summary(K.batch_per_worker)}/worker, {g.summary(K.precision)}, "
-            f"lr {g.summary(K.lr)}")
+    return (
+        f"{kind}{g.summary(K.model)}, {g.summary(K.batch_per_worker)}/worker, {g.summary(K.precision)}, "
+        f"lr {g.summary(K.lr)}"
+    )
 
 
 def _scaling(axes: Sequence[Axes], part: Partition) -> None:
     for label, groups in families(part).items():
         workers = [g.world_size for g in groups]
         rates = [g.stat(run_throughput) for g in groups]
-        axes[0].errorbar(workers, [s.mean or 0 for s in rates], yerr=[s.stdev for s in rates], marker="o",
-                         capsize=3, label=label)
+        axes[0].errorbar(
+            workers, [s.mean or 0 for s in rates], yerr=[s.stdev for s in rates], marker="o", capsize=3, label=label
+        )
         effs = [(g.world_size, g.efficiency) for g in groups if g.efficiency]
         if effs:
             axes[1].plot([w for w, _ in effs], [sum(e) / len(e) for _, e in effs], marker="o", label=label)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.record import EXCHANGE_SPLIT, K
 from trainscale.report.aggregate import Group, Partition, Stat, run_throughput, uses_parameter_server
@@ -44,8 +45,9 @@ class Table:
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
         title = f"<h3>{html.escape(self.title)}</h3>" if heading else ""
-        return (f"{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-                f"</table>" + (f"<ul class='notes'>{notes}</ul>" if notes else ""))
+        return f"{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" + (
+            f"<ul class='notes'>{notes}</ul>" if notes else ""
+        )
 
 
 def _md_row(cells: list[str]) -> str:
@@ -108,13 +110,38 @@ def _runs(g: Group) -> str:
 
 
 def configurations(part: Partition) -> Table:
-    rows = [[g.label, str(g.summary(K.model)), str(g.world_size), "1" if _on_gpu(g) else "0",
-             "on" if uses_parameter_server(g) else "off", batch_text(g), _lr(g),
-             g.stat(epoch_seconds).text(".1f"), _pct(g.stat(_summary(K.best_test_acc))), _runs(g)]
-            for g in part.groups]
-    return Table("Configurations", ["Short Name", "model", "processes", "GPUs per process", "parameter server",
-                                    "batch size", "initial LR", "seconds per epoch", "best validation accuracy",
-                                    "runs"], rows, _config_notes(part))
+    rows = [
+        [
+            g.label,
+            str(g.summary(K.model)),
+            str(g.world_size),
+            "1" if _on_gpu(g) else "0",
+            "on" if uses_parameter_server(g) else "off",
+            batch_text(g),
+            _lr(g),
+            g.stat(epoch_seconds).text(".1f"),
+            _pct(g.stat(_summary(K.best_test_acc))),
+            _runs(g),
+        ]
+        for g in part.groups
+    ]
+    return Table(
+        "Configurations",
+        [
+            "Short Name",
+            "model",
+            "processes",
+            "GPUs per process",
+            "parameter server",
+            "batch size",
+            "initial LR",
+            "seconds per epoch",
+            "best validation accuracy",
+            "runs",
+        ],
+        rows,
+        _config_notes(part),
+    )
 
 
 def _on_gpu(g: Group) -> bool:
@@ -127,37 +154,65 @@ def _lr(g: Group) -> str:
 
 def _config_notes(part: Partition) -> list[str]:
     scopes = sorted({str(r.summary.get(K.timer_scope)) for r in part.runs})
-    return ["batch size: per worker x workers = global batch; initial LR: the configured peak rate after any "
-            "linear scaling (onecycle and warm-up schedules ramp up to it)",
-            "seconds per epoch: mean over epochs after the first when a run has several (the first carries "
-            "warm-up), else the single epoch; values are mean ± sample stdev over repeats (runs)",
-            *(f"timer scope: {s}" for s in scopes)]
+    return [
+        "batch size: per worker x workers = global batch; initial LR: the configured peak rate after any "
+        "linear scaling (onecycle and warm-up schedules ramp up to it)",
+        "seconds per epoch: mean over epochs after the first when a run has several (the first carries "
+        "warm-up), else the single epoch; values are mean ± sample stdev over repeats (runs)",
+        *(f"timer scope: {s}" for s in scopes),
+    ]
 
 
 def scaling(part: Partition) -> Table:
     with_eff = any(g.efficiency for g in part.groups) and len({g.world_size for g in part.groups}) > 1
-    columns = ["Short Name", "model", "workers", "batch size", "images/s",
-               *(["scaling efficiency"] if with_eff else []), "seconds per epoch", "training time (s)",
-               "train accuracy", "test accuracy", "peak memory (MB)"]
-    rows = [[g.label, str(g.summary(K.model)), str(g.world_size), batch_text(g),
-             g.stat(run_throughput).text(".0f") + _busy(g),
-             *([_efficiency(g)] if with_eff else []), g.stat(epoch_seconds).text(".1f"),
-             g.stat(_summary(K.total_train_seconds)).text(".1f"), _pct(g.stat(final_train_acc)),
-             _pct(g.stat(_summary(K.final_test_acc))), g.stat(_summary(K.peak_memory_mb)).text(".0f")]
-            for g in sorted(part.groups, key=lambda g: (str(g.summary(K.model)), g.world_size))]
-    notes = ["images/s: training images per second over all workers, from the same epochs as seconds per epoch; "
-             "in brackets, as the MXNet page writes it, workers-utilisation: each worker's device busy (GPU: NVML; "
-             "CPU: process CPU time over wall time and the cores it may use), mean over workers and steady epochs",
-             "peak memory: the largest per-process peak (CUDA allocator peak on GPUs, resident set size on CPUs)"]
+    columns = [
+        "Short Name",
+        "model",
+        "workers",
+        "batch size",
+        "images/s",
+        *(["scaling efficiency"] if with_eff else []),
+        "seconds per epoch",
+        "training time (s)",
+        "train accuracy",
+        "test accuracy",
+        "peak memory (MB)",
+    ]
+    rows = [
+        [
+            g.label,
+            str(g.summary(K.model)),
+            str(g.world_size),
+            batch_text(g),
+            g.stat(run_throughput).text(".0f") + _busy(g),
+            *([_efficiency(g)] if with_eff else []),
+            g.stat(epoch_seconds).text(".1f"),
+            g.stat(_summary(K.total_train_seconds)).text(".1f"),
+            _pct(g.stat(final_train_acc)),
+            _pct(g.stat(_summary(K.final_test_acc))),
+            g.stat(_summary(K.peak_memory_mb)).text(".0f"),
+        ]
+        for g in sorted(part.groups, key=lambda g: (str(g.summary(K.model)), g.world_size))
+    ]
+    notes = [
+        "images/s: training images per second over all workers, from the same epochs as seconds per epoch; "
+        "in brackets, as the MXNet page writes it, workers-utilisation: each worker's device busy (GPU: NVML; "
+        "CPU: process CPU time over wall time and the cores it may use), mean over workers and steady epochs",
+        "peak memory: the largest per-process peak (CUDA allocator peak on GPUs, resident set size on CPUs)",
+    ]
     if with_eff:
-        notes.insert(1, "scaling efficiency: (images/s / workers) / (images/s of the 1-worker run with the same "
-                        "model, precision and per-worker batch); 1.00 is perfect linear scaling")
+        notes.insert(
+            1,
+            "scaling efficiency: (images/s / workers) / (images/s of the 1-worker run with the same "
+            "model, precision and per-worker batch); 1.00 is perfect linear scaling",
+        )
     return Table("Throughput and scaling", columns, rows, notes)
 
 
 def _busy(g: Group) -> str:
-    util = g.stat(lambda r: r.summary.get(K.gpu_util) if r.summary.get(K.gpu_util) is not None
-                  else r.summary.get(K.cpu_util))
+    util = g.stat(
+        lambda r: r.summary.get(K.gpu_util) if r.summary.get(K.gpu_util) is not None else r.summary.get(K.cpu_util)
+    )
     return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.mean is not None else ""
 
 
@@ -173,23 +228,51 @@ def communication(part: Partition) -> Table | None:
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, _method(g.first), _opt(g.config("ratio")), str(g.summary(K.compress_granularity)
-             or g.config("granularity") or "-"), str(g.world_size),
-             g.stat(bytes_per_step).text(",.0f"), g.stat(compression_ratio).text(".1f"),
-             g.stat(lambda r: _half(compression_ratio(r))).text(".1f"),
-             _pct(g.stat(_summary(K.best_test_acc))), g.stat(epoch_seconds).text(".1f"),
-             _relative(g, _peer(part, g, "none")), _relative(g, _peer(part, g, "bf16"))] for g in groups]
-    return Table("Communication", ["Short Name", "method", "ratio", "granularity", "workers", "bytes per step",
-                                   "compression vs fp32", "compression vs bf16", "best validation accuracy",
-                                   "seconds per epoch", "time vs fp32", "time vs bf16"], rows,
-                 ["bytes per step: what each worker hands to its collectives per training step (synchronous "
-                  "modes) or pushes plus pulls (parameter-server modes); each run's summary.json says exactly "
-                  "what (bytes_sent_scope, bytes_scope)",
-                  "compression vs fp32: dense fp32 bytes / bytes sent; vs bf16: the same against a bf16 "
-                  "all-reduce (half the dense bytes), the cheapest baseline a method has to beat",
-                  "time vs fp32 / bf16: seconds per epoch over those of the uncompressed (fp32) and bf16 runs "
-                  "with the same model, mode, workers, precision and network; - where that run is not in the "
-                  "report"])
+    rows = [
+        [
+            g.label,
+            _method(g.first),
+            _opt(g.config("ratio")),
+            str(g.summary(K.compress_granularity) or g.config("granularity") or "-"),
+            str(g.world_size),
+            g.stat(bytes_per_step).text(",.0f"),
+            g.stat(compression_ratio).text(".1f"),
+            g.stat(lambda r: _half(compression_ratio(r))).text(".1f"),
+            _pct(g.stat(_summary(K.best_test_acc))),
+            g.stat(epoch_seconds).text(".1f"),
+            _relative(g, _peer(part, g, "none")),
+            _relative(g, _peer(part, g, "bf16")),
+        ]
+        for g in groups
+    ]
+    return Table(
+        "Communication",
+        [
+            "Short Name",
+            "method",
+            "ratio",
+            "granularity",
+            "workers",
+            "bytes per step",
+            "compression vs fp32",
+            "compression vs bf16",
+            "best validation accuracy",
+            "seconds per epoch",
+            "time vs fp32",
+            "time vs bf16",
+        ],
+        rows,
+        [
+            "bytes per step: what each worker hands to its collectives per training step (synchronous "
+            "modes) or pushes plus pulls (parameter-server modes); each run's summary.json says exactly "
+            "what (bytes_sent_scope, bytes_scope)",
+            "compression vs fp32: dense fp32 bytes / bytes sent; vs bf16: the same against a bf16 "
+            "all-reduce (half the dense bytes), the cheapest baseline a method has to beat",
+            "time vs fp32 / bf16: seconds per epoch over those of the uncompressed (fp32) and bf16 runs "
+            "with the same model, mode, workers, precision and network; - where that run is not in the "
+            "report",
+        ],
+    )
 
 
 def time_to_target(part: Partition) -> Table | None:
@@ -199,17 +282,43 @@ def time_to_target(part: Partition) -> Table | None:
     if not groups:
         return None
     groups.sort(key=lambda g: (-_rate(g), str(g.label)))
-    rows = [[g.label, str(g.summary(K.mode)), _method(g.first), network_text(g.first), _ttt_text(g),
-             _ttt_relative(g, _peer(part, g, "none")), _ttt_relative(g, _peer(part, g, "bf16")),
-             _pct(g.stat(_summary(K.final_test_acc))), g.stat(bytes_per_step).text(",.0f")] for g in groups]
+    rows = [
+        [
+            g.label,
+            str(g.summary(K.mode)),
+            _method(g.first),
+            network_text(g.first),
+            _ttt_text(g),
+            _ttt_relative(g, _peer(part, g, "none")),
+            _ttt_relative(g, _peer(part, g, "bf16")),
+            _pct(g.stat(_summary(K.final_test_acc))),
+            g.stat(bytes_per_step).text(",.0f"),
+        ]
+        for g in groups
+    ]
     target = _pct(groups[0].stat(_summary(K.target_acc)))
-    return Table(f"Time to {target} test accuracy", ["Short Name", "mode", "method", "network",
-                 "time to target (s)", "vs fp32", "vs bf16", "final test accuracy", "bytes per step"], rows,
-                 ["time to target: training time (evaluation excluded) until the end of the first epoch whose test "
-                  "accuracy reached the target; 'not reached' if none did",
-                  "vs fp32 / vs bf16: that time over the time of synchronous dense fp32 / bf16 all-reduce on the "
-                  "same network (below 1.00: faster); a run that did not reach the target counts as its whole "
-                  "training time and is marked '>'"])
+    return Table(
+        f"Time to {target} test accuracy",
+        [
+            "Short Name",
+            "mode",
+            "method",
+            "network",
+            "time to target (s)",
+            "vs fp32",
+            "vs bf16",
+            "final test accuracy",
+            "bytes per step",
+        ],
+        rows,
+        [
+            "time to target: training time (evaluation excluded) until the end of the first epoch whose test "
+            "accuracy reached the target; 'not reached' if none did",
+            "vs fp32 / vs bf16: that time over the time of synchronous dense fp32 / bf16 all-reduce on the "
+            "same network (below 1.00: faster); a run that did not reach the target counts as its whole "
+            "training time and is marked '>'",
+        ],
+    )
 
 
 def crossover(part: Partition, planner: Callable[[Group], str] | None = None) -> Table | None:
@@ -225,30 +334,52 @@ def crossover(part: Partition, planner: Callable[[Group], str] | None = None) ->
         measured = [(_rate(g), _ttt_ratio(g, _peer(part, g, "none"))) for g in groups]
         points = sorted((rate, ratio) for rate, ratio in measured if ratio is not None)
         if len(points) > 1:
-            rows.append([groups[0].first.bench.get("short_name") or groups[0].label, _method(groups[0].first),
-                         str(groups[0].summary(K.mode)),
-                         ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points), _crossing(points),
-                         *([planner(groups[0])] if planner else [])])
+            rows.append(
+                [
+                    groups[0].first.bench.get("short_name") or groups[0].label,
+                    _method(groups[0].first),
+                    str(groups[0].summary(K.mode)),
+                    ", ".join(f"{_rate_text(r)}: {q:.2f}" for r, q in points),
+                    _crossing(points),
+                    *([planner(groups[0])] if planner else []),
+                ]
+            )
     if not rows:
         return None
     columns = ["method", "compressor", "mode", "time to target vs fp32, per network", "measured crossover"]
-    notes = ["crossover: where the method's time to target equals dense fp32's, interpolated linearly in "
-             "log-bandwidth between the two measured networks around it; the method wins below it"]
+    notes = [
+        "crossover: where the method's time to target equals dense fp32's, interpolated linearly in "
+        "log-bandwidth between the two measured networks around it; the method wins below it"
+    ]
     if planner:
         columns.append("planned crossover")
-        notes.append("planned: where the planner's step time equals dense fp32's (trainscale plan on the run's "
-                     "profile); it models time per step, not accuracy per step, so a method that learns less per "
-                     "step needs a slower network than this to win on time to target")
+        notes.append(
+            "planned: where the planner's step time equals dense fp32's (trainscale plan on the run's "
+            "profile); it models time per step, not accuracy per step, so a method that learns less per "
+            "step needs a slower network than this to win on time to target"
+        )
     else:
-        notes.append("the planner's crossover stands beside it when the report is given the runs' profiles "
-                     "(trainscale report --profile)")
+        notes.append(
+            "the planner's crossover stands beside it when the report is given the runs' profiles "
+            "(trainscale report --profile)"
+        )
     return Table("Crossover bandwidth against dense fp32", columns, rows, notes)
 
 
 def _method_key(g: Group) -> tuple[str, ...]:
     config = g.first.config or {}
-    knobs = ("compress", "ratio", "granularity", "powersgd_rank", "qstates", "sync_every", "outer_lr",
-             "outer_momentum", "servers", "error_feedback")
+    knobs = (
+        "compress",
+        "ratio",
+        "granularity",
+        "powersgd_rank",
+        "qstates",
+        "sync_every",
+        "outer_lr",
+        "outer_momentum",
+        "servers",
+        "error_feedback",
+    )
     return (str(g.summary(K.mode)), _method(g.first), *(str(config.get(k)) for k in knobs if config.get(k)))
 
 
@@ -308,11 +439,26 @@ def _half(ratio: float | None) -> float | None:
 
 def _peer(part: Partition, g: Group, method: str) -> Group | None:
     """The group that differs from ``g`` only in sending ``method`` (its dense fp32 or bf16 baseline)."""
+
     def setting(h: Group) -> tuple[Any, ...]:
-        return (h.summary(K.model), h.world_size, h.summary(K.precision), network_text(h.first),
-                h.summary(K.batch_size))
-    return next((h for h in part.groups if _method(h.first) == method and setting(h) == setting(g)
-                 and h.summary(K.mode) in ("sync", "local", g.summary(K.mode))), None)
+        return (
+            h.summary(K.model),
+            h.world_size,
+            h.summary(K.precision),
+            network_text(h.first),
+            h.summary(K.batch_size),
+        )
+
+    return next(
+        (
+            h
+            for h in part.groups
+            if _method(h.first) == method
+            and setting(h) == setting(g)
+            and h.summary(K.mode) in ("sync", "local", g.summary(K.mode))
+        ),
+        None,
+    )
 
 
 def _relative(g: Group, base: Group | None) -> str:
@@ -329,26 +475,57 @@ def step_split(part: Partition) -> Table | None:
     groups = [g for g in part.groups if any(r.summary.get(K.compute_seconds_per_step) is not None for r in g.runs)]
     if not groups:
         return None
-    rows = [[g.label, str(g.summary(K.mode)), _method(g.first), str(g.world_size), network_text(g.first),
-             *(g.stat(_scaled(name, 1e3)).text(".1f") for name in (K.step_seconds, K.compute_seconds_per_step,
-                                                                  K.comm_seconds_per_step)),
-             g.stat(_comm_share).text(".0%"),
-             *(g.stat(_summary(name)).text(".1f") for name in EXCHANGE_SPLIT),
-             g.stat(_scaled(K.wire_bytes_sent_per_step, 2**-20)).text(".2f"),
-             g.stat(run_throughput).text(".0f")] for g in groups]
-    return Table("Step time: compute and communication", ["Short Name", "mode", "method", "workers", "network",
-                 "step (ms)", "compute (ms)", "communication (ms)", "communication share", "encode (ms)",
-                 "in flight (ms)", "hidden (ms)", "decode (ms)", "wire MiB sent per host per step", "images/s"], rows,
-                 ["step: a worker's training step over the epochs after the first (as seconds per epoch); "
-                  "communication: what the step waited for its exchange (sync: inside the DDP comm hooks plus "
-                  "from the last gradient bucket to the end of the last collective, so all-reduce time hidden "
-                  "behind the backward pass is compute; parameter server: push, pull and staleness wait); "
-                  "compute: the rest",
-                  "encode / decode: compressing and decompressing the step's gradients (compressed methods); in "
-                  "flight: wall time with a collective running; hidden: the part of it that ran while the "
-                  "backward pass was still computing, which the step did not wait for",
-                  "wire: the kernel's count of bytes each emulated host's interface sent per "
-                  "step (mean over hosts); - on one machine"])
+    rows = [
+        [
+            g.label,
+            str(g.summary(K.mode)),
+            _method(g.first),
+            str(g.world_size),
+            network_text(g.first),
+            *(
+                g.stat(_scaled(name, 1e3)).text(".1f")
+                for name in (K.step_seconds, K.compute_seconds_per_step, K.comm_seconds_per_step)
+            ),
+            g.stat(_comm_share).text(".0%"),
+            *(g.stat(_summary(name)).text(".1f") for name in EXCHANGE_SPLIT),
+            g.stat(_scaled(K.wire_bytes_sent_per_step, 2**-20)).text(".2f"),
+            g.stat(run_throughput).text(".0f"),
+        ]
+        for g in groups
+    ]
+    return Table(
+        "Step time: compute and communication",
+        [
+            "Short Name",
+            "mode",
+            "method",
+            "workers",
+            "network",
+            "step (ms)",
+            "compute (ms)",
+            "communication (ms)",
+            "communication share",
+            "encode (ms)",
+            "in flight (ms)",
+            "hidden (ms)",
+            "decode (ms)",
+            "wire MiB sent per host per step",
+            "images/s",
+        ],
+        rows,
+        [
+            "step: a worker's training step over the epochs after the first (as seconds per epoch); "
+            "communication: what the step waited for its exchange (sync: inside the DDP comm hooks plus "
+            "from the last gradient bucket to the end of the last collective, so all-reduce time hidden "
+            "behind the backward pass is compute; parameter server: push, pull and staleness wait); "
+            "compute: the rest",
+            "encode / decode: compressing and decompressing the step's gradients (compressed methods); in "
+            "flight: wall time with a collective running; hidden: the part of it that ran while the "
+            "backward pass was still computing, which the step did not wait for",
+            "wire: the kernel's count of bytes each emulated host's interface sent per "
+            "step (mean over hosts); - on one machine",
+        ],
+    )
 
 
 def network_text(r: RunRecord) -> str:
@@ -379,8 +556,16 @@ def epochs_table(run: RunRecord) -> Table:
     rows = run.metrics
     step = max(1, -(-len(rows) // MAX_EPOCH_ROWS))
     shown = [r for r in rows if r[K.epoch] % step == 0 or r is rows[-1]]
-    body = [[str(r[K.epoch]), _fmt_pct(r.get(K.train_acc)), _fmt_pct(r.get(K.test_acc)),
-             _fmt(r.get(K.epoch_seconds), ".1f"), _fmt(r.get(K.elapsed_seconds), ".1f")] for r in shown]
+    body = [
+        [
+            str(r[K.epoch]),
+            _fmt_pct(r.get(K.train_acc)),
+            _fmt_pct(r.get(K.test_acc)),
+            _fmt(r.get(K.epoch_seconds), ".1f"),
+            _fmt(r.get(K.elapsed_seconds), ".1f"),
+        ]
+        for r in shown
+    ]
     return Table(f"{run.run_id}", ["epoch", "train accuracy", "validation accuracy", "time (s)", "elapsed (s)"], body)
 
 
@@ -397,13 +582,29 @@ def problems(records: list[RunRecord]) -> Table | None:
     if not bad:
         return None
     rows = [[r.run_id, r.status, r.error.splitlines()[0][:300] if r.error else "-"] for r in bad]
-    return Table("Failed, unfinished or excluded runs", ["run", "status", "error"], rows,
-                 ["these runs are in results.csv but in no other table or plot; the full error is in the run "
-                  "folder's error.txt and train.log"])
+    return Table(
+        "Failed, unfinished or excluded runs",
+        ["run", "status", "error"],
+        rows,
+        [
+            "these runs are in results.csv but in no other table or plot; the full error is in the run "
+            "folder's error.txt and train.log"
+        ],
+    )
 
 
 def environment_table(part: Partition) -> Table:
-    keys = ("device_name", "device", "cpu", "cpu_count", "torch", "python", "cuda", "torch_threads", "hostname",
-            "git_commit")
+    keys = (
+        "device_name",
+        "device",
+        "cpu",
+        "cpu_count",
+        "torch",
+        "python",
+        "cuda",
+        "torch_threads",
+        "hostname",
+        "git_commit",
+    )
     rows = [[k, ", ".join(sorted({str(r.environment.get(k)) for r in part.runs}))] for k in keys]
     return Table("Environment", ["field", "value"], rows)

@@ -19,9 +19,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.io import atomic_write_text
@@ -62,8 +62,9 @@ def validate_name(name: str) -> str:
     most): ASCII letters, digits and '-', at most 16 characters, nothing else (a newline or '/' would leave
     debris that neither ``status`` nor ``down`` can name)."""
     if not (isinstance(name, str) and _NAME_RE.fullmatch(name)):
-        raise ConfigError(f"cluster name must be 1-{MAX_NAME} letters, digits or '-' (not starting with '-'), "
-                          f"got {name!r}")
+        raise ConfigError(
+            f"cluster name must be 1-{MAX_NAME} letters, digits or '-' (not starting with '-'), got {name!r}"
+        )
     return name
 
 
@@ -146,30 +147,49 @@ def burst_bytes(rate: int) -> int:
 
 def shape_argv(ns: str, dev: str, rate: int) -> list[str]:
     """``tc qdisc replace`` so the same command both installs a shaper and changes its rate."""
-    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate}bit",
-            "burst", str(burst_bytes(rate)), "latency", QUEUE_LATENCY]
+    return [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate}bit",
+        "burst",
+        str(burst_bytes(rate)),
+        "latency",
+        QUEUE_LATENCY,
+    ]
 
 
 def plan_switch(cluster: Cluster) -> list[list[str]]:
     sw = cluster.switch
-    return [["ip", "netns", "add", sw],
-            ["ip", "-n", sw, "link", "set", "lo", "up"],
-            ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
-            ["ip", "-n", sw, "link", "set", BRIDGE, "up"]]
+    return [
+        ["ip", "netns", "add", sw],
+        ["ip", "-n", sw, "link", "set", "lo", "up"],
+        ["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"],
+        ["ip", "-n", sw, "link", "set", BRIDGE, "up"],
+    ]
 
 
 def plan_host(cluster: Cluster, index: int) -> list[list[str]]:
     """Namespace, cable (a veth created directly in both namespaces), address, and a shaper on each end."""
     ns, sw, port, rate = host_ns(cluster.name, index), cluster.switch, port_dev(index), cluster.rates[index]
-    return [["ip", "netns", "add", ns],
-            ["ip", "link", "add", HOST_DEV, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw],
-            ["ip", "-n", sw, "link", "set", port, "master", BRIDGE],
-            ["ip", "-n", sw, "link", "set", port, "up"],
-            ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ["ip", "-n", ns, "addr", "add", f"{address(index)}/24", "dev", HOST_DEV],
-            ["ip", "-n", ns, "link", "set", HOST_DEV, "up"],
-            shape_argv(ns, HOST_DEV, rate),
-            shape_argv(sw, port, rate)]
+    return [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", HOST_DEV, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw],
+        ["ip", "-n", sw, "link", "set", port, "master", BRIDGE],
+        ["ip", "-n", sw, "link", "set", port, "up"],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "addr", "add", f"{address(index)}/24", "dev", HOST_DEV],
+        ["ip", "-n", ns, "link", "set", HOST_DEV, "up"],
+        shape_argv(ns, HOST_DEV, rate),
+        shape_argv(sw, port, rate),
+    ]
 
 
 def link_argv(name: str, index: int, up: bool) -> list[str]:
@@ -307,9 +327,13 @@ def cut_link(name: str, index: int, seconds: float) -> None:
     meanwhile; when the cluster is gone by then, it fails without a word."""
     set_link(name, index, False)
     restore = "import subprocess, sys, time; time.sleep(float(sys.argv[1])); subprocess.run(sys.argv[2:])"
-    subprocess.Popen([sys.executable, "-c", restore, str(seconds), *link_argv(name, index, True)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    subprocess.Popen(
+        [sys.executable, "-c", restore, str(seconds), *link_argv(name, index, True)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def set_rate(name: str, index: int, rate: int) -> None:
@@ -345,19 +369,29 @@ def in_namespace(name: str, index: int, argv: Sequence[str]) -> list[str]:
 def measure(name: str, src: int, dst: int, nbytes: int, pings: int, timeout: float = 120) -> dict:
     """Ping-pong latency and one-way TCP throughput from host ``src`` to host ``dst`` of cluster ``name``;
     only the cluster's own addresses are contacted."""
-    server = subprocess.Popen(in_namespace(name, dst, [*probe_helper(), "serve", address(dst)]),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        in_namespace(name, dst, [*probe_helper(), "serve", address(dst)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None and server.stderr is not None  # both piped above
     try:
-        port = server.stdout.readline().strip()  # type: ignore[union-attr]
+        port = server.stdout.readline().strip()
         if not port.isdigit():
-            raise CommandError(f"probe server in {host_ns(name, dst)} did not start: "
-                               f"{' '.join(server.stderr.read().split())}")  # type: ignore[union-attr]
-        client = subprocess.run(in_namespace(name, src, [*probe_helper(), "client", address(dst), port,
-                                                         str(nbytes), str(pings)]),
-                                capture_output=True, text=True, timeout=timeout)
+            raise CommandError(
+                f"probe server in {host_ns(name, dst)} did not start: {' '.join(server.stderr.read().split())}"
+            )
+        client = subprocess.run(
+            in_namespace(name, src, [*probe_helper(), "client", address(dst), port, str(nbytes), str(pings)]),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if client.returncode != 0:
-            raise CommandError(f"probe {host_ns(name, src)} -> {address(dst)} failed: "
-                               f"{' '.join(client.stderr.split()[-20:])}")
+            raise CommandError(
+                f"probe {host_ns(name, src)} -> {address(dst)} failed: {' '.join(client.stderr.split()[-20:])}"
+            )
         return json.loads(client.stdout)
     finally:
         server.kill()
@@ -441,6 +475,7 @@ def _remove_groups(groups: list[Path], wait_s: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- runs on a cluster
+
 
 def facts_from_env() -> dict | None:
     """What `train --cluster` told this job's processes about the cluster (None off a cluster): name, hosts,

@@ -26,8 +26,9 @@ Every hook is installed through :func:`register_hook`, which also times it with 
 # needs the real ``dist.GradBucket`` / ``torch.futures.Future`` objects, not strings.
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,11 +60,13 @@ class CommStats:
     def per_step(self) -> "dict[str, float | None]":
         """What metrics.jsonl and summary.json carry (None before the first step)."""
         s = self.steps
-        return {K.bytes_sent_per_step: self.bytes_sent / s if s else None,
-                K.allreduce_calls_per_step: self.calls / s if s else None,
-                K.comm_seconds_per_step: self.exchange_seconds / s if s else None,
-                K.comm_ms_per_step: 1e3 * self.comm_seconds / s if s else None,
-                K.hidden_ms_per_step: 1e3 * self.hidden_seconds / s if s else None}
+        return {
+            K.bytes_sent_per_step: self.bytes_sent / s if s else None,
+            K.allreduce_calls_per_step: self.calls / s if s else None,
+            K.comm_seconds_per_step: self.exchange_seconds / s if s else None,
+            K.comm_ms_per_step: 1e3 * self.comm_seconds / s if s else None,
+            K.hidden_ms_per_step: 1e3 * self.hidden_seconds / s if s else None,
+        }
 
     def add(self, other: "CommStats") -> None:
         for name in ("bytes_sent", "calls", "steps", "exchange_seconds", "comm_seconds", "hidden_seconds"):
@@ -88,8 +91,9 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def allreduce_mean(tensor: torch.Tensor, process_group: dist.ProcessGroup | None = None,
-                   clock: "OverlapClock | None" = None) -> torch.futures.Future[torch.Tensor]:
+def allreduce_mean(
+    tensor: torch.Tensor, process_group: dist.ProcessGroup | None = None, clock: "OverlapClock | None" = None
+) -> torch.futures.Future[torch.Tensor]:
     """Average ``tensor`` over the group in place, asynchronously; the future yields the tensor.
 
     Dividing before the sum (not after) keeps fp16/bf16 payloads from overflowing.
@@ -103,6 +107,7 @@ def allreduce_mean(tensor: torch.Tensor, process_group: dist.ProcessGroup | None
         if clock is not None:
             clock.landed(launched)
         return fut.value()[0]
+
     return work.get_future().then(landed)
 
 
@@ -135,8 +140,12 @@ def minus(intervals: list[Interval], holes: list[Interval]) -> list[Interval]:
     """The parts of ``intervals`` outside every hole."""
     out = merged(intervals)
     for h_start, h_end in merged(holes):
-        out = [piece for start, end in out
-               for piece in ((start, min(end, h_start)), (max(start, h_end), end)) if piece[1] > piece[0]]
+        out = [
+            piece
+            for start, end in out
+            for piece in ((start, min(end, h_start)), (max(start, h_end), end))
+            if piece[1] > piece[0]
+        ]
     return out
 
 
@@ -218,13 +227,15 @@ def timed(hook: Hook) -> Hook:
         def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             clock.hook_done()
             return fut.value()
+
         return future.then(done)
 
     return timed_hook
 
 
-def register_hook(model: torch.nn.parallel.DistributedDataParallel, state: Any,
-                  hook: Hook = counting_allreduce_hook) -> None:
+def register_hook(
+    model: torch.nn.parallel.DistributedDataParallel, state: Any, hook: Hook = counting_allreduce_hook
+) -> None:
     """Install ``hook``, timed, on a DDP model (DDP allows one hook per model, installed before the first
     step); ``state.stats`` must be a ``CommStats`` and ``state.clock`` an ``OverlapClock`` over it."""
     model.register_comm_hook(state, timed(hook))

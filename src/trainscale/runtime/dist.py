@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -59,9 +60,11 @@ def is_distributed() -> bool:
         return True
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1:
-        raise NoProcessGroup(f"WORLD_SIZE={launched} says this process is one of {launched}, but it has not joined "
-                             "a process group: enter trainscale.runtime.process_group() (or the mode's session) "
-                             "before calling collective helpers")
+        raise NoProcessGroup(
+            f"WORLD_SIZE={launched} says this process is one of {launched}, but it has not joined "
+            "a process group: enter trainscale.runtime.process_group() (or the mode's session) "
+            "before calling collective helpers"
+        )
     return False
 
 
@@ -168,7 +171,7 @@ def average_in_place(tensors: list[torch.Tensor]) -> None:
     offset = 0
     with torch.no_grad():
         for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
 
 

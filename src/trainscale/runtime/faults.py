@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 from trainscale.config import LaunchConfig, Section, option
 from trainscale.errors import ConfigError
@@ -34,8 +35,9 @@ class Fault:
     step: int
 
     def fire(self) -> None:
-        log.warning("%s: injecting '%s' in rank %d at epoch %d step %d", ENV_VAR, self.action, self.rank,
-                    self.epoch, self.step)
+        log.warning(
+            "%s: injecting '%s' in rank %d at epoch %d step %d", ENV_VAR, self.action, self.rank, self.epoch, self.step
+        )
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"{ENV_VAR}: injected failure in rank {self.rank} at epoch {self.epoch} step {self.step}")
@@ -50,8 +52,9 @@ def parse_fault(text: str) -> Fault:
     except (ValueError, KeyError):
         fault, fields = None, {}
     if fault is None or fields or action not in ACTIONS:
-        raise ConfigError(f"{ENV_VAR}='{text}': expected ACTION:rank=R:epoch=E:step=S with ACTION in "
-                          f"{', '.join(ACTIONS)}")
+        raise ConfigError(
+            f"{ENV_VAR}='{text}': expected ACTION:rank=R:epoch=E:step=S with ACTION in {', '.join(ACTIONS)}"
+        )
     return fault
 
 
@@ -121,8 +124,15 @@ class InjectedFault:
         log.warning("--inject-fault %s fires", self.text)
         if self.kind == "link":
             job = job or Job()
-            log_event("fault", kind=self.kind, rank=self.rank, step=self.step, host=job.node,
-                      down_seconds=link_down_s, **fields)
+            log_event(
+                "fault",
+                kind=self.kind,
+                rank=self.rank,
+                step=self.step,
+                host=job.node,
+                down_seconds=link_down_s,
+                **fields,
+            )
             cut_link(cluster_name(job), job.node, link_down_s)
             return
         log_event("fault", kind=self.kind, rank=self.rank, step=self.step, server=self.server, **fields)
@@ -136,8 +146,10 @@ def on_cluster(job: Job) -> bool:
 
 def cluster_name(job: Job) -> str:
     if job.cluster_name is None:
-        raise ConfigError("--inject-fault link:... cuts a host's link on an emulated cluster; this job is not on "
-                          "one (train --cluster NAME)")
+        raise ConfigError(
+            "--inject-fault link:... cuts a host's link on an emulated cluster; this job is not on "
+            "one (train --cluster NAME)"
+        )
     return job.cluster_name
 
 
@@ -167,15 +179,22 @@ class FaultConfig(Section):
 
     TITLE: ClassVar[str] = "fault injection"
 
-    inject_fault: list[str] | None = option(None, "faults to inject, KIND:RANK@STEP, comma-separated (kill = "
-                                            "SIGKILL, hang = SIGSTOP), e.g. kill:1@20. Sync modes need "
-                                            "--fault-tolerance (RANK: a replica, STEP: the job's committed "
-                                            "steps); parameter-server modes: RANK is a worker, STEP its own steps, "
-                                            "or sN a server shard, STEP its pushes (kill only). "
-                                            "link = cut RANK's host off an emulated cluster (--cluster, "
-                                            "--fault-tolerance) for --link-down seconds")
-    link_down: float = option(DEFAULT_LINK_DOWN_S, "seconds a link:... fault keeps the host's link down before "
-                              "it is plugged back in (at most an hour)", above=0, at_most=3600)
+    inject_fault: list[str] | None = option(
+        None,
+        "faults to inject, KIND:RANK@STEP, comma-separated (kill = "
+        "SIGKILL, hang = SIGSTOP), e.g. kill:1@20. Sync modes need "
+        "--fault-tolerance (RANK: a replica, STEP: the job's committed "
+        "steps); parameter-server modes: RANK is a worker, STEP its own steps, "
+        "or sN a server shard, STEP its pushes (kill only). "
+        "link = cut RANK's host off an emulated cluster (--cluster, "
+        "--fault-tolerance) for --link-down seconds",
+    )
+    link_down: float = option(
+        DEFAULT_LINK_DOWN_S,
+        "seconds a link:... fault keeps the host's link down before it is plugged back in (at most an hour)",
+        above=0,
+        at_most=3600,
+    )
 
     def validate(self) -> None:
         """Each fault well formed, ``--link-down`` only beside a link fault; the modes check them against the job."""
@@ -192,8 +211,10 @@ def check_link_down(cfg: FaultConfig) -> None:
     if cfg.link_down <= 0:
         raise ConfigError(f"--link-down must be a positive number of seconds, got {cfg.link_down}")
     if cfg.link_down != DEFAULT_LINK_DOWN_S and not any(f.kind == "link" for f in injected_faults(cfg)):
-        raise ConfigError("--link-down is how long a link:... fault keeps a host cut off; give one with "
-                          "--inject-fault link:RANK@STEP, or leave --link-down out")
+        raise ConfigError(
+            "--link-down is how long a link:... fault keeps a host cut off; give one with "
+            "--inject-fault link:RANK@STEP, or leave --link-down out"
+        )
 
 
 def job_processes(launch: LaunchConfig) -> int | None:

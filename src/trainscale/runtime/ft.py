@@ -24,9 +24,10 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
 from trainscale.io import open_regular
-from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV  # noqa: F401
-from trainscale.runtime.job import this_job
+from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV, this_job  # noqa: F401
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable (the launcher sets it, torchft reads it)
 EVENTS_FILE = "ft-events.jsonl"
@@ -52,8 +52,10 @@ def torchft_available() -> bool:
 
 def require_torchft() -> None:
     if not torchft_available():
-        raise ConfigError("--fault-tolerance needs torchft (pip install torchft==0.2.0, as in constraints.txt); "
-                          "it is not installed in this environment")
+        raise ConfigError(
+            "--fault-tolerance needs torchft (pip install torchft==0.2.0, as in constraints.txt); "
+            "it is not installed in this environment"
+        )
 
 
 @contextlib.contextmanager
@@ -65,9 +67,13 @@ def lighthouse(host: str, heartbeat_timeout_s: float, port: int = 0) -> Iterator
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum at info
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind=f"{host}:{port}", min_replicas=1, join_timeout_ms=int(heartbeat_timeout_s * 1000),
-                              quorum_tick_ms=20,
-                              heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000))
+    server = LighthouseServer(
+        bind=f"{host}:{port}",
+        min_replicas=1,
+        join_timeout_ms=int(heartbeat_timeout_s * 1000),
+        quorum_tick_ms=20,
+        heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000),
+    )
     try:
         yield f"http://{host}:{server.address().rsplit(':', 1)[1]}"
     finally:
@@ -117,8 +123,15 @@ def _manager_server_on(host: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def manager(state: Callable[[], Any], load_state: Callable[[Any], None], timeout_s: float,
-            quorum_timeout_s: float, device: torch.device, replica: int, master: tuple[str, int]) -> Iterator[Any]:
+def manager(
+    state: Callable[[], Any],
+    load_state: Callable[[Any], None],
+    timeout_s: float,
+    quorum_timeout_s: float,
+    device: torch.device,
+    replica: int,
+    master: tuple[str, int],
+) -> Iterator[Any]:
     """Replica ``replica``'s torchft Manager (synchronous quorum every step, heals from a peer over its gloo
     group), on the replica's own store at ``master`` (its MASTER_ADDR, MASTER_PORT); always shut down."""
     from torchft import Manager
@@ -132,12 +145,24 @@ def manager(state: Callable[[], Any], load_state: Callable[[Any], None], timeout
     timeout = timedelta(seconds=timeout_s)
     pg = ProcessGroupGloo(timeout=timeout)
     with _manager_server_on(host):
-        ft = Manager(pg=pg, load_state_dict=load_state, state_dict=state, min_replica_size=1,
-                     use_async_quorum=False, replica_id=f"replica{replica}", timeout=timeout,
-                     quorum_timeout=timedelta(seconds=quorum_timeout_s), connect_timeout=timedelta(seconds=30),
-                     store_addr=host, store_port=port, hostname=host, rank=0, world_size=1,
-                     heartbeat_interval=timedelta(seconds=HEARTBEAT_S),
-                     checkpoint_transport=PGTransport(pg, timeout=timeout, device=device))
+        ft = Manager(
+            pg=pg,
+            load_state_dict=load_state,
+            state_dict=state,
+            min_replica_size=1,
+            use_async_quorum=False,
+            replica_id=f"replica{replica}",
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=quorum_timeout_s),
+            connect_timeout=timedelta(seconds=30),
+            store_addr=host,
+            store_port=port,
+            hostname=host,
+            rank=0,
+            world_size=1,
+            heartbeat_interval=timedelta(seconds=HEARTBEAT_S),
+            checkpoint_transport=PGTransport(pg, timeout=timeout, device=device),
+        )
     try:
         yield ft
     finally:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 # the launcher's channel to the processes it starts (internal: set by trainscale, never by users)
 LAUNCHER_PID_ENV = "TRAINSCALE_LAUNCHER_PID"  # the launcher or agent whose death ends this process
@@ -70,17 +71,28 @@ class Job:
         master = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
         group = env.get("GROUP_RANK", "")
         cluster = env.get(CLUSTER_ENV)
-        return cls(rank=_int(env, "RANK", 0), local_rank=_int(env, "LOCAL_RANK", 0), world=_int(env, "WORLD_SIZE", 1),
-                   local_world=_int(env, "LOCAL_WORLD_SIZE", 0), group_rank=int(group) if group.isdigit() else None,
-                   restarts=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
-                   master=(master[0], int(master[1])) if master[0] and master[1].isdigit() else None,
-                   launched=all(v in env for v in TORCH_LAUNCH_VARS), node=_int(env, NODE_ENV, 0),
-                   launcher_pid=_optional_int(env, LAUNCHER_PID_ENV), owner_pid=_optional_int(env, OWNER_ENV),
-                   replica=_optional_int(env, REPLICA_ENV), replicas=_int(env, REPLICAS_ENV, 1),
-                   barrier=env.get(BARRIER_ENV) or None, address=env.get(ADDRESS_ENV) or None,
-                   fault_log=_path(env, EVENTS_ENV), node_report=_path(env, NODE_REPORT_ENV),
-                   cluster=json.loads(cluster) if cluster else None, fault=env.get(FAULT_ENV, ""),
-                   ps_slow=env.get(PS_SLOW_ENV, ""))
+        return cls(
+            rank=_int(env, "RANK", 0),
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            world=_int(env, "WORLD_SIZE", 1),
+            local_world=_int(env, "LOCAL_WORLD_SIZE", 0),
+            group_rank=int(group) if group.isdigit() else None,
+            restarts=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+            master=(master[0], int(master[1])) if master[0] and master[1].isdigit() else None,
+            launched=all(v in env for v in TORCH_LAUNCH_VARS),
+            node=_int(env, NODE_ENV, 0),
+            launcher_pid=_optional_int(env, LAUNCHER_PID_ENV),
+            owner_pid=_optional_int(env, OWNER_ENV),
+            replica=_optional_int(env, REPLICA_ENV),
+            replicas=_int(env, REPLICAS_ENV, 1),
+            barrier=env.get(BARRIER_ENV) or None,
+            address=env.get(ADDRESS_ENV) or None,
+            fault_log=_path(env, EVENTS_ENV),
+            node_report=_path(env, NODE_REPORT_ENV),
+            cluster=json.loads(cluster) if cluster else None,
+            fault=env.get(FAULT_ENV, ""),
+            ps_slow=env.get(PS_SLOW_ENV, ""),
+        )
 
     @property
     def role(self) -> str:

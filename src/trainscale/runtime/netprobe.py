@@ -63,7 +63,7 @@ def bulk(host: str, port: int, nbytes: int) -> float:
         start = time.perf_counter()
         left = nbytes
         while left > 0:
-            left -= sock.send(payload[:min(left, CHUNK)])
+            left -= sock.send(payload[: min(left, CHUNK)])
         sock.shutdown(socket.SHUT_WR)
         (received,) = struct.unpack("!Q", sock.recv(8))
         seconds = time.perf_counter() - start

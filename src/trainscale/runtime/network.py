@@ -56,11 +56,14 @@ def check_port_free(host: str, port: int) -> None:
 def _bind_error(exc: OSError, host: str, port: int) -> ConfigError:
     if exc.errno == errno.EADDRINUSE:
         other = free_port(LOCALHOST)
-        return ConfigError(f"port {port} on {host} is busy; pass --rdzv-endpoint {host}:OTHER "
-                           f"(e.g. {host}:{other} is free now)")
+        return ConfigError(
+            f"port {port} on {host} is busy; pass --rdzv-endpoint {host}:OTHER (e.g. {host}:{other} is free now)"
+        )
     if exc.errno == errno.EADDRNOTAVAIL:
-        return ConfigError(f"--rdzv-endpoint host '{host}' is not an address of this machine, but node 0 hosts "
-                           "the rendezvous: run --node-rank 0 on that host, or give this machine's address")
+        return ConfigError(
+            f"--rdzv-endpoint host '{host}' is not an address of this machine, but node 0 hosts "
+            "the rendezvous: run --node-rank 0 on that host, or give this machine's address"
+        )
     return ConfigError(f"cannot listen on {host}:{port} for the rendezvous: {exc.strerror}")
 
 
@@ -75,9 +78,11 @@ def wait_reachable(host: str, port: int, timeout_s: float) -> None:
         except OSError as exc:
             if time.monotonic() + 0.5 >= deadline:
                 reason = exc.strerror or type(exc).__name__
-                raise ConfigError(f"cannot reach the rendezvous endpoint {host}:{port} within {timeout_s:g} s "
-                                  f"({reason}); start node 0 first, check the address and firewall, or raise "
-                                  "--rdzv-timeout") from None
+                raise ConfigError(
+                    f"cannot reach the rendezvous endpoint {host}:{port} within {timeout_s:g} s "
+                    f"({reason}); start node 0 first, check the address and firewall, or raise "
+                    "--rdzv-timeout"
+                ) from None
             time.sleep(0.5)
 
 
@@ -108,8 +113,10 @@ def interface_of(address: str) -> str:
     for _, name in socket.if_nameindex():
         if address in _addresses_of(name):
             return name
-    raise ConfigError(f"no network interface of this machine has the address {address}; give an address of "
-                      "this machine in --rdzv-endpoint (node 0) or check the routes to it")
+    raise ConfigError(
+        f"no network interface of this machine has the address {address}; give an address of "
+        "this machine in --rdzv-endpoint (node 0) or check the routes to it"
+    )
 
 
 def _addresses_of(name: str) -> set[str]:

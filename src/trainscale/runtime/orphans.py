@@ -77,8 +77,9 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (%s): this process may outlive its parent",
-                    os.strerror(ctypes.get_errno()))
+        log.warning(
+            "prctl(PR_SET_PDEATHSIG) failed (%s): this process may outlive its parent", os.strerror(ctypes.get_errno())
+        )
         return
     if parent is not None and os.getppid() != parent:
         os._exit(1)  # orphaned before the request: nobody is left to report to
@@ -89,7 +90,6 @@ def die_quietly_on_stop() -> None:
     the main thread at a worker's start."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-
 
 
 def process_state(pid: int) -> tuple[str, int] | None:

@@ -16,7 +16,8 @@ import importlib
 import logging
 import os
 import urllib.parse
-from typing import Iterator, TypedDict
+from collections.abc import Iterator
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -50,8 +51,9 @@ def worker_device(requested: torch.device) -> torch.device:
         return requested
     index = int(os.environ.get("LOCAL_RANK", "0"))
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"local rank {index} has no GPU: only {torch.cuda.device_count()} visible; "
-                          "start at most one worker per GPU")
+        raise ConfigError(
+            f"local rank {index} has no GPU: only {torch.cuda.device_count()} visible; start at most one worker per GPU"
+        )
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -68,8 +70,13 @@ def attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
     return dist.PrefixStore(f"trainscale/attempt_{restart_count()}", store)
 
 
@@ -92,8 +99,9 @@ def bind_interfaces() -> None:
         os.environ.setdefault(name, interface)
 
 
-def _rpc_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S),
-                    **_: object) -> Iterator[tuple[dist.Store, int, int]]:
+def _rpc_rendezvous(
+    url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S), **_: object
+) -> Iterator[tuple[dist.Store, int, int]]:
     """torch.distributed.rendezvous handler for RPC: ``worker_store`` under the rank and world RPC asks for."""
     query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
     rank, world = int(query["rank"][0]), int(query["world_size"][0])
@@ -111,8 +119,9 @@ def register_rpc_rendezvous() -> str:
 
 
 @contextlib.contextmanager
-def process_group(device: torch.device, backend: str | None = None,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[str]:
+def process_group(
+    device: torch.device, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Iterator[str]:
     """Join the launcher's process group for the body of the ``with``; yields the backend name.
 
     ``timeout_s`` bounds every collective, so a dead peer ends the job with an error instead of a hang.
@@ -136,8 +145,14 @@ def process_group(device: torch.device, backend: str | None = None,
     bind_interfaces()
     importlib.import_module("torch._dynamo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(backend=backend, timeout=timeout, store=worker_store(timeout, rank, world), rank=rank,
-                            world_size=world, device_id=device_id)
+    dist.init_process_group(
+        backend=backend,
+        timeout=timeout,
+        store=worker_store(timeout, rank, world),
+        rank=rank,
+        world_size=world,
+        device_id=device_id,
+    )
     log.debug("joined process group: backend %s, rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
     try:
         yield backend
@@ -195,8 +210,9 @@ def rpc_session(name: str, rank: int, world_size: int, timeout_s: float, threads
     import torch.distributed.rpc as rpc
 
     bind_interfaces()
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads, rpc_timeout=timeout_s,
-                                              init_method=register_rpc_rendezvous(), **tensorpipe_options())
+    options = rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=threads, rpc_timeout=timeout_s, init_method=register_rpc_rendezvous(), **tensorpipe_options()
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="torch.distributed")  # RPC's maintenance-mode notice
         rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import datetime
 
 import torch.distributed as dist
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
-from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -23,14 +22,14 @@ BACKEND = "trainscale-c10d"
 DEFAULT_PORT = 29400
 
 
-def bound_store(host: str, port: int, is_host: bool, timeout: datetime.timedelta,
-                world_size: int | None = None) -> dist.TCPStore:
+def bound_store(
+    host: str, port: int, is_host: bool, timeout: datetime.timedelta, world_size: int | None = None
+) -> dist.TCPStore:
     """A TCPStore whose server (when ``is_host``) listens on ``host:port`` only; a client otherwise."""
     if not is_host:
         return dist.TCPStore(host, port, world_size, False, timeout)
     sock = listening_socket(host, port)
-    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
-                         master_listen_fd=sock.detach())
+    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach())
 
 
 class BoundC10dBackend(C10dRendezvousBackend):

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -49,6 +50,7 @@ def kind_of(exc: BaseException) -> str:
         return "stopped"
     return "error"
 
+
 T = TypeVar("T")
 
 
@@ -59,9 +61,14 @@ class AtomicErrorHandler(ErrorHandler):
         path = self._get_error_file_path()
         if not path:
             return
-        data = {"message": {"message": f"{type(e).__name__}: {e}", "kind": kind_of(e), "time_ns": time.time_ns(),
-                            "extraInfo": {"py_callstack": traceback.format_exc(),
-                                          "timestamp": str(int(time.time()))}}}
+        data = {
+            "message": {
+                "message": f"{type(e).__name__}: {e}",
+                "kind": kind_of(e),
+                "time_ns": time.time_ns(),
+                "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
+            }
+        }
         atomic_write_text(Path(path), json.dumps(data))
 
 

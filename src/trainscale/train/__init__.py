@@ -12,5 +12,15 @@ from trainscale.train.optimizers import build_optimizer
 from trainscale.train.setup import BatchPlan, build_model, load_data
 from trainscale.train.trainer import Trainer
 
-__all__ = ["BatchPlan", "Callbacks", "PassStats", "Trainer", "build_model", "build_optimizer", "evaluate",
-           "load_data", "train_one_epoch", "train_step"]
+__all__ = [
+    "BatchPlan",
+    "Callbacks",
+    "PassStats",
+    "Trainer",
+    "build_model",
+    "build_optimizer",
+    "evaluate",
+    "load_data",
+    "train_one_epoch",
+    "train_step",
+]

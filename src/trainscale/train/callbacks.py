@@ -8,7 +8,8 @@ pass ``Callbacks()``.
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 

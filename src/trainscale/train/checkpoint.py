@@ -41,5 +41,6 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dic
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # a truncated or foreign file: say which and what to do
-        raise ConfigError(f"--resume: cannot read checkpoint {path} ({type(exc).__name__}: {exc}); "
-                          "delete it to start fresh") from None
+        raise ConfigError(
+            f"--resume: cannot read checkpoint {path} ({type(exc).__name__}: {exc}); delete it to start fresh"
+        ) from None

@@ -22,34 +22,54 @@ def validate_engine(cfg: CoreConfig) -> None:
     """Ranges and names of the engine's settings."""
     require(cfg.optim.epochs > 0, f"--epochs must be a positive integer, got {cfg.optim.epochs}")
     require(cfg.optim.batch_size > 0, f"--batch-size must be a positive integer, got {cfg.optim.batch_size}")
-    require(cfg.optim.batch_per_worker is None or cfg.optim.batch_per_worker > 0,
-            f"--batch-per-worker must be a positive integer, got {cfg.optim.batch_per_worker}")
+    require(
+        cfg.optim.batch_per_worker is None or cfg.optim.batch_per_worker > 0,
+        f"--batch-per-worker must be a positive integer, got {cfg.optim.batch_per_worker}",
+    )
     require(cfg.optim.lr >= 0, f"--lr must be >= 0, got {cfg.optim.lr}")
     require(0 <= cfg.optim.momentum < 1, f"--momentum must be in [0, 1), got {cfg.optim.momentum}")
     require(not cfg.optim.nesterov or cfg.optim.momentum > 0, "--nesterov needs --momentum > 0")
     require(cfg.optim.weight_decay >= 0, f"--weight-decay must be >= 0, got {cfg.optim.weight_decay}")
     require(0 <= cfg.optim.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {cfg.optim.label_smoothing}")
-    require(cfg.run.precision in PRECISIONS,
-            f"--precision must be one of {', '.join(PRECISIONS)}, got '{cfg.run.precision}'")
-    require(cfg.optim.lr_scaling in ("none", "linear"),
-            f"--lr-scaling must be 'none' or 'linear', got '{cfg.optim.lr_scaling}'")
+    require(
+        cfg.run.precision in PRECISIONS,
+        f"--precision must be one of {', '.join(PRECISIONS)}, got '{cfg.run.precision}'",
+    )
+    require(
+        cfg.optim.lr_scaling in ("none", "linear"),
+        f"--lr-scaling must be 'none' or 'linear', got '{cfg.optim.lr_scaling}'",
+    )
     require(cfg.optim.base_batch_size > 0, f"--base-batch-size must be positive, got {cfg.optim.base_batch_size}")
-    for name, value in (("train_subset", cfg.data.train_subset), ("test_subset", cfg.data.test_subset),
-                        ("image_size", cfg.data.image_size), ("threads", cfg.run.threads)):
+    for name, value in (
+        ("train_subset", cfg.data.train_subset),
+        ("test_subset", cfg.data.test_subset),
+        ("image_size", cfg.data.image_size),
+        ("threads", cfg.run.threads),
+    ):
         require(value is None or value > 0, f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     require(cfg.data.crop_padding >= 0 and cfg.data.cutout >= 0, "--crop-padding and --cutout must be >= 0")
-    require(cfg.run.target_acc is None or 0 < cfg.run.target_acc <= 1,
-            f"--target-acc is a fraction in (0, 1] (e.g. 0.94), got {cfg.run.target_acc}")
-    require(cfg.run.eval_every >= 0, f"--eval-every must be 0 (the last epoch only) or a positive number of epochs, "
-                                     f"got {cfg.run.eval_every}")
-    require(cfg.optim.warmup_epochs is None or 0 <= cfg.optim.warmup_epochs <= cfg.optim.epochs,
-            f"--warmup-epochs must be in [0, epochs={cfg.optim.epochs}], got {cfg.optim.warmup_epochs}")
-    require(list(cfg.optim.milestones) == sorted(cfg.optim.milestones) and all(m > 0 for m in cfg.optim.milestones),
-            f"--milestones must be increasing positive epoch numbers, got {cfg.optim.milestones}")
+    require(
+        cfg.run.target_acc is None or 0 < cfg.run.target_acc <= 1,
+        f"--target-acc is a fraction in (0, 1] (e.g. 0.94), got {cfg.run.target_acc}",
+    )
+    require(
+        cfg.run.eval_every >= 0,
+        f"--eval-every must be 0 (the last epoch only) or a positive number of epochs, got {cfg.run.eval_every}",
+    )
+    require(
+        cfg.optim.warmup_epochs is None or 0 <= cfg.optim.warmup_epochs <= cfg.optim.epochs,
+        f"--warmup-epochs must be in [0, epochs={cfg.optim.epochs}], got {cfg.optim.warmup_epochs}",
+    )
+    require(
+        list(cfg.optim.milestones) == sorted(cfg.optim.milestones) and all(m > 0 for m in cfg.optim.milestones),
+        f"--milestones must be increasing positive epoch numbers, got {cfg.optim.milestones}",
+    )
     _check_optimizer(cfg)
-    require(cfg.optim.tta_translate == 0 or (cfg.optim.tta and 0 < cfg.optim.tta_translate < 8),
-            f"--tta-translate must be 0, or 1-7 pixels with --tta, got {cfg.optim.tta_translate}"
-            f"{'' if cfg.optim.tta else ' without --tta'}")
+    require(
+        cfg.optim.tta_translate == 0 or (cfg.optim.tta and 0 < cfg.optim.tta_translate < 8),
+        f"--tta-translate must be 0, or 1-7 pixels with --tta, got {cfg.optim.tta_translate}"
+        f"{'' if cfg.optim.tta else ' without --tta'}",
+    )
     require(cfg.data.flip or not cfg.data.alternate_flip, "--alternate-flip alternates flips: it needs --flip")
     _check_names(cfg)
 
@@ -58,8 +78,10 @@ def _check_optimizer(cfg: CoreConfig) -> None:
     require(cfg.optim.muon_lr >= 0, f"--muon-lr must be >= 0, got {cfg.optim.muon_lr}")
     require(0 <= cfg.optim.muon_momentum < 1, f"--muon-momentum must be in [0, 1), got {cfg.optim.muon_momentum}")
     require(cfg.optim.head_lr_factor > 0, f"--head-lr-factor must be > 0, got {cfg.optim.head_lr_factor}")
-    require(cfg.optim.optimizer in OPTIMIZERS,
-            f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{cfg.optim.optimizer}'")
+    require(
+        cfg.optim.optimizer in OPTIMIZERS,
+        f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{cfg.optim.optimizer}'",
+    )
 
 
 def _check_names(cfg: CoreConfig) -> None:

@@ -29,8 +29,9 @@ def git_commit() -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True, timeout=5).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
+    ).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 

@@ -8,8 +8,8 @@ progress bar), then summed over ranks, so the same code serves one process and m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +58,9 @@ class Accumulator:
 
     def reduce(self, seconds: float) -> PassStats:
         counts = self.loss_sum.new_tensor([float(self.count), float(self.skipped)])
-        loss_sum, correct, count, skipped = all_reduce_sum(torch.cat([self.loss_sum.view(1), self.correct.view(1),
-                                                                      counts])).tolist()
+        loss_sum, correct, count, skipped = all_reduce_sum(
+            torch.cat([self.loss_sum.view(1), self.correct.view(1), counts])
+        ).tolist()
         return PassStats(loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count + skipped), seconds)
 
 
@@ -105,8 +106,10 @@ class NonFiniteGuard:
 
     def _fail(self, step: int) -> None:
         lr = self.lr_at(self.epoch + step / self.steps)
-        raise NonFiniteLoss(f"the training loss is not finite (NaN or inf) at epoch {self.epoch + 1} step {step + 1} "
-                            f"(lr {lr:g}): training stopped; lower --lr (or raise --warmup-epochs) and start again")
+        raise NonFiniteLoss(
+            f"the training loss is not finite (NaN or inf) at epoch {self.epoch + 1} step {step + 1} "
+            f"(lr {lr:g}): training stopped; lower --lr (or raise --warmup-epochs) and start again"
+        )
 
 
 class NonFiniteSkipper:
@@ -133,14 +136,22 @@ class NonFiniteSkipper:
 
     def finish(self) -> None:
         if self.skipped == self.steps:
-            raise NonFiniteLoss(f"every step of epoch {self.epoch + 1} ({self.steps}) had a non-finite loss or "
-                                f"gradients and was skipped (--nonfinite skip; lr {self.lr_at(self.epoch):g} at its "
-                                "start): training stopped; lower --lr (or raise --warmup-epochs) and start again")
+            raise NonFiniteLoss(
+                f"every step of epoch {self.epoch + 1} ({self.steps}) had a non-finite loss or "
+                f"gradients and was skipped (--nonfinite skip; lr {self.lr_at(self.epoch):g} at its "
+                "start): training stopped; lower --lr (or raise --warmup-epochs) and start again"
+            )
 
 
-def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, precision: Precision,
-               label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step on one batch: forward under the precision's autocast, loss in fp32, backward
     through the grad scaler, step. Returns (logits, loss) without a host sync, so it can be timed alone
     (synchronise the device around it) or called in a loop."""
@@ -149,9 +160,15 @@ def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, opt
     return logits, loss
 
 
-def compute_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, optimizer: torch.optim.Optimizer,
-                      scaler: torch.amp.GradScaler, precision: Precision,
-                      label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gradients(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first half of ``train_step``: forward and backward, gradients left in ``.grad`` (scaled by
     ``scaler``), so the caller can decide whether to apply them."""
     with precision.autocast():
@@ -168,19 +185,37 @@ def apply_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
     scaler.update()
 
 
-def train_one_epoch(model: nn.Module, batches: Batches, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                    precision: Precision, lr_at: Callable[[float], float], epoch: int, label_smoothing: float = 0.0,
-                    progress: bool = True, nonfinite: str = "stop") -> PassStats:
+def train_one_epoch(
+    model: nn.Module,
+    batches: Batches,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    lr_at: Callable[[float], float],
+    epoch: int,
+    label_smoothing: float = 0.0,
+    progress: bool = True,
+    nonfinite: str = "stop",
+) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
     ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``)."""
     model.train()
     acc = Accumulator(precision.device)
     steps = len(batches)
-    guard: NonFiniteGuard | NonFiniteSkipper = NonFiniteGuard(precision.device, epoch, lr_at, steps) \
-        if nonfinite == "stop" else NonFiniteSkipper(epoch, lr_at, steps, check_gradients=not scaler.is_enabled())
+    guard: NonFiniteGuard | NonFiniteSkipper = (
+        NonFiniteGuard(precision.device, epoch, lr_at, steps)
+        if nonfinite == "stop"
+        else NonFiniteSkipper(epoch, lr_at, steps, check_gradients=not scaler.is_enabled())
+    )
     first_loss: float | None = None
-    bar = tqdm(total=steps, desc=f"epoch {epoch + 1}", leave=False, disable=not (progress and is_main_process()),
-               unit="batch", dynamic_ncols=True)
+    bar = tqdm(
+        total=steps,
+        desc=f"epoch {epoch + 1}",
+        leave=False,
+        disable=not (progress and is_main_process()),
+        unit="batch",
+        dynamic_ncols=True,
+    )
     synchronize(precision.device)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
@@ -212,8 +247,9 @@ def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) ->
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False,
-             translate: int = 0) -> PassStats:
+def evaluate(
+    model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False, translate: int = 0
+) -> PassStats:
     """Test loss and accuracy; with ``tta_flip`` the logits of each image and its mirror are averaged, and with
     ``translate`` too those of the images shifted by that many pixels (see ``predict``)."""
     model.eval()
@@ -238,9 +274,8 @@ def predict(model: nn.Module, images: torch.Tensor, flip: bool = False, translat
         return logits
     h, w = images.shape[-2:]
     padded = F.pad(images, (translate,) * 4, mode="reflect")
-    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else \
-        torch.contiguous_format
-    shifted = [padded[..., :h, :w], padded[..., 2 * translate:, 2 * translate:]]
+    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    shifted = [padded[..., :h, :w], padded[..., 2 * translate :, 2 * translate :]]
     views = [predict(model, x.contiguous(memory_format=layout), flip) for x in shifted]
     return 0.5 * logits + 0.25 * (views[0] + views[1])
 

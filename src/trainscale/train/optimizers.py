@@ -17,11 +17,12 @@ the momentum buffers held in this optimizer's state in place, and a checkpoint o
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
-from torch.optim.sgd import sgd as sgd_update
 from torch import nn
+from torch.optim.sgd import sgd as sgd_update
 
 from trainscale.config import CoreConfig
 
@@ -54,18 +55,36 @@ def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[
         else:
             placed["rest"].append(p)
     factor = cfg.optim.head_lr_factor
-    return [g for g in (
-        group("rest", placed["rest"], lr, cfg.optim.weight_decay),
-        group("head", placed["head"], lr * factor, cfg.optim.weight_decay / factor, lr_scale=factor),
-        *groups,
-        group("filters", placed["filters"], cfg.optim.muon_lr, 0.0, lr_scale=cfg.optim.muon_lr / lr if lr else 0.0,
-              muon=True, momentum=cfg.optim.muon_momentum),
-    ) if g["params"]]
+    return [
+        g
+        for g in (
+            group("rest", placed["rest"], lr, cfg.optim.weight_decay),
+            group("head", placed["head"], lr * factor, cfg.optim.weight_decay / factor, lr_scale=factor),
+            *groups,
+            group(
+                "filters",
+                placed["filters"],
+                cfg.optim.muon_lr,
+                0.0,
+                lr_scale=cfg.optim.muon_lr / lr if lr else 0.0,
+                muon=True,
+                momentum=cfg.optim.muon_momentum,
+            ),
+        )
+        if g["params"]
+    ]
 
 
 def group(name: str, params: list[nn.Parameter], lr: float, weight_decay: float, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "params": params, "lr": lr, "weight_decay": weight_decay, "peak_lr": lr,
-            "lr_scale": 1.0, **extra}
+    return {
+        "name": name,
+        "params": params,
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "peak_lr": lr,
+        "lr_scale": 1.0,
+        **extra,
+    }
 
 
 def head_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -117,8 +136,17 @@ class MuonWithSGD(torch.optim.Optimizer):
     def _sgd_step(self, g: dict[str, Any], params: list[torch.Tensor]) -> None:
         buffers = [self.state[p].get("momentum_buffer") for p in params]
         grads = [p.grad for p in params if p.grad is not None]
-        sgd_update(params, grads, buffers, weight_decay=g["weight_decay"], momentum=g["momentum"],
-                   lr=g["lr"], dampening=0.0, nesterov=g["nesterov"], maximize=False)
+        sgd_update(
+            params,
+            grads,
+            buffers,
+            weight_decay=g["weight_decay"],
+            momentum=g["momentum"],
+            lr=g["lr"],
+            dampening=0.0,
+            nesterov=g["nesterov"],
+            maximize=False,
+        )
         for p, buffer in zip(params, buffers):
             self.state[p]["momentum_buffer"] = buffer
 
@@ -139,8 +167,7 @@ class MuonWithSGD(torch.optim.Optimizer):
             view = nn.Parameter(matrix(p.detach(), p), requires_grad=False)
             if view.data_ptr() != p.data_ptr():
                 raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
-            self._views[id(p)] = view, torch.optim.Muon([view], weight_decay=0.0, nesterov=True,
-                                                        ns_steps=MUON_NS_STEPS)
+            self._views[id(p)] = view, torch.optim.Muon([view], weight_decay=0.0, nesterov=True, ns_steps=MUON_NS_STEPS)
         view, muon = self._views[id(p)]
         muon.param_groups[0].update(lr=g["lr"], momentum=g["momentum"])
         return view, muon

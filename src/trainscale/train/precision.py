@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 
@@ -41,8 +41,10 @@ class Precision:
 
     def __post_init__(self) -> None:
         if self.name == "fp16" and self.device.type != "cuda":
-            raise ConfigError("--precision fp16 needs a CUDA device (CPU fp16 convolutions are slow or "
-                              "unsupported); use --precision bf16 on the CPU")
+            raise ConfigError(
+                "--precision fp16 needs a CUDA device (CPU fp16 convolutions are slow or "
+                "unsupported); use --precision bf16 on the CPU"
+            )
         if self.name == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("--precision bf16 is not supported by this GPU; use fp16 or fp32")
 
@@ -50,7 +52,7 @@ class Precision:
     def autocast_dtype(self) -> torch.dtype | None:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)

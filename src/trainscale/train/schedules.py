@@ -7,10 +7,10 @@ Each factory takes the config and returns ``f(t) -> multiplier`` of the base LR,
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
-from trainscale.registry import Registry
 from trainscale.config import CoreConfig
+from trainscale.registry import Registry
 
 Schedule = Callable[[float], float]
 SCHEDULES: Registry[Schedule] = Registry("schedule")

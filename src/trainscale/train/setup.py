@@ -1,7 +1,7 @@
 """The engine's builders: data, batch plan, model and the run folder, from the config (the optimizer: ``optimizers``).
 
 Public: ``build_model`` (usable on its own, with ``optimizers.build_optimizer``, e.g. to time one ``train_step``);
-the composition root (``app.run``) puts the pieces together with a mode.""" 
+the composition root (``app.run``) puts the pieces together with a mode."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainscale.config import CoreConfig
 from trainscale.data import AugmentConfig, ImageTensors, load_dataset
 from trainscale.data.checksums import ChecksumError
 from trainscale.data.sharding import check_world, train_shard_size
@@ -22,11 +23,9 @@ from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
 from trainscale.models import create_model, model_info
 from trainscale.models.registry import DataInitModel
-from trainscale.config import CoreConfig
 from trainscale.record import K
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
-from trainscale.runtime import broadcast_object, is_main_process, world_size
-from trainscale.runtime import ft
+from trainscale.runtime import broadcast_object, ft, is_main_process, world_size
 from trainscale.runtime.dist import job_restarted
 from trainscale.runtime.job import Job
 from trainscale.train.environment import environment
@@ -45,12 +44,14 @@ class BatchPlan:
     lr: float
 
     @classmethod
-    def resolve(cls, cfg: CoreConfig, workers: int) -> "BatchPlan":
+    def resolve(cls, cfg: CoreConfig, workers: int) -> BatchPlan:
         if cfg.optim.batch_per_worker is not None:
             per_worker = cfg.optim.batch_per_worker
         elif cfg.optim.batch_size % workers:
-            raise ConfigError(f"--batch-size {cfg.optim.batch_size} is not divisible by {workers} workers; "
-                              "choose a multiple or use --batch-per-worker")
+            raise ConfigError(
+                f"--batch-size {cfg.optim.batch_size} is not divisible by {workers} workers; "
+                "choose a multiple or use --batch-per-worker"
+            )
         else:
             per_worker = cfg.optim.batch_size // workers
         global_batch = per_worker * workers
@@ -74,7 +75,9 @@ def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, Any]:
 def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
     """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes."""
     size = cfg.data.image_size if cfg.data.dataset == "synthetic" else None
-    common: dict[str, Any] = dict(data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size)
+    common: dict[str, Any] = dict(
+        data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size
+    )
     try:
         train = load_dataset(cfg.data.dataset, train=True, **common, **synthetic_size(cfg, cfg.data.train_subset))
         test = load_dataset(cfg.data.dataset, train=False, **common, **synthetic_size(cfg, cfg.data.test_subset))
@@ -91,8 +94,14 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
     """Train/eval pipelines: random crops smaller than the images (MXNet's 28x28), upscaling larger."""
     crop = want if want < native else None
     resize = want if want > native else None
-    train = AugmentConfig(crop_padding=cfg.data.crop_padding, crop_size=crop, flip=cfg.data.flip,
-                          alternate_flip=cfg.data.alternate_flip, cutout=cfg.data.cutout, resize=resize)
+    train = AugmentConfig(
+        crop_padding=cfg.data.crop_padding,
+        crop_size=crop,
+        flip=cfg.data.flip,
+        alternate_flip=cfg.data.alternate_flip,
+        cutout=cfg.data.cutout,
+        resize=resize,
+    )
     test = AugmentConfig(crop_padding=0, crop_size=crop, flip=False, cutout=0, resize=resize)
     return train, test
 
@@ -125,8 +134,10 @@ def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> Batc
     check_world(n_test, 0, workers)
     shard = train_shard_size(n_train, workers)
     if plan.per_worker > shard:
-        raise ConfigError(f"batch size {plan.per_worker} per worker is larger than the {shard} training samples each "
-                          f"of {workers} workers gets from {n_train}; use a smaller batch, fewer workers or more data")
+        raise ConfigError(
+            f"batch size {plan.per_worker} per worker is larger than the {shard} training samples each "
+            f"of {workers} workers gets from {n_train}; use a smaller batch, fewer workers or more data"
+        )
     return plan
 
 
@@ -137,14 +148,34 @@ def resolve_out(cfg: CoreConfig) -> Path:
 RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.jsonl", "config.json")  # any of them: a trainscale run
 # Settings a resumed run may change: where things are and how the job is run, never what is trained.
 # ``epochs`` may only grow (checked apart).
-RESUME_MAY_CHANGE = frozenset({
-    "out", "resume", "progress", "checkpoint", "data_dir", "verify", "download", "threads", "epochs", "rdzv_endpoint",
-    "rdzv_id", "rdzv_timeout", "dist_timeout", "rpc_timeout", "max_restarts", "hosts", "ssh", "cluster", "baseline",
-})
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "out",
+        "resume",
+        "progress",
+        "checkpoint",
+        "data_dir",
+        "verify",
+        "download",
+        "threads",
+        "epochs",
+        "rdzv_endpoint",
+        "rdzv_id",
+        "rdzv_timeout",
+        "dist_timeout",
+        "rpc_timeout",
+        "max_restarts",
+        "hosts",
+        "ssh",
+        "cluster",
+        "baseline",
+    }
+)
 
 
-def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, probe: bool = True,
-                     holders: tuple[int, ...] = ()) -> None:
+def check_run_folder(
+    out: Path, resume: bool, cfg: CoreConfig | None = None, probe: bool = True, holders: tuple[int, ...] = ()
+) -> None:
     """Never write into a folder that holds anything unless resuming a trainscale run there with the same
     settings (``RESUME_MAY_CHANGE`` aside); never resume nothing. ``probe=False`` (a dry run, which writes
     nothing) judges writability from the nearest existing folder's permissions instead of a probe file.
@@ -157,8 +188,10 @@ def check_run_folder(out: Path, resume: bool, cfg: CoreConfig | None = None, pro
         if any((out / name).exists() for name in RUN_FILES):
             raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
         if out.is_dir() and any(p.name not in (*LAUNCHER_FILES, LOCK_FILE, ft.EVENTS_FILE) for p in out.iterdir()):
-            raise ConfigError(f"--out {out} is a folder that already holds files and is not a trainscale run; "
-                              "choose a new or empty folder")
+            raise ConfigError(
+                f"--out {out} is a folder that already holds files and is not a trainscale run; "
+                "choose a new or empty folder"
+            )
         return
     if not (out / "checkpoint.pt").exists() and not (out / "config.json").exists():
         raise ConfigError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}; run without --resume to start fresh")
@@ -189,23 +222,31 @@ def check_model_input(cfg: CoreConfig) -> None:
         return
     except (RuntimeError, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0][:200]
-        raise ConfigError(f"--image-size {size}: model {cfg.data.model} cannot take {size}x{size} images ({reason}); "
-                          f"leave --image-size out for its {info.input_size}x{info.input_size} or choose a size "
-                          "it takes") from None
+        raise ConfigError(
+            f"--image-size {size}: model {cfg.data.model} cannot take {size}x{size} images ({reason}); "
+            f"leave --image-size out for its {info.input_size}x{info.input_size} or choose a size "
+            "it takes"
+        ) from None
 
 
 def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
     """``--resume`` continues the run that ``config.json`` records: every setting must match, except where
     things are (``RESUME_MAY_CHANGE``) and ``epochs``, which may only grow."""
     now = cfg.to_dict()
-    differ = [f"{k} (was {recorded[k]!r}, now {now[k]!r})" for k in now
-              if k in recorded and k not in RESUME_MAY_CHANGE and recorded[k] != now[k]]
+    differ = [
+        f"{k} (was {recorded[k]!r}, now {now[k]!r})"
+        for k in now
+        if k in recorded and k not in RESUME_MAY_CHANGE and recorded[k] != now[k]
+    ]
     if differ:
-        raise ConfigError(f"--resume: the run in {cfg.run.out} was started with other settings: {'; '.join(differ)}; "
-                          "resume with its settings or start a new run with another --out")
+        raise ConfigError(
+            f"--resume: the run in {cfg.run.out} was started with other settings: {'; '.join(differ)}; "
+            "resume with its settings or start a new run with another --out"
+        )
     if now["epochs"] < recorded.get("epochs", 0):
-        raise ConfigError(f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; "
-                          "epochs may only grow")
+        raise ConfigError(
+            f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; epochs may only grow"
+        )
 
 
 def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
@@ -235,19 +276,36 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -
     if first_writer:
         check_run_folder(out, cfg.run.resume, cfg, holders=job.folder_holders)
     if cfg.run.resume and not resume:
-        log.warning("--resume: %s has no checkpoint (the run stopped before its first one); starting from the "
-                    "beginning", out)
+        log.warning(
+            "--resume: %s has no checkpoint (the run stopped before its first one); starting from the beginning", out
+        )
     return RunWriter(out, clean=first_writer), resume
 
 
-def summary_base(cfg: CoreConfig, plan: BatchPlan, params: int, device: torch.device, image_size: int,
-                 epoch_samples: int, writer: RunWriter | None) -> dict[str, Any]:
+def summary_base(
+    cfg: CoreConfig,
+    plan: BatchPlan,
+    params: int,
+    device: torch.device,
+    image_size: int,
+    epoch_samples: int,
+    writer: RunWriter | None,
+) -> dict[str, Any]:
     """The run's description: the first part of summary.json (keys: ``record.K``)."""
     return {
         K.out: str(writer.out) if writer else None,
-        K.model: cfg.data.model, K.params: params, K.dataset: cfg.data.dataset, K.mode: cfg.run.mode,
+        K.model: cfg.data.model,
+        K.params: params,
+        K.dataset: cfg.data.dataset,
+        K.mode: cfg.run.mode,
         K.world_size: world_size(),
-        K.epochs: cfg.optim.epochs, K.batch_size: plan.global_batch, K.batch_per_worker: plan.per_worker, K.lr: plan.lr,
-        K.precision: cfg.run.precision, K.image_size: image_size, K.train_samples_per_epoch: epoch_samples,
-        K.seed: cfg.run.seed, K.environment: environment(device),
+        K.epochs: cfg.optim.epochs,
+        K.batch_size: plan.global_batch,
+        K.batch_per_worker: plan.per_worker,
+        K.lr: plan.lr,
+        K.precision: cfg.run.precision,
+        K.image_size: image_size,
+        K.train_samples_per_epoch: epoch_samples,
+        K.seed: cfg.run.seed,
+        K.environment: environment(device),
     }

@@ -6,8 +6,9 @@ import copy
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,24 +16,36 @@ from torch import nn
 from trainscale.config import CoreConfig
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
-from trainscale.runtime import all_reduce_max, all_reduce_sum, barrier, broadcast_object, is_distributed, is_main_process, world_size
+from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
+from trainscale.results import RunWriter
+from trainscale.runtime import (
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    is_distributed,
+    is_main_process,
+    world_size,
+)
 from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
-from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
-from trainscale.results import RunWriter
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.utilisation import Utilisation
 
 log = logging.getLogger("trainscale.train")
 
-TIMER_SCOPE = ("training steps only, device-synchronised: includes on-device augmentation and the optimizer step; "
-               "excludes the initial data load and checksum, model construction, evaluation and checkpointing")
+TIMER_SCOPE = (
+    "training steps only, device-synchronised: includes on-device augmentation and the optimizer step; "
+    "excludes the initial data load and checksum, model construction, evaluation and checkpointing"
+)
 NOT_LEARNING = 1.05  # an epoch's mean loss this far above the first step's: diverging, not noise (chance-level
 # data hovers within a few percent of its first loss)
-REFERENCE_SCOPE = ("airbench's: model construction with its data-based init (the whitening fit), the training steps "
-                   "and the last epoch's evaluation (with its test-time augmentation); excludes data loading, compile "
-                   "warm-up, checkpoints and the earlier epochs' evaluations")
+REFERENCE_SCOPE = (
+    "airbench's: model construction with its data-based init (the whitening fit), the training steps "
+    "and the last epoch's evaluation (with its test-time augmentation); excludes data loading, compile "
+    "warm-up, checkpoints and the earlier epochs' evaluations"
+)
 
 
 @dataclass
@@ -88,8 +101,13 @@ class Trainer:
 
     def snapshot(self) -> dict[str, Any]:
         """The whole training state but the RNGs: what a checkpoint holds, and what a healing replica copies."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "state": self.state.to_dict(), "mode": self.callbacks.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "state": self.state.to_dict(),
+            "mode": self.callbacks.state_dict(),
+        }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self.model.load_state_dict(snapshot["model"])
@@ -163,25 +181,53 @@ class Trainer:
         self.callbacks.before_train_epoch(epoch)
         assert self.train_model is not None  # set in ``__post_init__``
         with Utilisation(self.precision.device, self.cores) as busy:
-            train = train_one_epoch(self.train_model, self.train_batches, self.optimizer, self.scaler,
-                                    self.precision, self.lr_at, epoch, self.cfg.optim.label_smoothing,
-                                    self.cfg.run.progress, self.cfg.optim.nonfinite)
+            train = train_one_epoch(
+                self.train_model,
+                self.train_batches,
+                self.optimizer,
+                self.scaler,
+                self.precision,
+                self.lr_at,
+                epoch,
+                self.cfg.optim.label_smoothing,
+                self.cfg.run.progress,
+                self.cfg.optim.nonfinite,
+            )
         if train.skipped_steps and is_main_process():
-            log.warning("epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
-                        epoch + 1, train.skipped_steps)
+            log.warning(
+                "epoch %d: skipped %d step(s) with a non-finite loss or gradients (--nonfinite skip)",
+                epoch + 1,
+                train.skipped_steps,
+            )
         self.callbacks.after_train_epoch(self.model)
         train.samples = self.callbacks.epoch_samples(train.samples)
         translate = self.cfg.optim.tta_translate if epoch + 1 == self.cfg.optim.epochs else 0
-        test = evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.optim.tta,
-                        translate=translate) if self.evaluates(epoch) else None
+        test = (
+            evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.optim.tta, translate=translate)
+            if self.evaluates(epoch)
+            else None
+        )
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
         views: dict[str, int] = {K.test_views: views_per_image(self.cfg.optim.tta, translate) if test else 0}
-        row = merge(self._row(epoch, train, test), views, mean_over_workers(busy.result()),
-                    self.callbacks.epoch_stats(), file=METRICS)
+        row = merge(
+            self._row(epoch, train, test),
+            views,
+            mean_over_workers(busy.result()),
+            self.callbacks.epoch_stats(),
+            file=METRICS,
+        )
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
-        log.info("epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s", epoch + 1, self.cfg.optim.epochs,
-                 train.loss, train.acc, tested, row[K.epoch_seconds], row[K.samples_per_sec])
+        log.info(
+            "epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s",
+            epoch + 1,
+            self.cfg.optim.epochs,
+            train.loss,
+            train.acc,
+            tested,
+            row[K.epoch_seconds],
+            row[K.samples_per_sec],
+        )
         return row
 
     def evaluates(self, epoch: int) -> bool:
@@ -224,23 +270,35 @@ class Trainer:
             return
         self.warned_not_learning = True
         if is_main_process():
-            log.warning("epoch %d: the mean training loss %.3f is above the first step's %.3f: the run is not "
-                        "learning; the learning rate (%g at batch %d) is probably too high for %s: lower --lr and "
-                        "start again", epoch + 1, train.loss, self.first_loss, self.summary_base[K.lr],
-                        self.summary_base[K.batch_size], self.cfg.data.model)
+            log.warning(
+                "epoch %d: the mean training loss %.3f is above the first step's %.3f: the run is not "
+                "learning; the learning rate (%g at batch %d) is probably too high for %s: lower --lr and "
+                "start again",
+                epoch + 1,
+                train.loss,
+                self.first_loss,
+                self.summary_base[K.lr],
+                self.summary_base[K.batch_size],
+                self.cfg.data.model,
+            )
 
     def _row(self, epoch: int, train: PassStats, test: PassStats | None) -> dict[str, Any]:
         memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
         return {
             K.epoch: epoch + 1,
             K.lr: self.optimizer.param_groups[0]["lr"],
-            K.train_loss: train.loss, K.train_acc: train.acc, K.test_loss: test.loss if test else None,
-            K.test_acc: test.acc if test else None, K.epoch_seconds: train.seconds,
+            K.train_loss: train.loss,
+            K.train_acc: train.acc,
+            K.test_loss: test.loss if test else None,
+            K.test_acc: test.acc if test else None,
+            K.epoch_seconds: train.seconds,
             K.eval_seconds: test.seconds if test else 0.0,
             K.step_seconds: train.seconds / train.steps if train.steps else None,
             K.elapsed_seconds: self.state.elapsed_seconds,
             K.samples_per_sec: train.samples / train.seconds if train.seconds > 0 else 0.0,
-            K.train_samples: train.samples, K.peak_memory_mb: memory, K.world_size: self.summary_base[K.world_size],
+            K.train_samples: train.samples,
+            K.peak_memory_mb: memory,
+            K.world_size: self.summary_base[K.world_size],
             K.skipped_steps: train.skipped_steps,
         }
 
@@ -248,8 +306,12 @@ class Trainer:
         """Only for a run that has finished all its epochs (the reference times a whole run)."""
         if not rows or self.state.next_epoch < self.cfg.optim.epochs or rows[-1][K.epoch] != self.cfg.optim.epochs:
             return None
-        return reference_scope(self.summary_base.get(K.data_init_seconds) or 0.0, self.state.elapsed_seconds,
-                               rows[-1], self.cfg.run.target_acc)
+        return reference_scope(
+            self.summary_base.get(K.data_init_seconds) or 0.0,
+            self.state.elapsed_seconds,
+            rows[-1],
+            self.cfg.run.target_acc,
+        )
 
     def _checkpoint(self) -> None:
         if not self.cfg.run.checkpoint:
@@ -270,9 +332,14 @@ class Trainer:
     def _scaling(self, summary: dict[str, Any]) -> dict[str, Any]:
         if self.baseline is None or not summary[K.samples_per_sec]:
             return {}
-        return {K.scaling_efficiency: scaling_efficiency(summary, self.baseline),
-                K.scaling_baseline: {"out": self.baseline.get(K.out), "world_size": self.baseline.get(K.world_size),
-                                     "config_mismatches": config_mismatches(summary, self.baseline)}}
+        return {
+            K.scaling_efficiency: scaling_efficiency(summary, self.baseline),
+            K.scaling_baseline: {
+                "out": self.baseline.get(K.out),
+                "world_size": self.baseline.get(K.world_size),
+                "config_mismatches": config_mismatches(summary, self.baseline),
+            },
+        }
 
     def _results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         seconds = [r[K.epoch_seconds] for r in rows]
@@ -297,14 +364,22 @@ class Trainer:
         }
 
 
-def reference_scope(data_init_seconds: float, train_seconds: float, last: dict[str, Any],
-                    target: float | None) -> dict[str, Any]:
+def reference_scope(
+    data_init_seconds: float, train_seconds: float, last: dict[str, Any], target: float | None
+) -> dict[str, Any]:
     """The run's time as airbench counts it (``REFERENCE_SCOPE``), and its time to ``target`` in that scope: the
     whole time when the last evaluation reaches the target (the reference judges only that one), else None."""
     seconds = data_init_seconds + train_seconds + last[K.eval_seconds]
     reached = target is not None and last[K.test_acc] >= target
-    return {"name": "airbench", "seconds": seconds, "test_acc": last[K.test_acc], "test_views": last.get(K.test_views),
-            "target_acc": target, "time_to_target_seconds": seconds if reached else None, "scope": REFERENCE_SCOPE}
+    return {
+        "name": "airbench",
+        "seconds": seconds,
+        "test_acc": last[K.test_acc],
+        "test_views": last.get(K.test_views),
+        "target_acc": target,
+        "time_to_target_seconds": seconds if reached else None,
+        "scope": REFERENCE_SCOPE,
+    }
 
 
 def step_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -341,5 +416,3 @@ def mean_over_workers(values: dict[str, float | None]) -> dict[str, float | None
         return dict(values)
     summed = all_reduce_sum(torch.tensor([float(present[k]) for k in keys], dtype=torch.float64)) / world_size()
     return {**values, **{k: float(v) for k, v in zip(keys, summed.tolist())}}
-
-

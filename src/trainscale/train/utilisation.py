@@ -39,7 +39,7 @@ class Utilisation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Utilisation":
+    def __enter__(self) -> Utilisation:
         self._start = (time.process_time(), time.perf_counter())
         if self.device.type == "cuda" and _nvml_works(self.device):
             self._thread = threading.Thread(target=self._sample, name="trainscale-nvml", daemon=True)

@@ -31,8 +31,14 @@ class DGC(_Sparse):
     feedback: ClassVar[str] = "internal"
     replaces_optimizer_momentum: ClassVar[bool] = True
 
-    def __init__(self, ratio: float = 0.001, momentum: float = 0.9, sparsity_warmup_epochs: int = 4,
-                 initial_density: float = 0.25, seed: int = 0) -> None:
+    def __init__(
+        self,
+        ratio: float = 0.001,
+        momentum: float = 0.9,
+        sparsity_warmup_epochs: int = 4,
+        initial_density: float = 0.25,
+        seed: int = 0,
+    ) -> None:
         super().__init__(seed)
         self.ratio = check_ratio(ratio)
         self.momentum = float(momentum)

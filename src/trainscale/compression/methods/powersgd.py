@@ -42,7 +42,7 @@ def as_matrix(x: Tensor, nm: tuple[int, int]) -> Tensor:
 
 
 def from_matrix(m: Tensor, like_shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    return m.reshape(-1)[:math.prod(like_shape)].to(dtype).reshape(like_shape)
+    return m.reshape(-1)[: math.prod(like_shape)].to(dtype).reshape(like_shape)
 
 
 def orthonormalise(p: Tensor) -> Tensor:
@@ -93,8 +93,9 @@ class PowerSGD(Compressor):
         return from_matrix(p @ q.t(), payload.shape, payload.dtype)
 
     # Collective form: two all-reduces per step for all units together.
-    def reduce(self, xs: list[Tensor], ctxs: list[UnitContext], comm: Communicator
-               ) -> tuple[list[Tensor], list[Tensor]]:
+    def reduce(
+        self, xs: list[Tensor], ctxs: list[UnitContext], comm: Communicator
+    ) -> tuple[list[Tensor], list[Tensor]]:
         """Averaged tensors and what each rank's own input contributed (for its residual)."""
         world, stats = comm.world_size, comm.stats
         plans = [matrix_shape(tuple(x.shape), self.rank, self.min_square) for x in xs]
@@ -111,9 +112,16 @@ class PowerSGD(Compressor):
         with stats.timer("decode"):
             return self._finish(xs, ctxs, ps, local_q, summed_q, dense, world)
 
-    def _finish(self, xs: list[Tensor], ctxs: list[UnitContext], ps: dict[int, Tensor],
-                local_q: dict[int, Tensor], summed_q: dict[int, Tensor], dense: dict[int, Tensor],
-                world: int) -> tuple[list[Tensor], list[Tensor]]:
+    def _finish(
+        self,
+        xs: list[Tensor],
+        ctxs: list[UnitContext],
+        ps: dict[int, Tensor],
+        local_q: dict[int, Tensor],
+        summed_q: dict[int, Tensor],
+        dense: dict[int, Tensor],
+        world: int,
+    ) -> tuple[list[Tensor], list[Tensor]]:
         out, sent = [], []
         for i, x in enumerate(xs):
             shape = tuple(x.shape)

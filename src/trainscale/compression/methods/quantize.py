@@ -102,7 +102,7 @@ class QSGD(Compressor):
         scaled = rows.abs() / _safe(norms).unsqueeze(1) * self.levels
         low = scaled.floor()
         level = (low + _bernoulli(scaled - low, self.generator(x.device))).clamp_(max=self.levels)
-        signed = torch.where(rows < 0, -level, level).reshape(-1)[:f.numel()]
+        signed = torch.where(rows < 0, -level, level).reshape(-1)[: f.numel()]
         codes = (signed + self.levels).to(torch.int16 if self.bits > 8 else torch.uint8)
         return Payload({"norms": norms, "codes": pack_bits(codes, self.bits)}, tuple(x.shape), x.dtype)
 

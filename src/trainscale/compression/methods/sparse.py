@@ -86,9 +86,11 @@ def top_magnitudes(flat: Tensor, k: int) -> Tensor:
 
 def format_nbytes(numel: int, kept: int, value_bytes: int) -> dict[str, int]:
     """Bytes each encoding sends for ``kept`` of ``numel`` values of ``value_bytes`` bytes."""
-    return {"indices": kept * (value_bytes + INDEX_DTYPE.itemsize),
-            "bitmap": kept * value_bytes + math.ceil(numel / 8),
-            "dense": numel * value_bytes}
+    return {
+        "indices": kept * (value_bytes + INDEX_DTYPE.itemsize),
+        "bitmap": kept * value_bytes + math.ceil(numel / 8),
+        "dense": numel * value_bytes,
+    }
 
 
 def choose_format(numel: int, kept: int, value_bytes: int) -> str:
@@ -111,8 +113,11 @@ def sparse_payload(x: Tensor, indices: Tensor) -> Payload:
         if fmt == "bitmap":
             tensors = {"values": flat[mask], "indices": empty_idx, "bitmap": pack_bits(mask.view(torch.uint8), 1)}
         else:
-            tensors = {"values": torch.where(mask, flat, flat.new_zeros(())), "indices": empty_idx,
-                       "bitmap": empty_bits}
+            tensors = {
+                "values": torch.where(mask, flat, flat.new_zeros(())),
+                "indices": empty_idx,
+                "bitmap": empty_bits,
+            }
     return Payload(tensors, tuple(x.shape), x.dtype, {"format": fmt, "kept": indices}, selected=k)
 
 
@@ -168,10 +173,18 @@ class _Sparse(Compressor):
         if fmt != "indices" and fmt not in self._fallbacks_logged:
             self._fallbacks_logged.add(fmt)
             costs = format_nbytes(payload.numel, int(indices.numel()), x.element_size())
-            log.info("%s: unit '%s' keeps %d of %d values (%.1f%%): sending %s (%d bytes) instead of values + "
-                     "indices (%d bytes); later fallbacks are counted, not logged", self.name, ctx.key,
-                     indices.numel(), payload.numel, 100.0 * indices.numel() / max(1, payload.numel),
-                     "a bitmap" if fmt == "bitmap" else "dense values", costs[fmt], costs["indices"])
+            log.info(
+                "%s: unit '%s' keeps %d of %d values (%.1f%%): sending %s (%d bytes) instead of values + "
+                "indices (%d bytes); later fallbacks are counted, not logged",
+                self.name,
+                ctx.key,
+                indices.numel(),
+                payload.numel,
+                100.0 * indices.numel() / max(1, payload.numel),
+                "a bitmap" if fmt == "bitmap" else "dense values",
+                costs[fmt],
+                costs["indices"],
+            )
         return payload
 
     def decode(self, payload: Payload) -> Tensor:

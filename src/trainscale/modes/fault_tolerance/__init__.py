@@ -31,9 +31,26 @@ batches are left than members: at most members-1 batches of it go unused, like a
 """
 
 from trainscale.modes.fault_tolerance.config import FT_MODES, ReplicationConfig, validate_fault_tolerance
-from trainscale.modes.fault_tolerance.session import (JobFinished, Position, ReplicaSession, buckets,
-                                                      shared_compression_state, unfired)
+from trainscale.modes.fault_tolerance.session import (
+    JobFinished,
+    Position,
+    ReplicaSession,
+    buckets,
+    shared_compression_state,
+    unfired,
+)
 from trainscale.modes.fault_tolerance.steps import CommittingOptimizer, ReplicaBatches
 
-__all__ = ["FT_MODES", "CommittingOptimizer", "JobFinished", "Position", "ReplicaBatches", "ReplicaSession",
-           "ReplicationConfig", "buckets", "shared_compression_state", "unfired", "validate_fault_tolerance"]
+__all__ = [
+    "FT_MODES",
+    "CommittingOptimizer",
+    "JobFinished",
+    "Position",
+    "ReplicaBatches",
+    "ReplicaSession",
+    "ReplicationConfig",
+    "buckets",
+    "shared_compression_state",
+    "unfired",
+    "validate_fault_tolerance",
+]

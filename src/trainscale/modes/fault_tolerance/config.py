@@ -11,8 +11,7 @@ from typing import Any, ClassVar
 from trainscale.config import MAX_WAIT_S, Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
-from trainscale.runtime.faults import (InjectedFault, check_link_down, injected_faults, job_processes,
-                                      on_cluster)
+from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, job_processes, on_cluster
 from trainscale.runtime.job import this_job
 
 
@@ -22,12 +21,18 @@ class ReplicationConfig(Section):
 
     TITLE: ClassVar[str] = "data parallel (sync mode)"
 
-    fault_tolerance: bool = option(False, "per-step fault tolerance (torchft): each worker is a replica; a dead one "
-                                   "costs at most the step in flight, survivors go on, it is restarted and heals "
-                                   "from a peer (--max-restarts per replica; 0 means 5)")
-    ft_timeout: float = option(5.0, "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
-                               "before the step is dropped and the quorum goes on without it",
-                               at_most=MAX_WAIT_S)
+    fault_tolerance: bool = option(
+        False,
+        "per-step fault tolerance (torchft): each worker is a replica; a dead one "
+        "costs at most the step in flight, survivors go on, it is restarted and heals "
+        "from a peer (--max-restarts per replica; 0 means 5)",
+    )
+    ft_timeout: float = option(
+        5.0,
+        "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
+        "before the step is dropped and the quorum goes on without it",
+        at_most=MAX_WAIT_S,
+    )
 
     @classmethod
     def check_section(cls, cfg: Any) -> None:
@@ -50,13 +55,16 @@ def validate_fault_tolerance(cfg: Any) -> None:
         raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.run.mode}")
     ft.require_torchft()
     if cfg.run.precision == "fp16":
-        raise ConfigError("--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on "
-                          "one replica only)")
+        raise ConfigError(
+            "--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on one replica only)"
+        )
     if cfg.replication.ft_timeout <= 0:
         raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.replication.ft_timeout}")
     if cfg.launch.nnodes > 1 and not cfg.run.out:
-        raise ConfigError("--fault-tolerance on several machines needs --out, the same folder on a file system "
-                          "every machine shares (any replica may take over writing the run)")
+        raise ConfigError(
+            "--fault-tolerance on several machines needs --out, the same folder on a file system "
+            "every machine shares (any replica may take over writing the run)"
+        )
     for fault in injected_faults(cfg.faults):
         validate_injected(fault, cfg)
 
@@ -66,15 +74,21 @@ def validate_injected(fault: InjectedFault, cfg: Any) -> None:
     workers, replicas = cfg.launch.workers or 1, job_processes(cfg.launch)
     what = f"--inject-fault {fault.text}"
     if fault.server:
-        raise ConfigError(f"{what}: s{fault.rank} names a parameter-server shard; a fault-tolerant job has replicas "
-                          "only (give a replica's number)")
+        raise ConfigError(
+            f"{what}: s{fault.rank} names a parameter-server shard; a fault-tolerant job has replicas "
+            "only (give a replica's number)"
+        )
     if replicas is not None and fault.rank >= replicas:
         raise ConfigError(f"{what}: there are only {replicas} replicas (0..{replicas - 1})")
     if fault.kind != "link":
         return
     if not (cfg.launch.cluster or on_cluster(this_job())):
-        raise ConfigError(f"{what} cuts a host's link on an emulated cluster: run with --cluster NAME "
-                          "(trainscale cluster up), or use kill or hang")
+        raise ConfigError(
+            f"{what} cuts a host's link on an emulated cluster: run with --cluster NAME "
+            "(trainscale cluster up), or use kill or hang"
+        )
     if fault.rank < workers:
-        raise ConfigError(f"{what}: replica {fault.rank} is on host 0, whose link carries the lighthouse every "
-                          f"replica needs; cut another host's (replicas {workers}..)")
+        raise ConfigError(
+            f"{what}: replica {fault.rank} is on host 0, whose link carries the lighthouse every "
+            f"replica needs; cut another host's (replicas {workers}..)"
+        )

@@ -15,16 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trainscale.log import relabel
 from trainscale.results import lock_run_folder
 from trainscale.runtime import ft
 from trainscale.runtime.faults import job_processes
-from trainscale.runtime.job import (ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, NODE_ENV, OWNER_ENV, REPLICA_ENV,
-                                    REPLICAS_ENV)
+from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, NODE_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state
 
@@ -64,18 +64,27 @@ def meeting_points(meeting: Meeting) -> Iterator[tuple[str, str]]:
         return
     if barrier_port:
         check_port_free(host, barrier_port)
-    with ft.barrier_store(host, barrier_port) as barrier, \
-            ft.lighthouse(host, HEARTBEAT_TIMEOUT_S, lighthouse_port) as lighthouse:
+    with (
+        ft.barrier_store(host, barrier_port) as barrier,
+        ft.lighthouse(host, HEARTBEAT_TIMEOUT_S, lighthouse_port) as lighthouse,
+    ):
         yield lighthouse, barrier
 
 
-def replica_env(cfg: Any, index: int, points: tuple[str, str], meeting: Meeting,
-                events: Path) -> dict[str, str]:
+def replica_env(cfg: Any, index: int, points: tuple[str, str], meeting: Meeting, events: Path) -> dict[str, str]:
     """The environment of replica ``index``'s agent: this launcher's, and who the replica is (``runtime.job``)."""
-    env = {**os.environ, REPLICA_ENV: str(index), REPLICAS_ENV: str(job_processes(cfg.launch)),
-           ft.LIGHTHOUSE_ENV: points[0], BARRIER_ENV: points[1], EVENTS_ENV: str(events),
-           OWNER_ENV: str(os.getpid()), ADDRESS_ENV: meeting.address, NODE_ENV: str(cfg.launch.node_rank),
-           "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+    env = {
+        **os.environ,
+        REPLICA_ENV: str(index),
+        REPLICAS_ENV: str(job_processes(cfg.launch)),
+        ft.LIGHTHOUSE_ENV: points[0],
+        BARRIER_ENV: points[1],
+        EVENTS_ENV: str(events),
+        OWNER_ENV: str(os.getpid()),
+        ADDRESS_ENV: meeting.address,
+        NODE_ENV: str(cfg.launch.node_rank),
+        "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+    }
     env.setdefault("GLOO_SOCKET_IFNAME", interface_of(meeting.address))
     return env
 
@@ -93,8 +102,12 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
             events.unlink()
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
-            procs = [subprocess.Popen([sys.executable, *argv], env=replica_env(cfg, i, points, meeting, events),
-                                      start_new_session=True) for i in range(first, first + workers)]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, *argv], env=replica_env(cfg, i, points, meeting, events), start_new_session=True
+                )
+                for i in range(first, first + workers)
+            ]
             try:
                 status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S)
                 if status == 0 and out is not None and cfg.launch.nnodes > 1:
@@ -136,8 +149,11 @@ def watch(procs: list[subprocess.Popen], stopped_limit_s: float) -> int:
         for pid in stopped_workers(procs):
             since = stopped_since.setdefault(pid, now)
             if now - since > stopped_limit_s:
-                log.warning("replica worker %d has been stopped for %.1f s: killing it (its agent restarts it)",
-                            pid, now - since)
+                log.warning(
+                    "replica worker %d has been stopped for %.1f s: killing it (its agent restarts it)",
+                    pid,
+                    now - since,
+                )
                 os.kill(pid, signal.SIGKILL)
                 stopped_since.pop(pid)
         time.sleep(WATCH_INTERVAL_S)
@@ -147,5 +163,4 @@ def stopped_workers(procs: list[subprocess.Popen]) -> list[int]:
     """Pids of the agents' children in the stopped state (``T`` in /proc/PID/stat)."""
     agents = {p.pid for p in procs}
     pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    return [pid for pid in pids if (state := process_state(pid)) is not None and state[0] == "T"
-            and state[1] in agents]
+    return [pid for pid in pids if (state := process_state(pid)) is not None and state[0] == "T" and state[1] in agents]

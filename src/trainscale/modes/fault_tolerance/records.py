@@ -16,16 +16,30 @@ def fault_records(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t0, victim = fault["time"], fault["rank"]
         until = faults[i + 1]["time"] if i + 1 < len(faults) else float("inf")
         later = [e for e in events if t0 <= e["time"] < until and e.get("replica") != victim]
-        seen = next((e for e in later if e["event"] == "aborted"
-                     or (e["event"] == "members" and e.get("members", 0) < members_before(events, t0))), None)
-        healed = next((e for e in events if e["time"] >= t0 and e["event"] == "healed"
-                       and e.get("replica") == victim), None)
+        seen = next(
+            (
+                e
+                for e in later
+                if e["event"] == "aborted"
+                or (e["event"] == "members" and e.get("members", 0) < members_before(events, t0))
+            ),
+            None,
+        )
+        healed = next(
+            (e for e in events if e["time"] >= t0 and e["event"] == "healed" and e.get("replica") == victim), None
+        )
         end = healed["time"] if healed else float("inf")
         lost = {e["step"] for e in later if e["event"] == "aborted" and e["time"] <= end}
-        records.append({"kind": fault["kind"], "rank": victim, "step": fault["step"],
-                        "detection_seconds": seen["time"] - t0 if seen else None,
-                        "recovery_seconds": healed["time"] - t0 if healed else None,
-                        "steps_lost": len(lost)})
+        records.append(
+            {
+                "kind": fault["kind"],
+                "rank": victim,
+                "step": fault["step"],
+                "detection_seconds": seen["time"] - t0 if seen else None,
+                "recovery_seconds": healed["time"] - t0 if healed else None,
+                "steps_lost": len(lost),
+            }
+        )
     return records
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -143,8 +144,9 @@ class ReplicatedPeriodic(Replicated):
         inner = self.inner
         assert inner.exchange is not None
         start = time.perf_counter()
-        averaged = self.replica.exchange_committed(inner.exchange, also or [],
-                                                   inner.exchange_deltas if deltas else list)
+        averaged = self.replica.exchange_committed(
+            inner.exchange, also or [], inner.exchange_deltas if deltas else list
+        )
         if averaged is not None and deltas:
             inner.apply_round(averaged)
         inner.stats.exchange_seconds += time.perf_counter() - start

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,8 +65,15 @@ class ReplicaSession:
         """Build this replica's Manager for the run; always shut it down."""
         relabel(f"replica {self.job.replica}")
         assert self.job.master is not None, "a replica runs under its own elastic agent (MASTER_ADDR, MASTER_PORT)"
-        with ft.manager(self._state, self._load, self.timeout_s, self.quorum_timeout_s, device,
-                        self.job.replica or 0, self.job.master) as manager:
+        with ft.manager(
+            self._state,
+            self._load,
+            self.timeout_s,
+            self.quorum_timeout_s,
+            device,
+            self.job.replica or 0,
+            self.job.master,
+        ) as manager:
             self.manager = manager
             yield
             self._finished()
@@ -90,8 +98,11 @@ class ReplicaSession:
 
     def _state(self) -> dict[str, Any]:
         assert self.snapshot is not None
-        return {"trainer": self.snapshot(), "position": dict(self.position.__dict__),
-                "compression": shared_compression_state(self.compression)}
+        return {
+            "trainer": self.snapshot(),
+            "position": dict(self.position.__dict__),
+            "compression": shared_compression_state(self.compression),
+        }
 
     def _load(self, state: dict[str, Any]) -> None:
         assert self.restore is not None
@@ -129,12 +140,14 @@ class ReplicaSession:
         committed = bool(self.manager.should_commit())
         if not committed:
             ft.log_event("aborted", step=self.manager.current_step() + 1)
-            log.warning("step %d not committed (a replica failed during it); it is taken again",
-                        self.manager.current_step() + 1)
+            log.warning(
+                "step %d not committed (a replica failed during it); it is taken again", self.manager.current_step() + 1
+            )
         return committed
 
-    def exchange_committed(self, owner: Any, also: list[torch.Tensor],
-                           exchange: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor] | None:
+    def exchange_committed(
+        self, owner: Any, also: list[torch.Tensor], exchange: Callable[[], list[torch.Tensor]]
+    ) -> list[torch.Tensor] | None:
         """A committed compressed exchange: ``exchange()``'s results, with ``also`` averaged in place beside them;
         or None when the step is not committed, with ``owner``'s state (a compressor's: residuals, Q, the step
         clock) put back as it was before and ``also`` untouched (it travels as a copy)."""

@@ -3,7 +3,8 @@ the optimizer that applies only committed steps (``CommittingOptimizer``)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,17 +75,26 @@ class CommittingOptimizer:
     Its state (error-feedback residuals, PowerSGD's Q, the step clock) is saved before the step and put
     back when the step is not committed, so an aborted step leaves no trace on any replica."""
 
-    def __init__(self, inner: torch.optim.Optimizer, model: nn.Module, session: ReplicaSession,
-                 compression: CompressionPlan | None = None) -> None:
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        model: nn.Module,
+        session: ReplicaSession,
+        compression: CompressionPlan | None = None,
+    ) -> None:
         self.inner, self.session = inner, session
         self.stats = session.stats = bn_buffers(model)
         self.averaged = [b for b in self.stats if b.is_floating_point()]  # the step counters are equal anyway
         self.hook: CompressionHookState | None = None
         if compression is not None and compression.enabled:
             self.hook = session.compression = CompressionHookState(
-                compression.compressor(), compression.granularity, model=model,
-                error_feedback=compression.error_feedback, warmup_epochs=compression.warmup_epochs,
-                group=session.transport())
+                compression.compressor(),
+                compression.granularity,
+                model=model,
+                error_feedback=compression.error_feedback,
+                warmup_epochs=compression.warmup_epochs,
+                group=session.transport(),
+            )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -113,7 +123,8 @@ class CommittingOptimizer:
         hook = self.hook
         assert hook is not None
         averaged = self.session.exchange_committed(
-            hook, self.averaged, lambda: hook.reduce_params([(p, p.grad) for p in params if p.grad is not None]))
+            hook, self.averaged, lambda: hook.reduce_params([(p, p.grad) for p in params if p.grad is not None])
+        )
         if averaged is None:
             return False
         hook.end_step()

@@ -38,5 +38,18 @@ from trainscale.modes.ps.mode import (  # noqa: F401  (registers)
 )
 from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from
 
-__all__ = ["DEFAULT_AVERAGE_EVERY", "PS_MODES", "EpochClock", "PSConfig", "PSOptimizer", "ParameterServerMode", "Role",
-           "RpcCollectives", "ShardClient", "installed_collectives", "role_from_env", "rule_from", "serve"]
+__all__ = [
+    "DEFAULT_AVERAGE_EVERY",
+    "PS_MODES",
+    "EpochClock",
+    "PSConfig",
+    "PSOptimizer",
+    "ParameterServerMode",
+    "Role",
+    "RpcCollectives",
+    "ShardClient",
+    "installed_collectives",
+    "role_from_env",
+    "rule_from",
+    "serve",
+]

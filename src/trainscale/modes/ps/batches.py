@@ -14,7 +14,8 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainscale.data import Batches, DeviceBatches
 from trainscale.data.sharding import train_shard_size
@@ -79,9 +80,17 @@ class TrainBatches:
     sets the learning rate by: a hand-over batch counts as the epoch's last step.
     """
 
-    def __init__(self, inner: Batches, clock: EpochClock, warm_epochs: int, is_main: bool, main: int,
-                 on_epoch: Callable[[int, tuple[int, ...] | None], None], client: Any,
-                 handover: HandOver | None = None) -> None:
+    def __init__(
+        self,
+        inner: Batches,
+        clock: EpochClock,
+        warm_epochs: int,
+        is_main: bool,
+        main: int,
+        on_epoch: Callable[[int, tuple[int, ...] | None], None],
+        client: Any,
+        handover: HandOver | None = None,
+    ) -> None:
         self.inner = inner
         self.clock = clock
         self.warm_epochs = warm_epochs

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch.distributed.rpc as rpc
 from torch import Tensor
@@ -23,8 +24,8 @@ from trainscale.modes.ps.membership import WorkerDropped, first_line, server_nam
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import join, shard_bounds, split
 from trainscale.modes.ps.stats import WorkerStats
-from trainscale.runtime.worker_errors import PeerLost
 from trainscale.runtime.ft import log_event
+from trainscale.runtime.worker_errors import PeerLost
 
 log = logging.getLogger("trainscale.ps")
 
@@ -57,8 +58,7 @@ def raised(answer: Any) -> Any:
 class ShardClient:
     """Push/pull through ``servers`` shards of a ``numel``-element vector, with timings and byte counts."""
 
-    def __init__(self, worker: int, servers: int, numel: int, timeout_s: float, codec: PushCodec | None = None
-                 ) -> None:
+    def __init__(self, worker: int, servers: int, numel: int, timeout_s: float, codec: PushCodec | None = None) -> None:
         self.worker = worker
         self.names = [server_name(s) for s in range(servers)]
         self.bounds = shard_bounds(numel, servers)
@@ -96,8 +96,10 @@ class ShardClient:
         if (error := dropped(exc)) is not None:
             return error
         log_event("server_lost", shard=shard)
-        return ServerLost(f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
-                       f"(it died, hung past --rpc-timeout {self.timeout_s:g} s, or raised; see its log)")
+        return ServerLost(
+            f"lost parameter server {shard} ({self.names[shard]}) during {what}: {first_line(exc)} "
+            f"(it died, hung past --rpc-timeout {self.timeout_s:g} s, or raised; see its log)"
+        )
 
     def initialize(self, flat: Tensor, rule: Rule) -> None:
         pieces = split(flat.detach().cpu().float(), self.bounds)
@@ -110,9 +112,20 @@ class ShardClient:
         if self.codec is not None:
             pieces = self.codec.encode(pieces, self.epoch)
         covers, self.covers = tuple(self.covers), []
-        staleness = self._call(handlers.push, lambda s: (self.worker, self.epoch, self.step, pieces[s], float(lr),
-                                                          self.versions[s], self.active, covers if s == 0 else ()),
-                               "push")
+        staleness = self._call(
+            handlers.push,
+            lambda s: (
+                self.worker,
+                self.epoch,
+                self.step,
+                pieces[s],
+                float(lr),
+                self.versions[s],
+                self.active,
+                covers if s == 0 else (),
+            ),
+            "push",
+        )
         self.stats.push_seconds += time.perf_counter() - start
         self.stats.bytes_pushed += sum(payload_nbytes(p) for p in pieces)
         self.stats.dense_bytes_pushed += 4 * flat.numel()
@@ -144,8 +157,10 @@ class ShardClient:
 
     def restore(self, states: Sequence[dict[str, Any]]) -> None:
         if len(states) != len(self.names):
-            raise PSError(f"the checkpoint holds {len(states)} server shard(s), this job has {len(self.names)}; "
-                          "resume with the same --servers (and --nnodes)")
+            raise PSError(
+                f"the checkpoint holds {len(states)} server shard(s), this job has {len(self.names)}; "
+                "resume with the same --servers (and --nnodes)"
+            )
         self._call(handlers.load_state, lambda s: (states[s],), "resume")
 
     def run_totals(self) -> list[dict[str, Any]]:
@@ -190,16 +205,20 @@ class RpcCollectives:
     def _run(self, op: str, value: Any, src: int | None = None) -> Any:
         self.seq += 1
         try:
-            return raised(rpc.rpc_sync(self.coordinator, handlers.collective,
-                                       args=(self.worker, self.seq, op, value, src), timeout=0))
+            return raised(
+                rpc.rpc_sync(
+                    self.coordinator, handlers.collective, args=(self.worker, self.seq, op, value, src), timeout=0
+                )
+            )
         except Exception as exc:
             if (error := dropped(exc)) is not None:
                 raise error from None
             if "CollectiveError" in str(exc) or isinstance(exc, CollectiveError):  # the coordinator is alive
                 raise PSError(f"collective {op} failed: {first_line(exc)}") from None
             log_event("server_lost", shard=0)
-            raise ServerLost(f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: "
-                          f"{first_line(exc)}") from None
+            raise ServerLost(
+                f"lost parameter server 0 ({self.coordinator}, the workers' coordinator) during {op}: {first_line(exc)}"
+            ) from None
 
     def barrier(self) -> None:
         self._run("barrier", None)
@@ -220,4 +239,3 @@ class RpcCollectives:
     def plan(self, epoch: int, batches: int, step: int) -> Plan:
         """The hand-over plan of ``epoch`` (see handover.py): every live worker gets the same one."""
         return self._run("plan", (epoch, batches, step))
-

@@ -32,10 +32,12 @@ def push_refusal(spec: CompressionSpec) -> str | None:
     """Why ``spec`` cannot compress parameter-server pushes (one line naming what to do), or None."""
     compressor = spec.compressor()
     if compressor.aggregation == "custom":
-        return (f"--compress {spec.method} cannot compress parameter-server pushes: it exchanges between the workers "
-                "with collectives of its own (PowerSGD all-reduces its P factor, then computes Q from the sum), and "
-                "parameter-server workers only talk to the servers; use it with --mode sync, localsgd or diloco, or "
-                "pick a compressor that encodes each push on its own (e.g. topk, qsgd, signsgd)")
+        return (
+            f"--compress {spec.method} cannot compress parameter-server pushes: it exchanges between the workers "
+            "with collectives of its own (PowerSGD all-reduces its P factor, then computes Q from the sum), and "
+            "parameter-server workers only talk to the servers; use it with --mode sync, localsgd or diloco, or "
+            "pick a compressor that encodes each push on its own (e.g. topk, qsgd, signsgd)"
+        )
     return None
 
 
@@ -68,8 +70,9 @@ class PushCodec:
     ``error_feedback`` None: the spec's.
     """
 
-    def __init__(self, spec: CompressionSpec, error_feedback: bool | None = None,
-                 units: Sequence[tuple[str, int]] | None = None) -> None:
+    def __init__(
+        self, spec: CompressionSpec, error_feedback: bool | None = None, units: Sequence[tuple[str, int]] | None = None
+    ) -> None:
         self.spec = spec
         self.compressor = push_compressor(spec)
         wanted = spec.error_feedback if error_feedback is None else error_feedback
@@ -90,8 +93,10 @@ class PushCodec:
             out: list[Any] = [self._encode(f"shard{s}", piece, epoch) for s, piece in enumerate(pieces)]
         else:
             layout = self._layout([p.numel() for p in pieces])
-            out = [[self._encode(key, part, epoch) for (key, _), part in zip(units, piece.split([n for _, n in units]))]
-                   for units, piece in zip(layout, pieces)]
+            out = [
+                [self._encode(key, part, epoch) for (key, _), part in zip(units, piece.split([n for _, n in units]))]
+                for units, piece in zip(layout, pieces)
+            ]
         self.pushes += 1
         return out
 

@@ -28,25 +28,38 @@ class PSConfig(Section):
     FOR: ClassVar[str] = "the parameter-server modes (--mode async, ps-sync or ma)"
 
     servers: int = option(0, "parameter-server shards per node, started beside --workers (same launcher)")
-    staleness: int | None = option(None, "async: a worker more than K steps ahead of the slowest waits (default: "
-                                   "unbounded)")
+    staleness: int | None = option(
+        None, "async: a worker more than K steps ahead of the slowest waits (default: unbounded)"
+    )
     average_every: int | None = option(None, "ma: average the workers' parameters every STEPS steps (default 4)")
-    async_momentum: str = option(AUTO, "async: the servers' SGD momentum. 'auto' (default): --momentum less the "
-                                 "momentum W asynchronous workers add themselves, max(0, momentum - (1 - 1/W)) "
-                                 "(Mitliagkas et al. 2016); a number in [0, 1) sets it as is")
-    staleness_lr: bool = option(True, "async: scale each pushed gradient by 1/(1 + its staleness), the updates "
-                                "applied since its worker pulled (Zhang et al. 2016; default on)")
+    async_momentum: str = option(
+        AUTO,
+        "async: the servers' SGD momentum. 'auto' (default): --momentum less the "
+        "momentum W asynchronous workers add themselves, max(0, momentum - (1 - 1/W)) "
+        "(Mitliagkas et al. 2016); a number in [0, 1) sets it as is",
+    )
+    staleness_lr: bool = option(
+        True,
+        "async: scale each pushed gradient by 1/(1 + its staleness), the updates "
+        "applied since its worker pulled (Zhang et al. 2016; default on)",
+    )
     warm_start_epochs: int = option(0, "train on the main worker alone for the first E epochs (default 0)")
-    rpc_timeout: float = option(300.0, "seconds a push or pull may take before the worker stops with an error",
-                                at_most=MAX_WAIT_S)
-    heartbeat_timeout: float = option(10.0, "seconds a worker may leave the servers' ping unanswered before they "
-                                      "drop it (a hung worker) and hand its batches to the others",
-                                      at_most=MAX_WAIT_S)
+    rpc_timeout: float = option(
+        300.0, "seconds a push or pull may take before the worker stops with an error", at_most=MAX_WAIT_S
+    )
+    heartbeat_timeout: float = option(
+        10.0,
+        "seconds a worker may leave the servers' ping unanswered before they "
+        "drop it (a hung worker) and hand its batches to the others",
+        at_most=MAX_WAIT_S,
+    )
 
     def validate(self) -> None:
         _require(self.staleness is None or self.staleness >= 0, f"--staleness must be >= 0 steps, got {self.staleness}")
-        _require(self.average_every is None or self.average_every >= 1,
-                 f"--average-every must be a positive number of steps, got {self.average_every}")
+        _require(
+            self.average_every is None or self.average_every >= 1,
+            f"--average-every must be a positive number of steps, got {self.average_every}",
+        )
         parse_async_momentum(self.async_momentum)
         _require(self.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {self.rpc_timeout}")
         _require(self.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {self.heartbeat_timeout}")
@@ -93,12 +106,18 @@ def validate_ps(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig, compression:
     _require(ps.staleness is None or mode == "async", "--staleness bounds ASGD; use it with --mode async")
     _require(ps.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
     explicit = parse_async_momentum(ps.async_momentum)
-    _require(explicit is None or mode == "async", "--async-momentum sets ASGD's server momentum; use it with "
-                                                  "--mode async (ps-sync and ma use --momentum)")
-    _require(ps.staleness_lr or mode == "async", "--no-staleness-lr applies to --mode async (ps-sync and ma have "
-                                                 "no stale gradients)")
-    _require(0 <= ps.warm_start_epochs < cfg.optim.epochs,
-             f"--warm-start-epochs must be in [0, epochs={cfg.optim.epochs}), got {ps.warm_start_epochs}")
+    _require(
+        explicit is None or mode == "async",
+        "--async-momentum sets ASGD's server momentum; use it with --mode async (ps-sync and ma use --momentum)",
+    )
+    _require(
+        ps.staleness_lr or mode == "async",
+        "--no-staleness-lr applies to --mode async (ps-sync and ma have no stale gradients)",
+    )
+    _require(
+        0 <= ps.warm_start_epochs < cfg.optim.epochs,
+        f"--warm-start-epochs must be in [0, epochs={cfg.optim.epochs}), got {ps.warm_start_epochs}",
+    )
     validate_push_compression(compression, cfg.run.seed)
     validate_faults(cfg, ps, faults)
 
@@ -120,22 +139,36 @@ def validate_faults(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig) -> None:
     killed: set[int] = set()
     for fault in injected_faults(faults):
         where = f"--inject-fault {fault.text}"
-        _require(fault.kind != "link", f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
-                                       "parameter-server jobs take kill or hang")
+        _require(
+            fault.kind != "link",
+            f"{where}: link cuts need an emulated cluster's fault-tolerant sync job; "
+            "parameter-server jobs take kill or hang",
+        )
         if fault.server:
-            _require(fault.kind == "kill", f"{where}: a server shard can be killed, not hung (a stopped server holds "
-                                           "every worker for --rpc-timeout)")
-            _require(shards is None or fault.rank < shards, f"{where}: there are only {shards} server shard(s) "
-                                                            f"(s0..s{(shards or 1) - 1})")
+            _require(
+                fault.kind == "kill",
+                f"{where}: a server shard can be killed, not hung (a stopped server holds "
+                "every worker for --rpc-timeout)",
+            )
+            _require(
+                shards is None or fault.rank < shards,
+                f"{where}: there are only {shards} server shard(s) (s0..s{(shards or 1) - 1})",
+            )
             _require(fault.rank not in killed, f"{where}: shard {fault.rank} already dies in an earlier fault")
             killed.add(fault.rank)
             continue
-        _require(workers is None or fault.rank < workers, f"{where}: there are only {workers} workers "
-                                                          f"(0..{(workers or 1) - 1})")
-        _require(fault.rank not in seen, f"{where}: worker {fault.rank} already dies in an earlier fault (a dead "
-                                         "worker is not restarted)")
+        _require(
+            workers is None or fault.rank < workers,
+            f"{where}: there are only {workers} workers (0..{(workers or 1) - 1})",
+        )
+        _require(
+            fault.rank not in seen,
+            f"{where}: worker {fault.rank} already dies in an earlier fault (a dead worker is not restarted)",
+        )
         seen.add(fault.rank)
     local = cfg.launch.workers or 1
-    _require(not seen or len(seen & set(range(local))) < local,
-             f"--inject-fault: every worker of node 0 ({', '.join(map(str, range(local)))}) would die, and the run "
-             "folder is there; leave one alive")
+    _require(
+        not seen or len(seen & set(range(local))) < local,
+        f"--inject-fault: every worker of node 0 ({', '.join(map(str, range(local)))}) would die, and the run "
+        "folder is there; leave one alive",
+    )

@@ -53,8 +53,11 @@ class Coordinator:
         with self.lock:
             gather = self.pending.setdefault(seq, Gather(op, src))
             if gather.op != op:
-                fut.set_exception(CollectiveError(f"collective #{seq}: worker {worker} called {op}, others "
-                                                  f"{gather.op} (workers out of step)"))
+                fut.set_exception(
+                    CollectiveError(
+                        f"collective #{seq}: worker {worker} called {op}, others {gather.op} (workers out of step)"
+                    )
+                )
                 return fut
             gather.values[worker] = value
             gather.futures[worker] = fut
@@ -71,7 +74,6 @@ class Coordinator:
         alive = self.membership.alive()
         done = [seq for seq, g in self.pending.items() if alive <= set(g.values)]
         return [self.pending.pop(seq) for seq in done]
-
 
     def _finish(self, done: list[Gather]) -> None:
         for gather in done:
@@ -106,4 +108,3 @@ def result_of(gather: Gather) -> Any:
     if gather.op == "sum":
         return stacked.sum(dim=0)
     return stacked.amax(dim=0) if gather.op == "max" else stacked.amin(dim=0)
-

@@ -16,7 +16,6 @@ from trainscale.modes.ps.stats import merge_server_stats
 from trainscale.runtime.faults import InjectedFault
 from trainscale.runtime.ft import log_event
 
-
 _shard: ShardServer | None = None
 _coordinator: Coordinator | None = None
 _membership: Membership | None = None
@@ -25,8 +24,9 @@ _pushes = 0  # every push this shard has received
 _run_totals: dict[str, Any] = merge_server_stats([])
 
 
-def install(shard: ShardServer, membership: Membership, coordinator: Coordinator | None,
-            fault: InjectedFault | None = None) -> None:
+def install(
+    shard: ShardServer, membership: Membership, coordinator: Coordinator | None, fault: InjectedFault | None = None
+) -> None:
     global _shard, _coordinator, _membership, _fault, _pushes, _run_totals
     _shard, _coordinator, _membership, _fault, _pushes = shard, coordinator, membership, fault, 0
     _run_totals = merge_server_stats([])
@@ -41,8 +41,16 @@ def initialize(params: Tensor, rule: Rule) -> int:
     return _shard.initialize(params, rule)
 
 
-def push(worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
-         active: tuple[int, ...] | None, covers: tuple[tuple[int, int], ...] = ()) -> int | WorkerDropped:
+def push(
+    worker: int,
+    epoch: int,
+    step: int,
+    payload: Any,
+    lr: float,
+    read_version: int,
+    active: tuple[int, ...] | None,
+    covers: tuple[tuple[int, int], ...] = (),
+) -> int | WorkerDropped:
     """Apply or add the push; server 0 also records the batches it commits (``covers``, see handover.py)."""
     global _pushes
     assert _shard is not None and _membership is not None

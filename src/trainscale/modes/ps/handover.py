@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from trainscale.data import DeviceBatches
 from trainscale.runtime.ft import log_event
@@ -50,12 +51,12 @@ class Plan:
         """The batches dealt to ``worker``: every ``len(live)``-th orphan from its place among the live."""
         if worker not in self.live:
             return []
-        return list(self.orphans[self.live.index(worker)::len(self.live)])
+        return list(self.orphans[self.live.index(worker) :: len(self.live)])
 
     def active_at(self, k: int) -> tuple[int, ...]:
         """The workers that train an extra step ``k`` (0-based): those dealt more than ``k`` batches."""
         left = len(self.orphans) - k * len(self.live)
-        return self.live[:max(0, min(len(self.live), left))]
+        return self.live[: max(0, min(len(self.live), left))]
 
 
 class Ledger:
@@ -78,8 +79,9 @@ class Ledger:
         with self.lock:
             return len(self.done.get(epoch, ()))
 
-    def plan(self, epoch: int, batches_per_worker: int, base_step: int, live: Iterable[int],
-             dead: Iterable[int]) -> Plan:
+    def plan(
+        self, epoch: int, batches_per_worker: int, base_step: int, live: Iterable[int], dead: Iterable[int]
+    ) -> Plan:
         """The hand-over of ``epoch``: the batches of ``dead`` workers' shards not committed yet."""
         with self.lock:
             done = self.done.get(epoch, set())
@@ -88,8 +90,13 @@ class Ledger:
         plan = Plan(epoch, base_step, tuple(sorted(live)), orphans)
         if orphans:
             owners = sorted({owner for owner, _ in orphans})
-            log.warning("epoch %d: handing %d uncommitted batch(es) of dead worker(s) %s over to worker(s) %s",
-                        epoch + 1, len(orphans), ", ".join(map(str, owners)), ", ".join(map(str, plan.live)))
+            log.warning(
+                "epoch %d: handing %d uncommitted batch(es) of dead worker(s) %s over to worker(s) %s",
+                epoch + 1,
+                len(orphans),
+                ", ".join(map(str, owners)),
+                ", ".join(map(str, plan.live)),
+            )
             log_event("handover", epoch=epoch + 1, batches=len(orphans), owners=owners, live=list(plan.live))
         return plan
 
@@ -111,8 +118,9 @@ class HandOver:
     are set here).
     """
 
-    def __init__(self, worker: int, batches: Any, client: Any, ask: Callable[[int, int, int], Plan],
-                 optimizer: Any) -> None:
+    def __init__(
+        self, worker: int, batches: Any, client: Any, ask: Callable[[int, int, int], Plan], optimizer: Any
+    ) -> None:
         self.worker = worker
         self.batches = batches
         self.client = client

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from torch.futures import Future
 
@@ -71,8 +71,9 @@ class Membership:
             reason = self.dead.get(worker)
         if reason is None:
             return None
-        return WorkerDropped(f"worker {worker} was dropped from the job ({reason}); the others went on and took its "
-                             "batches")
+        return WorkerDropped(
+            f"worker {worker} was dropped from the job ({reason}); the others went on and took its batches"
+        )
 
     def refused(self, worker: int) -> Future | None:
         """``refusal`` for a handler that answers with a Future: a failed one (it reaches the caller as the error

@@ -13,9 +13,9 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,20 +29,26 @@ from trainscale.modes.ps import handlers
 from trainscale.modes.ps.batches import EmptyBatches, MainOnly, TrainBatches, unsharded
 from trainscale.modes.ps.client import PSError, RpcCollectives, ShardClient
 from trainscale.modes.ps.codec import PushCodec, codec_from_config
-from trainscale.modes.ps.config import (DEFAULT_AVERAGE_EVERY, PS_MODES, PSConfig, parse_async_momentum,
-                                        resolve_async_momentum, validate_ps)
+from trainscale.modes.ps.config import (
+    DEFAULT_AVERAGE_EVERY,
+    PS_MODES,
+    PSConfig,
+    parse_async_momentum,
+    resolve_async_momentum,
+    validate_ps,
+)
 from trainscale.modes.ps.coordinator import Coordinator
 from trainscale.modes.ps.handover import HandOver
 from trainscale.modes.ps.membership import Membership, server_name, worker_name
-from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, rule_from, injected_slowdown
+from trainscale.modes.ps.optimizer import EpochClock, PSOptimizer, injected_slowdown, rule_from
 from trainscale.modes.ps.server import Rule, ShardServer
 from trainscale.modes.ps.stats import WorkerStats, epoch_row, merge_server_stats
 from trainscale.modes.ps.supervisor import supervise
 from trainscale.record import K
 from trainscale.runtime import dist as tsdist
 from trainscale.runtime.cpus import threads_per_worker
-from trainscale.runtime.faults import FaultConfig, InjectedFault, injected_faults, not_yet_fired
 from trainscale.runtime.dist import Collectives, restart_count
+from trainscale.runtime.faults import FaultConfig, InjectedFault, injected_faults, not_yet_fired
 from trainscale.runtime.ft import log_event
 from trainscale.runtime.process_group import rpc_session, worker_device
 from trainscale.train.callbacks import Writes
@@ -52,11 +58,14 @@ if TYPE_CHECKING:  # modes.config imports this package's section, whose package 
 
 log = logging.getLogger("trainscale.ps")
 
-BATCHNORM = ("BatchNorm running statistics stay local while training and are averaged over the live workers "
-             "at each epoch end; they are not on the servers")
+BATCHNORM = (
+    "BatchNorm running statistics stay local while training and are averaged over the live workers "
+    "at each epoch end; they are not on the servers"
+)
 STOPPED_MARGIN_S = 2.0  # a stopped worker is killed this long after the servers may have dropped it
-EVALUATION = ("main worker (node 0's lowest live worker), whole test set, on the servers' parameters after the epoch "
-              "barrier")
+EVALUATION = (
+    "main worker (node 0's lowest live worker), whole test set, on the servers' parameters after the epoch barrier"
+)
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,12 @@ def role_from_env(workers_per_node: int, servers_per_node: int, env: Mapping[str
     local = int(env.get("LOCAL_RANK", "0"))
     per_node = int(env.get("LOCAL_WORLD_SIZE", str(world)))
     if per_node != workers_per_node + servers_per_node or world % per_node:
-        raise ConfigError(f"--workers {workers_per_node} --servers {servers_per_node} needs "
-                          f"{workers_per_node + servers_per_node} processes per node, but the launcher started "
-                          f"{per_node} (world size {world}); with torchrun pass --nproc-per-node "
-                          f"{workers_per_node + servers_per_node}")
+        raise ConfigError(
+            f"--workers {workers_per_node} --servers {servers_per_node} needs "
+            f"{workers_per_node + servers_per_node} processes per node, but the launcher started "
+            f"{per_node} (world size {world}); with torchrun pass --nproc-per-node "
+            f"{workers_per_node + servers_per_node}"
+        )
     node = int(env.get("GROUP_RANK", str(rank // per_node)))
     nodes = world // per_node
     if local < workers_per_node:
@@ -128,9 +139,14 @@ class ParameterServerMode(Mode):
         self.batches: TrainBatches | None = None
         self.collectives: RpcCollectives | None = None
         self.handover: HandOver | None = None
-        self.totals: dict[str, Any] = {"server": merge_server_stats([]), "seconds": 0.0, "worker_samples": None,
-                                       "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0), "worker_seconds": None,
-                                       "handed_over": 0}
+        self.totals: dict[str, Any] = {
+            "server": merge_server_stats([]),
+            "seconds": 0.0,
+            "worker_samples": None,
+            "worker": dict.fromkeys(WorkerStats.FIELDS, 0.0),
+            "worker_seconds": None,
+            "handed_over": 0,
+        }
 
     @property
     def role_info(self) -> Role:
@@ -153,8 +169,9 @@ class ParameterServerMode(Mode):
         return serve(self.cfg, self.role_info)
 
     def supervise(self, trainer: Callable[[], Result]) -> Result:
-        return supervise(trainer, self.role_info.index,
-                         stopped_limit_s=self.cfg.ps.heartbeat_timeout + STOPPED_MARGIN_S)
+        return supervise(
+            trainer, self.role_info.index, stopped_limit_s=self.cfg.ps.heartbeat_timeout + STOPPED_MARGIN_S
+        )
 
     def worker_device(self, requested: torch.device) -> torch.device:
         """Workers as in sync mode (CUDA: ``cuda:LOCAL_RANK``); servers keep their shard in host memory."""
@@ -174,8 +191,14 @@ class ParameterServerMode(Mode):
             with installed_collectives(collectives):
                 main = tsdist.elect_main_rank(self.cfg.launch.node_rank == 0 and tsdist.local_rank() == 0)
                 with tsdist.quiet_unless_main():
-                    log.info("%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder",
-                             self.name, role.index, role.workers, role.servers, main)
+                    log.info(
+                        "%s mode: worker %d of %d, %d server shard(s); worker %d writes the run folder",
+                        self.name,
+                        role.index,
+                        role.workers,
+                        role.servers,
+                        main,
+                    )
                     yield
                 tsdist.barrier()
                 assert self.client is not None  # wrap_optimizer ran inside the session
@@ -187,13 +210,24 @@ class ParameterServerMode(Mode):
         """The PS optimizer over the local one's parameters and hyperparameters; seeds the servers."""
         params = [p for g in optimizer.param_groups for p in g["params"]]
         codec = self.push_codec(model, params)
-        self.client = ShardClient(self.role_info.index, self.role_info.servers, sum(p.numel() for p in params),
-                                  self.cfg.ps.rpc_timeout, codec)
-        rule = self.async_remedies(dataclasses.replace(rule_from(optimizer, self.name, self.cfg.ps.staleness),
-                                                       codec=codec.spec if codec is not None else None))
+        self.client = ShardClient(
+            self.role_info.index, self.role_info.servers, sum(p.numel() for p in params), self.cfg.ps.rpc_timeout, codec
+        )
+        rule = self.async_remedies(
+            dataclasses.replace(
+                rule_from(optimizer, self.name, self.cfg.ps.staleness), codec=codec.spec if codec is not None else None
+            )
+        )
         rule = servers_momentum_for(rule, codec)
-        self.optimizer = PSOptimizer(optimizer, self.client, rule, self.average_every, self.clock,
-                                     injected_slowdown(self.role_info.index, self.job.ps_slow), self._fault())
+        self.optimizer = PSOptimizer(
+            optimizer,
+            self.client,
+            rule,
+            self.average_every,
+            self.clock,
+            injected_slowdown(self.role_info.index, self.job.ps_slow),
+            self._fault(),
+        )
         self.optimizer.start()
         return self.optimizer
 
@@ -205,8 +239,14 @@ class ParameterServerMode(Mode):
     def _fault(self) -> InjectedFault | None:
         """This worker's ``--inject-fault`` (the first one naming it; one worker dies once, and an attempt restarted
         after a server's death does not meet it again)."""
-        return next((f for f in not_yet_fired(injected_faults(self.cfg.faults))
-                     if not f.server and f.rank == self.role_info.index), None)
+        return next(
+            (
+                f
+                for f in not_yet_fired(injected_faults(self.cfg.faults))
+                if not f.server and f.rank == self.role_info.index
+            ),
+            None,
+        )
 
     def async_remedies(self, rule: Rule) -> Rule:
         """ASGD's server momentum (``--async-momentum``, resolved for the job's workers) and staleness-aware lr
@@ -215,23 +255,40 @@ class ParameterServerMode(Mode):
             return rule
         workers = self.role_info.workers
         momentum = resolve_async_momentum(self.cfg.ps.async_momentum, rule.momentum, workers)
-        how = (f"--momentum {rule.momentum:g} less 1 - 1/{workers} for {workers} asynchronous worker(s)"
-               if parse_async_momentum(self.cfg.ps.async_momentum) is None else "--async-momentum")
-        log.info("async: server momentum %g (%s), staleness-aware lr %s", momentum, how,
-                 "on (each gradient x 1/(1 + staleness))" if self.cfg.ps.staleness_lr else "off")
+        how = (
+            f"--momentum {rule.momentum:g} less 1 - 1/{workers} for {workers} asynchronous worker(s)"
+            if parse_async_momentum(self.cfg.ps.async_momentum) is None
+            else "--async-momentum"
+        )
+        log.info(
+            "async: server momentum %g (%s), staleness-aware lr %s",
+            momentum,
+            how,
+            "on (each gradient x 1/(1 + staleness))" if self.cfg.ps.staleness_lr else "off",
+        )
         # torch's SGD refuses Nesterov without momentum; with none left there is nothing to look ahead with
-        return dataclasses.replace(rule, momentum=momentum, nesterov=rule.nesterov and momentum > 0,
-                                   staleness_lr=self.cfg.ps.staleness_lr)
+        return dataclasses.replace(
+            rule, momentum=momentum, nesterov=rule.nesterov and momentum > 0, staleness_lr=self.cfg.ps.staleness_lr
+        )
 
     def wrap_batches(self, train: Batches, test: Batches) -> tuple[Batches, Batches]:
         """Warm-start epochs and hand-overs for training; the whole test set on node 0's workers, evaluated by
         whichever is the main worker at the time (see batches.py)."""
         is_main = tsdist.is_main_process()
         assert self.client is not None and self.collectives is not None  # session, then wrap_optimizer, came first
-        self.handover = HandOver(self.role_info.index, getattr(train, "inner", train), self.client,
-                                 self.collectives.plan, self.optimizer)
-        self.batches = TrainBatches(train, self.clock, self.cfg.ps.warm_start_epochs, is_main, tsdist.main_rank(),
-                                    self.client.begin_epoch, self.client, self.handover)
+        self.handover = HandOver(
+            self.role_info.index, getattr(train, "inner", train), self.client, self.collectives.plan, self.optimizer
+        )
+        self.batches = TrainBatches(
+            train,
+            self.clock,
+            self.cfg.ps.warm_start_epochs,
+            is_main,
+            tsdist.main_rank(),
+            self.client.begin_epoch,
+            self.client,
+            self.handover,
+        )
         return self.batches, MainOnly(unsharded(test)) if self.standby_writer else EmptyBatches()
 
     @property
@@ -258,14 +315,17 @@ class ParameterServerMode(Mode):
         me = torch.tensor([role.index if self.standby_writer else role.workers], dtype=torch.int64)
         chosen = int(tsdist.all_reduce_min(me).item())
         if chosen >= role.workers:
-            raise PSError("every worker of node 0 died, and the run folder is there: the job cannot go on (--resume "
-                          "continues it from the last epoch's checkpoint)")
+            raise PSError(
+                "every worker of node 0 died, and the run folder is there: the job cannot go on (--resume "
+                "continues it from the last epoch's checkpoint)"
+            )
         if chosen != before:
             tsdist.set_main_rank(chosen)
             if chosen == role.index:
                 logging.getLogger("trainscale").setLevel(logging.NOTSET)  # it was quiet (quiet_unless_main)
-                log.warning("worker %d is gone: worker %d takes over evaluating and writing the run folder",
-                            before, chosen)
+                log.warning(
+                    "worker %d is gone: worker %d takes over evaluating and writing the run folder", before, chosen
+                )
                 log_event("takeover", worker=chosen, previous=before)
 
     def epoch_stats(self) -> dict[str, Any]:
@@ -276,7 +336,7 @@ class ParameterServerMode(Mode):
         stats = self.client.stats
         samples, seconds = self.batches.finished
         mine = torch.zeros(2 * role.workers + len(WorkerStats.FIELDS) + 1, dtype=torch.float64)
-        mine[:len(WorkerStats.FIELDS)] = torch.tensor(stats.as_list(), dtype=torch.float64)
+        mine[: len(WorkerStats.FIELDS)] = torch.tensor(stats.as_list(), dtype=torch.float64)
         mine[len(WorkerStats.FIELDS) + role.index] = samples
         mine[len(WorkerStats.FIELDS) + role.workers + role.index] = seconds
         mine[-1] = self.handover.trained
@@ -292,8 +352,12 @@ class ParameterServerMode(Mode):
         """This epoch's workers' figures from the summed vector, added to the run's totals."""
         n, w = len(WorkerStats.FIELDS), self.role_info.workers
         part: dict[str, Any]
-        part = {"workers": dict(zip(WorkerStats.FIELDS, total[:n].tolist())), "samples": total[n:n + w].tolist(),
-                "seconds": total[n + w:-1].tolist(), "handed_over": int(total[-1])}
+        part = {
+            "workers": dict(zip(WorkerStats.FIELDS, total[:n].tolist())),
+            "samples": total[n : n + w].tolist(),
+            "seconds": total[n + w : -1].tolist(),
+            "handed_over": int(total[-1]),
+        }
         part["epoch_seconds"] = max(part["seconds"]) if part["seconds"] else 0.0
         t = self.totals
         t["worker"] = {k: t["worker"][k] + part["workers"][k] for k in part["workers"]}
@@ -321,23 +385,32 @@ class ParameterServerMode(Mode):
         run = epoch_row(t["server"], t["worker"], t["seconds"], self.role_info.servers)
         run.pop(K.ps_pushes)
         run[K.handed_over_batches] = t["handed_over"]
-        run[K.worker_samples_per_sec] = [s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"],
-                                                                                   t["worker_seconds"])]
+        run[K.worker_samples_per_sec] = [
+            s / x if x > 0 else 0.0 for s, x in zip(t["worker_samples"], t["worker_seconds"])
+        ]
         return run
 
     def describe(self) -> dict[str, Any]:
         role = self.role_info
-        return {"backend": "rpc", "transport": "torch.distributed.rpc (TensorPipe)", "workers": role.workers,
-                "servers": role.servers, "ps_rule": self.name, "staleness_bound": self.cfg.ps.staleness,
-                "async_momentum": self.optimizer.rule.momentum if self.name == "async" and self.optimizer else None,
-                "staleness_lr": bool(self.cfg.ps.staleness_lr) if self.name == "async" else None,
-                "average_every": self.average_every if self.name == "ma" else None,
-                "warm_start_epochs": self.cfg.ps.warm_start_epochs, "batchnorm": BATCHNORM, "evaluation": EVALUATION,
-                "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec
-                else None, **self.compression_keys(),
-                "bytes_scope": "payload per worker step: pushed = gradient (ma: parameter change at each average; "
-                               "compressed payload when pushes are compressed), pulled = fp32 parameters, summed "
-                               "over shards; RPC framing not included"}
+        return {
+            "backend": "rpc",
+            "transport": "torch.distributed.rpc (TensorPipe)",
+            "workers": role.workers,
+            "servers": role.servers,
+            "ps_rule": self.name,
+            "staleness_bound": self.cfg.ps.staleness,
+            "async_momentum": self.optimizer.rule.momentum if self.name == "async" and self.optimizer else None,
+            "staleness_lr": bool(self.cfg.ps.staleness_lr) if self.name == "async" else None,
+            "average_every": self.average_every if self.name == "ma" else None,
+            "warm_start_epochs": self.cfg.ps.warm_start_epochs,
+            "batchnorm": BATCHNORM,
+            "evaluation": EVALUATION,
+            "push_compression": self.client.codec.compressor.describe() if self.client and self.client.codec else None,
+            **self.compression_keys(),
+            "bytes_scope": "payload per worker step: pushed = gradient (ma: parameter change at each average; "
+            "compressed payload when pushes are compressed), pulled = fp32 parameters, summed "
+            "over shards; RPC framing not included",
+        }
 
     def compression_keys(self) -> dict[str, Any]:
         """The compression keys sync mode reports (``compress_method``, ...), for the pushes."""
@@ -368,8 +441,13 @@ def rpc_threads(role: Role) -> int:
 @torch.no_grad()
 def average_bn_over_live_workers(model: nn.Module) -> None:
     """Replace BN running statistics by their mean over the workers still alive (one collective)."""
-    buffers = [b for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
-               for b in (m.running_mean, m.running_var) if b is not None]
+    buffers = [
+        b
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        for b in (m.running_mean, m.running_var)
+        if b is not None
+    ]
     if not buffers:
         return
     flat = torch.cat([b.detach().reshape(-1).double() for b in buffers] + [torch.ones(1, dtype=torch.float64)])
@@ -377,7 +455,7 @@ def average_bn_over_live_workers(model: nn.Module) -> None:
     flat = flat[:-1] / flat[-1]
     offset = 0
     for b in buffers:
-        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        b.copy_(flat[offset : offset + b.numel()].view_as(b))
         offset += b.numel()
 
 
@@ -385,8 +463,9 @@ def serve(cfg: TrainConfig, role: Role) -> Result:
     """A server shard's whole life: answer RPCs until every worker has left or died."""
     torch.set_num_threads(cfg.run.threads or 1)
     # a ping at least 4 times per timeout, so a hang is seen within 1.25 timeouts
-    membership = Membership(role.workers, heartbeat_s=min(1.0, cfg.ps.heartbeat_timeout / 4),
-                            timeout_s=cfg.ps.heartbeat_timeout)
+    membership = Membership(
+        role.workers, heartbeat_s=min(1.0, cfg.ps.heartbeat_timeout / 4), timeout_s=cfg.ps.heartbeat_timeout
+    )
     shard = ShardServer(role.index, membership)
     fault = next((f for f in not_yet_fired(injected_faults(cfg.faults)) if f.server and f.rank == role.index), None)
     handlers.install(shard, membership, Coordinator(membership) if role.index == 0 else None, fault)
@@ -402,8 +481,11 @@ def serve(cfg: TrainConfig, role: Role) -> Result:
     finally:
         handlers.uninstall()
     if membership.dead:
-        log.warning("server %d: finished; dead worker(s): %s", role.index,
-                    ", ".join(f"{w} ({why})" for w, why in sorted(membership.dead.items())))
+        log.warning(
+            "server %d: finished; dead worker(s): %s",
+            role.index,
+            ", ".join(f"{w} ({why})" for w, why in sorted(membership.dead.items())),
+        )
     else:
         log.info("server %d: every worker finished; %d update(s) applied", role.index, shard.version)
     return {}, []

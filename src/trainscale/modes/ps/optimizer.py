@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from trainscale.errors import ConfigError
-from trainscale.runtime.dist import barrier, is_main_process
 from trainscale.modes.ps.client import ShardClient
 from trainscale.modes.ps.server import Rule
 from trainscale.modes.ps.shards import assign, flatten, gradients
+from trainscale.runtime.dist import barrier, is_main_process
 from trainscale.runtime.faults import InjectedFault
 from trainscale.runtime.job import PS_SLOW_ENV
 
@@ -46,8 +47,9 @@ def rule_from(optimizer: torch.optim.Optimizer, name: str, staleness: int | None
     if any(g != groups[0] for g in groups[1:]):
         raise ConfigError("parameter-server modes need one momentum/weight-decay setting for every parameter")
     g = groups[0]
-    return Rule(name, float(g["momentum"]), bool(g["nesterov"]), float(g["weight_decay"]), float(g["dampening"]),
-                staleness)
+    return Rule(
+        name, float(g["momentum"]), bool(g["nesterov"]), float(g["weight_decay"]), float(g["dampening"]), staleness
+    )
 
 
 def injected_slowdown(worker: int, text: str) -> float:
@@ -65,8 +67,16 @@ def injected_slowdown(worker: int, text: str) -> float:
 class PSOptimizer(torch.optim.Optimizer):
     """See the module docstring. ``local`` supplies the hyperparameters (and, for ``ma``, the steps)."""
 
-    def __init__(self, local: torch.optim.Optimizer, client: ShardClient, rule: Rule, average_every: int,
-                 clock: EpochClock, slowdown_s: float = 0.0, fault: InjectedFault | None = None) -> None:
+    def __init__(
+        self,
+        local: torch.optim.Optimizer,
+        client: ShardClient,
+        rule: Rule,
+        average_every: int,
+        clock: EpochClock,
+        slowdown_s: float = 0.0,
+        fault: InjectedFault | None = None,
+    ) -> None:
         super().__init__([dict(g) for g in local.param_groups], local.defaults)
         self.local = local
         self.client = client
@@ -152,8 +162,11 @@ class PSOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The servers' state (called on the main worker when the trainer checkpoints)."""
-        state: dict[str, Any] = {"servers": self.client.fetch_state(), "next_epoch": self.clock.next_epoch,
-                                 "rule": self.rule.name}
+        state: dict[str, Any] = {
+            "servers": self.client.fetch_state(),
+            "next_epoch": self.clock.next_epoch,
+            "rule": self.rule.name,
+        }
         if self.rule.averages:
             state["local"] = self.local.state_dict()
         return state
@@ -161,8 +174,10 @@ class PSOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """``--resume`` (every worker calls this): the main worker restores the servers, all pull."""
         if state.get("rule") != self.rule.name:
-            raise ConfigError(f"--resume: the checkpoint was written by --mode {state.get('rule')}, this run is "
-                              f"--mode {self.rule.name}")
+            raise ConfigError(
+                f"--resume: the checkpoint was written by --mode {state.get('rule')}, this run is "
+                f"--mode {self.rule.name}"
+            )
         if is_main_process():
             self.client.restore(state["servers"])
         if self.rule.averages and "local" in state:

@@ -146,9 +146,14 @@ class ShardServer:
             self.params = params.detach().clone().float()
             self.optimizer = None
             if not rule.averages:
-                self.optimizer = torch.optim.SGD([self.params], lr=0.0, momentum=rule.momentum,
-                                                 dampening=rule.dampening, nesterov=rule.nesterov,
-                                                 weight_decay=rule.weight_decay)
+                self.optimizer = torch.optim.SGD(
+                    [self.params],
+                    lr=0.0,
+                    momentum=rule.momentum,
+                    dampening=rule.dampening,
+                    nesterov=rule.nesterov,
+                    weight_decay=rule.weight_decay,
+                )
             self.version = 0
         log.info("shard %d: %s parameters, %s", self.index, f"{self.params.numel():,}", rule.describe())
         return self.params.numel()
@@ -160,15 +165,20 @@ class ShardServer:
             momentum = None
             if self.optimizer is not None:
                 momentum = self.optimizer.state.get(self.params, {}).get("momentum_buffer")
-            return {"params": self.params.clone(), "version": self.version,
-                    "momentum": None if momentum is None else momentum.clone()}
+            return {
+                "params": self.params.clone(),
+                "version": self.version,
+                "momentum": None if momentum is None else momentum.clone(),
+            }
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self.lock:
             assert self.params is not None, "load_state() before initialize()"
             if state["params"].shape != self.params.shape:
-                raise ValueError(f"shard {self.index}: checkpoint slice has {state['params'].numel()} elements, "
-                                 f"this shard {self.params.numel()}; resume with the same --servers and model")
+                raise ValueError(
+                    f"shard {self.index}: checkpoint slice has {state['params'].numel()} elements, "
+                    f"this shard {self.params.numel()}; resume with the same --servers and model"
+                )
             self.params.copy_(state["params"])
             self.version = int(state["version"])
             if self.optimizer is not None and state.get("momentum") is not None:
@@ -183,8 +193,16 @@ class ShardServer:
 
     # ------------------------------------------------------------------------------- push and pull
 
-    def push(self, worker: int, epoch: int, step: int, payload: Any, lr: float, read_version: int,
-             active: tuple[int, ...] | None) -> int:
+    def push(
+        self,
+        worker: int,
+        epoch: int,
+        step: int,
+        payload: Any,
+        lr: float,
+        read_version: int,
+        active: tuple[int, ...] | None,
+    ) -> int:
         """Apply (async) or add to the step's round (ps-sync, ma); returns the staleness it saw.
         ``payload``: the dense slice, or a compressed one (decoded here, outside the lock; see codec.py)."""
         nbytes = payload_nbytes(payload)
@@ -307,4 +325,3 @@ class ShardServer:
 def _complete(ready: list[tuple[Waiter, tuple]]) -> None:
     for waiter, answer in ready:
         waiter.future.set_result(answer)
-

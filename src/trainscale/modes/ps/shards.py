@@ -9,7 +9,7 @@ shard). These functions are pure, so the round trip is unit-tested without any p
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -55,11 +55,12 @@ def assign(tensors: Sequence[Tensor], flat: Tensor) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.copy_(flat[offset:offset + n].view(t.shape))
+        t.copy_(flat[offset : offset + n].view(t.shape))
         offset += n
 
 
 def gradients(params: Sequence[Tensor]) -> Tensor:
     """The flat gradient; a parameter without one (unused this step) contributes zeros."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
-                      for p in params])
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float() for p in params]
+    )

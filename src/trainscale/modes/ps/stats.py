@@ -38,17 +38,34 @@ class ServerStats:
         self.staleness_hist[staleness] += 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"updates": self.updates, "pushes": self.pushes, "staleness_sum": self.staleness_sum,
-                "staleness_max": self.staleness_max, "staleness_hist": dict(self.staleness_hist),
-                "clock_gap_max": self.clock_gap_max, "update_seconds": self.update_seconds,
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+        return {
+            "updates": self.updates,
+            "pushes": self.pushes,
+            "staleness_sum": self.staleness_sum,
+            "staleness_max": self.staleness_max,
+            "staleness_hist": dict(self.staleness_hist),
+            "clock_gap_max": self.clock_gap_max,
+            "update_seconds": self.update_seconds,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
 
 
 def merge_server_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum of shard counters (maxima for the maxima, histograms added bin by bin)."""
-    out: dict[str, Any] = {"updates": 0, "pushes": 0, "staleness_sum": 0, "staleness_max": 0, "staleness_hist": {},
-                           "clock_gap_max": 0, "update_seconds": 0.0, "bytes_in": 0, "bytes_out": 0,
-                           "dead_workers": [], "batches_committed": 0}
+    out: dict[str, Any] = {
+        "updates": 0,
+        "pushes": 0,
+        "staleness_sum": 0,
+        "staleness_max": 0,
+        "staleness_hist": {},
+        "clock_gap_max": 0,
+        "update_seconds": 0.0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "dead_workers": [],
+        "batches_committed": 0,
+    }
     for part in parts:
         out["dead_workers"] = sorted(set(out["dead_workers"]) | set(part.get("dead_workers", [])))
         out["batches_committed"] += part.get("batches_committed", 0)  # server 0's ledger (see handover.py)
@@ -75,8 +92,16 @@ class WorkerStats:
     pushes: int = 0
     dense_bytes_pushed: int = 0  # what the same pushes would have carried as fp32 (the compression ratio's base)
 
-    FIELDS = ("steps", "push_seconds", "pull_seconds", "wait_seconds", "bytes_pushed", "bytes_pulled", "pushes",
-              "dense_bytes_pushed")
+    FIELDS = (
+        "steps",
+        "push_seconds",
+        "pull_seconds",
+        "wait_seconds",
+        "bytes_pushed",
+        "bytes_pulled",
+        "pushes",
+        "dense_bytes_pushed",
+    )
 
     def as_list(self) -> list[float]:
         return [float(getattr(self, k)) for k in self.FIELDS]
@@ -86,8 +111,7 @@ class WorkerStats:
             setattr(self, k, type(getattr(self, k))())
 
 
-def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: float, servers: int
-              ) -> dict[str, Any]:
+def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: float, servers: int) -> dict[str, Any]:
     """The per-epoch figures of metrics.jsonl from merged server counters and summed worker counters.
 
     ``updates`` counts shard updates (one push is applied once by each of the ``servers`` shards), so
@@ -123,12 +147,16 @@ def epoch_row(server: dict[str, Any], workers: dict[str, float], epoch_seconds: 
 
 def summary_line(summary: dict[str, Any]) -> str:
     """One line for the console after a parameter-server run."""
-    text = (f"{summary.get(K.ps_rule)} through {summary.get(K.servers)} server shard(s) over RPC, "
-            f"{summary.get(K.workers)} worker(s)")
+    text = (
+        f"{summary.get(K.ps_rule)} through {summary.get(K.servers)} server shard(s) over RPC, "
+        f"{summary.get(K.workers)} worker(s)"
+    )
     if summary.get(K.pushes_per_sec) is not None:
-        text += (f": {summary[K.pushes_per_sec]:.1f} pushes/s, staleness mean {summary[K.staleness_mean]:.2f} max "
-                 f"{summary[K.staleness_max]}, {summary[K.bytes_pushed_per_step] / 2**20:.2f} MiB pushed + "
-                 f"{summary[K.bytes_pulled_per_step] / 2**20:.2f} MiB pulled per worker step")
+        text += (
+            f": {summary[K.pushes_per_sec]:.1f} pushes/s, staleness mean {summary[K.staleness_mean]:.2f} max "
+            f"{summary[K.staleness_max]}, {summary[K.bytes_pushed_per_step] / 2**20:.2f} MiB pushed + "
+            f"{summary[K.bytes_pulled_per_step] / 2**20:.2f} MiB pulled per worker step"
+        )
     method = summary.get(K.compress_method) or "none"
     if method != "none" and summary.get(K.bytes_per_push):
         ratio = summary.get(K.compression_ratio)

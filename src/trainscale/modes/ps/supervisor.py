@@ -30,8 +30,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.log import setup_logging
@@ -89,12 +90,19 @@ def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float
         raise {"user": ConfigError, "peer": ServerLost}.get(kind, PSError)(text)
     assert child.exitcode is not None  # joined
     killed = (child.exitcode or 0) < 0
-    how = f"was killed by signal {signal.Signals(-child.exitcode).name}" if killed else \
-        f"exited with status {child.exitcode} without a result"
+    how = (
+        f"was killed by signal {signal.Signals(-child.exitcode).name}"
+        if killed
+        else f"exited with status {child.exitcode} without a result"
+    )
     if not killed:
         raise PSError(f"worker {worker} failed: its training process (pid {child.pid}) {how}")
-    log.warning("worker %d: its training process (pid %d) %s; the servers and the other workers carry on "
-                "without it", worker, child.pid, how)
+    log.warning(
+        "worker %d: its training process (pid %d) %s; the servers and the other workers carry on without it",
+        worker,
+        child.pid,
+        how,
+    )
     return {}, []
 
 
@@ -108,8 +116,11 @@ def _receive(conn: Connection, pid: int, stopped_limit_s: float) -> Any:
         now = time.monotonic()
         stopped_since = now if stopped_since is None else stopped_since
         if now - stopped_since > stopped_limit_s:
-            log.warning("worker training process %d has been stopped for %.1f s: killing it (the servers have "
-                        "dropped it)", pid, now - stopped_since)
+            log.warning(
+                "worker training process %d has been stopped for %.1f s: killing it (the servers have dropped it)",
+                pid,
+                now - stopped_since,
+            )
             os.kill(pid, signal.SIGKILL)
             stopped_since = None
     try:
