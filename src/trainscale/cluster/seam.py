@@ -1,6 +1,6 @@
 """The one seam between an emulated cluster and a run: a Callbacks wrapper its workers install.
 
-A node of `train --cluster` learns its cluster's facts from the launcher (``runtime.cluster.facts_from_env``:
+A node of `train --cluster` learns its cluster's facts from the launcher (``Job.cluster``, read at the entry:
 name, hosts, rates, round trip, interface, CPU share, time dilation). The worker's composition root
 (``app.run``) hands them here with the mode's callbacks and gets back what the Trainer calls; off a cluster it
 gets the mode's callbacks unchanged. Everything a cluster adds to a run goes through this object: the kernel's
