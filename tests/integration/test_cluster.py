@@ -161,6 +161,34 @@ def test_sigint_during_up_leaves_nothing(cluster_names: Callable[[], str]) -> No
     assert not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").exists()
 
 
+def test_down_name_removes_what_a_killed_up_left(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """SIGKILL in the middle of `up` leaves namespaces and no state file: `down NAME` removes them (before, only
+    `down --all` did, and `down NAME` answered "no cluster named")."""
+    name = cluster_names()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainscale", "cluster", "up", name, "--hosts", "64", "--bandwidth", "1gbit"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while len(net.trainscale_namespaces().get(name, [])) < 3 and proc.poll() is None:
+        assert time.monotonic() < deadline, "up never started making namespaces"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert (
+        net.trainscale_namespaces().get(name)
+        and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").exists()
+    )
+    assert cli(capsys, "down", name)[0] == 0
+    assert name not in net.trainscale_namespaces()
+    assert not [p for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")]
+    code, _, err = cli(capsys, "down", name)  # nothing left of it: the usual one line
+    assert code == 2 and "no cluster named" in err
+
+
 def test_shaped_links_and_a_straggler(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "3", "--bandwidth", "200mbit,20mbit,200mbit")[0] == 0

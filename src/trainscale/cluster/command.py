@@ -146,11 +146,18 @@ def down(args: argparse.Namespace) -> int:
     if args.all:
         names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()})
     else:
-        names = [load(args.name)["name"]]
+        names = [args.name if _debris(net.validate_name(args.name)) else load(args.name)["name"]]
     for name in names:
         removed = bring_down(name)
         print(f"cluster {name}: removed {len(removed)} namespaces")
     return 0
+
+
+def _debris(name: str) -> bool:
+    """Namespaces or CPU groups of cluster ``name`` with no state file: what a `cluster up` killed (SIGKILL) before
+    it recorded the cluster leaves; `down NAME` removes them as `down --all` does."""
+    on_host = name in net.trainscale_namespaces() or name in net.leftover_cpu_groups()
+    return on_host and not state_path(name).exists()
 
 
 def _state_files() -> list[Path]:
