@@ -20,6 +20,8 @@ import torch
 
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.cli import main
+from trainscale.cluster.bench import cluster_for, cluster_name
+from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 from trainscale.runtime import ft
 
@@ -187,6 +189,52 @@ def test_down_name_removes_what_a_killed_up_left(
     assert not [p for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")]
     code, _, err = cli(capsys, "down", name)  # nothing left of it: the usual one line
     assert code == 2 and "no cluster named" in err
+
+
+def test_down_refuses_a_cluster_in_use_and_force_stops_the_run(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """A process in one of the cluster's hosts (a run's node) makes `down` one line naming it, the cluster left
+    as it was; `--force` stops it, then deletes the cluster (before, `down` pulled the namespaces from under the
+    run, which then hung)."""
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h1", "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 10
+        while not net.processes_in(name):
+            assert time.monotonic() < deadline, "the stand-in run never appeared in the host's namespace"
+            time.sleep(0.05)
+        code, _, err = cli(capsys, "down", name)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert code == 2 and len(lines) == 1 and f"cluster {name} is in use" in lines[0] and "sleep 300" in lines[0]
+        assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
+        assert cli(capsys, "down", name, "--force")[0] == 0
+        assert run.wait(timeout=30) is not None and name not in net.trainscale_namespaces()
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(cluster_names: Callable[[], str]) -> None:
+    """Two benches needing a cluster of one shape: the second is refused with one line, the first's cluster and
+    run untouched (before, it deleted the cluster under the running job)."""
+    cluster_names()  # the fixture's state folder and its root check
+    name = cluster_name(2, net.parse_rate("1gbit"))
+    with cluster_for(name):
+        run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "300"])
+        try:
+            while not net.processes_in(name):
+                assert run.poll() is None
+                time.sleep(0.05)
+            with pytest.raises(ConfigError, match=f"^cluster {name}, which this grid's runs need, is in use"):
+                with cluster_for(name):
+                    pass
+            assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
+        finally:
+            run.kill()
+            run.wait()
+    assert name not in net.trainscale_namespaces()
 
 
 def test_shaped_links_and_a_straggler(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:

@@ -62,6 +62,12 @@ def cluster_for(name: str | None) -> Iterator[None]:
     hosts, rate = shape
     assert name is not None  # a bench cluster has a name
     if state_path(name).exists() or name in net.trainscale_namespaces():
+        busy = net.processes_in(name)
+        if busy:
+            raise ConfigError(
+                f"cluster {name}, which this grid's runs need, is in use by another run (pid {busy[0]}: "
+                f"{net.command_of(busy[0])}); wait for it, or stop it with `trainscale cluster down {name} --force`"
+            )
         bring_down(name)
     bring_up(name, [rate] * hosts)
     try:

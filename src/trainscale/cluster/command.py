@@ -147,6 +147,15 @@ def down(args: argparse.Namespace) -> int:
         names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()})
     else:
         names = [args.name if _debris(net.validate_name(args.name)) else load(args.name)["name"]]
+    in_use = {name: pids for name in names if (pids := net.processes_in(name))}
+    if in_use and not args.force:
+        name, pids = next(iter(in_use.items()))
+        raise ConfigError(
+            f"cluster {name} is in use by {len(pids)} process(es) of a run (pid {pids[0]}: {net.command_of(pids[0])}); "
+            f"stop that run first, or stop it with `trainscale cluster down {name} --force`"
+        )
+    for pids in in_use.values():
+        net.stop_processes(pids)
     for name in names:
         removed = bring_down(name)
         print(f"cluster {name}: removed {len(removed)} namespaces")
@@ -268,6 +277,11 @@ def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("down", help="delete NAME (or --all trainscale clusters and debris)")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="stop the processes of a run still on the cluster (SIGTERM, SIGKILL after 5 s) before deleting it",
+    )
     p = sub.add_parser("link", help="cut/restore one host's link (down|up) or change its rate (--bandwidth)")
     p.add_argument("name")
     p.add_argument("host", help="host index (0..N-1) or h0..")

@@ -234,6 +234,45 @@ def trainscale_namespaces() -> dict[str, list[str]]:
     return found
 
 
+def processes_in(name: str) -> list[int]:
+    """The processes living in cluster ``name``'s namespaces (a run on it): deleting the namespaces under them
+    would cut their links and leave them waiting on each other."""
+    pids: set[int] = set()
+    for ns in trainscale_namespaces().get(name, []):
+        listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+        pids |= {int(p) for p in listed.split() if p.isdigit()}
+    return sorted(pids)
+
+
+def command_of(pid: int) -> str:
+    """Process ``pid``'s command line, shortened, for a message ("" once it is gone)."""
+    try:
+        text = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")).strip()
+    except OSError:
+        return ""
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def stop_processes(pids: Sequence[int], grace_s: float = 5.0) -> None:
+    """SIGTERM each process (an elastic agent then stops its workers), SIGKILL whatever is left after
+    ``grace_s``; returns once all are gone."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def leftover_cpu_groups() -> set[str]:
     """Cluster names with a CPU group still in the cpu controller (a run killed before its teardown leaves
     them behind with no namespace): `cluster down --all` removes them too."""
