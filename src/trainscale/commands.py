@@ -86,7 +86,7 @@ def train(args: argparse.Namespace) -> int:
 
         return hosts_main(cfg, flags)
     if cfg.launch.cluster is not None:
-        from trainscale.cluster.launch import cluster_main
+        from trainscale.app.cluster_launch import cluster_main
 
         return cluster_main(cfg)
     if launched_by_torchrun():

@@ -11,10 +11,10 @@ inside a unit (``trainscale.train.loop``), but a sub-package (``trainscale.modes
 ``__init__`` exports, never one of its modules (``trainscale.modes.ps.client``), and never a name or module that
 starts with an underscore.
 
-``cluster`` (emulated clusters: the `cluster` command, the `train --cluster` launcher, time dilation, the wire
-counter and the seam a run on a cluster installs) stands beside ``app`` in a loose layer: its launcher runs on the
-app's pre-flight and launcher, and the app's composition root installs its seam, so each imports the other (module
-cycles still fail). Its runtime floor (namespaces, links, CPU groups, probes) is ``runtime.cluster`` and
+``cluster`` (emulated clusters: the `cluster` command, time dilation, the wire counter, the bench's cluster keys and
+the seam a run on a cluster installs) sits below ``app``: the app's composition root installs its seam and its
+pre-flight checks the cluster; the `train --cluster` launcher, which runs on the app's pre-flight and node commands,
+is ``app.cluster_launch``. Its runtime floor (namespaces, links, CPU groups, probes) is ``runtime.cluster`` and
 ``runtime.netprobe``: only the runtime layer creates or destroys namespaces, and fault injection and the planner,
 below ``app``, use it.
 """
@@ -45,7 +45,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("compression+train", ("compression", "train")),
     Layer("modes", ("modes",)),
     Layer("plan", ("plan",)),
-    Layer("app", ("app", "cluster"), loose=True),
+    Layer("cluster", ("cluster",)),
+    Layer("app", ("app",)),
     Layer("bench", ("bench",)),
     Layer("report", ("report",)),
     Layer("entry points", ("cli", "commands", "__main__"), loose=True),

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from trainscale.app.cluster_launch import cluster_main
 from trainscale.app.config import build_config
 from trainscale.app.dryrun import dry_run
 from trainscale.app.launch import prepare
 from trainscale.app.preflight import preflight
-from trainscale.cluster.launch import cluster_main
 from trainscale.errors import TrainscaleError
 
 SMALL = {"dataset": "synthetic", "model": "mlp", "train_subset": 256, "test_subset": 128, "batch_size": 32}

@@ -1,7 +1,7 @@
 """The one pre-flight: every check that can run before any worker starts, in one order, with one result.
 
 The dry run (``app.dryrun``), a run in this process (``commands.train``), the launcher on this machine
-(``app.launch``) and the emulated-cluster launcher (``cluster.launch``) all run ``preflight``, so a dry run refuses
+(``app.launch``) and the emulated-cluster launcher (``app.cluster_launch``) all run ``preflight``, so a dry run refuses
 exactly what the run would, with the same line (a ConfigError or DataError: one line, exit 2). In order: the hosts
 file (``--hosts``: the parent checks only that, each machine's launcher runs its own pre-flight); the
 ``--cluster`` (up, its namespaces there) and the mode's own checks again now that its hosts are known; the
