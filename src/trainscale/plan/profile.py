@@ -477,7 +477,8 @@ def synthetic_batch(model: str, batch_size: int, device: torch.device) -> torch.
 
 def build(cfg: ProfileConfig, device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    model = create_model(cfg.model, num_classes=10, **parse_args(cfg.model_args)).to(device)
+    kwargs = {"num_classes": 10, **parse_args(cfg.model_args)}
+    model = create_model(cfg.model, **kwargs).to(device)
     images = model_info(cfg.model).data_init_images
     if images:
         assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init

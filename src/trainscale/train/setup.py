@@ -23,7 +23,7 @@ from trainscale.data.sharding import check_world, train_shard_size
 from trainscale.data.user import UserSplit, load_user_data
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
-from trainscale.models import create_model, model_info
+from trainscale.models import model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.record import K
 from trainscale.registry import is_import_path
@@ -226,7 +226,7 @@ def check_model_input(cfg: CoreConfig) -> None:
     size, info = cfg.data.image_size, model_info(cfg.data.model)
     try:
         with torch.device("meta"), torch.no_grad():
-            create_model(cfg.data.model, image_size=size, **usermodel.model_kwargs(cfg))(torch.empty(2, 3, size, size))
+            usermodel.build(cfg, 10, size)(torch.empty(2, 3, size, size))
     except NotImplementedError:  # an operation without a meta kernel: shapes cannot be checked here
         return
     except (RuntimeError, ValueError) as exc:

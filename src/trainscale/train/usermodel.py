@@ -38,12 +38,18 @@ def input_side(cfg: CoreConfig, data: UserSplit) -> int:
                 "wide and its transform sets their size; leave --image-size out or resize in the transform"
             )
         return native
-    return cfg.data.image_size or model_info(cfg.data.model).input_size or native
+    given = model_kwargs(cfg).get("image_size")
+    side = cfg.data.image_size or (given if isinstance(given, int) else None)
+    return side or model_info(cfg.data.model).input_size or native
 
 
 def build(cfg: CoreConfig, num_classes: int, image_size: int | None = None) -> torch.nn.Module:
-    """``create_model`` with the config's model, its arguments, and the data's class count and input size."""
-    return create_model(cfg.data.model, num_classes=num_classes, image_size=image_size, **model_kwargs(cfg))
+    """``create_model`` with the config's model, its arguments, and the data's class count and input size (a
+    ``--model-arg num_classes=`` or ``image_size=`` wins over them)."""
+    kwargs = model_kwargs(cfg)
+    num_classes = kwargs.pop("num_classes", num_classes)
+    image_size = kwargs.pop("image_size", image_size)
+    return create_model(cfg.data.model, num_classes=num_classes, image_size=image_size, **kwargs)
 
 
 def user_code(cfg: CoreConfig) -> bool:
