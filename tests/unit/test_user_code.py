@@ -266,13 +266,14 @@ def test_a_model_that_does_not_import_is_one_line_before_anything_runs(capsys: p
 
 def test_dataset_batches_shard_disjointly_and_evaluate_every_item_once() -> None:
     train, test = load_user_data(DATASETS)
-    assert isinstance(train, DatasetSplit) and train.num_classes == 4 and train.mean is None
+    assert isinstance(train, DatasetSplit) and train.num_classes == 4 and train.mean == (0.35, 0.35, 0.35)
     ranks = [LoaderBatches(train, 32, train=True, device="cpu", rank=r, world_size=2, seed=3) for r in (0, 1)]
     seen = [set(b.indices(1)) for b in ranks]
     assert not seen[0] & seen[1] and len(seen[0]) == len(seen[1]) == 256
     assert seen != [set(b.indices(2)) for b in ranks]  # a new order every epoch
     x, y = next(iter(ranks[0].epoch(0)))
-    assert x.shape == (32, 3, 16, 16) and x.dtype == torch.float32 and 0 <= float(x.min()) and float(x.max()) <= 1
+    assert x.shape == (32, 3, 16, 16) and x.dtype == torch.float32
+    assert float(x.min()) == pytest.approx(-0.35 / 0.2) and float(x.max()) <= (1 - 0.35) / 0.2 + 1e-6
     lazy = [f() for f in ranks[0].lazy_epoch(0)]
     assert len(lazy) == len(ranks[0]) == 8 and torch.equal(lazy[0][1], y)
     evals = [LoaderBatches(test, 50, train=False, device="cpu", rank=r, world_size=2) for r in (0, 1)]
