@@ -18,7 +18,7 @@ import torch
 from trainscale.config import CoreConfig
 from trainscale.data.tensors import ImageTensors
 from trainscale.data.user import DatasetSplit, UserSplit
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.models import create_model, model_info
 from trainscale.registry import is_import_path, parse_args
 
@@ -72,9 +72,12 @@ def check_model_on_data(cfg: CoreConfig, train: UserSplit, uses_servers: bool = 
     shape = (2, channels, side, side)
     try:
         with torch.device("meta"), torch.no_grad():
-            out = build(cfg, train.num_classes, side)(torch.empty(shape))
+            model = build(cfg, train.num_classes, side)  # its own errors are their own lines
+            out = model(torch.empty(shape))
     except NotImplementedError:  # an operation without a meta kernel: the first step will tell
         return
+    except TrainscaleError:
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
