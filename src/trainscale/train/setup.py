@@ -167,6 +167,7 @@ RESUME_MAY_CHANGE = frozenset(
         "verify",
         "download",
         "threads",
+        "loader_workers",
         "epochs",
         "rdzv_endpoint",
         "rdzv_id",
