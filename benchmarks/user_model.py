@@ -24,6 +24,7 @@ images/s over the bare loop's of the same process count, measured in the same ru
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -57,11 +58,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@functools.cache
 def optimizer_name() -> str:
-    """AdamW where this trainscale takes it, else SGD (the fallback is printed with the results)."""
-    from trainscale.train import checks
+    """AdamW where this trainscale's config takes it, else SGD (the fallback is printed with the results)."""
+    from trainscale.app.config import build_config
+    from trainscale.errors import TrainscaleError
 
-    return "adamw" if "adamw" in getattr(checks, "OPTIMIZERS", ()) else "sgd"
+    try:
+        build_config({"optimizer": "adamw", "dataset": "synthetic"})
+    except TrainscaleError:
+        return "sgd"
+    return "adamw"
 
 
 def model_args(args: argparse.Namespace) -> dict[str, int]:
