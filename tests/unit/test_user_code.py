@@ -249,6 +249,10 @@ def test_the_model_is_checked_against_the_data_before_training() -> None:
     with pytest.raises(ConfigError, match="cannot take the 1x4x4 images of tests.unit.test_user_code:good_numpy"):
         check_model_on_data(build_config({"model": TINY, "dataset": f"{HERE}:good_numpy"}), gray)
     assert input_side(build_config({"model": TINY, "dataset": TENSORS}), train) == 16  # the data's size
+    cifar, _ = load_user_data(TENSORS)
+    builtin = build_config({"model": "mlp", "dataset": "synthetic", "model_args": ["hiden=3"]})
+    with pytest.raises(ConfigError, match="^--model-arg hiden: model mlp takes no argument 'hiden'"):
+        check_model_on_data(builtin, cifar)
     typo = build_config({"model": TINY, "dataset": TENSORS, "model_args": ["depth=3"]})
     with pytest.raises(ConfigError, match="^--model-arg depth: model tests.userpkg.nets:tiny takes no argument"):
         check_model_on_data(typo, train)

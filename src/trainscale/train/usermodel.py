@@ -58,14 +58,15 @@ def user_code(cfg: CoreConfig) -> bool:
 
 
 def check_model_on_data(cfg: CoreConfig, train: UserSplit, uses_servers: bool = False) -> None:
-    """The model (built on the meta device) takes two of the data's images at the input size and returns one
-    score per class; Dataset-given data is refused in the parameter-server modes (``uses_servers``)."""
+    """The model (built on the meta device, with its ``--model-arg``) takes two of the data's images at the input size
+    and returns one score per class (checked for a model or data given by import path, or any model given
+    arguments); Dataset-given data is refused in the parameter-server modes (``uses_servers``)."""
     if uses_servers and isinstance(train, DatasetSplit):
         raise ConfigError(
             f"--mode {cfg.run.mode} needs in-memory data: return (images, labels) tensors from dataset "
             f"{cfg.data.dataset} rather than Datasets, or use --mode sync"
         )
-    if not user_code(cfg):
+    if not user_code(cfg) and not cfg.data.model_args:
         return
     side = input_side(cfg, train)
     channels = train.image_shape[0]
