@@ -304,3 +304,15 @@ def test_launched_processes_get_the_folder_the_user_module_came_from(monkeypatch
     assert env["PYTHONPATH"].split(os.pathsep) == list(dict.fromkeys([os.getcwd(), root, "/opt/elsewhere"]))
     assert user_code_env(cfg, env) == {}  # already there
     assert user_code_env(build_config({"model": "resnet20"}), {}) == {}
+
+
+def test_a_grid_varies_model_args_given_as_tables(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'name = "mine"\ndescription = "widths"\nsource = "test"\n[base]\n'
+        f'model = "{TINY}"\ndataset = "{TENSORS}"\nepochs = 1\nbatch_size = 64\n'
+        "[axes]\nmodel_args = [{ width = 4 }, { width = 8, bias = false }]\n"
+    )
+    assert main(["bench", str(grid), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "['width=4']" in out and "['width=8', 'bias=false']" in out
