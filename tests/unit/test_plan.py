@@ -167,7 +167,7 @@ class TestDescriptions:
     def test_units(self):
         assert parse_latency("50us") == pytest.approx(5e-5)
         assert parse_link("8gbit", "1ms").bandwidth == 1e9
-        with pytest.raises(ConfigError, match="--bandwidth must look like"):
+        with pytest.raises(ConfigError, match="--bandwidth must be a rate in bits per second"):
             parse_link("-1gbit")
         with pytest.raises(ConfigError, match="--latency must look like"):
             parse_latency("-5us")
@@ -293,3 +293,10 @@ def test_damaged_profile_is_one_line(tmp_path):
     path.write_text(json.dumps({"format": "trainscale-profile/1", "model": "mlp"}))
     with pytest.raises(ConfigError, match="damaged .*make it again with trainscale profile"):
         load_profile(path)
+
+
+def test_one_worker_parameter_server_pushes_nothing():
+    profile = make_profile()
+    for mode in ("ps-sync", "sync"):
+        p = predict(profile, Setting(1, 1, None, Link(1e8, 1e-4), mode=mode))
+        assert p.step_seconds == pytest.approx(profile.compute_seconds) and p.comm_seconds == 0.0

@@ -203,7 +203,7 @@ def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], d
     batch the sum of its devices' and its step the device's step at the per-device batch."""
     batch, devices, hosts = int(row["batch_size"]), int(row["devices"]), int(row.get("hosts", 1))
     per_host = int(row.get("workers_per_host", max(1, devices // hosts)))
-    seconds, _ = device.step_seconds(profile.model, batch)
+    seconds, _ = device.step_seconds(profile.model, batch, profile.precision)
     return replace(
         setting,
         hosts=hosts,

@@ -63,8 +63,12 @@ def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tupl
         return 1.0, f"profiled: {profile.device}, {profile.threads} thread(s)" + (
             f", {profile.cpus:g} CPUs" if profile.cpus else ""
         )
-    seconds, figure = load_device(device).step_seconds(profile.model, profile.batch_size)
-    origin = f"{device}: {figure.images_per_sec:g} img/s at batch {figure.batch_size} ({figure.source})"
+    target = load_device(device)
+    seconds, figure = target.step_seconds(profile.model, profile.batch_size, profile.precision)
+    origin = (
+        f"{target.name}: {figure.images_per_sec:g} img/s at batch {figure.batch_size}, {figure.precision} "
+        f"({figure.source})"
+    )
     return seconds / profile.compute_seconds, origin
 
 

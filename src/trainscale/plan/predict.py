@@ -204,6 +204,8 @@ def _ps_coding(profile: Profile, setting: Setting) -> tuple[float, float]:
 
 
 def _ps_sync(profile: Profile, setting: Setting) -> _Step:
+    if setting.workers == 1:  # one worker steps its own model: nothing to push or pull
+        return _Step(0.0, 0.0)
     encode, decode = _ps_coding(profile, setting)
     wire = sum(_transfer(n, setting) for n in _ps_bytes(profile, setting))
     return _Step(encode + wire + decode, wire, encode, decode, _ps_link_bytes(profile, setting))
