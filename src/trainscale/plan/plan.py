@@ -8,10 +8,13 @@ from typing import ClassVar
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_link
+from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_latency, parse_link
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.predict import MODES, Setting
-from trainscale.plan.profile import Profile
+from trainscale.plan.profile import Profile, load_profile
+from trainscale.plan.synthetic import synthetic_profile
+
+GRAD_DTYPES = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}  # bytes over fp32's
 
 
 @dataclass
@@ -32,6 +35,18 @@ class PlanConfig(Section):
     device_step_ms: float | None = option(
         None, "or give the target device's step time in ms at the profile's batch", above=0
     )
+    params: int | None = option(
+        None, "plan a model by its parameter count instead of a profile (with --step-time and --batch-size)", at_least=1
+    )
+    step_time: str | None = option(
+        None, "the target device's step time (one device, no communication) at --batch-size: 120ms, 0.12s"
+    )
+    batch_size: int | None = option(
+        None, "per-device batch of the plan (default: the profile's; compute scales in proportion)", at_least=1
+    )
+    bucket_mb: float = option(25.0, "--params: DDP's gradient bucket size in MiB (bucket_cap_mb)", above=0)
+    grad_dtype: str = option("fp32", "dtype of the gradients sent: fp32, bf16 or fp16", choices=tuple(GRAD_DTYPES))
+    accumulate: int = option(1, "micro-steps per optimizer step (one communication per N)", at_least=1)
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
     sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)", at_least=1)
@@ -53,18 +68,64 @@ def check_profile_model(cfg: PlanConfig, profile: Profile) -> None:
         )
 
 
+def plan_profile(cfg: PlanConfig) -> Profile:
+    """The profile a plan rests on: the file, or one made from ``--params`` and ``--step-time``."""
+    if cfg.params is None:
+        return load_profile(cfg.profile)
+    if cfg.step_time is None or cfg.batch_size is None:
+        raise ConfigError(
+            f"--params {cfg.params} needs --step-time (one device's step, e.g. 120ms) and the --batch-size it is for"
+        )
+    if cfg.device is not None or cfg.device_step_ms is not None:
+        raise ConfigError("--params takes the device's step from --step-time; drop --device / --device-step-ms")
+    if cfg.compress != "none":
+        raise ConfigError(
+            f"--params plans dense gradients (no coding times without a profile); drop --compress {cfg.compress}, "
+            "or use --grad-dtype bf16 for 16-bit gradients"
+        )
+    seconds = parse_latency(cfg.step_time, "--step-time")
+    if not seconds > 0:
+        raise ConfigError(f"--step-time must be positive, got {cfg.step_time}")
+    return synthetic_profile(cfg.params, seconds, cfg.batch_size, cfg.bucket_mb, cfg.model)
+
+
+def _batch_scale(cfg: PlanConfig, profile: Profile) -> tuple[float, str]:
+    """Compute at the plan's batch over the profile's (in proportion to the images: an assumption the plan
+    states, as a device's throughput is flat only once it is full)."""
+    if cfg.batch_size is None or cfg.batch_size == profile.batch_size:
+        return 1.0, ""
+    return cfg.batch_size / profile.batch_size, (
+        f"; scaled from batch {profile.batch_size} to {cfg.batch_size} in proportion (assumed)"
+    )
+
+
 def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tuple[float, str]:
     """Target device's step time over this machine's (1 when the plan is for this machine), and its origin."""
+    if cfg.params is not None:
+        return 1.0, f"--step-time {cfg.step_time} at batch {cfg.batch_size} (given; backward 2/3 of it, assumed)"
+    batch = cfg.batch_size or profile.batch_size
+    if cfg.step_time is not None and cfg.device_step_ms is not None:
+        raise ConfigError("give --step-time or --device-step-ms, not both")
+    if cfg.step_time is not None:
+        seconds = parse_latency(cfg.step_time, "--step-time")
+        if not seconds > 0:
+            raise ConfigError(f"--step-time must be positive, got {cfg.step_time}")
+        return seconds / profile.compute_seconds, f"--step-time {cfg.step_time} at batch {batch}"
     if cfg.device_step_ms is not None:
         if cfg.device_step_ms <= 0:
             raise ConfigError(f"--device-step-ms must be positive, got {cfg.device_step_ms}")
-        return cfg.device_step_ms / 1e3 / profile.compute_seconds, f"--device-step-ms {cfg.device_step_ms:g}"
-    if device is None:
-        return 1.0, f"profiled: {profile.device}, {profile.threads} thread(s)" + (
-            f", {profile.cpus:g} CPUs" if profile.cpus else ""
+        scale, note = _batch_scale(cfg, profile)
+        return (
+            cfg.device_step_ms / 1e3 / profile.compute_seconds * scale,
+            f"--device-step-ms {cfg.device_step_ms:g}{note}",
         )
+    if device is None:
+        scale, note = _batch_scale(cfg, profile)
+        return scale, f"profiled: {profile.device}, {profile.threads} thread(s)" + (
+            f", {profile.cpus:g} CPUs" if profile.cpus else ""
+        ) + note
     target = load_device(device)
-    seconds, figure = target.step_seconds(profile.model, profile.batch_size, profile.precision)
+    seconds, figure = target.step_seconds(profile.model, batch, profile.precision)
     origin = (
         f"{target.name}: {figure.images_per_sec:g} img/s at batch {figure.batch_size}, {figure.precision} "
         f"({figure.source})"
@@ -91,6 +152,9 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
                 cfg.sync_every,
                 cfg.servers,
                 scale,
+                cfg.batch_size,
+                GRAD_DTYPES[cfg.grad_dtype],
+                cfg.accumulate,
             ),
             cluster,
             origin,
@@ -103,7 +167,20 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     intra = parse_link(cfg.intra_bandwidth, "0us", "--intra-bandwidth")
     scale, origin = compute_scale(cfg, profile, cfg.device)
     return (
-        Setting(cfg.hosts, cfg.workers_per_host, inter, intra, cfg.mode, spec, cfg.sync_every, cfg.servers, scale),
+        Setting(
+            cfg.hosts,
+            cfg.workers_per_host,
+            inter,
+            intra,
+            cfg.mode,
+            spec,
+            cfg.sync_every,
+            cfg.servers,
+            scale,
+            cfg.batch_size,
+            GRAD_DTYPES[cfg.grad_dtype],
+            cfg.accumulate,
+        ),
         None,
         origin,
     )

@@ -41,6 +41,8 @@ class Setting:
     servers: int = 1
     compute_scale: float = 1.0
     batch_size: int | None = None  # per worker; None: the profile's
+    grad_scale: float = 1.0  # bytes of a communicated gradient over fp32's (bf16/fp16: 0.5)
+    accumulate: int = 1  # micro-steps per optimizer step (one communication per optimizer step)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -49,8 +51,8 @@ class Setting:
             raise ConfigError(f"hosts and workers per host must be at least 1, got {self.hosts} x {self.per_host}")
         if self.hosts > 1 and self.inter is None:
             raise ConfigError("several hosts need a bandwidth between them (--bandwidth)")
-        if self.sync_every < 1 or self.servers < 1:
-            raise ConfigError("--sync-every and --servers must be at least 1")
+        if self.sync_every < 1 or self.servers < 1 or self.accumulate < 1:
+            raise ConfigError("--sync-every, --servers and --accumulate must be at least 1")
 
     @property
     def workers(self) -> int:
@@ -104,12 +106,14 @@ class _Step:
 
 
 def predict(profile: Profile, setting: Setting) -> Prediction:
-    compute = profile.compute_seconds * setting.compute_scale
+    """One optimizer step: ``accumulate`` micro-steps of compute, then the mode's exposed communication (under
+    accumulation only the last micro-step's backward can hide it)."""
+    compute = profile.compute_seconds * setting.compute_scale * setting.accumulate
     part = {"sync": _sync, "ps-sync": _ps_sync, "async": _async, "localsgd": _periodic, "diloco": _periodic}[
         setting.mode
     ](profile, setting)
     step = compute + part.exposed
-    images = setting.workers * (setting.batch_size or profile.batch_size) / step
+    images = setting.workers * (setting.batch_size or profile.batch_size) * setting.accumulate / step
     return Prediction(
         setting.workers,
         step,
@@ -125,9 +129,9 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
     )
 
 
-def _collectives(profile: Profile, spec: MethodSpec) -> list[tuple[str, float]]:
+def _collectives(profile: Profile, spec: MethodSpec, grad_scale: float = 1.0) -> list[tuple[str, float]]:
     if spec.dense:
-        return [("all_reduce", float(profile.gradient_bytes))]
+        return [("all_reduce", float(profile.gradient_bytes) * grad_scale)]
     return [(k, float(n)) for k, n in profile.compressor(spec).collectives]
 
 
@@ -154,7 +158,7 @@ def _link_bytes(collectives: list[tuple[str, float]], workers: int) -> float:
 def _sync(profile: Profile, setting: Setting) -> _Step:
     if setting.workers == 1:
         return _Step(0.0, 0.0)
-    collectives = _collectives(profile, setting.spec)
+    collectives = _collectives(profile, setting.spec, setting.grad_scale)
     encode, decode = _coding(profile, setting)
     backward = profile.backward.median * setting.compute_scale
     if setting.spec.granularity == "entire":
@@ -177,7 +181,9 @@ def _sync(profile: Profile, setting: Setting) -> _Step:
 
 def _ps_bytes(profile: Profile, setting: Setting) -> tuple[float, float]:
     """(push, pull) bytes per worker step: pushes carry the compressor's payload, pulls the fp32 parameters."""
-    return float(sum(n for _, n in _collectives(profile, setting.spec))), float(profile.gradient_bytes)
+    return float(sum(n for _, n in _collectives(profile, setting.spec, setting.grad_scale))), float(
+        profile.gradient_bytes
+    )
 
 
 def _transfer(nbytes: float, setting: Setting) -> float:
@@ -216,7 +222,7 @@ def _async(profile: Profile, setting: Setting) -> _Step:
     encode, decode = _ps_coding(profile, setting)
     own = encode + push + decode + pull
     others = pull if setting.hosts > 1 else 0.0  # the host's shard answers the other hosts' pulls
-    c = profile.compute_seconds * setting.compute_scale
+    c = profile.compute_seconds * setting.compute_scale * setting.accumulate
     total = c + others + own
     step = (total + math.sqrt(max(0.0, total * total - 4.0 * c * others))) / 2.0
     return _Step(step - c, push + pull, encode, decode, _ps_link_bytes(profile, setting))
@@ -226,7 +232,7 @@ def _periodic(profile: Profile, setting: Setting) -> _Step:
     """Local SGD / DiLoCo: one exchange of the model (through the compressor) every ``sync_every`` steps."""
     if setting.workers == 1:
         return _Step(0.0, 0.0)
-    collectives = _collectives(profile, setting.spec)
+    collectives = _collectives(profile, setting.spec, setting.grad_scale)
     encode, decode = _coding(profile, setting)
     wire = _wire(collectives, 1.0, setting)
     h = setting.sync_every
