@@ -258,3 +258,29 @@ def test_plan_json_stays_json_when_a_figure_is_not_finite(tmp_path, capsys, monk
     assert cli.run_plan(PlanConfig(profile=str(path), hosts=2, bandwidth="1gbit", json=True)) == 0
     plan = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert plan["scaling_efficiency"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ("[system]\noverlap = 1.5", r"\[system\] key 'overlap' must be a fraction in \(0, 1\], got 1.5"),
+        ('[system]\nalgorithm = "butterfly"', r"\[system\] key 'algorithm' is 'butterfly'; give auto, ring"),
+        ('[system]\nps_assignment = "random"', r"key 'ps_assignment' is 'random'; give shard"),
+        ('[system]\nbucket_overhead = "fast"', r":104: \[system\] key 'bucket_overhead' must look like 50us"),
+    ],
+)
+def test_bad_system_table(tmp_path, extra, fragment):
+    path = write(tmp_path, CLUSTER + "\n" + extra + "\n")
+    with pytest.raises(ConfigError, match=fragment):
+        load_cluster(str(path))
+
+
+def test_system_table_and_nics(tmp_path):
+    text = CLUSTER.replace(
+        '[link.inter]\nbandwidth = "1gbit"', '[link.inter]\nnics = 2\nefficiency = 0.8\nbandwidth = "1gbit"'
+    )
+    text += '\n[system]\noverlap = 0.7\nbucket_overhead = "100us"\nalgorithm = "hierarchical"\n'
+    system = load_cluster(str(write(tmp_path, text))).system
+    assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
+    assert system.bucket_overhead == pytest.approx(1e-4)
+    assert set(system.assumed) == {"step_overhead", "ps_efficiency"}

@@ -107,6 +107,75 @@ class Device:
 
 
 @dataclass(frozen=True)
+class System:
+    """What a cluster's software and wiring add to the links: NICs per host and the transport's achieved
+    fraction of their line rate, the all-reduce algorithm, how much communication hides under backward, the
+    framework's costs per bucket and per step, and the parameter servers' layout. ``assumed`` names the
+    values no file gave (the plan says so)."""
+
+    nics: int = 1
+    transport: str = "tcp"
+    algorithm: str | None = None
+    overlap: float = 1.0
+    bucket_overhead: float = 0.0
+    step_overhead: float = 0.0
+    servers: int | None = None
+    placement: str = "colocated"
+    assignment: str = "shard"
+    efficiency: float = 1.0  # [link.inter]: the transport's achieved fraction of the NICs' line rate
+    ps_efficiency: float = 1.0  # [system]: a parameter server's RPC stack's fraction of what the link carries
+    assumed: tuple[str, ...] = ("overlap", "bucket_overhead", "step_overhead", "efficiency", "ps_efficiency")
+
+
+TRANSPORTS = ("tcp", "rdma", "nvlink", "pcie")
+
+
+def _fraction(table: _Table, key: str, default: float) -> float:
+    value = table.get(key, float, default)
+    if not 0 < value <= 1 and not (key == "overlap" and value == 0):
+        raise ConfigError(f"{table.where(key)} must be a fraction in (0, 1], got {value}")
+    return value
+
+
+def _seconds(table: _Table, key: str) -> float:
+    text = table.get(key, str, "0us")
+    return parse_latency(text, table.where(key))
+
+
+def _system(top: _Table, links: _Table) -> System:
+    """The ``[system]`` table and the NIC keys of ``[link.inter]`` (``nics``, ``transport``, ``efficiency``)."""
+    inter = links.table("inter", "[link.inter]") or _Table(top.path, top.text, {}, "[link.inter]")
+    table = top.table("system", "[system]") or _Table(top.path, top.text, {}, "[system]")
+    transport = inter.get("transport", str, "tcp")
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"{inter.where('transport')} is {transport!r}; give one of {', '.join(TRANSPORTS)}")
+    algorithm = table.get("algorithm", str, None)
+    if algorithm is not None and algorithm not in ("auto", "ring", "tree", "hierarchical"):
+        raise ConfigError(f"{table.where('algorithm')} is {algorithm!r}; give auto, ring, tree or hierarchical")
+    placement, assignment = table.get("ps_placement", str, "colocated"), table.get("ps_assignment", str, "shard")
+    if placement not in ("colocated", "separate"):
+        raise ConfigError(f"{table.where('ps_placement')} is {placement!r}; give colocated or separate")
+    if assignment not in ("shard", "round_robin", "by_size"):
+        raise ConfigError(f"{table.where('ps_assignment')} is {assignment!r}; give shard, round_robin or by_size")
+    given: set[str] = {k for k in ("overlap", "bucket_overhead", "step_overhead", "ps_efficiency") if k in table.raw}
+    given |= {"efficiency"} if "efficiency" in inter.raw else set()
+    return System(
+        inter.get("nics", int, 1, positive=True),
+        transport,
+        algorithm,
+        _fraction(table, "overlap", 1.0),
+        _seconds(table, "bucket_overhead"),
+        _seconds(table, "step_overhead"),
+        table.get("ps_servers", int, None, positive=True),
+        placement,
+        assignment,
+        _fraction(inter, "efficiency", 1.0),
+        _fraction(table, "ps_efficiency", 1.0),
+        tuple(k for k in System().assumed if k not in given),
+    )
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     description: str
@@ -117,6 +186,7 @@ class ClusterSpec:
     intra: Link | None
     published: tuple[dict[str, Any], ...] = field(default=())
     source: str = ""
+    system: System = field(default_factory=lambda: System())
 
 
 def find_file(name: str, kind: str) -> Path:
@@ -229,10 +299,18 @@ def load_device(name: str) -> Device:
 
 
 def _link(table: _Table | None) -> Link | None:
+    """A link table: ``bandwidth`` and ``latency``; inside a host, devices split over CPU sockets (``sockets``
+    > 1) cross the sockets' link (``socket_bandwidth``, ``socket_latency``), which bounds a ring through them."""
     if table is None:
         return None
     bandwidth, latency = table.get("bandwidth", str), table.get("latency", str, "0us")
-    return parse_link(bandwidth, latency, table.where("bandwidth"))
+    link = parse_link(bandwidth, latency, table.where("bandwidth"))
+    if table.get("sockets", int, 1, positive=True) > 1:
+        hop = parse_link(
+            table.get("socket_bandwidth", str), table.get("socket_latency", str, "0us"), table.where("socket_bandwidth")
+        )
+        link = Link(min(link.bandwidth, hop.bandwidth), link.latency + hop.latency)
+    return link
 
 
 PUBLISHED_NUMBERS = {"batch_size": int, "devices": int, "images_per_sec": float}  # required, > 0
@@ -315,6 +393,7 @@ def load_cluster(name: str) -> ClusterSpec:
         _link(links.table("intra", "[link.intra]")),
         tuple(_published(row) for row in top.tables("published")),
         top.get("source", str, ""),
+        _system(top, links),
     )
     for row, values in zip(top.tables("published"), spec.published):
         _check_fits(row, values, spec.hosts, spec.devices_per_host)

@@ -4,13 +4,22 @@ they become a :class:`~trainscale.plan.predict.Setting`: a cluster file, or host
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_latency, parse_link
+from trainscale.plan.costs import ALGORITHMS, ASSIGNMENTS, Link
+from trainscale.plan.describe import (
+    MAX_COUNT,
+    ClusterSpec,
+    System,
+    load_cluster,
+    load_device,
+    parse_latency,
+    parse_link,
+)
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.predict import MODES, Setting
+from trainscale.plan.predict import MODES, PSLayout, Setting
 from trainscale.plan.profile import Profile, load_profile
 from trainscale.plan.synthetic import synthetic_profile
 
@@ -47,6 +56,39 @@ class PlanConfig(Section):
     bucket_mb: float = option(25.0, "--params: DDP's gradient bucket size in MiB (bucket_cap_mb)", above=0)
     grad_dtype: str = option("fp32", "dtype of the gradients sent: fp32, bf16 or fp16", choices=tuple(GRAD_DTYPES))
     accumulate: int = option(1, "micro-steps per optimizer step (one communication per N)", at_least=1)
+    intra_latency: str = option("0us", "latency per message between the workers of one host")
+    nics: int | None = option(None, "network interfaces per host (default: the cluster file's, or 1)", at_least=1)
+    efficiency: float | None = option(
+        None, "the transport's achieved fraction of line rate (default: the cluster file's, or 1)", above=0, at_most=1
+    )
+    algorithm: str = option(
+        "auto",
+        "all-reduce algorithm: ring, tree, hierarchical; auto: the cluster file's, else NCCL's choice for a "
+        "GPU plan and gloo's ring for this machine's CPU",
+        choices=("auto", *ALGORITHMS),
+    )
+    overlap: float | None = option(
+        None,
+        "fraction of in-flight communication that hides under backward (default: file's, or 1)",
+        at_least=0,
+        at_most=1,
+    )
+    bucket_overhead: str | None = option(None, "framework cost per gradient bucket, e.g. 100us (default 0)")
+    step_overhead: str | None = option(None, "framework cost per synchronised step, e.g. 2ms (default 0)")
+    ps_placement: str | None = option(
+        None,
+        "parameter servers beside the workers (colocated) or on hosts of their own (separate)",
+        choices=("colocated", "separate"),
+    )
+    ps_assignment: str | None = option(
+        None, "tensors to servers: shard (split evenly), round_robin or by_size (whole tensors)", choices=ASSIGNMENTS
+    )
+    ps_efficiency: float | None = option(
+        None,
+        "a parameter server's achieved fraction of what the link carries (RPC stacks: below 1)",
+        above=0,
+        at_most=1,
+    )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
     sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)", at_least=1)
@@ -133,57 +175,92 @@ def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tupl
     return seconds / profile.compute_seconds, origin
 
 
+def system_of(cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool) -> tuple[System, list[str]]:
+    """The cluster file's system (or the defaults) with the flags given on top, and the values still assumed."""
+    base = cluster.system if cluster is not None else System()
+    given: dict[str, Any] = {
+        "nics": cfg.nics,
+        "algorithm": cfg.algorithm if cfg.algorithm != "auto" else None,
+        "overlap": cfg.overlap,
+        "bucket_overhead": None
+        if cfg.bucket_overhead is None
+        else parse_latency(cfg.bucket_overhead, "--bucket-overhead"),
+        "step_overhead": None if cfg.step_overhead is None else parse_latency(cfg.step_overhead, "--step-overhead"),
+        "placement": cfg.ps_placement,
+        "assignment": cfg.ps_assignment,
+        "efficiency": cfg.efficiency,
+        "ps_efficiency": cfg.ps_efficiency,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    system = replace(base, **given)
+    if system.algorithm is None:
+        system = replace(system, algorithm="auto" if on_gpu else "ring")
+    assumed = [k for k in base.assumed if k not in given]
+    return system, assumed
+
+
+def _setting(
+    cfg: PlanConfig, hosts: int, per_host: int, inter: Link | None, intra: Link | None, system: System, scale: float
+) -> Setting:
+    if inter is not None and system.efficiency < 1:
+        inter = Link(inter.bandwidth * system.efficiency, inter.latency)
+    return Setting(
+        hosts,
+        per_host,
+        inter,
+        intra,
+        cfg.mode,
+        parse_spec(cfg.compress),
+        cfg.sync_every,
+        system.servers or cfg.servers,
+        scale,
+        cfg.batch_size,
+        GRAD_DTYPES[cfg.grad_dtype],
+        cfg.accumulate,
+        system.algorithm or "ring",
+        system.nics,
+        system.overlap,
+        system.bucket_overhead,
+        system.step_overhead,
+        PSLayout(system.placement, system.assignment, system.ps_efficiency),
+    )
+
+
 def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpec | None, str]:
-    """The Setting a plan describes, the cluster file it came from (if any), and where compute comes from."""
-    spec = parse_spec(cfg.compress)
+    """The Setting a plan describes, the cluster file it came from (if any), and where compute comes from
+    (with the system values the plan assumed rather than was given)."""
     if cfg.cluster and (cfg.hosts is not None or cfg.bandwidth is not None):
         raise ConfigError("give either --cluster or --hosts with --bandwidth, not both")
-    if cfg.cluster:
-        cluster = load_cluster(cfg.cluster)
-        scale, origin = compute_scale(cfg, profile, cfg.device or cluster.device)
-        return (
-            Setting(
-                cluster.hosts,
-                cluster.devices_per_host,
-                cluster.inter,
-                cluster.intra,
-                cfg.mode,
-                spec,
-                cfg.sync_every,
-                cfg.servers,
-                scale,
-                cfg.batch_size,
-                GRAD_DTYPES[cfg.grad_dtype],
-                cfg.accumulate,
-            ),
-            cluster,
-            origin,
-        )
-    if cfg.hosts is None:
-        raise ConfigError("give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)")
-    if cfg.hosts > 1 and cfg.bandwidth is None:
-        raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
-    inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
-    intra = parse_link(cfg.intra_bandwidth, "0us", "--intra-bandwidth")
-    scale, origin = compute_scale(cfg, profile, cfg.device)
-    return (
-        Setting(
-            cfg.hosts,
-            cfg.workers_per_host,
-            inter,
-            intra,
-            cfg.mode,
-            spec,
-            cfg.sync_every,
-            cfg.servers,
-            scale,
-            cfg.batch_size,
-            GRAD_DTYPES[cfg.grad_dtype],
-            cfg.accumulate,
-        ),
-        None,
-        origin,
-    )
+    cluster = load_cluster(cfg.cluster) if cfg.cluster else None
+    if cluster is None:
+        if cfg.hosts is None:
+            raise ConfigError(
+                "give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)"
+            )
+        if cfg.hosts > 1 and cfg.bandwidth is None:
+            raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
+    device = cfg.device or (cluster.device if cluster else None)
+    scale, origin = compute_scale(cfg, profile, device)
+    on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
+    system, assumed = system_of(cfg, cluster, on_gpu)
+    if cluster is not None:
+        setting = _setting(cfg, cluster.hosts, cluster.devices_per_host, cluster.inter, cluster.intra, system, scale)
+    else:
+        inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
+        intra = parse_link(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth")
+        setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
+    if on_gpu and assumed:
+        origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
+    return setting, cluster, origin
+
+
+_ASSUMED_TEXT = {
+    "overlap": "perfect overlap",
+    "bucket_overhead": "no per-bucket cost",
+    "step_overhead": "no per-step cost",
+    "efficiency": "line rate",
+    "ps_efficiency": "servers at line rate",
+}
 
 
 def with_bandwidth(setting: Setting, text: str) -> Setting:
