@@ -49,6 +49,7 @@ class PSLayout:
     placement: str = "colocated"
     assignment: str = "shard"
     efficiency: float = 1.0
+    total: int | None = None  # colocated: servers in all, one on each of the first hosts (default: all hosts)
 
     def __post_init__(self) -> None:
         if self.placement not in ("colocated", "separate"):
@@ -277,8 +278,12 @@ def _colocated(tensors: list[float], setting: Setting) -> float:
     """Servers beside the workers: ``servers`` on every host; each host sends its workers' pushes for what
     lives elsewhere and its servers receive their load from every other host's workers."""
     h, g, net = setting.hosts, setting.per_host, setting.fabric.network
-    loads = server_loads(tensors, h * setting.servers, setting.ps.assignment)
-    per_host = [sum(loads[i * setting.servers : (i + 1) * setting.servers]) for i in range(h)]
+    if setting.ps.total is not None:  # one server on each of the first ``total`` hosts
+        loads = server_loads(tensors, min(setting.ps.total, h), setting.ps.assignment)
+        per_host = loads + [0.0] * (h - len(loads))
+    else:
+        loads = server_loads(tensors, h * setting.servers, setting.ps.assignment)
+        per_host = [sum(loads[i * setting.servers : (i + 1) * setting.servers]) for i in range(h)]
     total = sum(tensors)
     out = g * (total - min(per_host))
     into = (setting.workers - g) * max(per_host)
