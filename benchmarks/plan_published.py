@@ -27,6 +27,7 @@ from typing import Any
 
 import tomllib
 
+from trainscale.errors import ConfigError
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
 from trainscale.plan.predict import PSLayout, Setting, predict
@@ -103,7 +104,7 @@ class Row:
 
     @property
     def regime(self) -> str:
-        kind = "ps" if self.mode.startswith(("ps", "distributed")) else "all-reduce"
+        kind = "ps" if self.mode.startswith(("ps", "distributed", "async")) else "all-reduce"
         return f"{'one host' if self.hosts == 1 else 'multi-host'}, {kind}"
 
 
@@ -173,6 +174,52 @@ def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
     return images
 
 
+def cluster_results() -> list[tuple[Row, float, float]]:
+    """The published rows of the cluster files (``configs/clusters``: MXNet, ps-lite, Keras-MXNet and Multiverso
+    pages), each calibrated on its device file's one-GPU figure from the same page and planned on the file's
+    links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed)."""
+    from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device
+
+    results = []
+    for path in sorted((CHECKOUT_CONFIGS / "clusters").glob("*.toml")):
+        cluster = load_cluster(str(path))
+        if not cluster.device:
+            continue
+        device = load_device(cluster.device)
+        source = cluster.source.split(" (")[0].split(",")[0]
+        for raw in cluster.published:
+            devices, hosts = int(raw["devices"]), int(raw.get("hosts", 1))
+            if devices == 1:
+                continue
+            batch = int(raw["batch_size"])
+            per_host = int(raw.get("workers_per_host", devices // hosts))
+            try:
+                step, _ = device.step_seconds(raw["model"], batch, str(raw.get("precision", "fp32")))
+            except ConfigError:  # the page gives no one-GPU figure for this model: nothing to calibrate on
+                print(f"skipped (no one-GPU figure): {path.name}: {raw['model']} on {devices} GPUs")
+                continue
+            sizes = tensors(raw["model"])
+            profile = synthetic_profile(sum(sizes), step, batch, name=raw["model"])
+            profile.tensor_bytes = [4 * n for n in sizes]
+            setting = Setting(hosts, per_host, cluster.inter, cluster.intra, str(raw["mode"]))
+            worker_batch = batch * devices // (hosts * per_host)
+            planned = predict(profile, setting).images_per_sec * worker_batch / batch
+            row = Row(
+                source,
+                cluster.name,
+                raw["model"],
+                devices,
+                hosts,
+                batch,
+                str(raw["mode"]),
+                "real",
+                float(raw["images_per_sec"]),
+                f"{path.name}: {raw.get('source', '')}",
+            )
+            results.append((row, planned, planned / row.images_per_sec - 1.0))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row")
@@ -188,6 +235,7 @@ def main() -> None:
             raise SystemExit(f"{r.where}: no one-GPU row to calibrate {r.model} at batch {r.batch} on")
         planned = plan(r, calibration, known[r.system])
         results.append((r, planned, planned / r.images_per_sec - 1.0))
+    results += cluster_results()
     if args.rows:
         for r, planned, err in results:
             print(
