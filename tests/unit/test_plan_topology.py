@@ -145,3 +145,25 @@ def test_partial_overlap_by_hand():
     assert none.comm_seconds == pytest.approx(0.040)
     half = predict(profile, Setting(2, 1, Link(GB), None, overlap=0.5, step_overhead=0.002))
     assert half.comm_seconds == pytest.approx(0.5 * 0.015 + 0.5 * 0.040 + 0.002)
+
+
+def test_published_validation_set_is_complete(monkeypatch):
+    """Every published row names where it is from and has a one-GPU figure of its own source to calibrate on."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_published.py"
+    spec = importlib.util.spec_from_file_location("plan_published", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "plan_published", bench)  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    rows = bench.load_rows()
+    singles = {(r.source, r.system, r.model, r.batch, r.data) for r in rows if r.gpus == 1}
+    scored = [r for r in rows if r.gpus > 1]
+    assert all(r.where and r.system in bench.systems() for r in rows)
+    assert all((r.source, r.system, r.model, r.batch, r.data) in singles for r in scored)
+    clusters = bench.cluster_results()
+    assert len(scored) + len(clusters) >= 150
+    assert len({r.source for r in rows} | {r.source for r, _, _ in clusters}) >= 5

@@ -52,6 +52,10 @@ def describe_setting(s: Setting) -> str:
     link = s.link
     where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
     rate = "no link" if s.workers == 1 else f"{format_rate(int(link.bandwidth * 8))} links"
+    if s.hosts > 1 and s.nics > 1:
+        rate += f" ({s.nics} NICs per host)"
+    if s.workers > 1 and s.mode == "sync" and s.algorithm != "ring":
+        rate += f", all-reduce {s.algorithm}"
     return (
         f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}"
         + (f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else "")

@@ -249,6 +249,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
         intra = parse_link(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth")
         setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
+    if cfg.mode not in ("ps-sync", "async"):
+        assumed = [k for k in assumed if k != "ps_efficiency"]
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin
