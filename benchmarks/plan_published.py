@@ -186,7 +186,7 @@ def cluster_results() -> list[tuple[Row, float, float]]:
         if not cluster.device:
             continue
         device = load_device(cluster.device)
-        source = cluster.source.split(" (")[0].split(",")[0]
+        source = cluster.source.split(",")[0]
         for raw in cluster.published:
             devices, hosts = int(raw["devices"]), int(raw.get("hosts", 1))
             if devices == 1:
@@ -239,7 +239,7 @@ def main() -> None:
     if args.rows:
         for r, planned, err in results:
             print(
-                f"{r.source:14} {r.system:28} {r.model:12} {r.gpus:3} GPUs {r.hosts:2} hosts b{r.batch:<4} {r.mode:22} "
+                f"{r.source[:14]:14} {r.system:28} {r.model:12} {r.gpus:3} GPUs {r.hosts:2} hosts b{r.batch:<4} {r.mode:22} "
                 f"{r.data:9} published {r.images_per_sec:8.1f} planned {planned:8.1f} {err:+.1%}"
             )
     report(results)
@@ -250,18 +250,18 @@ def report(results: list[tuple[Row, float, float]]) -> None:
     for r, _, err in results:
         by["source"][r.source].append(err)
         by["regime"][r.regime].append(err)
-    print(f"{'':32} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
+    print(f"{'':56} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
     for kind, groups in by.items():
         for name, errs in sorted(groups.items()):
             print(
-                f"{kind + ': ' + name:32} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} "
+                f"{kind + ': ' + name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} "
                 f"{max(errs, key=abs):+7.1%}"
             )
     errs = [e for _, _, e in results]
     worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
     over = sum(e > 0 for e in errs) / len(errs)
     print(
-        f"{'overall':32} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x, "
+        f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x, "
         f"over-predicted {over:.0%}"
     )
     ok = _mae(errs) <= MEAN_GOAL and all(_mae(e) <= MEAN_GOAL for e in by["regime"].values()) and worst <= WORST_RATIO

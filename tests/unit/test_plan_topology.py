@@ -93,6 +93,11 @@ class TestParameterServers:
         whole = predict(profile, dataclasses.replace(base, ps=PSLayout("separate", "round_robin")))
         assert whole.step_seconds > 2 * shard.step_seconds - profile.compute_seconds
 
+    def test_whole_tensors_need_their_sizes(self):
+        base = Setting(4, 1, Link(GB / 8), None, mode="ps-sync", ps=PSLayout("separate", "by_size"))
+        with pytest.raises(ConfigError, match="--ps-assignment by_size places whole tensors, but this profile has no"):
+            predict(make_profile(), base)
+
     def test_bad_layout_is_one_line(self):
         with pytest.raises(ConfigError, match="placement 'cloud': colocated or separate"):
             PSLayout("cloud")

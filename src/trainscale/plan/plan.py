@@ -251,6 +251,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
     if cfg.mode not in ("ps-sync", "async"):
         assumed = [k for k in assumed if k != "ps_efficiency"]
+    if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
+        assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin

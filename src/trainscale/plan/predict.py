@@ -264,6 +264,11 @@ def _transfer(nbytes: float, setting: Setting, profile: Profile | None = None) -
             link = setting.intra or Link(math.inf)
             return parameter_server(nbytes, setting.workers, setting.servers, link, link)
         return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.inter or Link(math.inf))
+    if ps.assignment != "shard" and profile is not None and not profile.tensor_bytes:
+        raise ConfigError(
+            f"--ps-assignment {ps.assignment} places whole tensors, but this profile has no tensor sizes; "
+            "take a profile with trainscale profile, or use --ps-assignment shard"
+        )
     tensors = _tensors(profile, nbytes) if profile is not None else [nbytes]
     if ps.placement == "separate" or setting.hosts == 1:
         net = setting.fabric.network if setting.hosts > 1 or ps.placement == "separate" else setting.fabric.intra
