@@ -239,8 +239,8 @@ def main() -> None:
     if args.rows:
         for r, planned, err in results:
             print(
-                f"{r.source[:14]:14} {r.system:28} {r.model:12} {r.gpus:3} GPUs {r.hosts:2} hosts b{r.batch:<4} {r.mode:22} "
-                f"{r.data:9} published {r.images_per_sec:8.1f} planned {planned:8.1f} {err:+.1%}"
+                f"{r.source[:14]:14} {r.system:28} {r.model:12} {r.gpus:3} GPUs {r.hosts:2} hosts b{r.batch:<4} "
+                f"{r.mode:22} {r.data:9} published {r.images_per_sec:8.1f} planned {planned:8.1f} {err:+.1%}"
             )
     report(results)
 
