@@ -172,3 +172,12 @@ def test_published_validation_set_is_complete(monkeypatch):
     clusters = bench.cluster_results()
     assert len(scored) + len(clusters) >= 150
     assert len({r.source for r in rows} | {r.source for r, _, _ in clusters}) >= 5
+
+
+@pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])
+def test_the_default_ring_is_the_setting_link(hosts, per_host, intra):
+    """Emulated clusters' plans are unchanged: the default all-reduce is the ring over the setting's slow link."""
+    from trainscale.plan.costs import ring_allreduce
+
+    s = Setting(hosts, per_host, Link(GB / 8, 1e-4), intra)
+    assert allreduce(40e6, s.fabric, s.algorithm) == pytest.approx(ring_allreduce(40e6, s.workers, s.link))

@@ -120,7 +120,8 @@ class Setting:
     @property
     def fabric(self) -> Fabric:
         """The hosts, their devices' link and their NICs, for the all-reduce algorithms."""
-        return Fabric(self.hosts, self.per_host, self.intra or Link(math.inf), self.inter or Link(math.inf), self.nics)
+        intra = self.intra or self.inter or Link(math.inf)  # no link inside a host given: the hosts' (as before)
+        return Fabric(self.hosts, self.per_host, intra, self.inter or Link(math.inf), self.nics)
 
     def with_workers(self, workers: int) -> Setting:
         """The same cluster shape grown or shrunk to ``workers`` (hosts filled one after another)."""
