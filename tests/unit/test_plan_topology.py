@@ -181,3 +181,13 @@ def test_the_default_ring_is_the_setting_link(hosts, per_host, intra):
 
     s = Setting(hosts, per_host, Link(GB / 8, 1e-4), intra)
     assert allreduce(40e6, s.fabric, s.algorithm) == pytest.approx(ring_allreduce(40e6, s.workers, s.link))
+
+
+def test_a_hosts_input_pipeline_caps_its_devices():
+    # 4 devices per host at batch 64, 0.3 s per step: 853 images/s per host; a pipeline of 400 images/s caps the step
+    # at 4 x 64 / 400 = 0.64 s
+    profile = make_profile()
+    free = predict(profile, Setting(1, 4, None, Link(1e12)))
+    capped = predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=400.0))
+    assert capped.step_seconds == pytest.approx(0.64) and capped.images_per_sec == pytest.approx(400.0)
+    assert predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=1e6)).step_seconds == free.step_seconds

@@ -124,6 +124,7 @@ class System:
     assignment: str = "shard"
     efficiency: float = 1.0  # [link.inter]: the transport's achieved fraction of the NICs' line rate
     ps_efficiency: float = 1.0  # [system]: a parameter server's RPC stack's fraction of what the link carries
+    host_images_per_sec: float | None = None  # [system]: what one host's CPUs and input pipeline deliver at most
     assumed: tuple[str, ...] = ("overlap", "bucket_overhead", "step_overhead", "efficiency", "ps_efficiency")
 
 
@@ -171,6 +172,7 @@ def _system(top: _Table, links: _Table) -> System:
         assignment,
         _fraction(inter, "efficiency", 1.0),
         _fraction(table, "ps_efficiency", 1.0),
+        table.get("host_images_per_sec", float, None, positive=True),
         tuple(k for k in System().assumed if k not in given),
     )
 

@@ -89,6 +89,9 @@ class PlanConfig(Section):
         above=0,
         at_most=1,
     )
+    host_images_per_sec: float | None = option(
+        None, "images/s one host's CPUs and input pipeline deliver at most (measure it; default: no limit)", above=0
+    )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
     sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)", at_least=1)
@@ -190,6 +193,7 @@ def system_of(cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool) -> tup
         "assignment": cfg.ps_assignment,
         "efficiency": cfg.efficiency,
         "ps_efficiency": cfg.ps_efficiency,
+        "host_images_per_sec": cfg.host_images_per_sec,
     }
     given = {k: v for k, v in given.items() if v is not None}
     system = replace(base, **given)
@@ -223,6 +227,7 @@ def _setting(
         system.bucket_overhead,
         system.step_overhead,
         PSLayout(system.placement, system.assignment, system.ps_efficiency),
+        system.host_images_per_sec,
     )
 
 

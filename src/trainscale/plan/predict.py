@@ -84,6 +84,7 @@ class Setting:
     bucket_overhead: float = 0.0  # seconds the framework adds to every bucket's collective
     step_overhead: float = 0.0  # seconds the framework adds to every synchronised step
     ps: PSLayout = PSLayout()
+    host_images_per_sec: float | None = None  # what a host's CPUs and input pipeline feed its devices at most
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,6 +99,8 @@ class Setting:
             raise ConfigError(f"--algorithm {self.algorithm!r}: auto, {', '.join(ALGORITHMS)}")
         if not 0 <= self.overlap <= 1:
             raise ConfigError(f"--overlap is a fraction in [0, 1], got {self.overlap}")
+        if self.host_images_per_sec is not None and not self.host_images_per_sec > 0:
+            raise ConfigError(f"--host-images-per-sec must be positive, got {self.host_images_per_sec}")
         if self.bucket_overhead < 0 or self.step_overhead < 0:
             raise ConfigError("framework overheads cannot be negative")
 
@@ -166,7 +169,10 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
         setting.mode
     ](profile, setting)
     step = compute + part.exposed
-    images = setting.workers * (setting.batch_size or profile.batch_size) * setting.accumulate / step
+    batch = (setting.batch_size or profile.batch_size) * setting.accumulate
+    if setting.host_images_per_sec:  # the host's input pipeline feeds all its devices: a floor under the step
+        step = max(step, setting.per_host * batch / setting.host_images_per_sec)
+    images = setting.workers * batch / step
     return Prediction(
         setting.workers,
         step,
