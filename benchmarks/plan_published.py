@@ -257,6 +257,7 @@ def report(results: list[tuple[Row, float, float]]) -> None:
                 f"{kind + ': ' + name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} "
                 f"{max(errs, key=abs):+7.1%}"
             )
+    direction(results)
     errs = [e for _, _, e in results]
     worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
     over = sum(e > 0 for e in errs) / len(errs)
@@ -269,6 +270,22 @@ def report(results: list[tuple[Row, float, float]]) -> None:
         f"goal (MAE <= {MEAN_GOAL:.0%} overall and per regime, no point off by more than {WORST_RATIO:g}x): "
         f"{'met' if ok else 'NOT met'}"
     )
+
+
+def direction(results: list[tuple[Row, float, float]]) -> None:
+    """Whether the plan answers "does adding GPUs pay?" as the publication does: along each series (same source,
+    system, model, batch, mode and data, growing GPUs), the sign of each step's change in throughput, counting a
+    published change under 3% as "no gain" (within a page's run-to-run noise)."""
+    series: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
+    for r, planned, _ in results:
+        series[(r.source, r.system, r.model, r.batch, r.mode, r.data)].append((r.gpus, r.images_per_sec, planned))
+    agree = total = 0
+    for points in series.values():
+        points = sorted({p[0]: p for p in points}.values())
+        for (_, pub0, plan0), (_, pub1, plan1) in zip(points, points[1:]):
+            total += 1
+            agree += (pub1 > 1.03 * pub0) == (plan1 > 1.03 * plan0)
+    print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {agree / max(total, 1):7.0%}")
 
 
 def _mae(errs: list[float]) -> float:
