@@ -128,7 +128,13 @@ def check_report(report_dir: Path) -> None:
     assert "Grid tiny-real (scale none): 3 run(s) of mlp for 1 epoch on 800 cifar10 training images" in md
     assert "The grid file describes tiny-real as: two real MLP runs" in md
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
-    assert pngs == ["accuracy_bytes.png", "accuracy_epoch.png", "accuracy_time.png", "throughput_workers.png"]
+    assert pngs == [
+        "accuracy_bytes.png",
+        "accuracy_epoch.png",
+        "accuracy_time.png",
+        "throughput_workers.png",
+        "training_curves.png",  # from the runs' steps.jsonl
+    ]
     for name in pngs:
         with Image.open(report_dir / name) as image:
             image.load()
