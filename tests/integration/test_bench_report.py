@@ -143,7 +143,7 @@ def check_report(report_dir: Path) -> None:
 
 def check_page(page: Path, tmp_path: Path) -> None:
     text = page.read_text()
-    assert text.count("data:image/png;base64,") == 4
+    assert text.count("data:image/png;base64,") == 5  # every figure of check_report, inline
     assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:|//)|<link|<script|@import|url\(", text)  # offline
     shot = screenshot(page, tmp_path)
     with Image.open(shot) as image:
