@@ -154,3 +154,25 @@ def test_fit_refuses_an_instance_on_several_workers_and_a_wrong_head(tmp_path):
     with pytest.raises(ConfigError, match=r"outputs of shape \(2, 7\) for 2 images; the data has 10 classes"):
         trainscale.fit(head, dataset="synthetic", train_subset=64, batch_size=32, out=str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "tty", "expected"),
+    [
+        ({}, True, (True, False)),  # a terminal: the bar shows, rows go to the file only
+        ({}, False, (True, True)),  # piped: plain lines too
+        ({"progress": False}, False, (True, False)),
+        ({"log_every": 0}, False, None),
+        ({"fault_tolerance": True, "workers": 2}, False, (False, True)),  # replicas take turns: no file rows
+    ],
+)
+def test_live_metrics_go_to_the_file_and_to_plain_lines_only_off_a_terminal(
+    tmp_path, monkeypatch, settings, tty, expected
+):
+    from trainscale.app import run
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    cfg = build_config({"model": "mlp", **settings})
+    writer = RunWriter(tmp_path)
+    got = run.step_log(cfg, writer, 1)
+    assert (got if got is None else (got.sink is not None, got.lines)) == expected

@@ -145,7 +145,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
         callbacks=callbacks,
         baseline=load_baseline(cfg) if writer is not None else None,
         cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
-        step_log=step_log(cfg, writer if not cfg.replication.fault_tolerance else None, workers),
+        step_log=step_log(cfg, writer, workers),
         summary_base=merge(
             summary_base(cfg, plan, params, device, want, train_batches.num_samples * world_size(), writer),
             {K.data_init_seconds: data_init_seconds},
@@ -182,7 +182,7 @@ def step_log(cfg: TrainConfig, writer: RunWriter | None, workers: int) -> StepLo
     if not cfg.run.log_every or not is_main_process():
         return None
     lines = cfg.run.progress and not sys.stderr.isatty()
-    sink = writer.add_steps if writer is not None else None
+    sink = writer.add_steps if writer is not None and not cfg.replication.fault_tolerance else None
     return StepLog(cfg.run.log_every, workers, sink, lines) if sink or lines else None
 
 
