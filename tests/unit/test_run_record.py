@@ -176,3 +176,13 @@ def test_live_metrics_go_to_the_file_and_to_plain_lines_only_off_a_terminal(
     writer = RunWriter(tmp_path)
     got = run.step_log(cfg, writer, 1)
     assert (got if got is None else (got.sink is not None, got.lines)) == expected
+
+
+def test_a_cluster_nodes_run_toml_records_the_cluster_run_not_the_node():
+    from trainscale.app.run import recorded_settings
+
+    parent = build_config({"model": "mlp", "workers": 2, "cluster": "api-runs-c", "threads": 1, "out": "runs/c"})
+    node = {"nnodes": 3, "node_rank": 2, "rdzv_endpoint": "10.77.0.1:29400", "rdzv_id": "trainscale"}
+    built = build_config({"model": "mlp", "workers": 2, "threads": 1, "out": "runs/c", **node})
+    assert recorded_settings(built, "api-runs-c") == parent
+    assert recorded_settings(parent, None) is parent

@@ -155,7 +155,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     if resume:
         trainer.resume()
     if writer is not None and is_main_process():
-        writer.write_run_toml(cfg)
+        writer.write_run_toml(recorded_settings(cfg, facts["name"] if facts else None))
         on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
         writer.write_config(
             {
@@ -173,6 +173,14 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
             }
         )
     return trainer
+
+
+def recorded_settings(cfg: TrainConfig, cluster: str | None) -> TrainConfig:
+    """What run.toml records: ``cfg``; for a node of an emulated cluster, the run the user started (``--cluster``
+    NAME, not this node's place in it), so `--resume` and `--config run.toml` start the whole cluster job again."""
+    if cluster is None:
+        return cfg
+    return cfg.replace(cluster=cluster, nnodes=1, node_rank=0, rdzv_endpoint=None, rdzv_id=None)
 
 
 def step_log(cfg: TrainConfig, writer: RunWriter | None, workers: int) -> StepLog | None:
