@@ -82,9 +82,10 @@ def train(args: argparse.Namespace) -> int:
         return train_dry_run(cfg)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if cfg.launch.hosts is not None:
+        from trainscale.app.config import resumed_settings
         from trainscale.app.hosts import hosts_main
 
-        return hosts_main(cfg, flags)
+        return hosts_main(cfg, {**resumed_settings(flags), **flags})  # resuming: the run's settings on every node
     if cfg.launch.cluster is not None:
         from trainscale.app.cluster_launch import cluster_main
 

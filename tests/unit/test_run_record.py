@@ -186,3 +186,22 @@ def test_a_cluster_nodes_run_toml_records_the_cluster_run_not_the_node():
     built = build_config({"model": "mlp", "workers": 2, "threads": 1, "out": "runs/c", **node})
     assert recorded_settings(built, "api-runs-c") == parent
     assert recorded_settings(parent, None) is parent
+
+
+def test_resume_with_hosts_gives_every_node_the_runs_settings(tmp_path, capsys):
+    from trainscale.cli import main
+
+    out = tmp_path / "run"
+    node0 = {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:29400"}  # what node 0 of the run recorded
+    cfg = build_config(
+        {"model": "resnet20", "epochs": 3, "lr": 0.123, "schedule": "step", "milestones": [2, 3], **node0}
+    )
+    RunWriter(out).write_run_toml(cfg.replace(out=str(out)))
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1\n10.0.0.2\n")
+    assert main(["train", "--hosts", str(hosts), "--out", str(out), "--resume"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trainscale train")]
+    assert len(commands) == 2  # the other machine has no run folder to read the settings from
+    for command in commands:
+        for flag in ("--model resnet20", "--lr 0.123", "--milestones 2,3", "--epochs 3", "--resume"):
+            assert f" {flag}" in command, (flag, command)
