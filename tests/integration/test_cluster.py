@@ -635,7 +635,9 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(
         assert not processes_of(out) and name not in net.trainscale_namespaces() and not state.exists()
         assert not owners.lock_path(name).exists()
 
-        bench = start_bench(grid, out, tmp_path / "2.log", lambda: bool(node_processes(name)))
+        bench = start_bench(
+            grid, out, tmp_path / "2.log", lambda: bool(set(node_processes(name)) & set(processes_of(out)))
+        )
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 30
