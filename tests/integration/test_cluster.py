@@ -24,7 +24,7 @@ from trainscale.cli import main
 from trainscale.cluster import bench as cluster_bench
 from trainscale.cluster import owner as owners
 from trainscale.cluster.bench import cluster_for, cluster_name
-from trainscale.cluster.command import BY_BENCH, bring_up
+from trainscale.cluster.command import BY_BENCH, bring_up, check_cluster
 from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 from trainscale.runtime import ft
@@ -321,6 +321,8 @@ def test_a_cluster_being_made_is_shown_and_guarded(
         for args in (("down", name), ("down", "--all"), ("up", name, "--hosts", "2", "--bandwidth", "1gbit")):
             code, _, err = cli(capsys, *args)
             assert code == 2 and f"cluster {name} is in use by pid {proc.pid}" in err and len(err.splitlines()) == 1
+        with pytest.raises(ConfigError, match=f"^cluster {name} is in use by pid {proc.pid}"):
+            check_cluster(name)  # a run's pre-flight
         assert proc.poll() is None and len(net.trainscale_namespaces()[name]) == 3
         assert cli(capsys, "down", name, "--force")[0] == 0
         assert proc.wait(timeout=30) == -signal.SIGTERM and name not in net.trainscale_namespaces()

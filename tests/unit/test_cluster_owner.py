@@ -95,3 +95,8 @@ def test_only_a_trainscale_owner_is_ever_signalled(monkeypatch: pytest.MonkeyPat
     owners.stop_owner(owners.Owner(0, ""))
     owners.stop_owner(owners.Owner(os.getpid(), ""))
     assert stopped == []
+
+
+def test_ancestors_are_the_parent_chain() -> None:
+    assert owners.is_ancestor(os.getpid()) and owners.is_ancestor(os.getppid()) and owners.is_ancestor(1)
+    assert not owners.is_ancestor(0) and not owners.is_ancestor(2**22 + 1)

@@ -49,8 +49,15 @@ def load(name: str) -> dict:
 
 
 def check_cluster(name: str) -> dict:
-    """The cluster's record, once its namespaces are known to be there (the pre-flight of a run on it)."""
+    """The cluster's record, once its namespaces are known to be there and no other process owns it now (the
+    pre-flight of a run on it): a run on a cluster that an `up` is still making, a `down` deleting, or another
+    bench using (it deletes it when done) would be cut off. A bench's own runs descend from their owner."""
     net.check_tools()
+    holder = owners.holder(net.validate_name(name))
+    if holder is not None and not owners.is_ancestor(holder.pid):
+        raise ConfigError(
+            f"cluster {name} is in use by {holder}, which is making, using or deleting it: wait for it to finish"
+        )
     record = load(name)
     live = set(net.trainscale_namespaces().get(record["name"], []))
     gone = [ns for ns in record["namespaces"] if ns not in live]

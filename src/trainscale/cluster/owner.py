@@ -26,6 +26,7 @@ from pathlib import Path
 from trainscale.errors import ConfigError
 from trainscale.io import open_regular
 from trainscale.runtime import cluster as net
+from trainscale.runtime.orphans import process_state
 
 LOCK_DIR = Path("/run/trainscale/locks")
 WAIT_S = 2.0  # how long to retry a held lock: a `cluster status` looking at it holds it for a moment
@@ -153,6 +154,15 @@ def _valid(name: str) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def is_ancestor(pid: int) -> bool:
+    """Whether ``pid`` is this process or one it descends from (a bench's run, started under its lock)."""
+    current: int | None = os.getpid()
+    while current and current != pid:
+        state = process_state(current)
+        current = state[1] if state else None
+    return bool(pid) and current == pid
 
 
 def stop_owner(owner: Owner, grace_s: float = 20.0) -> None:
