@@ -67,6 +67,7 @@ def cluster_for(name: str | None) -> Iterator[None]:
         return
     hosts, rate = shape
     assert name is not None  # a bench cluster has a name
+    net.check_tools()
     stack = contextlib.ExitStack()
     try:
         stack.enter_context(owners.owned(name))

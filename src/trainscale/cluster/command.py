@@ -113,6 +113,7 @@ def up(args: argparse.Namespace) -> int:
         if args.hosts is None or args.bandwidth is None:
             raise ConfigError("cluster up needs --hosts N and --bandwidth RATE (or --dilate-to CLUSTER --profile P)")
         rates, dilation = net.parse_rates(args.bandwidth, net.check_hosts(args.hosts)), None
+    net.check_tools()  # root, before the lock folder is made
     with owners.owned(name):
         record = bring_up(name, rates, dilation)
     hosts = record["hosts"]
