@@ -316,3 +316,16 @@ def test_a_grid_varies_model_args_given_as_tables(tmp_path: Path, capsys: pytest
     assert main(["bench", str(grid), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "['width=4']" in out and "['width=8', 'bias=false']" in out
+
+
+def test_run_toml_records_the_model_args_and_recreates_the_config(tmp_path: Path) -> None:
+    from trainscale.app.config import train_settings
+    from trainscale.record import RUN_TOML
+    from trainscale.results import RunWriter
+
+    cfg = build_config(
+        {"model": TINY, "model_args": ["width=4", 'tag="4"', "x=a,b"], "dataset": DATASETS, "loader_workers": 0}
+    )
+    RunWriter(tmp_path).write_run_toml(cfg)
+    again = train_settings({}, tmp_path / RUN_TOML)
+    assert again == cfg and parse_args(again.data.model_args) == {"width": 4, "tag": "4", "x": "a,b"}
