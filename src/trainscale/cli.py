@@ -55,8 +55,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Seque
                 dest=f.name,
                 default=argparse.SUPPRESS,
                 help=f.metadata.get("help"),
-                **_kind(hints[f.name], f.metadata.get("choices")),
+                **(PAIRS if f.metadata.get("pairs") else _kind(hints[f.name], f.metadata.get("choices"))),
             )
+
+
+PAIRS: dict[str, Any] = {"action": "extend", "nargs": "+", "metavar": "KEY=VALUE"}  # repeatable KEY=VALUE
 
 
 def _section_rank(section: type, order: Sequence[type]) -> int:

@@ -71,16 +71,29 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return train_settings(flags, getattr(args, "config", None))
 
 
+def worker_config(args: argparse.Namespace) -> TrainConfig:
+    """A launched worker's config, its errors recorded for the agent (``runtime.worker_errors``): a model or
+    dataset that does not import in this process is one line naming the worker, from the launcher."""
+    from trainscale.runtime.worker_errors import recorded
+
+    config: TrainConfig = recorded(train_config)(args)
+    return config
+
+
 def train(args: argparse.Namespace) -> int:
     """One command for every scale: a local run; the parent of a sync job (starts the workers through
     torch's elastic agent); a worker (under that agent or an external torchrun); --hosts; or --cluster."""
     from trainscale.modes import mode_class
     from trainscale.runtime.process_group import launched_by_torchrun
 
-    cfg = train_config(args)
+    cfg = worker_config(args) if this_job().launched else train_config(args)
     if cfg.run.dry_run:
         return train_dry_run(cfg)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
+    if not this_job().launched:  # the processes it starts import the user's model and data as it did
+        from trainscale.app.worker_env import user_code_env
+
+        os.environ.update(user_code_env(cfg))
     if cfg.launch.hosts is not None:
         from trainscale.app.config import resumed_settings
         from trainscale.app.hosts import hosts_main

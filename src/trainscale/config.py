@@ -9,11 +9,11 @@ section in its own package. ``CoreConfig`` holds the core sections as typed attr
 and TOML key names stay flat (a field name is unique across sections), and so does ``config.json``
 (``to_dict``, ``from_flat``).
 
-This module is a leaf: dataclasses and metadata, and each core section's checks of its own fields (checks
-that need the registries or other sections live with their owners); of the rest of trainscale it imports
-only ``errors``. What every number field shares is checked here, once, when a section is made: a float must
-be finite (``--lr nan`` or ``inf`` would train until the loss overflows; a timeout of ``inf`` overflows the
-timers), and a field may declare its range with ``option(above=, at_least=, at_most=)``.
+This module is a leaf: dataclasses and metadata, and each core section's checks of its own fields (checks that need
+the registries or other sections live with their owners); of the rest of trainscale it imports only ``errors`` and
+``registry``'s argument parser. What every number field shares is checked here, once, when a section is made: a
+float must be finite (``--lr nan`` or ``inf`` would train until the loss overflows; a timeout of ``inf`` overflows
+the timers), and a field may declare its range with ``option(above=, at_least=, at_most=)``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from trainscale.errors import ConfigError, require
+from trainscale.registry import parse_args
 
 S = TypeVar("S", bound="Section")
 C = TypeVar("C", bound="CoreConfig")
@@ -47,12 +48,15 @@ def option(
     above: float | None = None,
     at_least: float | None = None,
     at_most: float | None = None,
+    pairs: bool = False,
 ) -> Any:
     """A config field: ``default`` (a list is copied per instance), the help line, and how the flag is
     spelled when it is not ``--`` plus the field name with dashes (``short``: e.g. ``-K``; ``aliases``:
     other long spellings). ``choices`` limits a string field; ``above``, ``at_least`` and ``at_most`` a
-    number field (None, the absent value, always passes)."""
+    number field (None, the absent value, always passes). ``pairs``: a list of ``KEY=VALUE`` strings, its flag
+    repeatable, and a TOML table ``{key = value}`` read as such a list (``registry.format_args``)."""
     meta = {
+        "pairs": pairs,
         "help": help,
         "flag": flag,
         "short": short,
@@ -127,8 +131,18 @@ class Section:
 class DataConfig(Section):
     TITLE: ClassVar[str] = "model and data"
 
-    model: str = option("resnet9", "model name (see `trainscale models`)")
-    dataset: str = option("cifar10", "cifar10, cifar100, imagefolder or synthetic")
+    model: str = option(
+        "resnet9", "model name (see `trainscale models`), or your own: an import path package.module:function"
+    )
+    model_args: list[str] = option(
+        [],
+        "KEY=VALUE keyword argument for the model's function (repeatable; numbers, true/false, else text)",
+        flag="--model-arg",
+        pairs=True,
+    )
+    dataset: str = option(
+        "cifar10", "cifar10, cifar100, imagefolder, synthetic, or your own: an import path package.module:function"
+    )
     data_dir: str | None = option(None, "folder holding the dataset (else $TRAINSCALE_DATA, else ~/.cache/trainscale)")
     verify: bool = option(True, "check every data file's size and MD5 (default on)")
     download: bool = option(True, "download the dataset when it is absent (default on)")
@@ -143,6 +157,16 @@ class DataConfig(Section):
         "decides which) instead of a new coin every epoch (airbench)",
     )
     cutout: int = option(0, "Cutout square size, 0 = off (cifar10-fast uses 8)")
+    loader_workers: int = option(
+        2,
+        "DataLoader worker processes per training process, for a dataset function that returns "
+        "torch Datasets (0: read in the training process)",
+        at_least=0,
+    )
+
+    def validate(self) -> None:
+        """``--model-arg`` items are KEY=VALUE, each key once."""
+        parse_args(self.model_args)
 
 
 @dataclass

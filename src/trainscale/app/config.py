@@ -30,6 +30,7 @@ from trainscale.modes import list_modes, mode_class
 from trainscale.modes.config import TrainConfig
 from trainscale.recipes import get_recipe
 from trainscale.record import RUN_TOML
+from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
 
@@ -179,7 +180,10 @@ def config_from_dict(recorded: Mapping[str, Any]) -> TrainConfig:
 
 def typed(name: str, value: Any, where: str) -> Any:
     """``value`` checked against field ``name``'s type (ints widen to floats); else a ConfigError. Text
-    must be printable and integers 64-bit, so every later message stays one line and no number overflows."""
+    must be printable and integers 64-bit, so every later message stays one line and no number overflows. A
+    ``KEY=VALUE`` field (``--model-arg``) also takes a table, ``{depth = 4}``."""
+    if isinstance(value, dict) and name in FIELDS and FIELDS[name].metadata.get("pairs"):
+        value = format_args(value, flag_name(FIELDS[name]))
     problem = value_problem(value)
     if problem:
         raise ConfigError(f"{where} {problem}")

@@ -30,6 +30,7 @@ from trainscale.errors import ConfigError
 from trainscale.modes import mode_class
 from trainscale.train.precision import Precision, resolve_device
 from trainscale.train.setup import BatchPlan, check_fits, check_model_input, check_run_folder, load_data, resolve_out
+from trainscale.train.usermodel import check_model_on_data, user_code
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ def check_devices(cfg: TrainConfig) -> None:
 
 def sample_counts(cfg: TrainConfig, download: bool) -> tuple[int, int]:
     """Both splits' sizes, the data loaded once here (verified, and downloaded when ``download`` and allowed), so
-    the workers find it ready; synthetic images are made at 1x1 pixel, since only their number matters here."""
-    size = 1 if cfg.data.dataset == "synthetic" else cfg.data.image_size
+    the workers find it ready; synthetic images are made at 1x1 pixel, since only their number matters here,
+    unless a model given by import path is checked against them (``usermodel.check_model_on_data``)."""
+    size = 1 if cfg.data.dataset == "synthetic" and not user_code(cfg) else cfg.data.image_size
     train, test = load_data(cfg.replace(download=cfg.data.download and download, image_size=size))
+    check_model_on_data(cfg, train, mode_class(cfg.run.mode).uses_servers)
     return len(train), len(test)

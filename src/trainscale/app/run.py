@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from trainscale.cluster.seam import with_cluster
-from trainscale.data import Batches, DeviceBatches
+from trainscale.data import Batches, DeviceBatches, ImageTensors
+from trainscale.data.user import DatasetSplit, LoaderBatches
 from trainscale.errors import ConfigError
-from trainscale.models import count_parameters, model_info
-from trainscale.modes import Mode, create_mode
+from trainscale.models import count_parameters
+from trainscale.modes import Mode, create_mode, mode_class
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
 from trainscale.modes.config import TrainConfig
 from trainscale.modes.fault_tolerance import JobFinished
@@ -40,6 +41,7 @@ from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
 from trainscale.train.steplog import StepLog
+from trainscale.train.usermodel import check_model_on_data, input_side
 from trainscale.train.utilisation import allowed_cores
 
 log = logging.getLogger("trainscale.train")
@@ -111,15 +113,22 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     train, test = load_data(cfg)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
-    want = cfg.data.image_size or model_info(cfg.data.model).input_size
-    aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
+    check_model_on_data(cfg, train, mode_class(cfg.run.mode).uses_servers)
+    want = input_side(cfg, train)
     common: dict[str, Any] = dict(
         device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed, channels_last=cfg.run.channels_last
     )
-    train_batches = with_fault_injection(
-        DeviceBatches(train, plan.per_worker, train=True, augment=aug_train, **common), rank(), job
-    )
-    test_batches: Batches = DeviceBatches(test, max(plan.per_worker, 500), train=False, augment=aug_test, **common)
+    test_batch = max(plan.per_worker, 500)
+    if isinstance(train, ImageTensors) and isinstance(test, ImageTensors):
+        aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
+        train_batches: Batches = DeviceBatches(train, plan.per_worker, train=True, augment=aug_train, **common)
+        test_batches: Batches = DeviceBatches(test, test_batch, train=False, augment=aug_test, **common)
+    else:  # a user's Datasets, read by DataLoaders
+        assert isinstance(train, DatasetSplit) and isinstance(test, DatasetSplit)
+        loader = {**common, "num_workers": cfg.data.loader_workers}
+        train_batches = LoaderBatches(train, plan.per_worker, train=True, **loader)
+        test_batches = LoaderBatches(test, test_batch, train=False, **loader)
+    train_batches = with_fault_injection(train_batches, rank(), job)
     started = time.perf_counter()
     model = build_model(cfg, train.num_classes, device, train)
     synchronize(device)

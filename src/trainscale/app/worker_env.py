@@ -11,18 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.app.config import TrainConfig
+from trainscale.config import flag_name
 from trainscale.modes import mode_class
+from trainscale.registry import import_root, is_import_path
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault, injected_faults, on_cluster
 from trainscale.runtime.job import this_job
 
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
-    """Parsed `train` flags back to command-line form (switches as --x/--no-x, lists comma-joined)."""
+    """Parsed `train` flags back to command-line form (switches as --x/--no-x, lists comma-joined, KEY=VALUE
+    lists one item after another)."""
+    fields = TrainConfig.field_map()
     argv: list[str] = []
     for key, value in flags.items():
-        name = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        field = fields[key][1] if key in fields else None
+        name = flag_name(field) if field is not None else "--" + key.replace("_", "-")
+        if field is not None and field.metadata.get("pairs"):
+            argv += [name, *value] if value else []
+        elif isinstance(value, bool):
             argv.append(name if value else "--no-" + name[2:])
         elif isinstance(value, (list, tuple)):
             argv += [name, ",".join(map(str, value))]
@@ -58,6 +65,23 @@ def worker_env(cfg: TrainConfig, threads: int, fault_log: Path | None) -> dict[s
     if cfg.launch.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.launch.devices))
     return env
+
+
+def user_code_env(cfg: TrainConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """PYTHONPATH for the processes a launcher starts, so they import a model or dataset given by import path
+    from where this process did: the folder its top-level package was found in (a ``sys.path`` entry a
+    script or notebook may have added) and the current folder (which ``python -m trainscale`` searches), ahead of
+    the PYTHONPATH already set. Empty when the job names no import path or the folders are there already."""
+    environ = dict(os.environ) if environ is None else environ
+    paths = [p for p in (cfg.data.model, cfg.data.dataset) if is_import_path(p)]
+    if not paths:
+        return {}
+    present = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    roots = [os.getcwd(), *(r for r in map(import_root, paths) if r is not None)]
+    missing = [r for r in dict.fromkeys(roots) if r not in present]
+    if not missing:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join([*missing, *present])}
 
 
 @contextlib.contextmanager

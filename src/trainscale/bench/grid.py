@@ -284,11 +284,20 @@ def check_type(grid: Grid, name: str, value: Any, path: str) -> None:
 
 
 def type_problem(name: str, value: Any) -> str | None:
-    """Why ``value`` cannot be TrainConfig field ``name`` (None when its type fits)."""
+    """Why ``value`` cannot be TrainConfig field ``name`` (None when its type fits); a ``KEY=VALUE`` field
+    (``model_args``) takes a table too."""
+    if isinstance(value, dict) and _pairs(name):
+        return None
     expected = [k for k in _kinds(name) if k != "None"]
     if any(_fits(kind, value) for kind in expected):
         return None
     return f"'{name}' must be {' or '.join(expected)}, got {value!r}"
+
+
+def _pairs(name: str) -> bool:
+    from trainscale.app.config import FIELDS
+
+    return name in FIELDS and bool(FIELDS[name].metadata.get("pairs"))
 
 
 def _kinds(name: str) -> list[str]:

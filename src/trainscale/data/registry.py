@@ -10,7 +10,9 @@ from trainscale.data.tensors import ImageTensors
 from trainscale.errors import ConfigError
 from trainscale.registry import Registry
 
-DATASETS: Registry[ImageTensors] = Registry("dataset")
+# A dataset given by import path (``--dataset my_pkg.data:build``) is loaded by ``data.user``; these are its facts.
+IMPORTED_DATASET = {"num_classes": None, "image_size": None, "downloadable": False}
+DATASETS: Registry[ImageTensors] = Registry("dataset", importable=IMPORTED_DATASET)
 
 
 def _load_cifar(

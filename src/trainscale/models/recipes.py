@@ -165,3 +165,9 @@ register_recipe(
     tta=True,
     tta_translate=1,
 )
+
+register_recipe(
+    "defaults",
+    source="trainscale's own defaults (the values `trainscale train --help` shows), for a model given by import "
+    "path that names no recipe of its own",
+)

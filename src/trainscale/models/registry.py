@@ -12,10 +12,18 @@ Every model also names its default recipe (``recipe=``, see :mod:`trainscale.rec
 that fill every setting a user leaves unset. A model may list parameters that train only for the first epochs in
 ``model.train_until`` (name -> epochs; their learning rate falls linearly to zero by then), as airbench94 does with
 its whitening bias.
+
+A model may also be any callable given by import path, ``--model my_pkg.nets:build`` (see ``trainscale.registry``),
+called with the ``--model-arg`` values as keywords. Such a factory declares nothing: its input size is the data's
+(or ``--image-size``), its recipe ``defaults`` (trainscale's own settings), unless the user's module registers it
+with ``register_model`` (then its metadata is used). ``num_classes`` (the data's number of classes) is passed only
+when the factory takes a parameter of that name (or ``**kwargs``), ``image_size`` only when it names that
+parameter; a ``--model-arg`` of either name wins over the data's.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -23,9 +31,18 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from trainscale.registry import Registry
+from trainscale.errors import ConfigError
+from trainscale.registry import Registry, is_import_path
 
-MODELS: Registry[nn.Module] = Registry("model")
+# What a model given by import path declares: nothing (input size from the data, trainscale's defaults).
+IMPORTED_MODEL = {
+    "input_size": None,
+    "description": "",
+    "default_dataset": "",
+    "recipe": "defaults",
+    "data_init_images": 0,
+}
+MODELS: Registry[nn.Module] = Registry("model", importable=IMPORTED_MODEL)
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -42,7 +59,7 @@ class ModelInfo:
     """What a caller needs to feed a model without building it: its input side and usual dataset."""
 
     name: str
-    input_size: int
+    input_size: int | None  # None: the data's (a model given by import path)
     description: str
     default_dataset: str
     recipe: str
@@ -71,9 +88,53 @@ def register_model(
     )
 
 
-def create_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
-    """Build a model by name; an unknown name raises ConfigError with a did-you-mean hint."""
-    return MODELS.create(name, num_classes=num_classes, **kwargs)
+def create_model(name: str, num_classes: int = 10, image_size: int | None = None, **kwargs: Any) -> nn.Module:
+    """Build a model by name or import path, with ``kwargs`` (``--model-arg``); an unknown name raises ConfigError
+    with a did-you-mean hint. ``num_classes`` and ``image_size`` go to the factory only where it takes them
+    (see the module docstring); ``kwargs`` it does not take, a factory that raises TypeError or ValueError, or a
+    result that is no ``nn.Module``, are a ConfigError naming the model."""
+    entry = MODELS.get(name)
+    params = _parameters(entry.factory)
+    keywords = params is None
+    given: dict[str, Any] = {}
+    if keywords or "num_classes" in (params or ()):
+        given["num_classes"] = num_classes
+    if image_size is not None and "image_size" in (params or ()):
+        given["image_size"] = image_size
+    unknown = sorted(k for k in kwargs if not keywords and k not in (params or ()))
+    if unknown:
+        takes = ", ".join(p for p in params or () if p not in ("num_classes", "image_size")) or "none"
+        raise ConfigError(
+            f"--model-arg {unknown[0]}: model {name} takes no argument '{unknown[0]}' (its arguments: {takes})"
+        )
+    try:
+        model = entry.factory(**given, **kwargs)
+    except (TypeError, ValueError) as exc:
+        if not is_import_path(name):
+            raise
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise ConfigError(f"model {name}{_args_text(kwargs)} failed: {type(exc).__name__}: {reason}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model {name} returned {type(model).__name__}, not a torch.nn.Module; return the network from it"
+        )
+    return model
+
+
+def _parameters(factory: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The keyword parameters of ``factory``, None when it takes ``**kwargs`` (any name)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: give it everything
+        return None
+    kinds = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in kinds):
+        return None
+    return tuple(p.name for p in kinds if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _args_text(kwargs: dict[str, Any]) -> str:
+    return f" ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})" if kwargs else ""
 
 
 def list_models() -> list[str]:

@@ -33,9 +33,10 @@ from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, check_output
-from trainscale.models import create_model, list_models, model_info
+from trainscale.models import MODELS, create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.plan.methods import MethodSpec, parse_spec
+from trainscale.registry import is_import_path, parse_args
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
 
 FORMAT = "trainscale-profile/1"
@@ -46,7 +47,12 @@ LATE_EPOCH = 10**6  # past every compressor's warm-up (DGC's density ramp)
 class ProfileConfig(Section):
     TITLE: ClassVar[str] = "profile"
 
-    model: str = option("resnet9", "registered model to profile (trainscale models)")
+    model: str = option(
+        "resnet9", "model to profile: a registered name (trainscale models) or an import path package.module:function"
+    )
+    model_args: list[str] = option(
+        [], "KEY=VALUE keyword argument for the model's function (repeatable)", flag="--model-arg", pairs=True
+    )
     batch_size: int = option(128, "images per worker per step")
     precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA)", choices=("fp32", "bf16", "fp16"))
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
@@ -285,8 +291,13 @@ def _profile_from(raw: dict[str, Any]) -> Profile:
 
 def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
     """Every flag checked before anything is built; returns the compressor specs."""
-    if cfg.model not in list_models():
-        raise ConfigError(f"--model {cfg.model!r} is not registered; see trainscale models")
+    if cfg.model not in list_models() and not is_import_path(cfg.model):
+        raise ConfigError(
+            f"--model {cfg.model!r} is not registered; see trainscale models, or give an import path "
+            "package.module:function"
+        )
+    MODELS.get(cfg.model)  # an import path: imported here, one line if it cannot be
+    parse_args(cfg.model_args)
     for name in ("batch_size", "repeats"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
@@ -448,7 +459,8 @@ def training_batches(
     from trainscale.data.loader import AugmentConfig, DeviceBatches
     from trainscale.data.synthetic import synthetic_dataset
 
-    native, want = 32, model_info(cfg.model).input_size
+    native = 32
+    want = model_info(cfg.model).input_size or native  # a model given by import path: CIFAR's size
     augment = AugmentConfig(
         crop_padding=cfg.crop_padding, crop_size=want if want < native else None, resize=want if want > native else None
     )
@@ -460,13 +472,14 @@ def training_batches(
 
 
 def synthetic_batch(model: str, batch_size: int, device: torch.device) -> torch.Tensor:
-    size = model_info(model).input_size
+    size = model_info(model).input_size or 32
     return torch.randn(batch_size, 3, size, size, device=device)
 
 
 def build(cfg: ProfileConfig, device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    model = create_model(cfg.model, num_classes=10).to(device)
+    kwargs = {"num_classes": 10, **parse_args(cfg.model_args)}
+    model = create_model(cfg.model, **kwargs).to(device)
     images = model_info(cfg.model).data_init_images
     if images:
         assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init

@@ -16,18 +16,22 @@ import torch
 from torch import nn
 
 from trainscale.config import CoreConfig
-from trainscale.data import AugmentConfig, ImageTensors, load_dataset
+from trainscale.data import AugmentConfig, load_dataset
 from trainscale.data.checksums import ChecksumError
+from trainscale.data.download import ENV_VAR as DATA_ENV
 from trainscale.data.sharding import check_world, train_shard_size
+from trainscale.data.user import UserSplit, load_user_data
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
-from trainscale.models import create_model, model_info
+from trainscale.models import model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.record import K
+from trainscale.registry import is_import_path
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import broadcast_object, ft, is_main_process, world_size
 from trainscale.runtime.dist import job_restarted
 from trainscale.runtime.job import Job
+from trainscale.train import usermodel
 from trainscale.train.environment import environment
 
 log = logging.getLogger("trainscale.train")
@@ -61,7 +65,8 @@ class BatchPlan:
 
 
 def default_out_dir(cfg: CoreConfig) -> Path:
-    return Path("runs") / f"{cfg.data.model}-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    model, dataset = (name.replace(":", ".") for name in (cfg.data.model, cfg.data.dataset))
+    return Path("runs") / f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, Any]:
@@ -72,8 +77,13 @@ def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, Any]:
     return {"synthetic_size": subset}
 
 
-def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
-    """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes."""
+def load_data(cfg: CoreConfig) -> tuple[UserSplit, UserSplit]:
+    """The train and test splits; a file failing its check names ``--no-verify`` too, which train takes. A dataset
+    given by import path is the user's function's (``data.user``)."""
+    if is_import_path(cfg.data.dataset):
+        data_dir = cfg.data.data_dir or os.environ.get(DATA_ENV) or None
+        train, test = load_user_data(cfg.data.dataset, data_dir)
+        return _subsets(cfg, train, test)
     size = cfg.data.image_size if cfg.data.dataset == "synthetic" else None
     common: dict[str, Any] = dict(
         data_dir=cfg.data.data_dir, verify=cfg.data.verify, download=cfg.data.download, image_size=size
@@ -83,6 +93,10 @@ def load_data(cfg: CoreConfig) -> tuple[ImageTensors, ImageTensors]:
         test = load_dataset(cfg.data.dataset, train=False, **common, **synthetic_size(cfg, cfg.data.test_subset))
     except ChecksumError as exc:
         raise ChecksumError(f"{exc}, or train without the check (--no-verify)") from None
+    return _subsets(cfg, train, test)
+
+
+def _subsets(cfg: CoreConfig, train: UserSplit, test: UserSplit) -> tuple[UserSplit, UserSplit]:
     if cfg.data.train_subset:
         train = train.subset(cfg.data.train_subset)
     if cfg.data.test_subset:
@@ -106,24 +120,19 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
     return train, test
 
 
-def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: ImageTensors) -> nn.Module:
-    """The registered model, seeded by ``cfg.run.seed``, on ``device`` in the configured memory format; a model
-    registered with ``data_init_images=N`` is first initialised from N normalised training images."""
+def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: UserSplit) -> nn.Module:
+    """The model (by name or import path, with its ``--model-arg``), seeded by ``cfg.run.seed``, on ``device`` in
+    the configured memory format; a model registered with ``data_init_images=N`` is first initialised from N
+    normalised training images."""
     torch.manual_seed(cfg.run.seed)
-    model = create_model(cfg.data.model, num_classes=num_classes).to(device)
+    model = usermodel.build(cfg, num_classes, usermodel.input_side(cfg, train)).to(device)
     images = model_info(cfg.data.model).data_init_images
     if images:
         assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init
-        model.data_init(normalise(train.images[:images].to(device), train))
+        model.data_init(usermodel.data_init_images(train, images, device))
     if cfg.run.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     return model
-
-
-def normalise(images: torch.Tensor, data: ImageTensors) -> torch.Tensor:
-    mean = torch.tensor(data.mean, device=images.device).view(1, -1, 1, 1)
-    std = torch.tensor(data.std, device=images.device).view(1, -1, 1, 1)
-    return (images.float() / 255 - mean) / std
 
 
 def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> BatchPlan:
@@ -160,6 +169,7 @@ RESUME_MAY_CHANGE = frozenset(
         "verify",
         "download",
         "threads",
+        "loader_workers",
         "epochs",
         "rdzv_endpoint",
         "rdzv_id",
@@ -219,7 +229,7 @@ def check_model_input(cfg: CoreConfig) -> None:
     size, info = cfg.data.image_size, model_info(cfg.data.model)
     try:
         with torch.device("meta"), torch.no_grad():
-            create_model(cfg.data.model)(torch.empty(2, 3, size, size))
+            usermodel.build(cfg, 10, size)(torch.empty(2, 3, size, size))
     except NotImplementedError:  # an operation without a meta kernel: shapes cannot be checked here
         return
     except (RuntimeError, ValueError) as exc:

@@ -1,0 +1,226 @@
+"""A user's own network through trainscale against a bare DDP loop of the same network, on CIFAR-10.
+
+The network is a small ViT written outside the package (``tests/userpkg/nets.py``: ``vit``), given to trainscale by
+import path exactly as a user would (``--model tests.userpkg.nets:vit --model-arg dim=... depth=...``), trained
+with AdamW when this trainscale has it (``--optimizer adamw``), else with SGD (said in the output, and the bare loop
+uses the same optimizer). Cells, each run twice (``--epochs 2``) so the figure is the steady second epoch:
+
+- 1 process: ``trainscale train`` (local mode) against a bare single-process loop;
+- 2 workers: ``trainscale train --workers 2`` with no compression, with ``--compress topk`` and with ``--compress
+  bf16``, each against a bare ``DistributedDataParallel`` loop of 2 processes started by ``torch.distributed.run``
+  (dense fp32 all-reduce, DDP's own C++ hook).
+
+Images/s: trainscale's steady training throughput (``record.throughput``: the epochs after the first; training
+steps only); the bare loop times its second pass over the same number of steps, device-synchronised. Both sides: the
+same CIFAR-10 subset, per-worker batch, fp32, channels-last off, no augmentation (``--crop-padding 0 --no-flip``),
+threads split over the workers alike. Bytes per step: what a worker hands to collectives per step (trainscale's
+``bytes_sent_per_step``; the bare loop: the fp32 gradient, 4 bytes per parameter). The ratio column is trainscale's
+images/s over the bare loop's of the same process count, measured in the same run of this script.
+
+    TRAINSCALE_DATA=/path/to/cifar-10-batches-bin python benchmarks/user_model.py
+    python benchmarks/user_model.py --tiny          # a check that it runs: tiny model, a few steps (no figures)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "tests.userpkg.nets:vit"
+CELLS = (("1 process", 1, None), ("2 workers", 2, None), ("2 workers topk", 2, "topk"), ("2 workers bf16", 2, "bf16"))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=128, help="ViT width")
+    p.add_argument("--depth", type=int, default=6, help="ViT blocks")
+    p.add_argument("--batch", type=int, default=128, help="per-worker batch")
+    p.add_argument("--steps", type=int, default=40, help="steps per epoch (the train subset is sized by it)")
+    p.add_argument("--ratio", type=float, default=0.01, help="Top-k's kept fraction")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--tiny", action="store_true", help="dim 16, depth 1, batch 8, 3 steps: checks that it runs")
+    p.add_argument("--out", default=f"runs/bench/user_model-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    p.add_argument("--bare-worker", default=None, help=argparse.SUPPRESS)  # a bare-loop process: its result file
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.dim, args.depth, args.batch, args.steps = 16, 1, 8, 3
+    return args
+
+
+@functools.cache
+def optimizer_name() -> str:
+    """AdamW where this trainscale's config takes it, else SGD (the fallback is printed with the results)."""
+    from trainscale.app.config import build_config
+    from trainscale.errors import TrainscaleError
+
+    try:
+        build_config({"optimizer": "adamw", "dataset": "synthetic"})
+    except TrainscaleError:
+        return "sgd"
+    return "adamw"
+
+
+def model_args(args: argparse.Namespace) -> dict[str, int]:
+    return {"dim": args.dim, "depth": args.depth, "heads": 4 if args.dim % 4 == 0 else 1}
+
+
+# --------------------------------------------------------------------------------------------- trainscale
+
+
+def trainscale_cell(args: argparse.Namespace, workers: int, compress: str | None, out: Path) -> dict:
+    """One `trainscale train` run of the user's model; its summary."""
+    flags = [
+        "--model", MODEL,
+        *(a for k, v in model_args(args).items() for a in ("--model-arg", f"{k}={v}")),
+        "--dataset", "cifar10", "--train-subset", str(args.batch * workers * args.steps), "--test-subset", "500",
+        "--epochs", "2", "--batch-per-worker", str(args.batch), "--optimizer", optimizer_name(), "--lr", str(args.lr),
+        "--schedule", "constant", "--weight-decay", "0.05" if optimizer_name() == "adamw" else "5e-4",
+        "--crop-padding", "0", "--no-flip", "--no-channels-last", "--no-progress", "--no-checkpoint",
+        "--out", str(out),
+    ]  # fmt: skip
+    if workers > 1:
+        flags += ["--workers", str(workers)]
+    if compress == "topk":
+        flags += ["--compress", "topk", "--ratio", str(args.ratio)]
+    elif compress:
+        flags += ["--compress", compress]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainscale", "train", *flags], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"trainscale train failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------- the bare loop
+
+
+def bare_worker(args: argparse.Namespace) -> None:
+    """A bare loop (DDP when launched with several processes): the second of two passes of ``--steps`` steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    sys.path.insert(0, str(ROOT))
+    from tests.userpkg.nets import vit
+    from trainscale.data import load_dataset
+    from trainscale.data.augment import normalize
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    data = load_dataset("cifar10", train=True, download=False).subset(args.batch * world * args.steps)
+    images = normalize(data.images, data.mean, data.std)[rank::world]
+    labels = data.labels[rank::world]
+    torch.manual_seed(0)
+    model: torch.nn.Module = vit(num_classes=10, image_size=32, **model_args(args))
+    if world > 1:
+        dist.init_process_group("gloo")
+        model = DistributedDataParallel(model)
+    params = model.parameters()
+    opt = (
+        torch.optim.AdamW(params, lr=args.lr, weight_decay=0.05)
+        if optimizer_name() == "adamw"
+        else torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    )
+    seconds = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        for step in range(args.steps):
+            x = images[step * args.batch : (step + 1) * args.batch]
+            y = labels[step * args.batch : (step + 1) * args.batch]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        seconds = time.perf_counter() - start
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        count = sum(p.numel() for p in model.parameters())
+        result = {"images_per_sec": args.batch * world * args.steps / seconds, "bytes_per_step": 4.0 * count}
+        Path(args.bare_worker).write_text(json.dumps(result))
+
+
+def bare_cell(args: argparse.Namespace, workers: int, result: Path) -> dict:
+    own = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in ("dim", "depth", "batch", "steps")]
+    own += [f"--lr={args.lr}", f"--bare-worker={result}"]
+    if workers == 1:
+        cmd = [sys.executable, __file__, *own]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}"]
+        cmd += [__file__, *own]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"bare loop failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}")
+    return json.loads(result.read_text())
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    args = parse_args()
+    if args.bare_worker:
+        bare_worker(args)
+        return
+    from trainscale.io import atomic_write_text
+    from trainscale.record import throughput
+    from trainscale.train.environment import environment
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="user-model-bench-") as tmp:
+        bare = {w: bare_cell(args, w, Path(tmp) / f"bare{w}.json") for w in (1, 2)}
+        for label, workers, compress in CELLS:
+            summary = trainscale_cell(args, workers, compress, Path(tmp) / label.replace(" ", "-"))
+            ips = throughput(summary)
+            sent = summary.get("bytes_sent_per_step", 0.0) if workers > 1 else 0.0
+            rows.append(
+                {
+                    "cell": label,
+                    "images_per_sec": ips,
+                    "bare_images_per_sec": bare[workers]["images_per_sec"],
+                    "ratio": ips / bare[workers]["images_per_sec"],
+                    "bytes_per_step": sent,
+                    "bare_bytes_per_step": bare[workers]["bytes_per_step"] if workers > 1 else 0.0,
+                    "test_acc": summary.get("final_test_acc"),
+                }
+            )
+    opt = optimizer_name()
+    result = {
+        "model": MODEL,
+        "model_args": model_args(args),
+        "optimizer": opt,
+        "batch_per_worker": args.batch,
+        "steps_per_epoch": args.steps,
+        "rows": rows,
+        "environment": environment(torch.device("cpu")),
+    }
+    if opt != "adamw":
+        print("note: this trainscale has no --optimizer adamw; both sides use SGD (momentum 0.9)")
+    print(f"{MODEL} {model_args(args)}, {opt}, batch {args.batch} per worker, {args.steps} steps per epoch")
+    print(f"{'cell':<16} {'img/s':>8} {'bare img/s':>10} {'ratio':>6} {'bytes/step':>11} {'bare bytes':>11}")
+    for r in rows:
+        print(
+            f"{r['cell']:<16} {r['images_per_sec']:>8.1f} {r['bare_images_per_sec']:>10.1f} {r['ratio']:>6.3f} "
+            f"{r['bytes_per_step']:>11.0f} {r['bare_bytes_per_step']:>11.0f}"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()

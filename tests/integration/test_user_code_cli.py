@@ -1,0 +1,76 @@
+"""A user's model and data, defined outside trainscale (``tests/userpkg``) and given by import path, trained through
+the CLI in every kind of job: in this process, on 2 workers, under the parameter server, with fault tolerance and
+on 2 emulated hosts; and a model that imports in the launcher but not in a worker fails with one line naming the
+worker and the import error. Tiny model, 512 images of 16x16, one epoch: each run is seconds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cli import run_cli
+from tests.integration.test_cluster import cli, cluster_names  # noqa: F401  (the fixture that cleans clusters up)
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]  # the user's working folder: `tests.userpkg` imports from here
+TINY = "tests.userpkg.nets:tiny"
+TENSORS = "tests.userpkg.data:tensors"
+DATASETS = "tests.userpkg.data:datasets"
+USER = ("--model", TINY, "--model-arg", "width=6", "--epochs", "1", "--batch-per-worker", "64", "--no-progress")
+
+
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def check_run(folder: Path, dataset: str, world: int) -> None:
+    summary = summary_of(folder)
+    assert (summary["model"], summary["dataset"], summary["world_size"]) == (TINY, dataset, world)
+    assert summary["params"] == 3 * 6 * 9 + 6 + 6 * 4 + 4  # width 6 reached every process; 4 classes from the data
+    assert summary["epochs_completed"] == 1 and summary["final_test_acc"] > 0.4  # 4 classes: chance is 0.25
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_args"] == ["width=6"] and config["resolved"]["image_size"] == 16
+
+
+def test_user_model_and_data_train_locally_on_workers_under_the_parameter_server_and_fault_tolerant(
+    tmp_path: Path,
+) -> None:
+    runs = {
+        "local": (TENSORS, 1, ()),
+        "workers": (DATASETS, 2, ("--workers", "2", "--loader-workers", "1")),
+        "async": (TENSORS, 2, ("--workers", "2", "--mode", "async", "--servers", "1")),
+        "ft": (DATASETS, 2, ("--workers", "2", "--fault-tolerance", "--batch-per-worker", "32")),
+    }
+    for name, (dataset, world, flags) in runs.items():
+        out = tmp_path / name
+        proc = run_cli("train", *USER, "--dataset", dataset, *flags, "--out", out, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        check_run(out, dataset, world if name != "ft" else summary_of(out)["world_size"])
+
+
+def test_a_model_that_does_not_import_on_a_worker_is_one_line_naming_the_worker(tmp_path: Path) -> None:
+    model = "tests.userpkg.broken_on_workers:tiny"
+    flags = ("--model", model, "--dataset", TENSORS, "--epochs", "1", "--workers", "2", "--no-progress")
+    proc = run_cli("train", *flags, "--out", tmp_path / "run", cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainscale train: error: worker rank "), last
+    assert "cannot import module 'tests.userpkg.broken_on_workers' (ImportError: No module named 'fancy_lay" in last
+
+
+@pytest.mark.cluster
+def test_user_model_and_data_train_on_two_emulated_hosts(
+    cluster_names: Callable[[], str],  # noqa: F811
+    capsys: pytest.CaptureFixture,
+    tmp_path: Path,
+) -> None:
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    proc = run_cli("train", "--cluster", name, *USER, "--dataset", TENSORS, "--out", tmp_path / "run", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_run(tmp_path / "run", TENSORS, 2)
+    assert summary_of(tmp_path / "run")["cluster"]["hosts"] == 2
