@@ -23,7 +23,7 @@ from trainscale.cluster.seam import with_cluster
 from trainscale.data import Batches, DeviceBatches
 from trainscale.errors import ConfigError
 from trainscale.models import count_parameters, model_info
-from trainscale.modes import Mode, create_mode
+from trainscale.modes import Mode, create_mode, mode_class
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
 from trainscale.modes.config import TrainConfig
 from trainscale.modes.fault_tolerance import JobFinished
@@ -37,7 +37,15 @@ from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
-from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
+from trainscale.train.setup import (
+    augment_for,
+    check_fits,
+    load_data,
+    resolve_out,
+    run_folder,
+    steps_per_epoch,
+    summary_base,
+)
 from trainscale.train.utilisation import allowed_cores
 
 log = logging.getLogger("trainscale.train")
@@ -106,6 +114,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     train, test = load_data(cfg)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
+    mode_class(cfg.run.mode).check_steps(cfg, steps_per_epoch(len(train), workers, plan.per_worker))
     want = cfg.data.image_size or model_info(cfg.data.model).input_size
     aug_train, aug_test = augment_for(cfg, train.images.shape[-1], want)
     common: dict[str, Any] = dict(
