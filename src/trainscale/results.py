@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -64,7 +63,7 @@ class RunWriter:
         return row
 
     def _write_history(self) -> None:
-        lines = "".join(json.dumps(r) + "\n" for r in self.history)
+        lines = "".join(dumps(r, indent=None) for r in self.history)
         atomic_write_text(self.out / METRICS, lines)
         tsv = ["epoch\thours\ttop1Accuracy"] + [
             f"{r[K.epoch]}\t{r[K.elapsed_seconds] / 3600:.8f}\t{100 * r[K.test_acc]:.2f}"

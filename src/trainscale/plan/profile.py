@@ -32,7 +32,7 @@ from torch import nn
 from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, check_output
+from trainscale.io import atomic_write_text, check_output, dumps
 from trainscale.models import create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.plan.methods import MethodSpec, parse_spec
@@ -157,7 +157,7 @@ class Profile:
         return self.compressors[spec.text]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return dumps(dataclasses.asdict(self))
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -535,5 +535,5 @@ def profile_command(cfg: ProfileConfig) -> Profile:
     check_output(out, "--out", probe=True)  # before the minutes of profiling, not after
     with limits(cfg):
         profile = measure(cfg, specs)
-    atomic_write_text(out, profile.to_json() + "\n")
+    atomic_write_text(out, profile.to_json())
     return profile
