@@ -30,6 +30,7 @@ DILOCO_OUTER = (0.7, 0.9)  # outer lr, Nesterov momentum
 # Past 2 the outer step overshoots: a pseudo-gradient is the way to the workers' average, and a step of more than
 # twice it lands further from that point than the anchor was.
 MAX_OUTER_LR = 2.0
+DEFAULT_OUTER_WARMUP = 10
 
 
 @dataclass
@@ -56,6 +57,12 @@ class PeriodicConfig(Section):
         at_most=MAX_OUTER_LR,
     )
     outer_momentum: float | None = option(None, f"diloco: the outer momentum (default {DILOCO_OUTER[1]})")
+    outer_warmup_rounds: int | None = option(
+        None,
+        "diloco: the outer step goes from local SGD's (lr 1, no momentum) to --outer-lr and --outer-momentum "
+        f"linearly over the first W rounds (default {DEFAULT_OUTER_WARMUP}; 0: DiLoCo's from the first round)",
+        at_least=0,
+    )
 
     def validate(self) -> None:
         require(

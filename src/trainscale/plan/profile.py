@@ -424,7 +424,11 @@ def profile_compressor(
 ) -> CompressorProfile:
     """Encode + decode of one step's gradients through the exchange layer, timed by its own clocks."""
     stats = _RecordingStats()
-    exchange = Exchange(create_compressor(spec.method, **spec.params), stats=stats)
+    exchange = Exchange(
+        create_compressor(spec.method, **spec.params),
+        stats=stats,
+        dense_below=spec.dense_below if spec.granularity == "layerwise" else 0,
+    )
     units = _units(grads, spec.granularity)
     encode, decode = [], []
     for i in range(warmup + repeats):
