@@ -266,3 +266,8 @@ def test_the_planner_counts_the_same_bytes_as_the_run():
     assert state.stats.bytes_sent == topk_bytes(1200, 0.01) + 4 * 340
     published = profile_compressor(parse_spec("topk:ratio=0.01,dense_below=0"), grads, warmup=0, repeats=1)
     assert published.collectives == [("all_gather", sum(topk_bytes(n, 0.01) for n in (1200, 30, 300, 10)))]
+
+
+def test_dense_below_is_refused_for_parameter_server_pushes():
+    with pytest.raises(ConfigError, match="--dense-below is for the collectives of sync, localsgd and diloco"):
+        build_config(BASE, {"mode": "async", "servers": 1, "workers": 2, "compress": "topk", "dense_below": 64})

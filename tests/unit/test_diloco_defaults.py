@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainscale.app.config import build_config
-from trainscale.modes.config import DEFAULT_OUTER_WARMUP
+from trainscale.modes.config import default_outer_warmup
 from trainscale.modes.localsgd import PeriodicMode
 
 BASE = {"model": "mlp", "dataset": "synthetic", "workers": 2, "epochs": 2}
@@ -21,7 +21,8 @@ def diloco(**flags) -> PeriodicMode:
 
 def test_by_default_the_outer_step_grows_from_local_sgds_to_dilocos_over_the_momentum_horizon():
     mode = diloco()
-    assert DEFAULT_OUTER_WARMUP == 10 == mode.outer_warmup  # 1 / (1 - 0.9) rounds
+    assert mode.outer_warmup == 10 == default_outer_warmup(0.9)  # 1 / (1 - 0.9) rounds
+    assert diloco(outer_momentum=0.95).outer_warmup == 20 and diloco(outer_momentum=0.0).outer_warmup == 0
     assert mode.outer_step(0) == (1.0, 0.0)  # local SGD: the workers' average
     lr, momentum = mode.outer_step(5)
     assert lr == pytest.approx(0.85) and momentum == pytest.approx(0.45)

@@ -30,7 +30,13 @@ DILOCO_OUTER = (0.7, 0.9)  # outer lr, Nesterov momentum
 # Past 2 the outer step overshoots: a pseudo-gradient is the way to the workers' average, and a step of more than
 # twice it lands further from that point than the anchor was.
 MAX_OUTER_LR = 2.0
-DEFAULT_OUTER_WARMUP = 10
+
+
+def default_outer_warmup(momentum: float) -> int:
+    """Rounds over which DiLoCo's outer step grows from local SGD's: the momentum's horizon, 1 / (1 - m) (10 at
+    0.9), the rounds it needs to pay off; before that its step overshoots (measured on a run of 10 rounds: 14.0%
+    test accuracy with no warm-up, 19.7% over 5 rounds, 29.8% over 10, 28.1% over 40; local SGD 35.1%)."""
+    return round(1.0 / (1.0 - momentum)) if momentum > 0 else 0
 
 
 @dataclass
@@ -60,7 +66,8 @@ class PeriodicConfig(Section):
     outer_warmup_rounds: int | None = option(
         None,
         "diloco: the outer step goes from local SGD's (lr 1, no momentum) to --outer-lr and --outer-momentum "
-        f"linearly over the first W rounds (default {DEFAULT_OUTER_WARMUP}; 0: DiLoCo's from the first round)",
+        "linearly over the first W rounds (default 1 / (1 - outer momentum): 10 at 0.9; 0: DiLoCo's from the "
+        "first round)",
         at_least=0,
     )
 

@@ -38,12 +38,12 @@ from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
 from trainscale.modes.batchnorm import average_bn_statistics
 from trainscale.modes.config import (
-    DEFAULT_OUTER_WARMUP,
     DEFAULT_SYNC_EVERY,
     DILOCO_OUTER,
     PeriodicConfig,
     SyncConfig,
     TrainConfig,
+    default_outer_warmup,
 )
 from trainscale.modes.fault_tolerance.config import ReplicationConfig
 from trainscale.modes.sync import SyncMode
@@ -101,11 +101,8 @@ class PeriodicMode(SyncMode):
         self.outer_momentum = (
             (DILOCO_OUTER[1] if periodic.outer_momentum is None else periodic.outer_momentum) if diloco else 0.0
         )
-        self.outer_warmup = (
-            (DEFAULT_OUTER_WARMUP if periodic.outer_warmup_rounds is None else periodic.outer_warmup_rounds)
-            if diloco
-            else 0
-        )
+        warmup = periodic.outer_warmup_rounds
+        self.outer_warmup = (default_outer_warmup(self.outer_momentum) if warmup is None else warmup) if diloco else 0
         self.rounds = 0
         self.epoch = 0
         self.since_round = 0

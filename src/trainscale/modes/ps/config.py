@@ -135,6 +135,11 @@ def validate_push_compression(compression: CompressionConfig, seed: int) -> None
     spec = CompressionSpec.from_config(compression, seed)
     refusal = push_refusal(spec) if spec.enabled else None
     _require(refusal is None, refusal or "")
+    _require(
+        compression.dense_below is None,
+        "--dense-below is for the collectives of sync, localsgd and diloco; parameter-server pushes compress "
+        "each server shard's slice of the flat gradient",
+    )
 
 
 def validate_faults(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig) -> None:
