@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -46,11 +47,14 @@ from typing import Any
 import torch
 
 from trainscale.app.worker_env import to_argv
-from trainscale.bench.grid import parse_set
+from trainscale.bench.grid import GridError, parse_sets
 from trainscale.bench.timing import save_result
+from trainscale.config import MAX_WAIT_S
+from trainscale.errors import ConfigError
 from trainscale.modes.ps import DEFAULT_AVERAGE_EVERY, PS_MODES
 from trainscale.record import K
 from trainscale.runtime import ft
+from trainscale.runtime.cluster import parse_rate
 from trainscale.runtime.faults import DEFAULT_LINK_DOWN_S
 from trainscale.train.environment import environment
 
@@ -213,8 +217,8 @@ def report(faults: list[dict[str, Any]], result: dict[str, Any], clean: float, f
     print("goals met" if result["goals_met"] else "goals NOT met")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="chaos.py", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4, help="replicas (default 4)")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults (default 60)")
     parser.add_argument(
@@ -251,14 +255,38 @@ def parse_args() -> argparse.Namespace:
         help="a job setting over the default job's, e.g. epochs=3 (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     args.emulated = args.emulated or "link" in args.kinds
-    if not args.kinds or set(args.kinds) - set(KINDS):
-        parser.error(f"--kinds: choose from {', '.join(KINDS)}")
-    if args.workers < 2 or args.every < 10:
-        parser.error("needs --workers >= 2 (a survivor) and --every >= 10 s (a replica heals between faults)")
+    problem = args_problem(args)
+    if problem:
+        parser.error(problem)
     return args
+
+
+def args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line (None: nothing), checked before any job starts: every number
+    finite and in range, the kinds known, the bandwidth tc's, the --set keys `trainscale train` flags, --out a
+    folder it can make."""
+    if not args.kinds or set(args.kinds) - set(KINDS):
+        return f"--kinds: choose from {', '.join(KINDS)}"
+    if args.workers < 2 or not args.every >= 10 or not math.isfinite(args.every):
+        return "needs --workers >= 2 (a survivor) and a finite --every >= 10 s (a replica heals between faults)"
+    for flag, value, high in (
+        ("--link-down", args.link_down, 3600.0),
+        ("--ft-timeout", args.ft_timeout, MAX_WAIT_S),
+        ("--heartbeat-timeout", args.heartbeat_timeout, MAX_WAIT_S),
+    ):
+        if not (math.isfinite(value) and 0 < value <= high):
+            return f"{flag} must be a positive number of seconds, at most {high:g}, got {value}"
+    try:
+        parse_rate(args.bandwidth)
+        args.settings = {**JOB, **parse_sets(args.sets)}
+    except (ConfigError, GridError) as err:
+        return str(err)
+    if args.out.exists() and not args.out.is_dir():
+        return f"--out {args.out} exists and is not a folder; give a folder (made if absent)"
+    return None
 
 
 def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
@@ -337,15 +365,35 @@ def emulated_cluster(args: argparse.Namespace) -> Iterator[list[str]]:
 
 def main() -> int:
     args = parse_args()
-    settings = {**JOB, **dict(parse_set(item) for item in args.sets)}
-    if is_ps(settings):
-        if args.emulated:
-            sys.exit(
-                "chaos.py: error: the parameter-server variant runs on this machine: leave out link and --emulated"
-            )
-        return ps_main(args, settings)
-    with emulated_cluster(args) as place:
-        return sync_main(args, settings, place)
+    settings = args.settings
+    if is_ps(settings) and args.emulated:
+        refuse("the parameter-server variant runs on this machine: leave out link and --emulated")
+    dry_run(args, settings)
+    try:
+        if is_ps(settings):
+            return ps_main(args, settings)
+        with emulated_cluster(args) as place:
+            return sync_main(args, settings, place)
+    except subprocess.CalledProcessError as err:
+        sys.exit(f"chaos.py: error: `{' '.join(map(str, err.cmd[2:5]))} ...` failed (exit {err.returncode}); see above")
+
+
+def dry_run(args: argparse.Namespace, settings: dict[str, Any]) -> None:
+    """The fault-free job's `trainscale train --dry-run` on this machine, before anything starts: a setting the run
+    would refuse is refused now, in train's own line (the faults are placed later, from the fault-free job)."""
+    how = [] if is_ps(settings) else ["--fault-tolerance", "--ft-timeout", str(args.ft_timeout)]
+    timeout = ["--heartbeat-timeout", str(args.heartbeat_timeout)] if is_ps(settings) else []
+    cmd = [sys.executable, "-m", "trainscale", "train", *how, *timeout, "--workers", str(args.workers)]
+    done = subprocess.run([*cmd, *to_argv(settings), "--dry-run"], capture_output=True, text=True)
+    if done.returncode:
+        lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
+        refuse(f"the job's settings: {lines[-1].removeprefix('trainscale train: error: ')}")
+
+
+def refuse(message: str) -> None:
+    """Bad input: one line, exit 2 (argparse's way), before any job starts."""
+    print(f"chaos.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def sync_main(args: argparse.Namespace, settings: dict[str, Any], place: list[str]) -> int:

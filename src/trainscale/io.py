@@ -187,8 +187,10 @@ def clean(value: Any) -> Any:
     return value
 
 
-def dumps(obj: Any) -> str:
-    return json.dumps(clean(obj), indent=2, sort_keys=False) + "\n"
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON (NaN and inf as null, never the bare ``NaN`` Python's json writes and other readers
+    refuse), with a newline: what every JSON file and ``--json`` output of trainscale is written with."""
+    return json.dumps(clean(obj), indent=indent, sort_keys=False, allow_nan=False) + "\n"
 
 
 def read_json(path: Path) -> Any:
@@ -225,7 +227,7 @@ def append_jsonl(path: Path, obj: Any) -> None:
         if data and not data.endswith(b"\n"):
             log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
             f.truncate(data.rfind(b"\n") + 1)
-        f.write((json.dumps(clean(obj)) + "\n").encode())
+        f.write(dumps(obj, indent=None).encode())
 
 
 def to_toml(values: Mapping[str, Any], tables: Mapping[str, Mapping[str, Any]] | None = None) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -96,7 +95,7 @@ class RunWriter:
             self._steps_checked = True
         else:
             with open_output(self.out / STEPS, append=True) as f:
-                f.write((json.dumps(line) + "\n").encode())
+                f.write(dumps(line, indent=None).encode())
         for key in (StepK.loss, StepK.lr, StepK.samples_per_sec, StepK.step_seconds):
             self._scalar(f"step/{key}", row.get(key), row[StepK.step])
 
@@ -105,7 +104,7 @@ class RunWriter:
         path = self.out / STEPS
         rows = [r for r in read_jsonl(path) if r[StepK.epoch] <= last_epoch] if path.exists() else []
         if path.exists():
-            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+            atomic_write_text(path, "".join(dumps(r, indent=None) for r in rows))
         self._steps_checked = True
         self._purge_step = (rows[-1][StepK.step] + 1) if rows else None
 
@@ -149,7 +148,7 @@ class RunWriter:
         return row
 
     def _write_history(self) -> None:
-        lines = "".join(json.dumps(r) + "\n" for r in self.history)
+        lines = "".join(dumps(r, indent=None) for r in self.history)
         atomic_write_text(self.out / METRICS, lines)
         tsv = ["epoch\thours\ttop1Accuracy"] + [
             f"{r[K.epoch]}\t{r[K.elapsed_seconds] / 3600:.8f}\t{100 * r[K.test_acc]:.2f}"

@@ -30,6 +30,7 @@ from trainscale.compression import (
     list_compressors,
     make_reducer,
 )
+from trainscale.compression.exchange import DEFAULT_DENSE_BELOW
 from trainscale.runtime.process_group import process_group
 
 STEPS = 3
@@ -73,7 +74,7 @@ def train_ddp(method: str, granularity: str, bucket_cap_mb: float | None, **kwar
     extra = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb else ddp_kwargs_for(granularity, model)
     ddp = DDP(model, **extra)
     state = CompressionHookState(create_compressor(method, **PARAMS.get(method, {})), granularity, model=ddp,
-                                 error_feedback=True, **kwargs)
+                                 error_feedback=True, dense_below=0, **kwargs)
     ddp.register_comm_hook(state, compression_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     finite, losses = True, []
@@ -104,12 +105,13 @@ def path_grads(method: str | None, granularity: str, wrap: str, bucket_cap_mb: f
         net = DDP(model, bucket_cap_mb=bucket_cap_mb) if bucket_cap_mb else DDP(model)
         if method is not None:
             state = CompressionHookState(create_compressor(method, **PARAMS.get(method, {})), granularity,
-                                         model=net, error_feedback=True)
+                                         model=net, error_feedback=True, dense_below=0)
             net.register_comm_hook(state, compression_hook)
         reducer = None
     else:
         net = model
-        reducer = make_reducer(model, method or "none", granularity, error_feedback=True, **PARAMS.get(method, {}))
+        reducer = make_reducer(model, method or "none", granularity, error_feedback=True, dense_below=0,
+                               **PARAMS.get(method, {}))
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     out = []
     for step in range(2):
@@ -138,11 +140,18 @@ def run_case(method: str, granularity: str, reference: list[list[torch.Tensor]])
     return result
 
 
-def reference_topk_ef(grads: list[torch.Tensor], residuals: list[torch.Tensor], ratio: float) -> list[torch.Tensor]:
+def reference_topk_ef(grads: list[torch.Tensor], residuals: list[torch.Tensor], ratio: float,
+                      dense_below: int = 0) -> list[torch.Tensor]:
     """Layerwise Top-k with error feedback from its definition: each rank sends the top
-    max(1, ceil(n * ratio)) of gradient + residual per tensor, keeps the rest; the step is the mean."""
+    max(1, ceil(n * ratio)) of gradient + residual per tensor, keeps the rest; the step is the mean.
+    ``dense_below``: 1-D tensors and those under that many elements are averaged whole, with no residual."""
     out = []
     for i, g in enumerate(grads):
+        if dense_below and (g.dim() <= 1 or g.numel() < dense_below):
+            whole = g.clone()
+            dist.all_reduce(whole)
+            out.append(whole.div_(dist.get_world_size()))
+            continue
         corrected = (g + residuals[i]).reshape(-1)
         k = min(corrected.numel(), max(1, math.ceil(corrected.numel() * ratio - 1e-9)))
         sent = torch.zeros_like(corrected)
@@ -154,14 +163,14 @@ def reference_topk_ef(grads: list[torch.Tensor], residuals: list[torch.Tensor], 
     return out
 
 
-def topk_layerwise_against_reference() -> dict[str, Any]:
+def topk_layerwise_against_reference(dense_below: int = 0) -> dict[str, Any]:
     """The DDP hook (tiny buckets, rebuilt after step 0; momentum and weight decay) against
     ``reference_topk_ef`` on an unwrapped copy, step by step from the same parameters."""
     ratio = PARAMS["topk"]["ratio"]
     hooked, plain = tiny_model(), tiny_model()
     ddp = DDP(hooked, bucket_cap_mb=0.01)
     state = CompressionHookState(create_compressor("topk", ratio=ratio), "layerwise", model=ddp,
-                                 error_feedback=True)
+                                 error_feedback=True, dense_below=dense_below)
     ddp.register_comm_hook(state, compression_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4) for m in (ddp, plain)]
     residuals = [torch.zeros_like(p) for p in plain.parameters()]
@@ -171,7 +180,7 @@ def topk_layerwise_against_reference() -> dict[str, Any]:
         for net, opt in zip((ddp, plain), opts):
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
-        want = reference_topk_ef([p.grad for p in plain.parameters()], residuals, ratio)
+        want = reference_topk_ef([p.grad for p in plain.parameters()], residuals, ratio, dense_below)
         equal.append(all(torch.equal(p.grad, w) for p, w in zip(hooked.parameters(), want)))
         for p, w in zip(plain.parameters(), want):
             p.grad = w
@@ -181,12 +190,14 @@ def topk_layerwise_against_reference() -> dict[str, Any]:
 
 
 def run_extra_cases() -> dict[str, Any]:
-    out: dict[str, Any] = {"topk_reference/layerwise": topk_layerwise_against_reference()}
+    out: dict[str, Any] = {"topk_reference/layerwise": topk_layerwise_against_reference(),
+                           "topk_reference/dense_small": topk_layerwise_against_reference(DEFAULT_DENSE_BELOW)}
     # every |g| below the threshold: nothing is selected, nothing may hang, the step is zero
     for granularity in ("layerwise", "entire"):
         model = tiny_model()
         ddp = DDP(model)
-        state = CompressionHookState(create_compressor("threshold", threshold=1e9), granularity, model=ddp)
+        state = CompressionHookState(create_compressor("threshold", threshold=1e9), granularity, model=ddp,
+                                     dense_below=0)  # every tensor through the threshold: nothing passes
         ddp.register_comm_hook(state, compression_hook)
         x, y = batch(0, dist.get_rank())
         F.cross_entropy(ddp(x), y).backward()

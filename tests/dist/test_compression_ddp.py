@@ -90,3 +90,11 @@ def test_layerwise_topk_with_feedback_is_the_method_over_two_ranks(results):
     for r in case(results, "topk_reference/layerwise"):
         assert r["buckets_last_step"] > 1
         assert all(r["equal_per_step"]), r["equal_per_step"]
+
+
+def test_the_default_layerwise_topk_sends_small_tensors_whole_over_two_ranks(results):
+    """With the default, 1-D and small tensors are averaged whole and the rest is layerwise Top-k with per-rank
+    error feedback: equal to that written from its definition, every step, across the bucket rebuild."""
+    for r in case(results, "topk_reference/dense_small"):
+        assert r["buckets_last_step"] > 1
+        assert all(r["equal_per_step"]), r["equal_per_step"]

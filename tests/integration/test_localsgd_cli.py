@@ -98,7 +98,10 @@ def test_a_compressed_outer_step_sends_its_payload_once_per_round(tmp_path: Path
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (("--mode", "localsgd", "--outer-lr", "0.5"), "--outer-lr and --outer-momentum are for --mode diloco"),
+        (
+            ("--mode", "localsgd", "--outer-lr", "0.5"),
+            "--outer-lr, --outer-momentum and --outer-warmup-rounds are for --mode diloco",
+        ),
         (("--mode", "diloco", "--sync-every", "0"), "--sync-every must be a positive number of steps"),
         (("--mode", "diloco", "--outer-momentum", "1"), "--outer-momentum must be in [0, 1)"),
         (("--mode", "localsgd", "--local-after-epochs", "2"), "--local-after-epochs must be in [0, epochs=2)"),

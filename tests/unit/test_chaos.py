@@ -64,3 +64,58 @@ def test_the_goals(faults, kept, equal, met):
 def test_the_parameter_server_goals(mode, lost, skipped, met):
     result = chaos.ps_verdict([fault(steps_lost=lost)], 0.9, skipped, {"mode": mode})
     assert result["goals_met"] is met and result["batches_skipped"] == skipped
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--every", "nan"], "a finite --every >= 10 s"),
+        (["--every", "inf"], "a finite --every >= 10 s"),
+        (["--every", "abc"], "invalid float value"),
+        (["--workers", "-3"], "--workers >= 2"),
+        (["--link-down", "nan"], "--link-down must be a positive number of seconds, at most 3600, got nan"),
+        (["--link-down", "1e9"], "--link-down must be a positive number of seconds"),
+        (["--ft-timeout", "-1"], "--ft-timeout must be a positive number of seconds"),
+        (["--heartbeat-timeout", "1e300"], "--heartbeat-timeout must be a positive number of seconds"),
+        (["--bandwidth", "10furlongs"], "--bandwidth must look like 500kbit"),
+        (["--kinds", "kill,melt"], "--kinds: choose from kill, hang, link"),
+        (["--set", "epochs=abc"], "'epochs' must be int"),
+        (["--set", "epochs"], "give KEY=VALUE"),
+        (["--set", "bogus=1"], "unknown key 'bogus'"),
+        (["--seed", "x"], "invalid int value"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        chaos.parse_args(argv)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("chaos.py: error: ") and fragment in error
+
+
+def test_an_out_path_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("keep")
+    with pytest.raises(SystemExit):
+        chaos.parse_args(["--out", str(tmp_path / "f")])
+    assert "is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "f").read_text() == "keep"
+
+
+def test_good_arguments_carry_the_checked_job_settings():
+    args = chaos.parse_args(["--set", "epochs=2", "--set", "mode=async"])
+    assert args.settings == {**chaos.JOB, "epochs": 2, "mode": "async"}
+
+
+def test_the_job_settings_go_through_trains_dry_run_first(monkeypatch, capsys):
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        return chaos.subprocess.CompletedProcess(cmd, 2, "", "trainscale train: error: --epochs must be ...\n")
+
+    monkeypatch.setattr(chaos.subprocess, "run", fake_run)
+    args = chaos.parse_args(["--set", "epochs=-2"])
+    with pytest.raises(SystemExit) as exit_:
+        chaos.dry_run(args, args.settings)
+    assert exit_.value.code == 2 and "--dry-run" in calls[0] and "--fault-tolerance" in calls[0]
+    assert capsys.readouterr().err.strip() == "chaos.py: error: the job's settings: --epochs must be ..."

@@ -213,3 +213,61 @@ def test_the_planner_prices_compressed_pushes_and_dense_pulls():
     )
     assert topk.comm_seconds == pytest.approx(topk.wire_seconds + 0.01 + 4 * 0.001)  # 4 pushes decoded per shard
     assert topk.comm_seconds < dense.comm_seconds
+
+
+# --- small tensors dense: one setting for flag, TOML, planner ----------------------------------------------------
+
+
+def test_dense_below_is_one_setting_for_the_flag_the_planners_text_and_a_run_folders_config():
+    default = plan_from_config(build_config(BASE, {"workers": 2, "compress": "topk", "ratio": 0.01}).compression, 0)
+    assert default.dense_below == 1024 and default.text == "topk:ratio=0.01"
+    cfg = build_config(BASE, {"workers": 2, "compress": "topk", "ratio": 0.01, "dense_below": 0})
+    spec = plan_from_config(cfg.compression, cfg.run.seed)
+    assert spec.text == "topk:ratio=0.01,dense_below=0"
+    assert (
+        spec.without_seed()
+        == parse_spec(spec.text)
+        == method_spec({"compress": "topk", "ratio": 0.01, "dense_below": 0})
+    )
+    assert spec.hook_state().exchange.dense_below == 0
+    assert not parse_spec("qsgd").splits_small  # a quantiser sends every element anyway
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"compress": "qsgd", "dense_below": 64},
+        {"compress": "topk", "ratio": 0.01, "granularity": "entire", "dense_below": 64},
+    ],
+)
+def test_dense_below_where_it_does_nothing_is_refused(flags):
+    with pytest.raises(ConfigError, match="--dense-below is for layerwise randomk, topk and threshold"):
+        build_config(BASE, {"workers": 2, **flags})
+
+
+def test_dense_below_must_be_a_count():
+    with pytest.raises(ConfigError, match="--dense-below must be >= 0"):
+        build_config(BASE, {"workers": 2, "compress": "topk", "dense_below": -1})
+    with pytest.raises(ConfigError, match="dense_below is a number of elements"):
+        parse_spec("topk:ratio=0.01,dense_below=x")
+
+
+def test_the_planner_counts_the_same_bytes_as_the_run():
+    """The profile's collectives for layerwise Top-k: the small tensors' fp32 values in one all-reduce, the rest's
+    Top-k payloads in one all-gather: what the run's exchange hands over."""
+    from trainscale.plan.profile import profile_compressor
+
+    model = small_model()  # 1,200-value weight compressed; 30 + 300 + 10 dense
+    grads = [(n, torch.randn_like(p)) for n, p in model.named_parameters()]
+    profile = profile_compressor(parse_spec("topk:ratio=0.01"), grads, warmup=0, repeats=1)
+    assert sorted(profile.collectives) == [("all_gather", topk_bytes(1200, 0.01)), ("all_reduce", 4 * 340)]
+    state = parse_spec("topk:ratio=0.01").hook_state()
+    state.reduce(grads)
+    assert state.stats.bytes_sent == topk_bytes(1200, 0.01) + 4 * 340
+    published = profile_compressor(parse_spec("topk:ratio=0.01,dense_below=0"), grads, warmup=0, repeats=1)
+    assert published.collectives == [("all_gather", sum(topk_bytes(n, 0.01) for n in (1200, 30, 300, 10)))]
+
+
+def test_dense_below_is_refused_for_parameter_server_pushes():
+    with pytest.raises(ConfigError, match="--dense-below is for the collectives of sync, localsgd and diloco"):
+        build_config(BASE, {"mode": "async", "servers": 1, "workers": 2, "compress": "topk", "dense_below": 64})

@@ -45,6 +45,11 @@ PS = {"mode": "async", "servers": 1, "workers": 2}
         ({"lr": 1e300}, "--lr must be within float32's range"),  # finite, but the optimizer's float32 update overflows
         ({"mode": "diloco", "workers": 2, "outer_lr": math.inf}, "--outer-lr must be a finite number"),
         ({"mode": "diloco", "workers": 2, "sync_every": 0}, "--sync-every must be a positive number"),
+        ({"mode": "diloco", "workers": 2, "outer_lr": 1e30}, "--outer-lr must be a positive number and <= 2"),
+        ({"mode": "diloco", "workers": 2, "outer_lr": 2.5}, "--outer-lr must be a positive number and <= 2"),
+        ({"mode": "diloco", "workers": 2, "outer_lr": 0.0}, "--outer-lr must be a positive number"),
+        ({"mode": "diloco", "workers": 2, "outer_momentum": 1.0}, r"--outer-momentum must be in \[0, 1\)"),
+        ({"mode": "diloco", "workers": 2, "outer_momentum": -0.1}, r"--outer-momentum must be in \[0, 1\)"),
     ],
 )
 def test_ranges(settings, fragment):

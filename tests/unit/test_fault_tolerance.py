@@ -247,7 +247,8 @@ class CommitSession:
 def compressed_optimizer(method, params, outcomes, error_feedback=True):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
-    plan = CompressionPlan(method, "layerwise", params, error_feedback, 0)
+    # every tensor compressed (these are all small enough to go dense by default), so residuals exist to keep
+    plan = CompressionPlan(method, "layerwise", params, error_feedback, 0, dense_below=0)
     session = CommitSession(outcomes)
     opt = CommittingOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session, plan)
     return model, session, opt

@@ -69,3 +69,37 @@ def test_step_split_uses_the_same_steady_epochs_for_both_halves():
     assert step_split(rows[:1]) == {"step_seconds": 9.0, "comm_seconds_per_step": 5.0, "compute_seconds_per_step": 4.0}
     assert step_split([{"step_seconds": 1.0}, {"step_seconds": 3.0}]) == {"step_seconds": 3.0}  # local: no split
     assert step_split([]) == {} and step_split([{"step_seconds": None}]) == {}
+
+
+def strict_json(text):
+    """JSON as every other reader parses it: no bare NaN, Infinity or -Infinity."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+EDGES = {"nan": float("nan"), "inf": float("inf"), "neg": [float("-inf"), 1.5], "ok": 2.0}
+
+
+def test_benchmark_results_are_strict_json_on_nan_and_inf(tmp_path):
+    from trainscale.bench.timing import Timing, save_result
+
+    save_result(tmp_path / "r.json", {**EDGES, "timing": Timing([float("nan")])})
+    data = strict_json((tmp_path / "r.json").read_text())
+    assert data["nan"] is None and data["inf"] is None and data["neg"] == [None, 1.5] and data["ok"] == 2.0
+    assert data["timing"]["seconds"] == [None]
+
+
+def test_the_fault_log_and_json_helpers_are_strict_json(tmp_path):
+    from trainscale.io import append_jsonl, dumps
+    from trainscale.runtime import ft
+    from trainscale.runtime.job import Job, installed
+
+    assert strict_json(dumps(EDGES))["inf"] is None
+    append_jsonl(tmp_path / "a.jsonl", EDGES)
+    assert strict_json((tmp_path / "a.jsonl").read_text())["nan"] is None
+    with installed(Job(fault_log=tmp_path / "events.jsonl", replica=0)):
+        ft.log_event("fault", seconds=float("inf"))
+    assert strict_json((tmp_path / "events.jsonl").read_text())["seconds"] is None

@@ -132,3 +132,50 @@ def test_downloads_go_into_an_existing_folder_or_the_default_cache(tmp_path, mon
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     ensure_dataset("cifar10", None, download=True, verify=False)
     assert roots == [tmp_path / "data", tmp_path / "home" / ".cache" / "trainscale"]
+
+
+SHORT = {"model": "mlp", "dataset": "synthetic", "train_subset": 512, "test_subset": 64, "epochs": 2, "batch_size": 64}
+
+
+def dry_preflight(tmp_path: Path, **settings: object) -> None:
+    from trainscale.app.preflight import preflight
+
+    preflight(build_config({**SHORT, "out": str(tmp_path / "run"), **settings}), dry=True)
+
+
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [  # 2 workers of 32 images on 512: 8 steps an epoch, 16 in the run
+        ({"mode": "diloco", "workers": 2, "sync_every": 9}, r"--sync-every 9 is longer than an epoch \(8 steps"),
+        ({"mode": "localsgd", "workers": 2, "sync_every": 100000}, "give --sync-every 1..8"),
+        (
+            {"mode": "sync", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:1@17"]},
+            r"kill:1@17: the run has only 16 committed steps",
+        ),
+        (
+            {"mode": "diloco", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:1@3,hang:0@100"]},
+            "hang:0@100: the run has only 16 committed steps",
+        ),
+        (  # a worker may train every batch of the epoch (hand-overs, warm start): 2 x 16
+            {"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:1@33"]},
+            r"kill:1@33: the run has only 32 steps \(pushes\)",
+        ),
+    ],
+)
+def test_a_period_or_fault_the_run_never_reaches_is_refused_by_the_dry_run(tmp_path, settings, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        dry_preflight(tmp_path, **settings)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"mode": "diloco", "workers": 2, "sync_every": 8},
+        {"mode": "diloco", "workers": 2},  # the default 8 (a shorter epoch would simply end with a round)
+        {"mode": "sync", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:1@16"]},
+        {"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:1@32"]},
+    ],
+)
+def test_the_last_reachable_period_and_step_pass(tmp_path, settings):
+    dry_preflight(tmp_path, **settings)

@@ -29,7 +29,15 @@ from trainscale.cluster.command import check_cluster
 from trainscale.errors import ConfigError
 from trainscale.modes import mode_class
 from trainscale.train.precision import Precision, resolve_device
-from trainscale.train.setup import BatchPlan, check_fits, check_model_input, check_run_folder, load_data, resolve_out
+from trainscale.train.setup import (
+    BatchPlan,
+    check_fits,
+    check_model_input,
+    check_run_folder,
+    load_data,
+    resolve_out,
+    steps_per_epoch,
+)
 from trainscale.train.usermodel import check_model_on_data, user_code
 
 
@@ -72,7 +80,9 @@ def preflight(cfg: TrainConfig, dry: bool = False, data: bool = True) -> Checked
     if not data:
         return Checked(cfg, cluster=record, out=out, nodes=cfg.launch.nnodes)
     n_train, n_test = sample_counts(cfg, download=not dry)
-    batch = check_fits(cfg, n_train, n_test, cfg.launch.local_workers * cfg.launch.nnodes)
+    workers = cfg.launch.local_workers * cfg.launch.nnodes
+    batch = check_fits(cfg, n_train, n_test, workers)
+    mode_class(cfg.run.mode).check_steps(cfg, steps_per_epoch(n_train, workers, batch.per_worker))
     return Checked(
         cfg, cluster=record, out=out, nodes=cfg.launch.nnodes, batch=batch, train_samples=n_train, test_samples=n_test
     )

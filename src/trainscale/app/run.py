@@ -39,7 +39,15 @@ from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
-from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
+from trainscale.train.setup import (
+    augment_for,
+    check_fits,
+    load_data,
+    resolve_out,
+    run_folder,
+    steps_per_epoch,
+    summary_base,
+)
 from trainscale.train.steplog import StepLog
 from trainscale.train.usermodel import check_model_on_data, input_side
 from trainscale.train.utilisation import allowed_cores
@@ -114,6 +122,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
     check_model_on_data(cfg, train, mode_class(cfg.run.mode).uses_servers)
+    mode_class(cfg.run.mode).check_steps(cfg, steps_per_epoch(len(train), workers, plan.per_worker))
     want = input_side(cfg, train)
     common: dict[str, Any] = dict(
         device=device, rank=rank(), world_size=world_size(), seed=cfg.run.seed, channels_last=cfg.run.channels_last

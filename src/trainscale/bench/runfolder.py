@@ -16,7 +16,7 @@ from typing import Any
 
 from trainscale.bench.expand import HASH_EXCLUDE, RunSpec, defaults
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text
+from trainscale.io import atomic_write_text, dumps
 from trainscale.io import to_toml as io_to_toml
 from trainscale.record import SUMMARY, K
 from trainscale.results import LAUNCHER_FILES
@@ -99,7 +99,7 @@ def _same(a: Any, b: Any) -> bool:
 def write_run_files(folder: Path, spec: RunSpec, resume: bool) -> Path:
     """``bench.json`` (the marker) and ``run.toml`` (what `trainscale train --config` reads)."""
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / MARKER, json.dumps(spec.record(), indent=2) + "\n")
+    atomic_write_text(folder / MARKER, dumps(spec.record()))
     values = {**spec.config, "progress": False, "resume": resume}
     path = folder / RUN_TOML
     atomic_write_text(path, f"# written by `trainscale bench` for run {spec.run_id}; do not edit\n" + to_toml(values))

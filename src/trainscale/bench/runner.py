@@ -38,7 +38,7 @@ from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 from trainscale.cluster.bench import cluster_for
-from trainscale.io import append_jsonl, atomic_write_text, open_regular, read_json
+from trainscale.io import append_jsonl, atomic_write_text, dumps, open_regular, read_json
 from trainscale.record import SUMMARY, K
 
 log = logging.getLogger("trainscale.bench")
@@ -285,7 +285,7 @@ def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> 
         "runs": planned,
         "sessions": sessions,
     }
-    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    atomic_write_text(path, dumps(record))
 
 
 def _check_same_plan(

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainscale.io import atomic_write_text
+from trainscale.io import atomic_write_text, dumps
 from trainscale.train.precision import synchronize
 
 
@@ -62,7 +62,7 @@ def time_interleaved(
 
 def save_result(path: Path, result: dict[str, Any]) -> None:
     """Write a benchmark result (config, environment, figures) atomically as JSON."""
-    atomic_write_text(Path(path), json.dumps(result, indent=2, default=_plain) + "\n")
+    atomic_write_text(Path(path), dumps(json.loads(json.dumps(result, default=_plain))))
 
 
 def _plain(obj: Any) -> Any:

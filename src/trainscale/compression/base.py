@@ -92,6 +92,9 @@ class Compressor:
     noisy: ClassVar[bool] = False
     variable_size: ClassVar[bool] = False
     replaces_optimizer_momentum: ClassVar[bool] = False
+    # a per-tensor budget (k of n) that starves small tensors: layerwise exchanges send those dense
+    # (``Exchange(dense_below=)``, the spec's ``dense_below``)
+    dense_small: ClassVar[bool] = False
     shared_state: ClassVar[bool] = False
 
     def __init__(self, seed: int = 0) -> None:
@@ -195,6 +198,13 @@ def create_compressor(name: str, **params: Any) -> Compressor:
         raise ConfigError(f"compressor '{name}' does not take {', '.join(unknown)}; it accepts: {accepted}")
     factory: Callable[..., Compressor] = entry.factory
     return factory(**given)
+
+
+def compressor_class(name: str) -> type[Compressor]:
+    """The registered class of ``name`` (its ClassVars say how it aggregates and what it needs), unbuilt."""
+    entry = COMPRESSORS.get(canonical_method(name))
+    cls: type[Compressor] = entry.meta.get("cls", entry.factory)
+    return cls
 
 
 def list_compressors() -> list[str]:

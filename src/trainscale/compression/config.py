@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from trainscale.compression.exchange import DEFAULT_DENSE_BELOW
 from trainscale.config import Section, option
 
 
@@ -39,3 +40,9 @@ class CompressionConfig(Section):
     powersgd_rank: int | None = option(None, "powersgd: rank r of the factors")
     error_feedback: bool = option(False, "keep what compression dropped and add it to the next step's gradient")
     compress_warmup_epochs: int = option(0, "train dense for the first E epochs, then compress")
+    dense_below: int | None = option(
+        None,
+        f"layerwise randomk, topk, threshold: send tensors under N elements and 1-D tensors (biases, "
+        f"normalisation) dense, counted as sent (default {DEFAULT_DENSE_BELOW}; 0: compress every tensor)",
+        at_least=0,
+    )

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from trainscale.compression.base import Compressor
 from trainscale.compression.collectives import Carrier
-from trainscale.compression.exchange import Exchange
+from trainscale.compression.exchange import DEFAULT_DENSE_BELOW, Exchange
 from trainscale.compression.stats import CompressionStats
 from trainscale.errors import ConfigError
 from trainscale.runtime.comm_hooks import OverlapClock
@@ -112,6 +112,8 @@ class CompressionHookState:
     counts), the step clock for shared seeds and warm-ups, and parameter names for keying state.
 
     Call ``set_epoch(epoch)`` at the start of every epoch when using ``warmup_epochs`` or DGC.
+    ``dense_below``: layerwise, a sparsifier's tensors under this many elements and its 1-D tensors are sent dense
+    (``Exchange``; 0: every tensor compressed, the method as published); the whole-model vector never is.
     """
 
     def __init__(
@@ -125,11 +127,19 @@ class CompressionHookState:
         warmup_epochs: int = 0,
         stats: CompressionStats | None = None,
         group: Carrier = None,
+        dense_below: int = DEFAULT_DENSE_BELOW,
     ) -> None:
         self.granularity = canonical_granularity(granularity)
         stats = stats or CompressionStats(method=compressor.name, granularity=self.granularity)
         self.clock = OverlapClock(stats)
-        self.exchange = Exchange(compressor, error_feedback=error_feedback, stats=stats, group=group, clock=self.clock)
+        self.exchange = Exchange(
+            compressor,
+            error_feedback=error_feedback,
+            stats=stats,
+            group=group,
+            clock=self.clock,
+            dense_below=dense_below if self.granularity == "layerwise" else 0,
+        )
         self.keys = ParamKeys(model)
         self.steps = StepClock(int(warmup_steps), int(warmup_epochs))
         self.pending: list[_Pending] = []

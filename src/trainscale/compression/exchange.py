@@ -14,6 +14,12 @@ allows:
 * custom methods (PowerSGD) run their own collectives through the same counting communicator.
 
 Error feedback wraps all three the same way: encode ``g + residual``, keep ``(g + residual) - sent``.
+
+Small tensors of a sparsifier (``dense_below``): a method that keeps k of each tensor's n elements starves the
+small ones (a 10-element bias sends 1 value a step at 1%, and with error feedback its residual grows to tens of
+times its gradient). Units under ``dense_below`` elements, and 1-D ones (biases, normalisation scales), are
+therefore averaged dense in one fp32 all-reduce beside the compressed ones, as torch's PowerSGD hook leaves 1-D
+and barely compressible tensors uncompressed. Their bytes count as sent; they need no residual.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ from trainscale.compression.collectives import Carrier, Communicator, Future, do
 from trainscale.compression.feedback import ErrorFeedback
 from trainscale.compression.stats import CompressionStats
 from trainscale.runtime.comm_hooks import OverlapClock
+
+# Layerwise sparsifiers send tensors under this many elements (and 1-D ones) dense: on ResNet-20 that is the
+# stem convolution, the classifier and every BatchNorm and bias, 2,026 of 269,722 values (measured:
+# docs/incoming/defaults-that-learn.md).
+DEFAULT_DENSE_BELOW = 1024
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,10 @@ class Exchange:
         stats: CompressionStats | None = None,
         group: Carrier = None,
         clock: OverlapClock | None = None,
+        dense_below: int = 0,
     ) -> None:
         self.compressor = compressor
+        self.dense_below = int(dense_below) if compressor.dense_small else 0
         self.stats = stats or CompressionStats(method=compressor.name)
         self.comm = Communicator(self.stats, group, clock)
         wants_feedback = compressor.feedback == "always" or (error_feedback and compressor.feedback == "optional")
@@ -114,6 +127,35 @@ class Exchange:
         self.stats.dense_bytes += sum(g.numel() * g.element_size() for g in grads)
         if dense:
             return self._dense(grads)
+        small = [i for i, g in enumerate(grads) if self.sends_dense(g)]
+        if small:
+            return self._split(units, small, step, epoch)
+        return self._compressed(units, step, epoch)
+
+    def sends_dense(self, grad: Tensor) -> bool:
+        """Whether a unit goes dense beside the compressed ones (see the module docstring)."""
+        return self.dense_below > 0 and (grad.dim() <= 1 or grad.numel() < self.dense_below)
+
+    def _split(self, units: list[tuple[str, Tensor]], small: list[int], step: int, epoch: int) -> Future:
+        """The ``small`` units in one dense all-reduce, the others compressed; results in the order given."""
+        chosen = set(small)
+        large = [i for i in range(len(units)) if i not in chosen]
+        grads = [units[i][1] for i in small]
+        for g in grads:
+            self.stats.add_density(g.numel(), g.numel())
+        dense = self._dense(grads)
+        rest = self._compressed([units[i] for i in large], step, epoch) if large else done([])
+
+        def merge(_: Future) -> list[Tensor]:
+            out: list[Tensor] = [torch.empty(0)] * len(units)
+            for i, t in [*zip(small, dense.wait()), *zip(large, rest.wait())]:
+                out[i] = t
+            return out
+
+        return torch.futures.collect_all([dense, rest]).then(merge)
+
+    def _compressed(self, units: list[tuple[str, Tensor]], step: int, epoch: int) -> Future:
+        grads = [g for _, g in units]
         ctxs = [UnitContext(key, step, epoch) for key, _ in units]
         inputs = [self._compensate(c.key, g) for c, g in zip(ctxs, grads)]
         method = {"allreduce": self._allreduce, "allgather": self._allgather, "custom": self._custom}

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainscale.compression.base import Compressor, create_compressor
 from trainscale.compression.collectives import Carrier
 from trainscale.compression.ddp_hook import ENTIRE_KEY, CompressionHookState, compression_hook, unwrap
+from trainscale.compression.exchange import DEFAULT_DENSE_BELOW
 from trainscale.compression.stats import CompressionStats
 
 
@@ -97,11 +98,13 @@ def make_reducer(
     warmup_steps: int = 0,
     warmup_epochs: int = 0,
     group: Carrier = None,
+    dense_below: int = DEFAULT_DENSE_BELOW,
     **params: Any,
 ) -> Reducer:
     """A reducer for ``model``: hook-based for a DDP model, manual (call ``.reduce()``) otherwise.
 
-    ``method`` is a registry name (``params`` go to ``create_compressor``) or a ready compressor.
+    ``method`` is a registry name (``params`` go to ``create_compressor``) or a ready compressor;
+    ``dense_below``: see ``CompressionHookState`` (0: every tensor compressed).
     """
     compressor = method if isinstance(method, Compressor) else create_compressor(method, **params)
     state = CompressionHookState(
@@ -112,6 +115,7 @@ def make_reducer(
         warmup_steps=warmup_steps,
         warmup_epochs=warmup_epochs,
         group=group,
+        dense_below=dense_below,
     )
     if isinstance(model, DistributedDataParallel):
         return HookReducer(model, state)

@@ -2,12 +2,13 @@
 
 A :class:`CompressionSpec` names the method (its registry name), the keyword parameters its compressor
 takes, the granularity (each parameter on its own, or the whole model as one vector), error feedback and
-the dense warm-up. It is read once from the configuration's flags (``from_config``: ``--qsgd-bucket`` is
-QSGD's ``bucket_size``, ``--powersgd-rank`` PowerSGD's ``rank``; ``FLAG_PARAMS`` is the only such map) or
-from the planner's one-string form (``parse``: ``topk:ratio=0.01,granularity=entire``), and used as is by
-the DDP hook and the reducer of sync mode, local SGD and DiLoCo (``hook_state``), by the parameter server's
-pushes (``compressor``, the same on the worker and the servers) and by the planner (``text``, the key under
-which a profile stores a compressor's timings).
+the dense warm-up, and which small tensors a layerwise sparsifier sends dense (``dense_below``). It is read
+once from the configuration's flags (``from_config``: ``--qsgd-bucket`` is QSGD's ``bucket_size``,
+``--powersgd-rank`` PowerSGD's ``rank``; ``FLAG_PARAMS`` is the only such map) or from the planner's
+one-string form (``parse``: ``topk:ratio=0.01,granularity=entire``), and used as is by the DDP hook and
+the reducer of sync mode, local SGD and DiLoCo (``hook_state``), by the parameter server's pushes
+(``compressor``, the same on the worker and the servers) and by the planner (``text``, the key under which a
+profile stores a compressor's timings).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from torch import nn
 from trainscale.compression.base import (
     Compressor,
     canonical_method,
+    compressor_class,
     compressor_params,
     create_compressor,
     list_compressors,
 )
 from trainscale.compression.ddp_hook import GRANULARITIES, CompressionHookState, canonical_granularity
+from trainscale.compression.exchange import DEFAULT_DENSE_BELOW
 from trainscale.errors import ConfigError
 
 log = logging.getLogger("trainscale.compression")
@@ -54,11 +57,13 @@ class CompressionFlags(Protocol):
     powersgd_rank: int | None
     error_feedback: bool
     compress_warmup_epochs: int
+    dense_below: int | None
 
 
 @dataclass(frozen=True)
 class CompressionSpec:
-    """Method, its compressor's parameters, granularity, error feedback and dense warm-up epochs.
+    """Method, its compressor's parameters, granularity, error feedback, dense warm-up epochs and ``dense_below``
+    (a layerwise sparsifier's tensors under this many elements, and its 1-D ones, go dense; ``Exchange``).
 
     ``method == 'none'`` is plain dense fp32. ``params`` are ``create_compressor`` keywords (a rounding
     ``seed`` included where the method takes one); ``text`` leaves the seed out, as it costs nothing.
@@ -69,6 +74,12 @@ class CompressionSpec:
     params: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
     warmup_epochs: int = 0
+    dense_below: int = DEFAULT_DENSE_BELOW
+
+    @property
+    def splits_small(self) -> bool:
+        """Whether ``dense_below`` applies: a layerwise sparsifier (Top-k, Random-k, Threshold)."""
+        return self.granularity == "layerwise" and getattr(compressor_class(self.method), "dense_small", False)
 
     @property
     def enabled(self) -> bool:
@@ -84,6 +95,8 @@ class CompressionSpec:
         keys = [f"{k}={v}" for k, v in sorted(self.params.items()) if k != "seed"]
         if self.granularity != "layerwise":
             keys.append(f"granularity={self.granularity}")
+        if self.splits_small and self.dense_below != DEFAULT_DENSE_BELOW:
+            keys.append(f"dense_below={self.dense_below}")
         return self.method + (":" + ",".join(keys) if keys else "")
 
     def compressor(self) -> Compressor:
@@ -111,6 +124,7 @@ class CompressionSpec:
             error_feedback=self.error_feedback,
             warmup_epochs=self.warmup_epochs,
             group=group,
+            dense_below=self.dense_below,
         )
 
     @classmethod
@@ -131,8 +145,14 @@ class CompressionSpec:
         params = {FLAG_PARAMS[flag]: value for flag, value in given.items()}
         if "seed" in accepted and seed is not None:
             params["seed"] = seed
-        spec = cls(method, granularity, params, bool(cfg.error_feedback), int(cfg.compress_warmup_epochs))
+        dense_below = DEFAULT_DENSE_BELOW if cfg.dense_below is None else int(cfg.dense_below)
+        spec = cls(method, granularity, params, bool(cfg.error_feedback), int(cfg.compress_warmup_epochs), dense_below)
         spec.compressor()  # bad values fail here, before any worker starts
+        if cfg.dense_below is not None and not spec.splits_small:
+            raise ConfigError(
+                f"--dense-below is for layerwise randomk, topk and threshold (whose per-tensor budget starves small "
+                f"tensors); --compress {method} --granularity {granularity} does not use it"
+            )
         return spec
 
     def warn_if_unwise(self) -> None:
@@ -154,10 +174,16 @@ class CompressionSpec:
             raise ConfigError(f"--compress {text!r}: unknown method {name!r}; known: {', '.join(list_compressors())}")
         params: dict[str, Any] = {}
         granularity = "layerwise"
+        dense_below: int | None = None
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq:
                 raise ConfigError(f"--compress {text!r}: {item!r} is not key=value (e.g. topk:ratio=0.01)")
+            if key == "dense_below":
+                if not value.isdigit():
+                    raise ConfigError(f"--compress {text!r}: dense_below is a number of elements (0: none dense)")
+                dense_below = int(value)
+                continue
             if key == "granularity":
                 if value not in GRANULARITIES:
                     raise ConfigError(f"--compress {text!r}: granularity is one of {', '.join(GRANULARITIES)}")
@@ -170,7 +196,9 @@ class CompressionSpec:
                     f"and granularity, not {key!r}"
                 )
             params[key] = _value(value)
-        spec = cls(method, granularity, params)
+        spec = cls(method, granularity, params, dense_below=DEFAULT_DENSE_BELOW if dense_below is None else dense_below)
+        if dense_below is not None and not spec.splits_small:
+            raise ConfigError(f"--compress {text!r}: dense_below is for layerwise randomk, topk and threshold")
         try:
             spec.compressor()
         except (TypeError, ValueError) as exc:

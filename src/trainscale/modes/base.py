@@ -54,6 +54,16 @@ class Mode(Callbacks):
                 check(cfg)
 
     @classmethod
+    def check_steps(cls, cfg: CoreConfig, steps_per_epoch: int) -> None:
+        """Checks of this mode's settings against the run's length, once the data and batch are known (each worker
+        takes ``steps_per_epoch`` steps an epoch): those of each section it takes with a ``check_steps`` classmethod
+        (a period or an injected fault's step the run never reaches)."""
+        for kind in cls.sections:
+            check = getattr(kind, "check_steps", None)
+            if check is not None:
+                check(cfg, steps_per_epoch)
+
+    @classmethod
     def check_device(cls, cfg: CoreConfig, device: torch.device) -> None:
         """Checks of this mode's settings against the device the workers will train on (run before any
         worker starts, and again in each worker, which may have been started by an external torchrun)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trainscale.compression.config import CompressionConfig
 from trainscale.config import CoreConfig, Section, option
@@ -27,6 +27,16 @@ from trainscale.runtime.faults import FaultConfig
 
 DEFAULT_SYNC_EVERY = 8
 DILOCO_OUTER = (0.7, 0.9)  # outer lr, Nesterov momentum
+# Past 2 the outer step overshoots: a pseudo-gradient is the way to the workers' average, and a step of more than
+# twice it lands further from that point than the anchor was.
+MAX_OUTER_LR = 2.0
+
+
+def default_outer_warmup(momentum: float) -> int:
+    """Rounds over which DiLoCo's outer step grows from local SGD's: the momentum's horizon, 1 / (1 - m) (10 at
+    0.9), the rounds it needs to pay off; before that its step overshoots (measured on a run of 10 rounds: 14.0%
+    test accuracy with no warm-up, 19.7% over 5 rounds, 29.8% over 10, 28.1% over 40; local SGD 35.1%)."""
+    return round(1.0 / (1.0 - momentum)) if momentum > 0 else 0
 
 
 @dataclass
@@ -46,18 +56,41 @@ class PeriodicConfig(Section):
 
     sync_every: int | None = option(None, f"local steps between averaging rounds, H (default {DEFAULT_SYNC_EVERY})")
     local_after_epochs: int = option(0, "post-local SGD: average after every step for this many epochs first")
-    outer_lr: float | None = option(None, f"diloco: the outer Nesterov SGD's learning rate (default {DILOCO_OUTER[0]})")
+    outer_lr: float | None = option(
+        None,
+        f"diloco: the outer Nesterov SGD's learning rate, in (0, {MAX_OUTER_LR:g}] (default {DILOCO_OUTER[0]})",
+        above=0,
+        at_most=MAX_OUTER_LR,
+    )
     outer_momentum: float | None = option(None, f"diloco: the outer momentum (default {DILOCO_OUTER[1]})")
+    outer_warmup_rounds: int | None = option(
+        None,
+        "diloco: the outer step goes from local SGD's (lr 1, no momentum) to --outer-lr and --outer-momentum "
+        "linearly over the first W rounds (default 1 / (1 - outer momentum): 10 at 0.9; 0: DiLoCo's from the "
+        "first round)",
+        at_least=0,
+    )
 
     def validate(self) -> None:
         require(
             self.sync_every is None or self.sync_every >= 1,
             f"--sync-every must be a positive number of steps, got {self.sync_every}",
         )
-        require(self.outer_lr is None or self.outer_lr > 0, f"--outer-lr must be positive, got {self.outer_lr}")
         require(
             self.outer_momentum is None or 0 <= self.outer_momentum < 1,
             f"--outer-momentum must be in [0, 1), got {self.outer_momentum}",
+        )
+
+    @classmethod
+    def check_steps(cls, cfg: Any, steps_per_epoch: int) -> None:
+        """``--sync-every`` within an epoch: every epoch ends with a round, so a longer period is never taken (the run
+        would average every epoch while its settings say otherwise). The default is not refused: on a run with
+        shorter epochs it means a round at each epoch's end."""
+        every = cfg.periodic.sync_every
+        require(
+            every is None or every <= steps_per_epoch,
+            f"--sync-every {every} is longer than an epoch ({steps_per_epoch} steps per worker) and every epoch ends "
+            f"with a round; give --sync-every 1..{steps_per_epoch}, or more data per worker",
         )
 
 

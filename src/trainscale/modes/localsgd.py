@@ -37,7 +37,14 @@ from trainscale.config import Section
 from trainscale.errors import ConfigError
 from trainscale.modes.base import register_mode
 from trainscale.modes.batchnorm import average_bn_statistics
-from trainscale.modes.config import DEFAULT_SYNC_EVERY, DILOCO_OUTER, PeriodicConfig, SyncConfig, TrainConfig
+from trainscale.modes.config import (
+    DEFAULT_SYNC_EVERY,
+    DILOCO_OUTER,
+    PeriodicConfig,
+    SyncConfig,
+    TrainConfig,
+    default_outer_warmup,
+)
 from trainscale.modes.fault_tolerance.config import ReplicationConfig
 from trainscale.modes.sync import SyncMode
 from trainscale.record import K
@@ -67,9 +74,11 @@ class PeriodicMode(SyncMode):
                 f"--local-after-epochs must be in [0, epochs={cfg.optim.epochs}), got {cfg.periodic.local_after_epochs}"
             )
         periodic = cfg.periodic
-        if cfg.run.mode == "localsgd" and (periodic.outer_lr is not None or periodic.outer_momentum is not None):
+        outer = (periodic.outer_lr, periodic.outer_momentum, periodic.outer_warmup_rounds)
+        if cfg.run.mode == "localsgd" and any(v is not None for v in outer):
             raise ConfigError(
-                "--outer-lr and --outer-momentum are for --mode diloco (local SGD averages: outer lr 1, no momentum)"
+                "--outer-lr, --outer-momentum and --outer-warmup-rounds are for --mode diloco (local SGD averages: "
+                "outer lr 1, no momentum)"
             )
         if cfg.sync.sync_bn:
             raise ConfigError(
@@ -92,6 +101,9 @@ class PeriodicMode(SyncMode):
         self.outer_momentum = (
             (DILOCO_OUTER[1] if periodic.outer_momentum is None else periodic.outer_momentum) if diloco else 0.0
         )
+        warmup = periodic.outer_warmup_rounds
+        self.outer_warmup = (default_outer_warmup(self.outer_momentum) if warmup is None else warmup) if diloco else 0
+        self.rounds = 0
         self.epoch = 0
         self.since_round = 0
         self.params: list[nn.Parameter] = []
@@ -118,14 +130,7 @@ class PeriodicMode(SyncMode):
             self.anchor, lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0
         )
         plan = self.compression or CompressionPlan("none", "layerwise", {}, False, 0)
-        self.exchange = CompressionHookState(
-            plan.compressor(),
-            plan.granularity,
-            model=model,
-            error_feedback=plan.error_feedback,
-            warmup_epochs=plan.warmup_epochs,
-            group=group,
-        )
+        self.exchange = plan.hook_state(model, group)
         self.stats = self.exchange.stats
         return model
 
@@ -178,10 +183,23 @@ class PeriodicMode(SyncMode):
         self.exchange.end_step()
         for a, g in zip(self.anchor, averaged):
             a.grad = g.to(a.dtype)
+        for group in self.outer.param_groups:
+            group["lr"], group["momentum"] = self.outer_step(self.rounds)
         self.outer.step()
+        self.rounds += 1
         for a, p in zip(self.anchor, self.params):
             p.copy_(a)
         self.since_round = 0
+
+    def outer_step(self, rounds: int) -> tuple[float, float]:
+        """The outer (lr, momentum) of the round after ``rounds`` rounds: local SGD's (1, 0) moving linearly to
+        the configured ones over the first ``outer_warmup`` rounds. Nesterov momentum m multiplies a steady
+        pseudo-gradient's step by up to 1 / (1 - m) (10x at 0.9) and needs about that many rounds to pay off;
+        in a run of few rounds the full step overshoots from the first rounds on."""
+        if rounds >= self.outer_warmup:
+            return self.outer_lr, self.outer_momentum
+        f = rounds / self.outer_warmup
+        return 1.0 + (self.outer_lr - 1.0) * f, self.outer_momentum * f
 
     def after_train_epoch(self, model: nn.Module) -> None:
         """A round if steps are pending, then BN statistics and the inner momentum averaged (see above)."""
@@ -232,7 +250,7 @@ class PeriodicMode(SyncMode):
     def state_dict(self) -> dict[str, Any]:
         """The outer optimizer's state (a checkpoint is taken at an epoch's end, where the model is the anchor)."""
         assert self.outer is not None
-        return {"outer": self.outer.state_dict()}
+        return {"outer": self.outer.state_dict(), "rounds": self.rounds}
 
     def round_state(self) -> dict[str, Any]:
         """``state_dict`` and where the round is: the anchor and the round's step count (what a worker that takes
@@ -248,6 +266,7 @@ class PeriodicMode(SyncMode):
                 a.copy_(peer)
                 p.copy_(a)
         self.since_round = int(state.get("since_round", 0))
+        self.rounds = int(state.get("rounds", 0))
         if state.get("outer"):
             self.outer.load_state_dict(state["outer"])
 

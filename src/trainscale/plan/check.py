@@ -29,6 +29,7 @@ COMPRESSION_KEYS = (
     "qstates",
     "qsgd_bucket",
     "powersgd_rank",
+    "dense_below",
 )
 
 

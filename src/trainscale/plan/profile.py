@@ -32,7 +32,7 @@ from torch import nn
 from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, check_output
+from trainscale.io import atomic_write_text, check_output, dumps
 from trainscale.models import MODELS, create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.plan.methods import MethodSpec, parse_spec
@@ -164,7 +164,7 @@ class Profile:
         return self.compressors[spec.text]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return dumps(dataclasses.asdict(self))
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -436,7 +436,11 @@ def profile_compressor(
 ) -> CompressorProfile:
     """Encode + decode of one step's gradients through the exchange layer, timed by its own clocks."""
     stats = _RecordingStats()
-    exchange = Exchange(create_compressor(spec.method, **spec.params), stats=stats)
+    exchange = Exchange(
+        create_compressor(spec.method, **spec.params),
+        stats=stats,
+        dense_below=spec.dense_below if spec.granularity == "layerwise" else 0,
+    )
     units = _units(grads, spec.granularity)
     encode, decode = [], []
     for i in range(warmup + repeats):
@@ -550,5 +554,5 @@ def profile_command(cfg: ProfileConfig) -> Profile:
     check_output(out, "--out", probe=True)  # before the minutes of profiling, not after
     with limits(cfg):
         profile = measure(cfg, specs)
-    atomic_write_text(out, profile.to_json() + "\n")
+    atomic_write_text(out, profile.to_json())
     return profile

@@ -217,6 +217,17 @@ def check_link_down(cfg: FaultConfig) -> None:
         )
 
 
+def check_fault_steps(cfg: FaultConfig, last_step: int, counted: str) -> None:
+    """Every ``--inject-fault`` at a step the run reaches (``last_step``, in the steps ``counted`` names): a fault
+    past the end would never fire, and the run would pass for one that met it."""
+    for fault in injected_faults(cfg):
+        if fault.step > last_step:
+            raise ConfigError(
+                f"--inject-fault {fault.text}: the run has only {last_step} {counted}, so step {fault.step} "
+                f"never comes; give a step in 1..{last_step} or more --epochs"
+            )
+
+
 def job_processes(launch: LaunchConfig) -> int | None:
     """Workers (replicas) of the whole job, ``--workers`` per node: None in a ``--cluster`` parent that has not read
     its cluster yet (``app.preflight`` checks again with ``nnodes`` set to the hosts)."""

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from trainscale.errors import ConfigError
-from trainscale.io import open_regular
+from trainscale.io import dumps, open_regular
 from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV, this_job  # noqa: F401
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable (the launcher sets it, torchft reads it)
@@ -178,7 +178,7 @@ def log_event(event: str, **fields: Any) -> None:
     path = job.fault_log
     if path is None:
         return
-    line = json.dumps({"event": event, "time": time.time(), "replica": job.replica, **fields}) + "\n"
+    line = dumps({"event": event, "time": time.time(), "replica": job.replica, **fields}, indent=None)
     fd = open_regular(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())

@@ -19,7 +19,7 @@ from trainscale.config import CoreConfig
 from trainscale.data import AugmentConfig, load_dataset
 from trainscale.data.checksums import ChecksumError
 from trainscale.data.download import ENV_VAR as DATA_ENV
-from trainscale.data.sharding import check_world, train_shard_size
+from trainscale.data.sharding import batches_per_epoch, check_world, train_shard_size
 from trainscale.data.user import UserSplit, load_user_data
 from trainscale.errors import ConfigError
 from trainscale.io import check_folder_permissions, check_folder_writable, read_json
@@ -148,6 +148,12 @@ def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> Batc
             f"of {workers} workers gets from {n_train}; use a smaller batch, fewer workers or more data"
         )
     return plan
+
+
+def steps_per_epoch(n_train: int, workers: int, per_worker: int) -> int:
+    """Training steps each of ``workers`` takes an epoch (its shard in full batches: ``DeviceBatches`` drops the last
+    partial one)."""
+    return batches_per_epoch(train_shard_size(n_train, workers), per_worker, drop_last=True)
 
 
 def resolve_out(cfg: CoreConfig) -> Path:

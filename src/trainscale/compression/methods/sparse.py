@@ -202,6 +202,7 @@ class TopK(_Sparse):
     """The ``ratio`` share of largest magnitudes: fp values + int32 indices (8 bytes per kept fp32)."""
 
     name: ClassVar[str] = "topk"
+    dense_small: ClassVar[bool] = True
 
     def __init__(self, ratio: float = 0.01, seed: int = 0) -> None:
         super().__init__(seed)
@@ -225,6 +226,7 @@ class Threshold(_Sparse):
     and may be zero; the kept share is reported as the measured density."""
 
     name: ClassVar[str] = "threshold"
+    dense_small: ClassVar[bool] = True
     variable_size: ClassVar[bool] = True
 
     def __init__(self, threshold: float = 0.001, seed: int = 0) -> None:
@@ -287,6 +289,7 @@ class RandomK(Compressor):
     per kept fp32) and they are summed by an all-reduce. ``unbiased`` scales by n/k on decode."""
 
     name: ClassVar[str] = "randomk"
+    dense_small: ClassVar[bool] = True
     aggregation: ClassVar[str] = "allreduce"
 
     def __init__(self, ratio: float = 0.01, unbiased: bool = False, seed: int = 0) -> None:

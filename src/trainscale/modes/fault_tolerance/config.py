@@ -11,7 +11,14 @@ from typing import Any, ClassVar
 from trainscale.config import MAX_WAIT_S, Section, option
 from trainscale.errors import ConfigError
 from trainscale.runtime import ft
-from trainscale.runtime.faults import InjectedFault, check_link_down, injected_faults, job_processes, on_cluster
+from trainscale.runtime.faults import (
+    InjectedFault,
+    check_fault_steps,
+    check_link_down,
+    injected_faults,
+    job_processes,
+    on_cluster,
+)
 from trainscale.runtime.job import this_job
 
 
@@ -40,6 +47,12 @@ class ReplicationConfig(Section):
         check_link_down(cfg.faults)
         if cfg.replication.fault_tolerance or cfg.faults.inject_fault:
             validate_fault_tolerance(cfg)
+
+    @classmethod
+    def check_steps(cls, cfg: Any, steps_per_epoch: int) -> None:
+        """Each injected fault within the job's committed steps (every replica takes ``steps_per_epoch`` an epoch)."""
+        if cfg.replication.fault_tolerance:
+            check_fault_steps(cfg.faults, cfg.optim.epochs * steps_per_epoch, "committed steps")
 
 
 FT_MODES = ("sync", "localsgd", "diloco")

@@ -87,14 +87,7 @@ class CommittingOptimizer:
         self.averaged = [b for b in self.stats if b.is_floating_point()]  # the step counters are equal anyway
         self.hook: CompressionHookState | None = None
         if compression is not None and compression.enabled:
-            self.hook = session.compression = CompressionHookState(
-                compression.compressor(),
-                compression.granularity,
-                model=model,
-                error_feedback=compression.error_feedback,
-                warmup_epochs=compression.warmup_epochs,
-                group=session.transport(),
-            )
+            self.hook = session.compression = compression.hook_state(model, session.transport())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

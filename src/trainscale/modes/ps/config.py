@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trainscale.compression.config import CompressionConfig
 from trainscale.compression.spec import CompressionSpec
 from trainscale.config import MAX_WAIT_S, CoreConfig, Section, option
 from trainscale.errors import ConfigError
 from trainscale.modes.ps.codec import push_refusal
-from trainscale.runtime.faults import FaultConfig, check_link_down, injected_faults, job_processes
+from trainscale.runtime.faults import FaultConfig, check_fault_steps, check_link_down, injected_faults, job_processes
 
 PS_MODES = ("async", "ps-sync", "ma")
 DEFAULT_AVERAGE_EVERY = 4
@@ -63,6 +63,14 @@ class PSConfig(Section):
         parse_async_momentum(self.async_momentum)
         _require(self.rpc_timeout > 0, f"--rpc-timeout must be > 0 seconds, got {self.rpc_timeout}")
         _require(self.heartbeat_timeout > 0, f"--heartbeat-timeout must be > 0 seconds, got {self.heartbeat_timeout}")
+
+    @classmethod
+    def check_steps(cls, cfg: Any, steps_per_epoch: int) -> None:
+        """Each injected fault within reach: a worker's steps (or a shard's pushes) can at most be every worker's
+        batches of every epoch (a worker takes over dead workers' batches, and the main one trains alone in the
+        warm-start epochs)."""
+        workers = job_processes(cfg.launch) or 1
+        check_fault_steps(cfg.faults, cfg.optim.epochs * steps_per_epoch * workers, "steps (pushes) in all")
 
 
 def parse_async_momentum(text: str) -> float | None:
@@ -127,6 +135,11 @@ def validate_push_compression(compression: CompressionConfig, seed: int) -> None
     spec = CompressionSpec.from_config(compression, seed)
     refusal = push_refusal(spec) if spec.enabled else None
     _require(refusal is None, refusal or "")
+    _require(
+        compression.dense_below is None,
+        "--dense-below is for the collectives of sync, localsgd and diloco; parameter-server pushes compress "
+        "each server shard's slice of the flat gradient",
+    )
 
 
 def validate_faults(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig) -> None:

@@ -1,0 +1,59 @@
+"""DiLoCo's outer step in a run of few rounds: it starts as local SGD's (lr 1, no momentum) and grows to the
+configured Nesterov step over the first rounds, so a short run learns (figures: docs/incoming/defaults-that-learn.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainscale.app.config import build_config
+from trainscale.modes.config import default_outer_warmup
+from trainscale.modes.localsgd import PeriodicMode
+
+BASE = {"model": "mlp", "dataset": "synthetic", "workers": 2, "epochs": 2}
+
+
+def diloco(**flags) -> PeriodicMode:
+    return PeriodicMode("diloco", build_config(BASE, {"mode": "diloco", **flags}))
+
+
+def test_by_default_the_outer_step_grows_from_local_sgds_to_dilocos_over_the_momentum_horizon():
+    mode = diloco()
+    assert mode.outer_warmup == 10 == default_outer_warmup(0.9)  # 1 / (1 - 0.9) rounds
+    assert diloco(outer_momentum=0.95).outer_warmup == 20 and diloco(outer_momentum=0.0).outer_warmup == 0
+    assert mode.outer_step(0) == (1.0, 0.0)  # local SGD: the workers' average
+    lr, momentum = mode.outer_step(5)
+    assert lr == pytest.approx(0.85) and momentum == pytest.approx(0.45)
+    assert mode.outer_step(10) == mode.outer_step(1000) == (0.7, 0.9)
+
+
+def test_the_warm_up_follows_the_settings_and_0_is_dilocos_step_from_the_first_round():
+    assert diloco(outer_warmup_rounds=0).outer_step(0) == (0.7, 0.9)
+    mode = diloco(outer_lr=0.5, outer_momentum=0.6, outer_warmup_rounds=4)
+    assert mode.outer_step(2) == pytest.approx((0.75, 0.3))
+    assert PeriodicMode("localsgd", build_config(BASE, {"mode": "localsgd"})).outer_step(0) == (1.0, 0.0)
+
+
+def test_rounds_apply_the_schedule_and_a_checkpoint_keeps_where_it_is():
+    """Nesterov SGD on the anchor with the round's (lr, momentum): a steady pseudo-gradient of 1 moves it by
+    1, then lr x (1 + m) x (1 + m's buffer)... exactly as torch.optim.SGD with those settings would."""
+    mode = diloco(outer_warmup_rounds=4)
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    mode.prepare(model)
+    reference = nn.Parameter(torch.zeros(1, 1))
+    outer = torch.optim.SGD([reference], lr=1.0, momentum=0.9, nesterov=True)
+    for r in range(6):
+        mode.apply_round([torch.ones(1, 1)])
+        outer.param_groups[0]["lr"], outer.param_groups[0]["momentum"] = mode.outer_step(r)
+        reference.grad = torch.ones(1, 1)
+        outer.step()
+        assert torch.allclose(model.weight, reference.detach()), f"round {r}"
+    state = mode.state_dict()
+    resumed = diloco(outer_warmup_rounds=4)
+    resumed.prepare(model)
+    resumed.load_state_dict(state)
+    assert resumed.rounds == mode.rounds == 6
