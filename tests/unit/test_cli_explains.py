@@ -84,3 +84,18 @@ def test_recipe_values_are_printed_as_written(capsys):
     out = capsys.readouterr().out
     assert "--head-lr-factor 12.6415 " in out and "12.641509433962264" not in out
     assert max(map(len, out.splitlines())) <= 100
+
+
+def test_a_run_says_what_it_is_before_its_first_epoch(tmp_path, capsys):
+    """The start line (run folder, device, world size, recipe) comes before the first epoch's line; the airbench
+    timer-scope line belongs only to runs of a recipe with such a reference (mlp's recipe has none)."""
+    out = tmp_path / "run"
+    argv = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "128", "--test-subset", "32"]
+    assert main([*argv, "--epochs", "1", "--batch-size", "64", "--no-progress", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    lines = [line.split(": ", 1)[1] for line in printed.err.splitlines() if " INFO trainscale" in line]
+    start = next(i for i, line in enumerate(lines) if line.startswith("run folder "))
+    assert start < next(i for i, line in enumerate(lines) if line.startswith("epoch 1/1"))
+    assert lines[start].startswith(f"run folder {out}; mlp on synthetic, cpu")
+    assert lines[start].endswith(", world size 1, mode local, recipe mxnet-mnist")
+    assert "timer scope" not in printed.out

@@ -143,6 +143,7 @@ register_recipe(
     source="Jordan 2024, airbench94_muon.py: 94.01% mean in 8 epochs (2.59 s on an A100): Muon on "
     "the filters, Nesterov SGD on the rest, batch 2000, label smoothing 0.2, alternating flips, 2-pixel "
     "translation, 6-view test-time augmentation",
+    reference="airbench94_muon.py",
     model="airbench94",
     epochs=8,
     batch_size=AIRBENCH94_BATCH,
