@@ -12,6 +12,7 @@ are read from the registry on each use).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import unicodedata
@@ -30,6 +31,8 @@ from trainscale.modes.config import TrainConfig
 from trainscale.recipes import get_recipe
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
+
+log = logging.getLogger("trainscale")
 
 INT_LIMIT = 2**63  # TOML's integers are 64-bit; tomllib reads any size, which torch and float() refuse later
 UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control, format, surrogate and line-break characters
@@ -232,7 +235,29 @@ def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
     epochs = merged.get("epochs", FIELDS["epochs"].default)
     if "warmup_epochs" in settings and "warmup_epochs" not in user and merged["warmup_epochs"] > epochs:
         merged["warmup_epochs"] = float(epochs)
-    return merged
+    return batch_within_subset(merged, user)
+
+
+def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch the user did not choose (the recipe's or the default) that is larger than a small
+    ``--train-subset`` allows is cut to the largest that fits, with a note; a batch the user wrote stays as
+    written (and a batch that does not fit is then refused with one line, as before)."""
+    subset = merged.get("train_subset")
+    if not subset or "batch_size" in user or merged.get("batch_per_worker") is not None:
+        return merged
+    workers = (merged.get("workers") or 1) * (merged.get("nnodes") or 1)
+    batch = merged.get("batch_size", FIELDS["batch_size"].default)
+    fits = (subset // workers) * workers
+    if batch // workers <= subset // workers or fits < 1:
+        return merged
+    log.info(
+        "batch %d (%s) is larger than --train-subset %d allows: training at batch %d; set --batch-size to choose",
+        batch,
+        f"recipe {merged['recipe']}" if "batch_size" in get_recipe(merged["recipe"]).settings else "the default",
+        subset,
+        fits,
+    )
+    return {**merged, "batch_size": fits}
 
 
 STATELESS_COMPRESSION = ("none", "fp16", "bf16")  # keep nothing from one step to the next
