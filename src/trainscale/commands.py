@@ -65,11 +65,14 @@ def report(args: argparse.Namespace) -> int:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then --config FILE, then the flags given on the command line."""
-    from trainscale.app.config import build_config, load_toml
+    from trainscale.app.config import build_config, load_toml, located
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     file_values = load_toml(args.config) if getattr(args, "config", None) else {}
-    return build_config(file_values, flags)
+    try:
+        return build_config(file_values, flags)
+    except ConfigError as exc:
+        raise located(exc, args.config, file_values, flags) if file_values else exc from None
 
 
 def train(args: argparse.Namespace) -> int:

@@ -99,3 +99,22 @@ def test_a_run_says_what_it_is_before_its_first_epoch(tmp_path, capsys):
     assert lines[start].startswith(f"run folder {out}; mlp on synthetic, cpu")
     assert lines[start].endswith(", world size 1, mode local, recipe mxnet-mnist")
     assert "timer scope" not in printed.out
+
+
+@pytest.mark.parametrize(
+    "toml, line",
+    [
+        ('model = "mlp"\nprecision = "bf61"\n', ":2: key 'precision' must be one of fp32, bf16, fp16, got 'bf61'"),
+        ('model = "mlp"\n[optim]\nlr = -1\n', ":3: key 'lr' must be >= 0"),
+    ],
+)
+def test_a_bad_value_in_a_toml_file_names_file_and_line(tmp_path, capsys, toml, line):
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    assert f"trainscale train: error: {path}{line}" in one_line_error(capsys, ["train", "--config", str(path)])
+
+
+def test_a_bad_value_given_as_a_flag_still_names_the_flag(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "mlp"\n')
+    assert "--lr must be >= 0" in one_line_error(capsys, ["train", "--config", str(path), "--lr", "-1"])

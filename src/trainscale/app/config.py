@@ -119,6 +119,22 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return values
 
 
+def located(
+    exc: ConfigError, path: str | Path, from_file: Mapping[str, Any], from_flags: Mapping[str, Any]
+) -> ConfigError:
+    """``exc`` (a check of a value, naming its flag) said of the TOML file when the value came from there: the
+    file and line, and the key as the file writes it, as type errors already are (``load_toml``)."""
+    message = str(exc)
+    match = re.match(r"(--[a-z0-9-]+)\b", message)
+    name = next((f for f in FIELDS if match and flag_name(FIELDS[f]) == match.group(1)), None)
+    if name is None or name not in from_file or name in from_flags:
+        return exc
+    text = Path(path).read_text()
+    line = next((n for key in (name, name.replace("_", "-")) if (n := _line_of(text, key))), None)
+    where = f"{path}:{line}" if line else str(path)
+    return type(exc)(f"{where}: key {name.replace('_', '-')!r}{message[match.end() :]}")  # type: ignore[union-attr]
+
+
 def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[str, Any]) -> dict[str, Any]:
     """The keys of a ``[table]`` of ``section``, typed; a key of another section is refused."""
     own = {f.name for f in dataclasses.fields(section)}  # type: ignore[arg-type]
