@@ -131,11 +131,19 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
             )
 
 
-def build_parser() -> Parser:
-    from trainscale import __version__
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), which ``trainscale.__version__`` repeats."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version("trainscale")
+    except PackageNotFoundError:
+        return "(not installed: run `make install` or `pip install -e .`)"
+
+
+def build_parser() -> Parser:
     parser = Parser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=f"trainscale {__version__}")
+    parser.add_argument("--version", action="version", version=f"trainscale {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_train_flags(sub.add_parser("train", help="train a model and write a run folder"))
     models = sub.add_parser(

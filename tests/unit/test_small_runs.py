@@ -35,3 +35,22 @@ def test_a_batch_the_user_chose_is_kept_and_refused_in_one_line():
 
 def test_a_batch_that_fits_is_untouched():
     assert build_config({"model": "resnet9", "train_subset": 5_000}).optim.batch_size == 512
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_the_missing_data_hint_gives_the_command_that_downloads_that_dataset(tmp_path, name):
+    from trainscale.data import ensure_dataset
+    from trainscale.errors import DataError
+
+    with pytest.raises(DataError) as err:
+        ensure_dataset(name, tmp_path, download=False)
+    assert f"run `trainscale data download --dataset {name} --data-dir {tmp_path}`" in str(err.value)
+
+
+def test_far_more_cpu_workers_than_cores_is_said_once_by_the_launcher():
+    from trainscale.runtime.cpus import oversubscription
+
+    assert oversubscription(4, cores=2) is None
+    warning = oversubscription(16, cores=2)
+    assert warning is not None and warning.startswith("16 worker and server processes share 2 core(s)")
+    assert "\n" not in warning
