@@ -13,11 +13,11 @@ ifneq ($(wildcard $(SHARED_CIFAR)/data_batch_1.bin),)
 export TRAINSCALE_DATA ?= $(SHARED_CIFAR)
 endif
 
-.PHONY: install demo lint format test test-fast bench clean
+.PHONY: install demo lint format docs test test-fast bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,7 +36,12 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
 
-test: lint
+# The documentation site into site/ (a few seconds). Strict: a broken link or anchor, or a page missing from the
+# navigation, fails the build; `make test` runs it, so CI does too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -46,4 +51,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import errno
 import logging
 import sys
@@ -35,12 +36,14 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Sequence[type]) -> None:
+def add_config_flags(
+    parser: argparse.ArgumentParser, cls: type, sections: Sequence[type], from_recipe: frozenset[str] = frozenset()
+) -> None:
     """One flag per field of the config class ``cls`` (a ``Section``, or every section of a ``CoreConfig``),
     derived from the field: name, type, help, choices, short and alternative spellings (see
     ``trainscale.config.option``). Grouped by section, in the order of ``sections`` (then ``cls``'s own;
     same-titled sections share a group). Absent flags stay absent (SUPPRESS), so they fall back to --config,
-    then to the defaults."""
+    then to the defaults; the help says which default applies (``from_recipe``: fields a recipe may fill)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     own: list[type[Section]] = (
         list(cls.section_types().values()) if issubclass(cls, CoreConfig) else [typing.cast("type[Section]", cls)]
@@ -54,12 +57,34 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, sections: Seque
                 *_spellings(f),
                 dest=f.name,
                 default=argparse.SUPPRESS,
-                help=f.metadata.get("help"),
+                help=_help(f, from_recipe),
                 **(PAIRS if f.metadata.get("pairs") else _kind(hints[f.name], f.metadata.get("choices"))),
             )
 
 
 PAIRS: dict[str, Any] = {"action": "extend", "nargs": "+", "metavar": "KEY=VALUE"}  # repeatable KEY=VALUE
+
+
+def _help(f: dataclasses.Field, from_recipe: frozenset[str]) -> str | None:
+    """The field's help with the default that applies when the flag is absent: the recipe's value where a recipe
+    may set the field, else the field's own default (no note for an absent value or a switch that is off)."""
+    text = f.metadata.get("help")
+    if text is None or "default" in text:
+        return text
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if f.name in from_recipe:
+        note = f"from the recipe, else {_shown(default)}" if default not in (None, False, [], "") else "from the recipe"
+    elif default in (None, False, [], ""):
+        return text
+    else:
+        note = _shown(default)
+    return f"{text} (default: {note})".replace("%", "%%") if "%" not in text else f"{text} (default: {note})"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value).replace("%", "%%")
 
 
 def _section_rank(section: type, order: Sequence[type]) -> int:
@@ -92,23 +117,46 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     from trainscale.app.config import TrainConfig
     from trainscale.compression.config import CompressionConfig
     from trainscale.config import CORE_SECTIONS
+    from trainscale.models import recipes  # noqa: F401  (registers the built-in recipes)
+    from trainscale.modes import list_modes
+    from trainscale.recipes import RECIPES, get_recipe
 
     p.add_argument(
         "--config", default=argparse.SUPPRESS, help="TOML file with the same keys as these flags (flags given here win)"
     )
-    add_config_flags(p, TrainConfig, (*CORE_SECTIONS, CompressionConfig))
+    filled = frozenset(key for name in RECIPES.names() for key in get_recipe(name).settings)
+    add_config_flags(p, TrainConfig, (*CORE_SECTIONS, CompressionConfig), filled)
+    for action in p._actions:
+        if action.dest == "mode":
+            action.help = (
+                "auto (the default: sync with several workers, async with --servers, else local) or a registered "
+                f"mode: {', '.join(list_modes())}"
+            )
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), which ``trainscale.__version__`` repeats."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainscale")
+    except PackageNotFoundError:
+        return "(not installed: run `make install` or `pip install -e .`)"
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"trainscale {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_train_flags(sub.add_parser("train", help="train a model and write a run folder"))
     models = sub.add_parser(
         "models", help="list the registered models with parameter counts, input sizes and default recipes"
     )
+    models.add_argument("name", nargs="?", help="one model: its description, recipe and the recipe's settings")
     models.add_argument(
         "--recipes", action="store_true", help="list the recipes instead: each one's settings and source"
     )
+    models.add_argument("--wide", action="store_true", help="add each model's description (wider than 100 columns)")
     data = sub.add_parser("data", help="check or fetch datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     for name, text in (
@@ -148,6 +196,35 @@ def build_parser() -> Parser:
     return parser
 
 
+def _unknown_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """One line for arguments no flag takes, with the prefix of the command they were given to and, for a
+    mistyped flag, the closest flag of that command."""
+    command, options = parser.prog, _options(parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            sub = action.choices[getattr(args, action.dest)]
+            command, options = sub.prog, _options(sub)
+            for inner in sub._actions:  # trainscale data verify
+                if isinstance(inner, argparse._SubParsersAction) and getattr(args, inner.dest, None) in inner.choices:
+                    command, options = (
+                        inner.choices[getattr(args, inner.dest)].prog,
+                        _options(inner.choices[getattr(args, inner.dest)]),
+                    )
+    flag = next((e.split("=", 1)[0] for e in extra if e.startswith("-")), None)
+    if flag is None:
+        print(f"{command}: error: unexpected argument {extra[0]!r} (see {command} --help)", file=sys.stderr)
+        return 2
+    swapped = [o for o in options if sorted(o) == sorted(flag)]  # letters typed in another order: --modle
+    close = swapped or difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    print(f"{command}: error: unknown flag {flag}{hint} (see {command} --help)", file=sys.stderr)
+    return 2
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+
+
 # A path the user gave that the file system refuses outright, wherever it is first touched.
 PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR})
 
@@ -156,7 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainscale.log import setup_logging
 
     setup_logging()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unknown_flags(parser, args, extra)
     try:
         from trainscale import commands
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from trainscale.errors import ConfigError
 from trainscale.runtime.job import Job, installed, this_job
@@ -150,6 +151,7 @@ def train_worker(cfg: TrainConfig) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
+    """The registered models in 100 columns (``--wide``: with descriptions), one model in detail, or the recipes."""
     import torch
 
     from trainscale.console import format_table
@@ -161,6 +163,8 @@ def models(args: argparse.Namespace) -> int:
 
     if args.recipes:
         return recipes()
+    if args.name is not None:
+        return model_details(args.name, parameter_count(model_info(args.name).name))
     rows = [
         {
             "name": n,
@@ -171,30 +175,73 @@ def models(args: argparse.Namespace) -> int:
         }
         for n in list_models()
     ]
-    print(
-        format_table(
-            rows,
-            [
-                ("name", "model", str),
-                ("params", "params", lambda v: f"{v:,}"),
-                ("input", "input", lambda v: f"{v}x{v}"),
-                ("recipe", "recipe", str),
-                ("description", "description", str),
-            ],
-        )
-    )
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("name", "model", str),
+        ("params", "params", lambda v: f"{v:,}"),
+        ("input", "input", lambda v: f"{v}x{v}"),
+        ("recipe", "recipe", str),
+    ]
+    print(format_table(rows, columns + ([("description", "description", str)] if args.wide else [])))
+    if not args.wide:
+        print("descriptions: trainscale models --wide; one model and its recipe: trainscale models NAME")
     return 0
 
 
-def recipes() -> int:
-    """Each recipe's settings (as `trainscale train` flags, spelled as the launcher passes them on) and its source."""
+def model_details(name: str, params: int) -> int:
+    """``trainscale models NAME``: what the model is, its input and its recipe's settings as flags."""
+    from trainscale.models import model_info
+    from trainscale.recipes import get_recipe
+
+    info = model_info(name)
+    print(
+        f"{info.name}: {info.description}\n    {params:,} parameters at 10 classes, input {info.input_size}x"
+        f"{info.input_size}"
+    )
+    if info.recipe:
+        recipe = get_recipe(info.recipe)
+        print(_wrapped(f"recipe {recipe.name}: {recipe.source}", recipe_argv(recipe.settings)))
+    return 0
+
+
+def recipe_argv(settings: Mapping[str, Any]) -> list[str]:
+    """A recipe's settings as flags, numbers as a person writes them (12.6415, not 12.641509433962264)."""
     from trainscale.app.worker_env import to_argv
+
+    return to_argv({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in settings.items()})
+
+
+def recipes() -> int:
+    """Each recipe's settings (as `trainscale train` flags) and its source."""
     from trainscale.recipes import get_recipe, list_recipes
 
     for name in list_recipes():
         recipe = get_recipe(name)
-        print(f"{name}: {recipe.source}\n    {' '.join(to_argv(dict(recipe.settings)))}")
+        print(_wrapped(f"{name}: {recipe.source}", recipe_argv(recipe.settings)))
     return 0
+
+
+def _wrapped(title: str, argv: list[str], width: int = 100) -> str:
+    """A title and its flags in ``width`` columns; a flag stays on one line with its value."""
+    import textwrap
+
+    lines = [textwrap.fill(title, width, subsequent_indent="  ", break_on_hyphens=False)]
+    line = "   "
+    for pair in (f"{a} {b}" if b is not None else a for a, b in _flag_pairs(argv)):
+        if len(line) + 1 + len(pair) > width and line.strip():
+            lines.append(line)
+            line = "   "
+        line += " " + pair
+    return "\n".join([*lines, line])
+
+
+def _flag_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
+    pairs: list[tuple[str, str | None]] = []
+    for item in argv:
+        if item.startswith("--"):
+            pairs.append((item, None))
+        else:
+            pairs[-1] = (pairs[-1][0], item)
+    return pairs
 
 
 def data(args: argparse.Namespace) -> int:

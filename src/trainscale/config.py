@@ -147,7 +147,9 @@ class DataConfig(Section):
     verify: bool = option(True, "check every data file's size and MD5 (default on)")
     download: bool = option(True, "download the dataset when it is absent (default on)")
     train_subset: int | None = option(None, "train on the first N training images")
-    test_subset: int | None = option(None, "evaluate on the first N test images")
+    test_subset: int | None = option(
+        None, "evaluate on the first N test images (default: all; 2,000 random images for --dataset synthetic)"
+    )
     image_size: int | None = option(None, "input size; default: the model's (CIFAR is cropped or upscaled to it)")
     crop_padding: int = option(4, "pad-and-random-crop padding in pixels (default 4)")
     flip: bool = option(True, "random horizontal flips (default on)")

@@ -34,6 +34,7 @@ class Recipe:
     name: str
     source: str
     settings: Mapping[str, Any]
+    reference: str | None = None  # a published implementation whose timer scope runs are also reported in
 
     def for_user(self, user: Mapping[str, Any]) -> dict[str, Any]:
         """The settings that fill what ``user`` left unset. With the user's own ``lr`` the recipe's scaling rule
@@ -47,9 +48,10 @@ class Recipe:
 RECIPES: Registry[Recipe] = Registry("recipe")
 
 
-def register_recipe(name: str, *, source: str, **settings: Any) -> Recipe:
-    """Register the recipe ``name``: settings as config field names (``batch_size``, not ``--batch-size``)."""
-    recipe = Recipe(name, source, MappingProxyType(dict(settings)))
+def register_recipe(name: str, *, source: str, reference: str | None = None, **settings: Any) -> Recipe:
+    """Register the recipe ``name``: settings as config field names (``batch_size``, not ``--batch-size``);
+    ``reference``: the implementation whose timer scope a run of this recipe also reports (``reference_scope``)."""
+    recipe = Recipe(name, source, MappingProxyType(dict(settings)), reference)
     RECIPES.register(name)(lambda: recipe)
     return recipe
 

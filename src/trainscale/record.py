@@ -7,8 +7,8 @@ report, bench, the planner's check) names a key as ``K.<name>``: a ``Key`` is th
 ``summary.get(K.best_test_acc)`` reads an old run folder exactly as the bare string did.
 
 A new key is one definition here plus its producer. A plug-in mode with keys of its own defines them with
-``define`` (the writer warns once about a key it cannot find). ``python -m trainscale.record [README.md]`` prints
-the README's tables of the keys (with a path: rewrites them there).
+``define`` (the writer warns once about a key it cannot find). ``python -m trainscale.record [docs/run-folder.md]``
+prints the documentation's tables of the keys (with a path: rewrites them there).
 """
 
 from __future__ import annotations
@@ -373,7 +373,7 @@ def problems(record: Mapping[str, Any], file: str = SUMMARY) -> list[str]:
 
 
 def markdown(file: str) -> str:
-    """The table of ``file``'s keys for the README (generated, so the README's list is the definitions)."""
+    """The table of ``file``'s keys for the docs (generated, so the documented list is the definitions)."""
     rows = [f"| `{k}` | {_kind_text(k.kind)} | {k.unit or '-'} | {k.meaning} |" for k in keys(file).values()]
     return "\n".join(["| key | type | unit | meaning |", "| --- | --- | --- | --- |", *rows])
 
@@ -386,12 +386,12 @@ README_MARKERS = ("<!-- record keys: begin -->", "<!-- record keys: end -->")
 
 
 def readme_block() -> str:
-    """The README's generated block: both tables."""
+    """The generated block of the docs page (docs/run-folder.md): both tables."""
     return f"`{SUMMARY}`:\n\n{markdown(SUMMARY)}\n\n`{METRICS}` (one object per epoch):\n\n{markdown(METRICS)}\n"
 
 
 def readme_section(text: str) -> str:
-    """What the README holds between its two markers (stripped), or '' without them."""
+    """What a Markdown page holds between the two markers (stripped), or '' without them."""
     begin, end = README_MARKERS
     if begin not in text or end not in text:
         return ""
@@ -406,7 +406,7 @@ def rewrite_readme(text: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m trainscale.record``: print the tables; with a path, rewrite that README's block in place."""
+    """``python -m trainscale.record``: print the tables; with a path, rewrite that page's block in place."""
     if not argv:
         print(readme_block(), end="")
         return

@@ -1,4 +1,5 @@
-"""The README's recipes for real machines, run unchanged on a 2-host emulated cluster: torchrun on every node,
+"""The recipes for real machines in docs/data-parallel.md, run unchanged on a 2-host emulated cluster:
+torchrun on every node,
 the Slurm batch script (examples/slurm/train.sbatch, with stand-ins for srun and scontrol) and the commands
 `trainscale train --hosts FILE` prints. Needs root, ip and tc (``cluster_names``: skipped without them, a
 failure under CI=true). Every node process is killed and every cluster deleted, also when a test fails."""

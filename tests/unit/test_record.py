@@ -1,5 +1,5 @@
 """The run record's contract (``trainscale.record``): every key a run writes is defined, with a value of its type;
-one writer merges the producers' parts; the README's list of keys is the definitions."""
+one writer merges the producers' parts; the docs' list of keys is the definitions."""
 
 import json
 import logging
@@ -23,7 +23,9 @@ from trainscale.runtime.comm_hooks import CommStats
 from trainscale.runtime.faults import InjectedFault
 from trainscale.train.trainer import step_split
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+KEYS_PAGE = ROOT / "docs" / "run-folder.md"
+CHANGES_PAGE = ROOT / "docs" / "architecture.md"
 TINY = {
     "model": "mlp",
     "dataset": "synthetic",
@@ -198,12 +200,12 @@ def test_parameter_server_fault_records_go_through_the_same_writer(tmp_path):
     ]
 
 
-def test_the_readme_lists_exactly_the_defined_keys():
-    assert record.readme_section(README.read_text()) == record.readme_block().strip(), (
-        "the README's list of keys is stale: run `python -m trainscale.record README.md`"
+def test_the_docs_list_exactly_the_defined_keys():
+    assert record.readme_section(KEYS_PAGE.read_text()) == record.readme_block().strip(), (
+        "the docs' list of keys is stale: run `python -m trainscale.record docs/run-folder.md`"
     )
 
 
-def test_the_readme_says_where_a_new_summary_key_goes():
-    text = " ".join(README.read_text().split())
+def test_the_docs_say_where_a_new_summary_key_goes():
+    text = " ".join(CHANGES_PAGE.read_text().split())
     assert "**A summary key** (or a `metrics.jsonl` key): one definition plus its producer." in text

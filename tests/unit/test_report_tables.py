@@ -487,3 +487,35 @@ def test_profile_puts_the_planner_beside_cluster_runs(tmp_path):
     assert "Planned against measured step time" in report.sections[0].plots
     crossover_table = md.split("### Crossover bandwidth against dense fp32")[1].split("###")[0]
     assert "planned crossover" in crossover_table
+
+
+def test_figures_with_nothing_to_draw_are_left_out_with_a_sentence(tmp_path):
+    """Synthetic runs have no accuracy to draw, and one configuration with bytes is one dot: no blank figures."""
+    runs = tmp_path / "runs"
+    bytes_ = {"bytes_sent_per_step": 1000.0, "dense_bytes_per_step": 4000.0, "compression_ratio": 4.0}
+    make_run(runs / "syn-1", extra={"dataset": "synthetic", **bytes_})
+    make_run(runs / "syn-2", workers=2, extra={"dataset": "synthetic"})
+    report = write_report([runs], tmp_path / "report")
+    assert sorted(p.name for p in (tmp_path / "report").glob("*.png")) == ["throughput_workers.png"]
+    reasons = report.sections[0].left_out
+    assert reasons[0].startswith("No accuracy figures: no run evaluated real data")
+    assert reasons[1].startswith("No accuracy-against-bytes figure: one configuration reports bytes per step")
+    md = (tmp_path / "report" / "results.md").read_text()
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert all(reason in md and reason in html for reason in reasons)
+
+
+def test_utilisation_reads_as_a_sentence_and_labels_name_the_real_model(tmp_path):
+    from trainscale.report.plots import run_label
+
+    runs = tmp_path / "runs"
+    make_run(runs / "1P1G0M", rate=772.0, extra={"cpu_util": 0.26})
+    report = write_report([runs], tmp_path / "report")
+    assert "772 at 26% utilisation" in (tmp_path / "report" / "results.md").read_text()
+    group = report.sections[0]
+    assert group.plots  # real data: the accuracy figures are drawn
+    from trainscale.report.aggregate import partitions
+    from trainscale.report.collect import collect
+
+    (only,) = partitions(collect([runs]).records)[0].groups
+    assert run_label(only) == "1P1G0M (mlp)"

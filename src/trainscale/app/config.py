@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 import unicodedata
@@ -33,6 +34,8 @@ from trainscale.record import RUN_TOML
 from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
+
+log = logging.getLogger("trainscale")
 
 INT_LIMIT = 2**63  # TOML's integers are 64-bit; tomllib reads any size, which torch and float() refuse later
 UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control, format, surrogate and line-break characters
@@ -119,6 +122,22 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return values
 
 
+def located(
+    exc: ConfigError, path: str | Path, from_file: Mapping[str, Any], from_flags: Mapping[str, Any]
+) -> ConfigError:
+    """``exc`` (a check of a value, naming its flag) said of the TOML file when the value came from there: the
+    file and line, and the key as the file writes it, as type errors already are (``load_toml``)."""
+    message = str(exc)
+    match = re.match(r"(--[a-z0-9-]+)\b", message)
+    name = next((f for f in FIELDS if match and flag_name(FIELDS[f]) == match.group(1)), None)
+    if name is None or name not in from_file or name in from_flags:
+        return exc
+    text = Path(path).read_text()
+    line = next((n for key in (name, name.replace("_", "-")) if (n := _line_of(text, key))), None)
+    where = f"{path}:{line}" if line else str(path)
+    return type(exc)(f"{where}: key {name.replace('_', '-')!r}{message[match.end() :]}")  # type: ignore[union-attr]
+
+
 def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[str, Any]) -> dict[str, Any]:
     """The keys of a ``[table]`` of ``section``, typed; a key of another section is refused."""
     own = {f.name for f in dataclasses.fields(section)}  # type: ignore[arg-type]
@@ -141,7 +160,10 @@ def train_settings(flags: Mapping[str, Any], config_file: str | Path | None = No
     """`trainscale train`'s config (the CLI's and ``trainscale.fit``'s): defaults, then with ``--resume`` the run
     folder's own settings (``resumed_settings``), then ``--config FILE``, then ``flags`` (the settings given)."""
     file_values = load_toml(config_file) if config_file else {}
-    return build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
+    try:
+        return build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
+    except ConfigError as exc:
+        raise (located(exc, config_file, file_values, flags) if config_file and file_values else exc) from None
 
 
 def resumed_settings(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,7 +296,29 @@ def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
     epochs = merged.get("epochs", FIELDS["epochs"].default)
     if "warmup_epochs" in settings and "warmup_epochs" not in user and merged["warmup_epochs"] > epochs:
         merged["warmup_epochs"] = float(epochs)
-    return merged
+    return batch_within_subset(merged, user)
+
+
+def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch the user did not choose (the recipe's or the default) that is larger than a small
+    ``--train-subset`` allows is cut to the largest that fits, with a note; a batch the user wrote stays as
+    written (and a batch that does not fit is then refused with one line, as before)."""
+    subset = merged.get("train_subset")
+    if not subset or "batch_size" in user or merged.get("batch_per_worker") is not None:
+        return merged
+    workers = (merged.get("workers") or 1) * (merged.get("nnodes") or 1)
+    batch = merged.get("batch_size", FIELDS["batch_size"].default)
+    fits = (subset // workers) * workers
+    if batch // workers <= subset // workers or fits < 1:
+        return merged
+    log.info(
+        "batch %d (%s) is larger than --train-subset %d allows: training at batch %d; set --batch-size to choose",
+        batch,
+        f"recipe {merged['recipe']}" if "batch_size" in get_recipe(merged["recipe"]).settings else "the default",
+        subset,
+        fits,
+    )
+    return {**merged, "batch_size": fits}
 
 
 STATELESS_COMPRESSION = ("none", "fp16", "bf16")  # keep nothing from one step to the next

@@ -40,7 +40,7 @@ from trainscale.log import relabel
 from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_json
 from trainscale.runtime import ft
-from trainscale.runtime.cpus import threads_per_worker
+from trainscale.runtime.cpus import oversubscription, threads_per_worker
 from trainscale.runtime.job import Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent
@@ -71,6 +71,9 @@ def launched_by_trainscale(job: Job) -> bool:
 def prepare(cfg: TrainConfig) -> LaunchPlan:
     """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others."""
     checked = preflight(cfg)
+    crowded = None if cfg.launch.devices else oversubscription(cfg.launch.local_workers + cfg.ps.servers)
+    if crowded:
+        log.warning("%s", crowded)  # once, by the launcher: the workers do not repeat it
     endpoint, is_host = rendezvous_address(cfg)
     return LaunchPlan(
         endpoint, is_host, run_id(cfg), checked.out, threads_per_worker(cfg.run.threads, cfg.launch.local_workers)

@@ -153,7 +153,7 @@ def download_dataset(
             archive.unlink(missing_ok=True)
             raise DataError(
                 f"downloaded {url} failed its checksum (expected MD5 {md5}, got {actual}); the download was "
-                f"corrupted: run `trainscale data download` again"
+                f"corrupted: run `{download_command(name, root)}` again"
             )
 
     staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
@@ -191,10 +191,16 @@ def ensure_dataset(
     if not download:
         raise DataError(
             f"{name} files not found in {root}{'' if root.exists() else ' (no such folder)'}: put the files of "
-            f"{spec.url} in {root / spec.folder}, or run `trainscale data download`"
+            f"{spec.url} in {root / spec.folder}, or run `{download_command(name, data_dir)}`"
         )
     check_download_root(name, root, data_dir)
     return download_dataset(name, root)
+
+
+def download_command(name: str, data_dir: str | os.PathLike[str] | None) -> str:
+    """The command that downloads ``name`` into the folder where it was looked for."""
+    folder = f" --data-dir {data_dir}" if data_dir not in (None, "") else ""
+    return f"trainscale data download --dataset {name}{folder}"
 
 
 def check_download_root(name: str, root: Path, data_dir: str | os.PathLike[str] | None) -> None:

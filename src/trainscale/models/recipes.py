@@ -17,7 +17,7 @@ AIRBENCH94_DECAY = 2e-6 * AIRBENCH94_BATCH  # lr x weight decay per step, the sa
 
 register_recipe(
     "cifar10-fast",
-    source="Page 2018, cifar10-fast (DAWNBench, seed 004): ResNet-9 to 94% in 24 epochs",
+    source="Page 2018, cifar10-fast (DAWNBench; the layer-wise compression study's net): ResNet-9 to 94% in 24 epochs",
     epochs=24,
     batch_size=512,
     lr=0.4,
@@ -68,7 +68,8 @@ register_recipe(
 
 register_recipe(
     "mxnet-cifar",
-    source="MXNet 0.11 example/image-classification/train_cifar10.py (seeds 001, 002): lr 0.05 "
+    source="MXNet 0.11 example/image-classification/train_cifar10.py (the MXNet multi-GPU and distributed pages): "
+    "lr 0.05 "
     "per batch of 128, /10 at epochs 200 and 250 of 300, weight decay 1e-4, momentum 0.9",
     epochs=300,
     batch_size=128,
@@ -85,7 +86,7 @@ register_recipe(
 
 register_recipe(
     "mxnet-mnist",
-    source="MXNet 0.11 example/image-classification/train_mnist.py (seed 002's mlp): lr 0.05 per "
+    source="MXNet 0.11 example/image-classification/train_mnist.py (the MXNet distributed page's mlp): lr 0.05 per "
     "batch of 64, weight decay 1e-4, momentum 0.9",
     lr=0.05,
     lr_scaling="linear",
@@ -108,7 +109,7 @@ register_recipe(
 
 register_recipe(
     "keras-mxnet",
-    source="seed 003's Keras-MXNet benchmark (Inception-v3 on CIFAR-10): SGD lr 0.05 per batch "
+    source="the Keras-MXNet scaling profile (Inception-v3 on CIFAR-10): SGD lr 0.05 per batch "
     "of 32, momentum 0.9, weight decay 5e-4",
     lr=0.05,
     lr_scaling="linear",
@@ -142,6 +143,7 @@ register_recipe(
     source="Jordan 2024, airbench94_muon.py: 94.01% mean in 8 epochs (2.59 s on an A100): Muon on "
     "the filters, Nesterov SGD on the rest, batch 2000, label smoothing 0.2, alternating flips, 2-pixel "
     "translation, 6-view test-time augmentation",
+    reference="airbench94_muon.py",
     model="airbench94",
     epochs=8,
     batch_size=AIRBENCH94_BATCH,

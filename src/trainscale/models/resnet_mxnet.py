@@ -110,7 +110,7 @@ class MXNetCifarResNet(nn.Module):
     "resnet50_mxnet",
     input_size=28,
     description="MXNet 0.11 CIFAR symbols/resnet.py at 50 layers: pre-activation, 8 basic units "
-    "per stage (seed 001's 'resnet50', 758,621 params)",
+    "per stage (the MXNet multi-GPU page's 'resnet50', 758,621 params)",
     recipe="mxnet-cifar",
 )
 def resnet50_mxnet(num_classes: int = 10) -> nn.Module:
@@ -122,7 +122,7 @@ def resnet50_mxnet(num_classes: int = 10) -> nn.Module:
     "resnet110_mxnet",
     input_size=28,
     description="MXNet 0.11 CIFAR symbols/resnet.py at 110 layers: pre-activation, 18 basic units "
-    "per stage (seed 001's 'resnet110', 1,730,781 params)",
+    "per stage (the MXNet multi-GPU page's 'resnet110', 1,730,781 params)",
     recipe="mxnet-cifar",
 )
 def resnet110_mxnet(num_classes: int = 10) -> nn.Module:

@@ -23,7 +23,7 @@ from trainscale.report.collect import Collection, RunRecord, collect
 from trainscale.report.csvfile import csv_rows, write_csv
 from trainscale.report.document import Report, Section
 from trainscale.report.html import render_html
-from trainscale.report.plots import write_plots
+from trainscale.report.plots import left_out, write_plots
 from trainscale.report.tables import (
     communication,
     configurations,
@@ -184,7 +184,7 @@ def _section(part: Partition, number: int, total: int, out: Path, profiles: dict
         tables += [
             t for t in (communication(part), step_split(part), time_to_target(part), crossover(part)) if t is not None
         ]
-        return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
+        return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs], left_out(part))
     from trainscale.report.planned import planned_crossover, planned_plot, planned_table
 
     tables += [
@@ -201,7 +201,7 @@ def _section(part: Partition, number: int, total: int, out: Path, profiles: dict
     scatter = planned_plot(part, profiles, out / f"planned_measured{suffix}.png")
     if scatter is not None:
         plots["Planned against measured step time"] = scatter
-    return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs])
+    return Section(title, tables, plots, [epochs_table(r) for g in part.groups for r in g.runs], left_out(part))
 
 
 def render_markdown(report: Report) -> str:
@@ -210,6 +210,7 @@ def render_markdown(report: Report) -> str:
     for section in report.sections:
         lines += [f"## {section.title}", ""] + [t.markdown() for t in section.tables]
         lines += ["### Figures", ""] + [f"![{title}]({path.name})\n" for title, path in section.plots.items()]
+        lines += [f"{reason}\n" for reason in section.left_out]
         lines += ["### Accuracy by epoch", ""] + [t.markdown().replace("### ", "#### ", 1) for t in section.epochs]
     if report.problems:
         lines += ["## Runs without results", "", report.problems.markdown()]

@@ -17,6 +17,7 @@ class Section:
     tables: list[Table]
     plots: dict[str, Path]
     epochs: list[Table] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # figures not drawn, and why
 
 
 @dataclass

@@ -46,6 +46,7 @@ def render_html(report: Report) -> str:
 def _section(section: Section) -> str:
     body = [f"<h2>{html.escape(section.title)}</h2>"] + [t.html() for t in section.tables]
     body += ["<h3>Figures</h3>"] + [_figure(title, path) for title, path in section.plots.items()]
+    body += [f"<p>{html.escape(reason)}</p>" for reason in section.left_out]
     body.append("<h3>Accuracy by epoch</h3>")
     body += [
         f"<details><summary>{html.escape(t.title)}</summary>{t.html(heading=False)}</details>" for t in section.epochs

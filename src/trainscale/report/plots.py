@@ -57,7 +57,11 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
             lambda ax: _accuracy(ax, part, K.elapsed_seconds, "training time (s)"),
         ),
     }
-    written = {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
+    written = (
+        {title: _save(out / f"{stem}{suffix}.png", draw) for title, (stem, draw) in figures.items()}
+        if _has_accuracy(part)
+        else {}
+    )
     if (
         len({uses_parameter_server(g) for g in part.groups if g.world_size > 1 and g.summary(K.dataset) != "synthetic"})
         == 2
@@ -74,7 +78,7 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
         written["Test accuracy against training time on each network"] = _save_row(
             out / f"accuracy_time_networks{suffix}.png", len(networks), lambda axes: _networks(axes, networks)
         )
-    if any(bytes_per_step(r) for r in part.runs):
+    if sum(1 for g in part.groups if g.stat(bytes_per_step).mean) > 1:
         written["Accuracy against bytes per step and compression ratio"] = _save_pair(
             out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part)
         )
@@ -112,6 +116,39 @@ def _curves(axes: Sequence[Axes], curves: dict[str, list[dict]]) -> None:
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
     _legend(axes[0])
+
+
+def left_out(part: Partition) -> list[str]:
+    """Why a figure ``write_plots`` draws for other runs is not drawn for these: it would be blank or one dot."""
+    reasons = []
+    if not _has_accuracy(part):
+        reasons.append(
+            "No accuracy figures: no run evaluated real data (synthetic images measure speed, not accuracy)."
+        )
+    with_bytes = sum(1 for g in part.groups if g.stat(bytes_per_step).mean)
+    if with_bytes == 1:
+        reasons.append(
+            "No accuracy-against-bytes figure: one configuration reports bytes per step, and one dot compares "
+            "nothing; its figures are in the Communication table."
+        )
+    return reasons
+
+
+def _has_accuracy(part: Partition) -> bool:
+    return any(
+        m.get(K.test_acc) is not None
+        for g in part.groups
+        for r in g.runs
+        if r.summary.get(K.dataset) != "synthetic"
+        for m in r.metrics
+    )
+
+
+def run_label(group: Group) -> str:
+    """A configuration's label, with the model it really trained when the label does not name it (a grid row's
+    short name such as ``1P1G0M``)."""
+    model = str(group.summary(K.model) or "")
+    return group.label if not model or model in group.label else f"{group.label} ({model})"
 
 
 def _save(path: Path, draw: Callable[[Axes], None]) -> Path:
@@ -180,7 +217,7 @@ def _accuracy(ax: Axes, part: Partition, x_key: str, x_label: str) -> None:
                 marker=MARKERS[index % len(MARKERS)],
                 markersize=4,
                 linestyle=STYLES[index % len(STYLES)],
-                label=run.run_id if len(group.runs) > 1 else group.label,
+                label=run.run_id if len(group.runs) > 1 else run_label(group),
             )
     ax.set_xlabel(x_label)
     ax.set_ylabel("test accuracy (%)")
@@ -250,10 +287,10 @@ def _bytes(axes: Sequence[Axes], part: Partition) -> None:
     groups = [g for g in part.groups if any(bytes_per_step(r) for r in g.runs)]
     for g in groups:
         acc = 100 * (g.stat(lambda r: r.summary.get(K.best_test_acc)).mean or 0)
-        axes[0].scatter([g.stat(bytes_per_step).mean or 0], [acc], label=g.label)
+        axes[0].scatter([g.stat(bytes_per_step).mean or 0], [acc], label=run_label(g))
         ratio = g.stat(compression_ratio).mean
         if ratio:
-            axes[1].scatter([ratio], [acc], label=g.label)
+            axes[1].scatter([ratio], [acc], label=run_label(g))
     axes[0].set_xscale("log")
     axes[0].set_xlabel("bytes per step and worker")
     axes[1].set_xlabel("compression ratio (dense / sent)")

@@ -196,7 +196,7 @@ def scaling(part: Partition) -> Table:
     ]
     notes = [
         "images/s: training images per second over all workers, from the same epochs as seconds per epoch; "
-        "in brackets, as the MXNet page writes it, workers-utilisation: each worker's device busy (GPU: NVML; "
+        "utilisation: each worker's device busy (GPU: NVML; "
         "CPU: process CPU time over wall time and the cores it may use), mean over workers and steady epochs",
         "peak memory: the largest per-process peak (CUDA allocator peak on GPUs, resident set size on CPUs)",
     ]
@@ -213,7 +213,7 @@ def _busy(g: Group) -> str:
     util = g.stat(
         lambda r: r.summary.get(K.gpu_util) if r.summary.get(K.gpu_util) is not None else r.summary.get(K.cpu_util)
     )
-    return f" ({g.world_size}-{100 * util.mean:.0f}%)" if util.mean is not None else ""
+    return f" at {100 * util.mean:.0f}% utilisation" if util.mean is not None else ""
 
 
 def _efficiency(g: Group) -> str:

@@ -21,6 +21,22 @@ def threads_per_worker(threads: int | None, local_workers: int) -> int:
     return threads or max(1, cpu_count() // max(1, local_workers))
 
 
+OVERSUBSCRIBED = 2  # processes per core above which a CPU job spends more time switching than training
+
+
+def oversubscription(processes: int, cores: int | None = None) -> str | None:
+    """A warning when ``processes`` CPU processes of one node are far more than its cores (each then gets a
+    fraction of a core, and the job measures the scheduler, not the training), else None."""
+    cores = cores or cpu_count()
+    if processes <= OVERSUBSCRIBED * cores:
+        return None
+    return (
+        f"{processes} worker and server processes share {cores} core(s) on this machine: each gets "
+        f"{cores / processes:.2f} of a core, so times measure contention; use fewer --workers, or an emulated "
+        "cluster (trainscale cluster) to give each host its own CPU share"
+    )
+
+
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 

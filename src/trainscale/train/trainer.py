@@ -16,6 +16,7 @@ from torch import nn
 from trainscale.config import CoreConfig
 from trainscale.data import Batches
 from trainscale.errors import ConfigError
+from trainscale.recipes import get_recipe
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
 from trainscale.results import RunWriter
 from trainscale.runtime import (
@@ -138,6 +139,8 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self.callbacks.before_fit(self.snapshot, self.restore)
+        if is_main_process() and self.state.next_epoch < self.cfg.optim.epochs:
+            log.info("%s", self.start_line())
         warm = self.cfg.run.compile or self.precision.device.type == "cuda"
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base[K.warmup_seconds] = self.warm_up()
@@ -152,6 +155,17 @@ class Trainer:
                 self._checkpoint()
             barrier()
         return self.summary()
+
+    def start_line(self) -> str:
+        """What the run is before its first epoch: the run folder, device(s), world size and recipe."""
+        base, env = self.summary_base, self.summary_base.get(K.environment) or {}
+        device = env.get("device_name") or env.get("device") or str(self.precision.device)
+        world = base.get(K.world_size) or 1
+        devices = f"{world} x {device}" if world > 1 else device
+        return (
+            f"run folder {base.get(K.out) or '(none)'}; {base.get(K.model)} on {base.get(K.dataset)}, "
+            f"{devices}, world size {world}, mode {base.get(K.mode)}, recipe {self.cfg.optim.recipe or 'none'}"
+        )
 
     def warm_up(self) -> float:
         """``torch.compile`` compiles on first use, and on a GPU the first passes also pick cuDNN's algorithms and
@@ -310,6 +324,8 @@ class Trainer:
         """Only for a run that has finished all its epochs (the reference times a whole run)."""
         if not rows or self.state.next_epoch < self.cfg.optim.epochs or rows[-1][K.epoch] != self.cfg.optim.epochs:
             return None
+        if not self.cfg.optim.recipe or get_recipe(self.cfg.optim.recipe).reference is None:
+            return None  # the reference's scope means something only for a run of the reference's recipe
         return reference_scope(
             self.summary_base.get(K.data_init_seconds) or 0.0,
             self.state.elapsed_seconds,

@@ -1,0 +1,131 @@
+"""The command explains itself: --version, a did-you-mean for a mistyped flag (one line, exit 2, the same
+`trainscale <command>:` prefix as every other error), the defaults that matter in --help, every registered mode
+in --mode's help, and `trainscale models` in 100 columns with recipe values as a person writes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale import __version__
+from trainscale.cli import main
+from trainscale.modes import list_modes
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"trainscale {__version__}"
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["train", "--epohcs", "3"],
+            "trainscale train: error: unknown flag --epohcs; did you mean --epochs? (see trainscale train --help)",
+        ),
+        (
+            ["train", "--lr=0.1", "--momentm=0.9"],
+            "trainscale train: error: unknown flag --momentm; did you mean --momentum?",
+        ),
+        (
+            ["data", "verify", "--datset", "cifar10"],
+            "trainscale data verify: error: unknown flag --datset; did you mean",
+        ),
+        (["models", "--xyzzy"], "trainscale models: error: unknown flag --xyzzy (see trainscale models --help)"),
+        (["train", "stray"], "trainscale train: error: unexpected argument 'stray'"),
+    ],
+)
+def test_a_mistyped_flag_is_one_line_with_the_commands_prefix(capsys, argv, line):
+    assert one_line_error(capsys, argv).startswith(line)
+
+
+def train_help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_shows_the_defaults_that_matter(capsys):
+    text = train_help(capsys)
+    assert "--model MODEL model name (see `trainscale models`) (default: from the recipe, else resnet9)" in text
+    assert "(default: cifar10)" in text
+    assert "number of epochs (default: from the recipe, else 24)" in text
+    assert "(default: fp32)" in text
+
+
+def test_mode_help_lists_every_registered_mode(capsys):
+    text = train_help(capsys)
+    listed = text.split("--mode MODE auto", 1)[1].split("--target-acc", 1)[0]
+    assert all(name in listed for name in list_modes()), listed
+
+
+def test_models_fit_in_100_columns_with_details_on_request(capsys):
+    assert main(["models"]) == 0
+    narrow = capsys.readouterr().out.splitlines()
+    assert max(map(len, narrow)) <= 100
+    assert main(["models", "--wide"]) == 0
+    assert "description" in capsys.readouterr().out.splitlines()[0]
+    assert main(["models", "airbench94"]) == 0
+    one = capsys.readouterr().out
+    assert "recipe airbench94" in one and max(map(len, one.splitlines())) <= 100
+
+
+def test_recipe_values_are_printed_as_written(capsys):
+    assert main(["models", "--recipes"]) == 0
+    out = capsys.readouterr().out
+    assert "--head-lr-factor 12.6415 " in out and "12.641509433962264" not in out
+    assert max(map(len, out.splitlines())) <= 100
+
+
+def test_a_run_says_what_it_is_before_its_first_epoch(tmp_path, capsys):
+    """The start line (run folder, device, world size, recipe) comes before the first epoch's line; the airbench
+    timer-scope line belongs only to runs of a recipe with such a reference (mlp's recipe has none)."""
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    lines: list[str] = []
+    keep = Keep(logging.INFO)
+    logging.getLogger("trainscale").addHandler(keep)  # the CLI's own handler may hold an earlier test's stderr
+    out = tmp_path / "run"
+    argv = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "128", "--test-subset", "32"]
+    try:
+        assert main([*argv, "--epochs", "1", "--batch-size", "64", "--no-progress", "--out", str(out)]) == 0
+    finally:
+        logging.getLogger("trainscale").removeHandler(keep)
+    printed = capsys.readouterr()
+    start = next(i for i, line in enumerate(lines) if line.startswith("run folder "))
+    assert start < next(i for i, line in enumerate(lines) if line.startswith("epoch 1/1"))
+    assert lines[start].startswith(f"run folder {out}; mlp on synthetic, cpu")
+    assert lines[start].endswith(", world size 1, mode local, recipe mxnet-mnist")
+    assert "timer scope" not in printed.out
+
+
+@pytest.mark.parametrize(
+    "toml, line",
+    [
+        ('model = "mlp"\nprecision = "bf61"\n', ":2: key 'precision' must be one of fp32, bf16, fp16, got 'bf61'"),
+        ('model = "mlp"\n[optim]\nlr = -1\n', ":3: key 'lr' must be >= 0"),
+    ],
+)
+def test_a_bad_value_in_a_toml_file_names_file_and_line(tmp_path, capsys, toml, line):
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    assert f"trainscale train: error: {path}{line}" in one_line_error(capsys, ["train", "--config", str(path)])
+
+
+def test_a_bad_value_given_as_a_flag_still_names_the_flag(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "mlp"\n')
+    assert "--lr must be >= 0" in one_line_error(capsys, ["train", "--config", str(path), "--lr", "-1"])
