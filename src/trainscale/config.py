@@ -167,6 +167,11 @@ class OptimConfig(Section):
     )
     muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
+    muon_compile: str = option(
+        "auto",
+        "--optimizer muon: torch.compile Muon's batched Newton-Schulz iteration: on, off, or auto (on a GPU only)",
+        choices=("auto", "on", "off"),
+    )
     head_lr_factor: float = option(
         1.0,
         "the classifier layer's learning rate as a multiple of --lr (its weight decay "
