@@ -213,6 +213,13 @@ class RunConfig(Section):
     )
     channels_last: bool = option(True, "channels_last memory format (default on)")
     compile: bool = option(False, "torch.compile the model")
+    train_step: str = option(
+        "auto",
+        "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
+        "graphs); graphed (compiled, replayed as CUDA graphs); auto (default: graphed for one CUDA process, "
+        "else eager)",
+        choices=("auto", "eager", "compiled", "graphed"),
+    )
     keep_memory: bool = option(
         True,
         "keep the host memory a step frees for the next step (glibc: no mmap, no "

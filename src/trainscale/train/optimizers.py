@@ -105,7 +105,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, epoch: float) -> None:
     """Every group's lr for the schedule's ``lr`` at fractional ``epoch`` (see the module docstring)."""
     for g in optimizer.param_groups:
         until = g.get("until_epoch")
-        g["lr"] = g["peak_lr"] * max(0.0, 1.0 - epoch / until) if until else lr * g.get("lr_scale", 1.0)
+        value = g["peak_lr"] * max(0.0, 1.0 - epoch / until) if until else lr * g.get("lr_scale", 1.0)
+        if isinstance(g["lr"], torch.Tensor):  # a compiled step's (train.step.tensor_lrs): filled, not replaced
+            g["lr"].fill_(value)
+        else:
+            g["lr"] = value
 
 
 def matrix(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -133,6 +137,7 @@ class MuonWithSGD(torch.optim.Optimizer):
         super().__init__(list(groups), dict(muon=False, **sgd))
         self.normalise_filters = normalise_filters
         self.muon_plan = muon_plan
+        self.ns_dtype = torch.bfloat16  # Muon's iteration, as torch.optim.Muon's (fp32: exact comparisons)
         self._muons: dict[tuple[tuple[int, ...], ...], BatchedMuon] = {}
 
     @torch.no_grad()
@@ -178,7 +183,9 @@ class MuonWithSGD(torch.optim.Optimizer):
                 if view.data_ptr() != p.data_ptr():
                     raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
             stacking, compiled = self.muon_plan
-            self._muons[key] = BatchedMuon(list(key), MUON_NS_STEPS, stacking=stacking, compile=compiled)
+            self._muons[key] = BatchedMuon(
+                list(key), MUON_NS_STEPS, stacking=stacking, compile=compiled, ns_dtype=self.ns_dtype
+            )
         return self._muons[key]
 
     def _buffer_view(self, p: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""Nothing on the host inside a training step: the loop's step (``loop.EpochStep``) reads no value from the
+device (``aten::_local_scalar_dense``: ``.item()``, ``bool()``, ``float()``), for SGD and batched Muon, fp32 and
+bf16; the epoch reads the device only where documented (the stop guard every ``CHECK_EVERY`` steps and after
+the last, the first loss and the sums at the epoch's end). The compiled step (``--train-step compiled``) gives
+the eager step's parameters; ``--train-step`` auto picks eager on a CPU, and the choice reaches summary.json."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainscale.config import CoreConfig
+from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.errors import ConfigError
+from trainscale.models.airbench import airbench94
+from trainscale.train import loop
+from trainscale.train.loop import EpochStep, NonFiniteGuard, train_one_epoch
+from trainscale.train.optimizers import build_optimizer
+from trainscale.train.precision import Precision
+from trainscale.train.step import choose_step, compiled_step
+
+CPU = torch.device("cpu")
+STEPS = 12  # a guard read at step 10 and after step 12
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the ops that copy a device value to the host (a sync on a GPU)."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def batches(n: int = 8 * STEPS) -> DeviceBatches:
+    return DeviceBatches(
+        synthetic_dataset(n, 32, seed=1), 8, train=True, augment=AugmentConfig(crop_padding=2), device=CPU, seed=2
+    )
+
+
+def setup(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = airbench94(widths=(8, 16, 16)).to(memory_format=torch.channels_last)
+    cfg = CoreConfig()
+    cfg.optim.optimizer, cfg.optim.muon_lr = optimizer, 0.1
+    return model, build_optimizer(cfg, model, lr=0.05)
+
+
+@pytest.mark.parametrize(("optimizer", "precision"), [("sgd", "fp32"), ("muon", "bf16")])
+def test_no_host_read_inside_a_step_and_only_the_documented_ones_in_an_epoch(
+    optimizer: str, precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, opt = setup(optimizer)
+    prec = Precision(precision, CPU)
+    in_steps = HostReads()
+    step = EpochStep.__call__
+
+    def counted(self: EpochStep, *args: Any) -> torch.Tensor:
+        with in_steps:
+            return step(self, *args)
+
+    monkeypatch.setattr(EpochStep, "__call__", counted)
+    in_epoch = HostReads()
+    with in_epoch:
+        stats = train_one_epoch(model, batches(), opt, prec.grad_scaler(), prec, lambda t: 0.05, 0, 0.2, False)
+    assert stats.steps == STEPS and stats.first_loss is not None
+    assert in_steps.count == 0
+    guard_reads = -(-STEPS // NonFiniteGuard.CHECK_EVERY)
+    assert in_epoch.count == guard_reads + 1  # + the first loss, read once the epoch is over
+
+
+def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() -> None:
+    guard = NonFiniteGuard(CPU, epoch=0, lr_at=lambda t: 0.1, steps=30)
+    with HostReads() as reads:
+        for step in range(7):
+            guard.admit(step, torch.tensor(float("nan") if step >= 4 else 1.0), None)  # type: ignore[arg-type]
+    assert reads.count == 0
+    with pytest.raises(loop.NonFiniteLoss, match="at epoch 1 step 5"):
+        for step in range(7, 10):
+            guard.between_steps(step)
+
+
+def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
+    assert choose_step("auto", CPU, "bf16", True, "stop").kind == "eager"
+    assert choose_step("auto", torch.device("cuda"), "bf16", True, "stop").kind == "graphed"
+    assert choose_step("auto", torch.device("cuda"), "fp16", True, "stop").kind == "eager"
+    assert "DDP" in choose_step("auto", torch.device("cuda"), "bf16", False, "stop").reason
+    assert choose_step("compiled", CPU, "fp32", True, "stop").kind == "compiled"
+    with pytest.raises(ConfigError, match="graphed needs a CUDA device"):
+        choose_step("graphed", CPU, "fp32", True, "stop")
+    with pytest.raises(ConfigError, match="--nonfinite skip"):
+        choose_step("compiled", CPU, "fp32", True, "skip")
+
+
+def epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, step_fn: Any) -> Iterator[float]:
+    prec = Precision("fp32", CPU)
+    for epoch in range(2):
+        stats = train_one_epoch(
+            model, batches(32), opt, prec.grad_scaler(), prec, lambda t: 0.05 * (1 - t / 4), epoch, 0.2, False,
+            step_fn=step_fn,
+        )  # fmt: skip
+        yield stats.loss
+
+
+def tiny(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The smallest net with what the step must carry: a conv filter for Muon, BatchNorm, a head for SGD."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.GELU(),
+        torch.nn.AdaptiveMaxPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 10),
+    )
+    cfg = CoreConfig()
+    cfg.optim.optimizer, cfg.optim.muon_lr = optimizer, 0.1
+    opt = build_optimizer(cfg, model, lr=0.05)
+    opt.ns_dtype = torch.float32  # type: ignore[attr-defined]  # bf16 would amplify the kernels' rounding
+    return model, opt
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_the_eager_steps_parameters() -> None:
+    """Two epochs (8 steps, a falling lr through the tensor lrs) eager and compiled from the same start, Muon on
+    the filter and Nesterov SGD on the rest. Through the ``aot_eager`` backend: the graphs the step is compiled
+    into (forward with its backward, the optimizer step reading the tensor lrs) without inductor's kernel
+    generation, which takes minutes on a shared 2-core CPU (the batched Muon's inductor graph is compared in
+    test_muon)."""
+    eager_model, eager_opt = tiny("muon")
+    model, opt = tiny("muon")
+    step_fn = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    eager = list(epochs(eager_model, eager_opt, None))
+    compiled = list(epochs(model, opt, step_fn))
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
