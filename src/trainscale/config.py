@@ -189,6 +189,13 @@ class OptimConfig(Section):
     tta_translate: int = option(
         0, "with --tta, the last evaluation also averages the views shifted by N pixels (airbench: 1; 6 views in all)"
     )
+    tta_select: float = option(
+        1.0,
+        "with --tta, the last evaluation gives its extra views only to this fraction of each test batch, the images "
+        "the model is least sure of (selective test-time augmentation; 1: all)",
+        above=0,
+        at_most=1,
+    )
     nonfinite: str = option(
         "stop",
         "a step whose loss or gradients are NaN/inf: 'stop' training (default), or "

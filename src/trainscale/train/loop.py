@@ -10,6 +10,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -296,16 +297,22 @@ def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) ->
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False, translate: int = 0
+    model: nn.Module,
+    batches: Batches,
+    precision: Precision,
+    tta_flip: bool = False,
+    translate: int = 0,
+    select: float = 1.0,
 ) -> PassStats:
     """Test loss and accuracy; with ``tta_flip`` the logits of each image and its mirror are averaged, and with
-    ``translate`` too those of the images shifted by that many pixels (see ``predict``)."""
+    ``translate`` too those of the images shifted by that many pixels (see ``predict``); ``select`` < 1: those
+    extra views for the least confident fraction of each batch only (see ``predict_selective``)."""
     model.eval()
     acc = Accumulator(precision.device)
     start = time.perf_counter()
     for images, labels in batches.epoch(0):
         with precision.autocast():
-            logits = predict(model, images, tta_flip, translate)
+            logits = predict_selective(model, images, tta_flip, translate, select)
         acc.add(logits, labels, F.cross_entropy(logits, labels))
     synchronize(precision.device)
     return acc.reduce(time.perf_counter() - start)
@@ -326,6 +333,26 @@ def predict(model: nn.Module, images: torch.Tensor, flip: bool = False, translat
     shifted = [padded[..., :h, :w], padded[..., 2 * translate :, 2 * translate :]]
     views = [predict(model, x.contiguous(memory_format=layout), flip) for x in shifted]
     return 0.5 * logits + 0.25 * (views[0] + views[1])
+
+
+def predict_selective(
+    model: nn.Module, images: torch.Tensor, flip: bool = False, translate: int = 0, select: float = 1.0
+) -> torch.Tensor:
+    """``predict`` with its extra views (flip, translations) for the ``select`` fraction of ``images`` the model
+    is least sure of (lowest top softmax probability on the plain view), the plain view's logits for the rest.
+    Selective test-time augmentation: the extra views change mostly the predictions that were close calls, so
+    most of TTA's gain costs a fraction of its passes. The count per batch is fixed by the batch size (static
+    shapes), and the choice is made on the device (no sync)."""
+    if select >= 1.0 or not flip:
+        return predict(model, images, flip, translate)
+    logits = model(images).float()
+    k = math.ceil(select * images.shape[0])
+    if k == 0:
+        return logits
+    unsure = logits.softmax(1).amax(1).topk(k, largest=False).indices
+    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    chosen = images.index_select(0, unsure).contiguous(memory_format=layout)
+    return logits.index_copy(0, unsure, predict(model, chosen, flip, translate))
 
 
 def views_per_image(flip: bool, translate: int) -> int:

@@ -29,7 +29,7 @@ from trainscale.runtime import (
 )
 from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
+from trainscale.train.loop import PassStats, evaluate, predict, predict_selective, train_one_epoch, views_per_image
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.step import StepFn, choose_step, compiled_step
 from trainscale.train.utilisation import Utilisation
@@ -194,7 +194,10 @@ class Trainer:
         with torch.no_grad(), self.precision.autocast():
             for n in eval_batch_sizes(self.test_batches):
                 x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
-                predict(self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate)
+                predict(self.model, x, self.cfg.optim.tta)
+                predict_selective(
+                    self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate, self.cfg.optim.tta_select
+                )
         self.model.load_state_dict(saved)
         restore_optimizer_state(self.optimizer, state)
         set_rng_state(rng)
@@ -228,9 +231,11 @@ class Trainer:
             )
         self.callbacks.after_train_epoch(self.model)
         train.samples = self.callbacks.epoch_samples(train.samples)
-        translate = self.cfg.optim.tta_translate if epoch + 1 == self.cfg.optim.epochs else 0
+        last = epoch + 1 == self.cfg.optim.epochs
+        translate = self.cfg.optim.tta_translate if last else 0
+        select = self.cfg.optim.tta_select if last else 1.0
         test = (
-            evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.optim.tta, translate=translate)
+            evaluate(self.model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select)
             if self.evaluates(epoch)
             else None
         )
