@@ -18,7 +18,7 @@ from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
 from trainscale.models.airbench import airbench94
 from trainscale.train import loop
-from trainscale.train.loop import EpochStep, NonFiniteGuard, train_one_epoch
+from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
 from trainscale.train.step import choose_step, compiled_step
@@ -146,3 +146,33 @@ def test_the_compiled_step_gives_the_eager_steps_parameters() -> None:
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
     for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+class Scripted(torch.nn.Module):
+    """Logits that depend on the image only through its mean pixel: confident for bright images, unsure for dim
+    ones; each call counted with its batch size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(x.shape[0])
+        m = x.mean((1, 2, 3))
+        return torch.stack([m * 10, torch.zeros_like(m)], 1)
+
+
+def test_selective_tta_gives_the_extra_views_to_the_least_confident_fraction_only() -> None:
+    x = torch.stack([torch.full((3, 8, 8), v) for v in (0.9, 0.01, 0.5, -0.02, 0.7, 0.03, 0.8, 0.6)])
+    x[:, :, :, :4] += 0.001  # mirrored images differ a little
+    model = Scripted()
+    full = predict(model, x, flip=True, translate=1)
+    model.calls.clear()
+    mixed = predict_selective(model, x, flip=True, translate=1, select=0.25)
+    assert model.calls == [8, 2, 2, 2, 2, 2, 2]  # the plain view, then 6 views of the 2 least sure images
+    plain = model(x).float()
+    unsure = [1, 3]  # the dimmest: logits closest to a tie
+    torch.testing.assert_close(mixed[unsure], full[unsure])
+    sure = [i for i in range(8) if i not in unsure]
+    torch.testing.assert_close(mixed[sure], plain[sure])
+    torch.testing.assert_close(predict_selective(model, x, True, 1, 1.0), full)
