@@ -6,6 +6,7 @@ the eager step's parameters; ``--train-step`` auto picks eager on a CPU, and the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_se
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
 from trainscale.train.step import choose_step, compiled_step
+from trainscale.train.trainer import eval_batch_sizes, optimizer_state, restore_optimizer_state
 
 CPU = torch.device("cpu")
 STEPS = 12  # a guard read at step 10 and after step 12
@@ -176,3 +178,31 @@ def test_selective_tta_gives_the_extra_views_to_the_least_confident_fraction_onl
     sure = [i for i in range(8) if i not in unsure]
     torch.testing.assert_close(mixed[sure], plain[sure])
     torch.testing.assert_close(predict_selective(model, x, True, 1, 1.0), full)
+
+
+def test_the_warm_up_meets_every_evaluation_batch_size() -> None:
+    data = synthetic_dataset(1200, 32, seed=1)
+    assert eval_batch_sizes(DeviceBatches(data, 500, train=False, augment=None, device=CPU)) == [500, 200]
+    assert eval_batch_sizes(DeviceBatches(data, 600, train=False, augment=None, device=CPU)) == [600]
+    assert eval_batch_sizes(DeviceBatches(data, 2000, train=False, augment=None, device=CPU)) == [1200]
+
+
+def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one() -> None:
+    """After the warm-up's steps the state is put back (zeroed where it did not exist): the run's first step
+    equals a fresh optimizer's, Nesterov SGD and Muon alike."""
+    warmed, fresh = tiny("muon"), tiny("muon")
+    for (model, opt), warm in ((warmed, True), (fresh, False)):
+        saved, state = copy.deepcopy(model.state_dict()), optimizer_state(opt)
+        if warm:
+            for _ in range(2):
+                model(torch.randn(4, 3, 8, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            model.load_state_dict(saved)
+            restore_optimizer_state(opt, state)
+        for seed in range(2):
+            model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(warmed[0].state_dict().values(), fresh[0].state_dict().values()):
+        torch.testing.assert_close(a, b)
