@@ -183,8 +183,7 @@ class Trainer:
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
         self.model.train()
         if self.step_fn is not None:
-            for _ in range(WARM_STEPS):
-                self.step_fn(images, labels)
+            self._warm_steps(images, labels)
         else:
             with self.precision.autocast():
                 loss = nn.functional.cross_entropy(self.model(images).float(), labels)
@@ -203,6 +202,20 @@ class Trainer:
         set_rng_state(rng)
         synchronize(device)
         return time.perf_counter() - started
+
+    def _warm_steps(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The compiled step as the run meets it: with every parameter training, then, where the model trains
+        some only at first (``train_until``, frozen by ``freeze_finished``), without them (another graph)."""
+        assert self.step_fn is not None  # only for a compiled step
+        until = getattr(self.model, "train_until", {})
+        later = [p for n, p in self.model.named_parameters() if n in until and p.requires_grad]
+        for frozen in ([], later) if later else ([],):
+            for p in frozen:
+                p.requires_grad_(False)
+            for _ in range(WARM_STEPS):
+                self.step_fn(images, labels)
+        for p in later:
+            p.requires_grad_(True)
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
