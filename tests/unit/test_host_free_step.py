@@ -19,6 +19,7 @@ from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
 from trainscale.models.airbench import airbench94
 from trainscale.train import loop
+from trainscale.train.checks import validate_engine
 from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
@@ -206,3 +207,19 @@ def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one() -> None:
             opt.zero_grad()
     for a, b in zip(warmed[0].state_dict().values(), fresh[0].state_dict().values()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"precision": "fp16"}, "grad scaler"),
+        ({"nonfinite": "skip"}, "--nonfinite skip"),
+        ({"workers": 2}, "several workers"),
+        ({"device": "cpu", "train_step": "graphed"}, "CUDA graphs need a CUDA device"),
+    ],
+)
+def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: dict[str, Any], why: str) -> None:
+    cfg = CoreConfig.from_flat({"train_step": "compiled", **settings})
+    with pytest.raises(ConfigError, match=f"--train-step .*{why}"):
+        validate_engine(cfg)
+    validate_engine(CoreConfig.from_flat({**settings, "train_step": "eager"}))
