@@ -86,7 +86,8 @@ def report(rows: list[dict[str, Any]], recipe: str, device: str, machine: str) -
     for r in rows:
         print(
             f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
-            f"{r['train_seconds']:.2f} s of training steps"
+            f"{r['train_seconds']:.2f} s of training steps; warm-up and compilation before the timer "
+            f"{r.get('warmup_seconds') or 0.0:.1f} s ({r.get('train_step') or 'eager'} step)"
         )
     print(f"accuracy {100 * acc_m:.2f} +- {100 * acc_s:.2f}% (goal: mean >= {100 * TARGET:.1f}%)")
     bound = f"goal: each < {goal:g} s" if goal else "no time goal"
@@ -143,6 +144,8 @@ def main() -> int:
                 "acc": scope["test_acc"],
                 "reference_seconds": scope["seconds"],
                 "train_seconds": summary[K.total_train_seconds],
+                "warmup_seconds": summary.get(K.warmup_seconds),
+                "train_step": summary.get(K.train_step),
                 "out": summary[K.out],
             }
         )
