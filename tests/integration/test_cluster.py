@@ -3,6 +3,7 @@ them, a failure under CI=true. Every test deletes what it created, also when it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,7 +21,10 @@ import torch
 
 from tests.integration.cli import assert_one_line_error, run_cli
 from trainscale.cli import main
+from trainscale.cluster import bench as cluster_bench
+from trainscale.cluster import owner as owners
 from trainscale.cluster.bench import cluster_for, cluster_name
+from trainscale.cluster.command import BY_BENCH, bring_up, check_cluster
 from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 from trainscale.runtime import ft
@@ -48,10 +52,13 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
     yield new
     for name in made:
         net.destroy(name)
+        with contextlib.suppress(owners.ClusterBusy), owners.owned(name, wait_s=0):  # a killed owner's lock file
+            pass
     leftovers = [ns for name in made for ns in net.trainscale_namespaces().get(name, [])]
     leftovers += [
         str(p) for name in made for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")
     ]
+    leftovers += [str(owners.lock_path(name)) for name in made if owners.lock_path(name).exists()]
     assert not leftovers, leftovers
 
 
@@ -216,25 +223,128 @@ def test_down_refuses_a_cluster_in_use_and_force_stops_the_run(
         run.wait()
 
 
-def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(cluster_names: Callable[[], str]) -> None:
-    """Two benches needing a cluster of one shape: the second is refused with one line, the first's cluster and
-    run untouched (before, it deleted the cluster under the running job)."""
+def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two benches needing a cluster of one shape: the second is refused with one line naming the first, whose
+    cluster and run are untouched (before, it deleted the cluster under the running job). A leftover of a bench
+    that is gone is replaced, unless a run is still on it; a cluster of that name made with `cluster up` is the
+    user's: refused, never deleted."""
     cluster_names()  # the fixture's state folder and its root check
-    name = cluster_name(2, net.parse_rate("1gbit"))
+    name = cluster_name(2, net.parse_rate("999mbit"))
     with cluster_for(name):
-        run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "300"])
-        try:
-            while not net.processes_in(name):
-                assert run.poll() is None
-                time.sleep(0.05)
-            with pytest.raises(ConfigError, match=f"^cluster {name}, which this grid's runs need, is in use"):
-                with cluster_for(name):
-                    pass
-            assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
-        finally:
-            run.kill()
-            run.wait()
+        with pytest.raises(
+            ConfigError, match=f"^cluster {name}, which this grid's runs need, is in use by pid {os.getpid()}"
+        ):
+            with cluster_for(name):
+                pass
+        assert len(net.trainscale_namespaces()[name]) == 3
     assert name not in net.trainscale_namespaces()
+    with owners.owned(name):  # a bench killed while its cluster was up: the record names a bench, nobody owns it
+        bring_up(name, [999_000_000] * 2, by=BY_BENCH)
+    assert "left by a bench that is gone" in cli(capsys, "status")[1]
+    run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "300"])
+    monkeypatch.setattr(cluster_bench, "LEFTOVER_GRACE_S", 0.5)
+    try:
+        while not net.processes_in(name):
+            assert run.poll() is None
+            time.sleep(0.05)
+        with pytest.raises(
+            ConfigError, match=f"^cluster {name}, which this grid's runs need, is in use by another run"
+        ):
+            with cluster_for(name):
+                pass
+        assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
+    finally:
+        run.kill()
+        run.wait()
+    created = json.loads((Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").read_text())["created"]
+    with cluster_for(name):  # the leftover, idle now, is replaced by a cluster of this bench
+        assert json.loads((Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").read_text())["owner"] == {
+            "pid": os.getpid(),
+            "command": net.command_of(os.getpid()),
+            "by": BY_BENCH,
+        }
+    assert name not in net.trainscale_namespaces() and created
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "999mbit")[0] == 0
+    try:
+        with pytest.raises(ConfigError, match=f"^cluster {name} was made with `trainscale cluster up`"):
+            with cluster_for(name):
+                pass
+        assert len(net.trainscale_namespaces()[name]) == 3
+    finally:
+        assert cli(capsys, "down", name)[0] == 0
+    assert not owners.lock_path(name).exists()
+
+
+def test_two_ups_of_one_name_at_once_make_one_cluster(cluster_names: Callable[[], str]) -> None:
+    """Exactly one makes it; the other is one line, and the cluster is whole (before, both went ahead and the
+    one that failed deleted every namespace of the name, the other's included)."""
+    name = cluster_names()
+    argv = [sys.executable, "-m", "trainscale", "cluster", "up", name, "--hosts", "6", "--bandwidth", "1gbit"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 2, 2], results
+    for code, _, err in results:
+        lines = [x for x in err.splitlines() if x.strip()]
+        if code:
+            assert len(lines) == 1 and ("exists already" in lines[0] or f"cluster {name} is in use by pid" in lines[0])
+    assert sorted(net.trainscale_namespaces()[name]) == sorted(net.Cluster(name, (1,) * 6).namespaces)
+    assert (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").exists() and reachable(name, 0, 5)
+
+
+# An owner caught in the middle of making a cluster: its namespaces are there, its record not yet.
+MAKER = """
+import sys, time
+from trainscale.cluster.owner import owned
+from trainscale.runtime import cluster as net
+with owned(sys.argv[1]):
+    net.create(net.Cluster(sys.argv[1], (10**9, 10**9)))
+    print("made", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_cluster_being_made_is_shown_and_guarded(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """While its owner makes a cluster, `status` names the owner (before: its namespaces were shown as debris for
+    `down --all` to remove) and `down` refuses in one line naming it; `down --force` stops it and removes what
+    it left."""
+    name = cluster_names()
+    proc = subprocess.Popen([sys.executable, "-c", MAKER, name], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "made\n"
+        code, out, _ = cli(capsys, "status")
+        assert code == 0 and f"cluster {name}: being made by pid {proc.pid}" in out and "debris" not in out, out
+        assert f"being made by pid {proc.pid}" in cli(capsys, "status", name)[1]
+        for args in (("down", name), ("down", "--all"), ("up", name, "--hosts", "2", "--bandwidth", "1gbit")):
+            code, _, err = cli(capsys, *args)
+            assert code == 2 and f"cluster {name} is in use by pid {proc.pid}" in err and len(err.splitlines()) == 1
+        with pytest.raises(ConfigError, match=f"^cluster {name} is in use by pid {proc.pid}"):
+            check_cluster(name)  # a run's pre-flight
+        assert proc.poll() is None and len(net.trainscale_namespaces()[name]) == 3
+        assert cli(capsys, "down", name, "--force")[0] == 0
+        assert proc.wait(timeout=30) == -signal.SIGTERM and name not in net.trainscale_namespaces()
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_stale_record_is_replaced_not_collided_with(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """A record whose namespaces are all gone (a reboot, with a state folder on a disk) and whose maker is gone:
+    `up` of the name removes it and makes the cluster (before: "exists already")."""
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    record = Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json"
+    kept = record.read_text()
+    net.destroy(name)  # what a reboot does to the namespaces
+    record.write_text(kept)
+    code, out, err = cli(capsys, "up", name, "--hosts", "3", "--bandwidth", "1gbit")
+    assert code == 0 and "3 hosts" in out, err
+    assert json.loads(record.read_text())["hosts"] == 3 and len(net.trainscale_namespaces()[name]) == 4
 
 
 def test_shaped_links_and_a_straggler(cluster_names: Callable[[], str], capsys: pytest.CaptureFixture) -> None:
@@ -479,29 +589,78 @@ def node_processes(name: str) -> list[int]:
     ]
 
 
+def processes_of(folder: Path) -> list[int]:
+    """Processes whose command line names ``folder`` (a bench with --out there, its runs, their nodes/workers)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(folder) in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [pid for pid in pids if net._alive(pid)]
+
+
+def start_bench(grid: Path, out: Path, log: Path, until: Callable[[], bool]) -> subprocess.Popen:
+    """`trainscale bench` in the background, once ``until()`` holds."""
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainscale", "bench", str(grid), "--out", str(out)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            preexec_fn=default_sigint,
+        )
+    deadline = time.monotonic() + 180
+    while not until():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    return proc
+
+
 def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(
-    cluster_names: Callable[[], str], tmp_path: Path
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    grid = tmp_path / "grid.toml"
+    """Also: Ctrl-C in the middle stops the run and deletes the cluster; SIGKILL in the middle takes the run with
+    the bench (the parent-death signal; before, the run went on alone), and the re-run replaces the leftover
+    cluster and finishes."""
+    grid, out, name = tmp_path / "grid.toml", tmp_path / "bench", "b2h1gbit"
     grid.write_text(
         'name = "links"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\ntrain_subset = 256\n'
         "test_subset = 128\nepochs = 1\nbatch_size = 64\n[axes]\ncluster_hosts = [2]\n"
         'bandwidth = ["1gbit"]\nlr = [0.1, 0.2]\n'
     )
+    state = Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json"
     try:
-        run = run_cli("bench", grid, "--out", tmp_path / "bench", timeout=600)
+        bench = start_bench(grid, out, tmp_path / "1.log", lambda: state.exists() and len(processes_of(out)) > 1)
+        bench.send_signal(signal.SIGINT)
+        assert bench.wait(timeout=60) == 130, (tmp_path / "1.log").read_text()
+        assert not processes_of(out) and name not in net.trainscale_namespaces() and not state.exists()
+        assert not owners.lock_path(name).exists()
+
+        bench = start_bench(
+            grid, out, tmp_path / "2.log", lambda: bool(set(node_processes(name)) & set(processes_of(out)))
+        )
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 30
+        while processes_of(out):
+            assert time.monotonic() < deadline, f"the bench's run outlived it: {processes_of(out)}"
+            time.sleep(0.2)
+        assert "left by a bench that is gone" in cli(capsys, "status")[1]
+
+        run = run_cli("bench", grid, "--out", out, timeout=600)
         assert run.returncode == 0, run.stderr
-        summaries = [json.loads(p.read_text()) for p in (tmp_path / "bench" / "runs").glob("*/summary.json")]
-        assert len(summaries) == 2 and {s["cluster"]["name"] for s in summaries} == {"b2h1gbit"}
+        summaries = [json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")]
+        assert len(summaries) == 2 and {s["cluster"]["name"] for s in summaries} == {name}
         assert all(s["wire_bytes_sent_per_step"] > 0 for s in summaries)
-        again = run_cli("bench", grid, "--out", tmp_path / "bench", timeout=120)  # finished: nothing to run
-        assert again.returncode == 0 and "2 skipped" in again.stdout, again.stdout + again.stderr
-        assert run_cli("report", tmp_path / "bench", "--out", tmp_path / "report").returncode == 0
+        assert run_cli("report", out, "--out", tmp_path / "report").returncode == 0
         text = (tmp_path / "report" / "results.md").read_text()
         assert "excluded" not in text and "| 2 hosts at 1 Gbit/s |" in text
     finally:
-        leftovers = net.destroy("b2h1gbit")
-    assert not leftovers and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / "b2h1gbit.json").exists()
+        for pid in processes_of(out):
+            os.kill(pid, signal.SIGKILL)
+        leftovers = net.destroy(name)
+    assert not leftovers and not state.exists() and not owners.lock_path(name).exists()
 
 
 def test_dilated_cluster_slows_its_links_and_projects_the_run_back(

@@ -3,8 +3,10 @@ stop runs past their timeout (with everything they started), and never mix folde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -22,7 +24,7 @@ from trainscale.bench.runner import BenchOptions, run_grid
 # Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
 # (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
 FAKE_TRAIN = r"""
-import json, subprocess, sys, time, tomllib
+import json, os, subprocess, sys, time, tomllib
 from pathlib import Path
 args = sys.argv[sys.argv.index("train") + 1:]
 config = tomllib.loads(Path(args[args.index("--config") + 1]).read_text())
@@ -35,6 +37,7 @@ if config["lr"] == 0.5:
 if config["lr"] == 0.7:
     child = subprocess.Popen(["sleep", "600"], start_new_session=True)
     (out.parent.parent.parent / "grandchild.pid").write_text(str(child.pid))
+    (out.parent.parent.parent / "train.pid").write_text(str(os.getpid()))
     time.sleep(600)
 defaults = json.loads((out.parent.parent.parent / "defaults.json").read_text())  # TrainConfig's, all fields
 (out / "config.json").write_text(json.dumps({**defaults, **config, "out": str(out)}))
@@ -305,7 +308,6 @@ def test_cli_bad_set_or_data_dir_is_one_line_and_status_2_before_any_run(tmp_pat
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
 def test_descendants_finds_the_process_tree():
-    import subprocess
 
     from trainscale.bench.process import descendants
 
@@ -340,3 +342,64 @@ def test_a_scale_the_grid_lacks_is_one_line_and_status_2(tmp_path, capsys, scale
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "grid has no scale 'full'; its scales are: " in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+# A bench in a process of its own (as `trainscale bench` runs), with the stand-in for `trainscale train`.
+BENCH = """
+import sys
+from pathlib import Path
+from trainscale.bench.cli import run_stoppable
+from trainscale.bench.runner import BenchOptions, run_grid
+try:
+    run_stoppable(run_grid, BenchOptions(grid=Path(sys.argv[1]), out=Path(sys.argv[2]), python=sys.argv[3]))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _bench_process(tmp_path: Path, fake: Path) -> tuple[subprocess.Popen, int]:
+    """A bench whose run hangs, and the pid of that run once it started."""
+    opts = options(tmp_path, fake, "[0.7]")
+    bench = subprocess.Popen([sys.executable, "-c", BENCH, str(opts.grid), str(opts.out), str(fake)])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "grandchild.pid").exists():
+        assert bench.poll() is None and time.monotonic() < deadline, "the bench never started its run"
+        time.sleep(0.05)
+    return bench, int((tmp_path / "train.pid").read_text())
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+def test_a_bench_killed_with_sigkill_takes_its_run_with_it(tmp_path, fake):
+    """The parent-death signal: before, the run went on without a parent (and a re-run collided with it)."""
+    bench, train = _bench_process(tmp_path, fake)
+    try:
+        bench.kill()
+        bench.wait()
+        assert _gone(train, 10), "the run outlived the bench killed with SIGKILL"
+    finally:
+        for pid in (train, int((tmp_path / "grandchild.pid").read_text())):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+def test_sigterm_stops_a_bench_as_ctrl_c_does(tmp_path, fake):
+    """SIGTERM (a scheduler's stop) ends the bench through its clean-up: the run and all it started are stopped
+    (before, the bench died at once and its run and the run's own children were left)."""
+    bench, train = _bench_process(tmp_path, fake)
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    try:
+        bench.terminate()
+        assert bench.wait(timeout=60) == 130
+        assert _gone(train, 5) and _gone(grandchild, 5), "SIGTERM left the bench's run behind"
+    finally:
+        for pid in (train, grandchild):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)

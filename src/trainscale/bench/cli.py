@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainscale.config import bound_problem
 
@@ -101,7 +103,7 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plan(options, *plan(options))
         return 0
-    results = run_grid(options)
+    results = run_stoppable(run_grid, options)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "skipped", "failed", "timeout")}
     print(
         f"{len(results)} run(s): "
@@ -112,6 +114,20 @@ def bench_command(args: argparse.Namespace) -> int:
         if r.status in ("failed", "timeout"):
             print(f"  {r.status}: {r.run_id}: {r.error}")
     return 1 if counts["failed"] or counts["timeout"] else 0
+
+
+def run_stoppable(run: Callable[[BenchOptions], list[Any]], options: BenchOptions) -> list[Any]:
+    """A scheduler's SIGTERM stops the bench as Ctrl-C does: the run in progress is stopped and a cluster the
+    bench made is deleted (the default action would end the bench at once and leave both behind)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return run(options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:

@@ -1,5 +1,8 @@
 """Run one `trainscale train` as a child in its own process group, and stop it and all it started.
 
+The child dies with the bench: the parent-death signal (SIGTERM, so a run on a cluster still stops its nodes)
+reaches it even when the bench is killed with SIGKILL, which leaves no chance to stop it.
+
 A distributed run's launcher starts its workers in sessions of their own (torch's elastic agent does),
 so killing the child's process group is not enough: the whole tree of descendants is collected from
 /proc first and stopped with it. SIGTERM first (the agent then stops its workers cleanly), SIGKILL after
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainscale.io import open_output
+from trainscale.runtime.orphans import dying_with_this_process
 
 log = logging.getLogger("trainscale.bench")
 
@@ -25,10 +29,17 @@ POLL_SECONDS = 1.0
 
 
 def start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group."""
+    """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group, and it
+    gets SIGTERM when this process dies."""
     with open_output(log_path) as out:
         return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=dying_with_this_process(signal.SIGTERM),
         )
 
 

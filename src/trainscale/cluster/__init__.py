@@ -8,7 +8,8 @@ The capability's home, in two floors:
   fault injection (``runtime.faults``, a link cut) and the planner (rates, ``profile --cpus``) sit below this
   package, so that floor stays there.
 - this package, a layer below ``app`` (``tests/unit/test_layers.py``): ``command`` (`trainscale cluster`: up,
-  down, status, link, probe; the state records), ``dilation`` (``cluster up --dilate-to`` and the projection of a
+  down, status, link, probe; the state records), ``owner`` (one lock per cluster name: who makes, uses or deletes
+  it now), ``dilation`` (``cluster up --dilate-to`` and the projection of a
   run's times), ``wire`` (the kernel's bytes on the wire), ``seam`` (the one object a worker on a cluster installs
   around its mode's callbacks) and ``bench`` (the bench's grid keys ``cluster_hosts`` and ``bandwidth``).
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from trainscale.cluster.command import bring_down, bring_up, state_path
+from trainscale.cluster import owner as owners
+from trainscale.cluster.command import BY_BENCH, BY_UP, bring_down, bring_up, state_path
 from trainscale.errors import ConfigError
+from trainscale.io import read_json
 from trainscale.runtime import cluster as net
 
 CLUSTER_KEYS = ("cluster_hosts", "bandwidth")
 _NAME = re.compile(r"^b(\d+)h(\d+(?:bit|kbit|mbit|gbit))$")
+LEFTOVER_GRACE_S = 20.0  # how long the runs of a killed bench may take to stop
 
 
 def take_cluster_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -53,24 +57,52 @@ def bench_cluster(name: str | None) -> tuple[int, int] | None:
 
 @contextlib.contextmanager
 def cluster_for(name: str | None) -> Iterator[None]:
-    """Make the bench's cluster ``name`` for the body (a leftover of an interrupted bench is replaced) and
-    delete it afterwards; a no-op for runs on no cluster or on one the user made."""
+    """Make the bench's cluster ``name`` for the body and delete it afterwards, owning it all along (its lock,
+    ``cluster.owner``): another bench that needs the same cluster meanwhile is refused with one line, never
+    handed this one. A leftover of a bench that is gone (killed) is replaced; a no-op for runs on no cluster or
+    on one the user made."""
     shape = bench_cluster(name)
     if shape is None:
         yield
         return
     hosts, rate = shape
     assert name is not None  # a bench cluster has a name
-    if state_path(name).exists() or name in net.trainscale_namespaces():
-        busy = net.processes_in(name)
-        if busy:
-            raise ConfigError(
-                f"cluster {name}, which this grid's runs need, is in use by another run (pid {busy[0]}: "
-                f"{net.command_of(busy[0])}); wait for it, or stop it with `trainscale cluster down {name} --force`"
-            )
-        bring_down(name)
-    bring_up(name, [rate] * hosts)
+    net.check_tools()
+    stack = contextlib.ExitStack()
     try:
-        yield
-    finally:
-        bring_down(name)
+        stack.enter_context(owners.owned(name))
+    except owners.ClusterBusy as busy:
+        raise ConfigError(
+            f"cluster {name}, which this grid's runs need, is in use by {busy.owner}: wait for it to finish, or "
+            f"stop it with `trainscale cluster down {name} --force`"
+        ) from None
+    with stack:
+        _clear_leftover(name)
+        bring_up(name, [rate] * hosts, by=BY_BENCH)
+        try:
+            yield
+        finally:
+            bring_down(name)
+
+
+def _clear_leftover(name: str) -> None:
+    """Delete what a bench that is gone left of cluster ``name`` (the caller owns it, so its maker is dead): its
+    runs stop with it (the parent-death signal), so processes still in it are waited for a moment, then named.
+    A cluster of this name made with `cluster up` is the user's: refused, never deleted."""
+    if not (state_path(name).exists() or name in net.trainscale_namespaces()):
+        return
+    record = read_json(state_path(name)) if state_path(name).exists() else {}
+    if (record.get("owner") or {}).get("by") == BY_UP:
+        raise ConfigError(
+            f"cluster {name} was made with `trainscale cluster up`, but a bench makes and deletes the clusters it "
+            f"names itself: remove it with `trainscale cluster down {name}`, or name it otherwise"
+        )
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (busy := net.processes_in(name)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if busy:
+        raise ConfigError(
+            f"cluster {name}, which this grid's runs need, is in use by another run (pid {busy[0]}: "
+            f"{net.command_of(busy[0])}); wait for it, or stop it with `trainscale cluster down {name} --force`"
+        )
+    bring_down(name)

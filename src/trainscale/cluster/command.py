@@ -1,18 +1,23 @@
 """`trainscale cluster`: bring emulated clusters up and down, inspect them, cut or slow one host's link, probe.
 
 Each cluster's configuration is kept as JSON in a state folder (``$TRAINSCALE_CLUSTER_STATE``, else
-/run/trainscale/clusters: /run is a tmpfs, gone after a reboot just like the namespaces it describes).
+/run/trainscale/clusters: /run is a tmpfs, gone after a reboot just like the namespaces it describes), with the
+process that made it (``owner``: pid, command, and whether `cluster up` or a bench made it). Making, deleting and
+replacing a cluster happen under its lock (``cluster.owner``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from trainscale.cluster import owner as owners
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, dumps, read_json
@@ -24,6 +29,7 @@ DEFAULT_STATE = "/run/trainscale/clusters"
 PROBE_BYTES = 4_000_000
 PROBE_PINGS = 50
 UP_PINGS = 20  # `up` measures the base round trip once (h0 -> h1) for runs to record
+BY_UP, BY_BENCH = "cluster up", "bench"  # who made a cluster (its record's owner.by)
 
 
 def state_dir() -> Path:
@@ -43,8 +49,15 @@ def load(name: str) -> dict:
 
 
 def check_cluster(name: str) -> dict:
-    """The cluster's record, once its namespaces are known to be there (the pre-flight of a run on it)."""
+    """The cluster's record, once its namespaces are known to be there and no other process owns it now (the
+    pre-flight of a run on it): a run on a cluster that an `up` is still making, a `down` deleting, or another
+    bench using (it deletes it when done) would be cut off. A bench's own runs descend from their owner."""
     net.check_tools()
+    holder = owners.holder(net.validate_name(name))
+    if holder is not None and not owners.is_ancestor(holder.pid):
+        raise ConfigError(
+            f"cluster {name} is in use by {holder}, which is making, using or deleting it: wait for it to finish"
+        )
     record = load(name)
     live = set(net.trainscale_namespaces().get(record["name"], []))
     gone = [ns for ns in record["namespaces"] if ns not in live]
@@ -62,7 +75,7 @@ def save(record: dict) -> None:
     atomic_write_text(path, dumps(record))
 
 
-def record_of(cluster: net.Cluster) -> dict:
+def record_of(cluster: net.Cluster, by: str = BY_UP) -> dict:
     return {
         "name": cluster.name,
         "hosts": cluster.hosts,
@@ -71,6 +84,7 @@ def record_of(cluster: net.Cluster) -> dict:
         "addresses": [net.address(i) for i in range(cluster.hosts)],
         "rates_bps": list(cluster.rates),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "owner": {"pid": os.getpid(), "command": net.command_of(os.getpid()), "by": by},
     }
 
 
@@ -99,7 +113,9 @@ def up(args: argparse.Namespace) -> int:
         if args.hosts is None or args.bandwidth is None:
             raise ConfigError("cluster up needs --hosts N and --bandwidth RATE (or --dilate-to CLUSTER --profile P)")
         rates, dilation = net.parse_rates(args.bandwidth, net.check_hosts(args.hosts)), None
-    record = bring_up(name, rates, dilation)
+    net.check_tools()  # root, before the lock folder is made
+    with owners.owned(name):
+        record = bring_up(name, rates, dilation)
     hosts = record["hosts"]
     print(
         f"cluster {name}: {hosts} hosts {net.address(0)}-{net.address(hosts - 1)} on switch {net.switch_ns(name)}, "
@@ -111,17 +127,26 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
-def bring_up(name: str, rates: list[int], dilation: dict | None = None) -> dict:
+def bring_up(name: str, rates: list[int], dilation: dict | None = None, by: str = BY_UP) -> dict:
     """Create cluster ``name`` (one host per rate), measure its round trip and record it (with the time
-    dilation its rates carry, if any); returns the record. Whatever fails or is interrupted, nothing of it
-    is left."""
+    dilation its rates carry, if any, and ``by``: who made it); returns the record. The caller owns the
+    cluster (``owner.owned``). A record whose namespaces are all gone (a reboot, with a state folder that
+    outlives one) is stale: it is removed, not collided with. Whatever fails or is interrupted, nothing of
+    the new cluster is left."""
     cluster = net.Cluster(net.validate_name(name), tuple(rates))
     net.check_tools()
-    if state_path(name).exists() or name in net.trainscale_namespaces():
+    owners.require(name)
+    forget_stale(name)
+    if state_path(name).exists():
         raise ConfigError(f"cluster '{name}' exists already (trainscale cluster down {name} removes it)")
+    if name in net.trainscale_namespaces():
+        raise ConfigError(
+            f"cluster '{name}' has namespaces but no record (an interrupted `cluster up`?): "
+            f"trainscale cluster down {name} removes them"
+        )
     try:
         net.create(cluster)
-        record = record_of(cluster)
+        record = record_of(cluster, by)
         if dilation:
             record["dilation"] = dilation
         record["rtt_seconds"] = net.measure(name, 0, 1, net.MIN_BURST_BYTES, UP_PINGS)["rtt_seconds"]
@@ -132,8 +157,21 @@ def bring_up(name: str, rates: list[int], dilation: dict | None = None) -> dict:
     return record
 
 
+def forget_stale(name: str) -> bool:
+    """Remove cluster ``name``'s record when none of its namespaces is left (its owner, who holds no lock, is
+    gone too: the caller holds it); True when it did."""
+    path = state_path(name)
+    if not path.exists() or name in net.trainscale_namespaces():
+        return False
+    path.unlink(missing_ok=True)
+    log.warning("cluster %s: its record was stale (no namespace of it is left, a reboot?); removed it", name)
+    return True
+
+
 def bring_down(name: str) -> list[str]:
-    """Delete cluster ``name``'s namespaces and its state file; returns the namespaces removed."""
+    """Delete cluster ``name``'s namespaces and its state file; returns the namespaces removed. The caller owns
+    the cluster (``owner.owned``)."""
+    owners.require(name)
     removed = net.destroy(name)
     state_path(name).unlink(missing_ok=True)
     return removed
@@ -146,20 +184,46 @@ def down(args: argparse.Namespace) -> int:
     if args.all:
         names = sorted(set(net.trainscale_namespaces()) | net.leftover_cpu_groups() | {p.stem for p in _state_files()})
     else:
-        names = [args.name if _debris(net.validate_name(args.name)) else load(args.name)["name"]]
-    in_use = {name: pids for name in names if (pids := net.processes_in(name))}
-    if in_use and not args.force:
-        name, pids = next(iter(in_use.items()))
-        raise ConfigError(
-            f"cluster {name} is in use by {len(pids)} process(es) of a run (pid {pids[0]}: {net.command_of(pids[0])}); "
-            f"stop that run first, or stop it with `trainscale cluster down {name} --force`"
-        )
-    for pids in in_use.values():
-        net.stop_processes(pids)
-    for name in names:
-        removed = bring_down(name)
-        print(f"cluster {name}: removed {len(removed)} namespaces")
+        names = [net.validate_name(args.name)]
+    with contextlib.ExitStack() as stack:
+        stopped = [owner for name in names if (owner := _own(stack, name, args.force))]
+        if not args.all and stopped and not (_debris(args.name) or state_path(args.name).exists()):
+            print(f"cluster {args.name}: stopped its owner, {stopped[0]}, which removed what it had made")
+            return 0
+        if not args.all:
+            names = [args.name if _debris(args.name) else load(args.name)["name"]]
+        in_use = {name: pids for name in names if (pids := net.processes_in(name))}
+        if in_use and not args.force:
+            name, pids = next(iter(in_use.items()))
+            raise ConfigError(
+                f"cluster {name} is in use by {len(pids)} process(es) of a run (pid {pids[0]}: "
+                f"{net.command_of(pids[0])}); stop that run first, or stop it with `trainscale cluster down {name} "
+                "--force`"
+            )
+        for pids in in_use.values():
+            net.stop_processes(pids)
+        for name in names:
+            removed = bring_down(name)
+            print(f"cluster {name}: removed {len(removed)} namespaces")
+    if args.all:
+        for name in owners.leftover_locks():  # lock files of killed owners: taking and letting go removes them
+            with contextlib.suppress(owners.ClusterBusy), owners.owned(name, wait_s=0):
+                pass
     return 0
+
+
+def _own(stack: contextlib.ExitStack, name: str, force: bool) -> owners.Owner | None:
+    """Take cluster ``name``'s lock for `down`: a live owner (a bench using it, an `up` making it) is named in one
+    line, or with ``force`` stopped first (it then deletes what it made itself); returns the owner stopped."""
+    try:
+        stack.enter_context(owners.owned(name))
+        return None
+    except owners.ClusterBusy as busy:
+        if not force:
+            raise
+        owners.stop_owner(busy.owner)
+        stack.enter_context(owners.owned(name, wait_s=30.0))
+        return busy.owner
 
 
 def _debris(name: str) -> bool:
@@ -175,6 +239,9 @@ def _state_files() -> list[Path]:
 
 def status(args: argparse.Namespace) -> int:
     net.check_tools()
+    if args.name and not state_path(net.validate_name(args.name)).exists() and owners.holder(args.name):
+        print(f"cluster {args.name}: being made by {owners.holder(args.name)}")
+        return 0
     records = [load(args.name)] if args.name else [read_json(p) for p in _state_files()]
     live = net.trainscale_namespaces()
     rows = [row for record in records for row in _status_rows(record, live)]
@@ -182,7 +249,15 @@ def status(args: argparse.Namespace) -> int:
         print(_table(["cluster", "namespace", "address", "rate", "link", "tx_bytes", "rx_bytes"], rows))
     elif not args.name:
         print("no clusters (trainscale cluster up NAME --hosts N --bandwidth RATE makes one)")
+    for record in records:
+        line = _owner_line(record)
+        if line:
+            print(line)
     debris = sorted((set(live) | net.leftover_cpu_groups()) - {r["name"] for r in records}) if not args.name else []
+    for name, holder in [(n, owners.holder(n)) for n in debris]:
+        if holder is not None:  # namespaces of a cluster a live owner is making: not debris
+            print(f"cluster {name}: being made by {holder}")
+            debris.remove(name)
     if debris:
         left = [ns for n in debris for ns in live.get(n) or [f"CPU groups of {n}"]]
         print(
@@ -190,6 +265,22 @@ def status(args: argparse.Namespace) -> int:
             f"remove them with: trainscale cluster down --all"
         )
     return 0
+
+
+def _owner_line(record: dict) -> str | None:
+    """Who holds the cluster now, or that the bench which made it is gone; None for a cluster made with `cluster up`
+    and nobody changing it."""
+    name, made = record["name"], record.get("owner") or {}
+    holder = owners.holder(name)
+    if holder is not None:
+        done = ", which deletes it when it is done" if made.get("by") == BY_BENCH else ""
+        return f"cluster {name}: in use by {holder}{done}"
+    if made.get("by") == BY_BENCH:
+        return (
+            f"cluster {name}: left by a bench that is gone (pid {made.get('pid')}); the next bench that needs it "
+            f"replaces it, `trainscale cluster down {name}` removes it"
+        )
+    return None
 
 
 def _status_rows(record: dict, live: dict[str, list[str]]) -> list[list[str]]:
@@ -219,8 +310,7 @@ def link(args: argparse.Namespace) -> int:
         return 0
     rate = net.parse_rate(args.bandwidth)
     net.set_rate(record["name"], index, rate)
-    record["rates_bps"][index] = rate
-    save(record)
+    _update(record["name"], lambda r: r["rates_bps"].__setitem__(index, rate))
     print(f"cluster {record['name']}: host {index} rate {net.format_rate(rate)}")
     return 0
 
@@ -243,9 +333,21 @@ def probe(args: argparse.Namespace) -> int:
             ]
         )
     print(_table(["path", "address", "rtt_ms (median)", "measured_mbit", "configured_mbit"], rows))
-    record["rtt_seconds"] = statistics.median(rtts)
-    save(record)
+    rtt = statistics.median(rtts)
+    _update(record["name"], lambda r: r.__setitem__("rtt_seconds", rtt))
     return 0
+
+
+def _update(name: str, change: Callable[[dict], None]) -> None:
+    """Change cluster ``name``'s record as it is now on disk, if it is still there: a `down` (or a bench replacing
+    the cluster) meanwhile must not have its record written back."""
+    path = state_path(name)
+    if not path.exists():
+        log.warning("cluster %s was removed meanwhile; its record is not written back", name)
+        return
+    record = read_json(path)
+    change(record)
+    save(record)
 
 
 def cluster_command(args: argparse.Namespace) -> int:

@@ -245,9 +245,9 @@ def processes_in(name: str) -> list[int]:
 
 
 def command_of(pid: int) -> str:
-    """Process ``pid``'s command line, shortened, for a message ("" once it is gone)."""
+    """Process ``pid``'s command line on one line, shortened, for a message ("" once it is gone)."""
     try:
-        text = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")).strip()
+        text = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split())
     except OSError:
         return ""
     return text if len(text) <= 80 else text[:77] + "..."

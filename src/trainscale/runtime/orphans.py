@@ -22,10 +22,12 @@ launcher's output too (``become_launcher``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from trainscale.runtime.job import LAUNCHER_PID_ENV
@@ -75,7 +77,7 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
     already gone (``parent``: the pid the parent recorded; None skips that check). A no-op off Linux."""
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         log.warning(
             "prctl(PR_SET_PDEATHSIG) failed (%s): this process may outlive its parent", os.strerror(ctypes.get_errno())
@@ -83,6 +85,21 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
         return
     if parent is not None and os.getppid() != parent:
         os._exit(1)  # orphaned before the request: nobody is left to report to
+
+
+def dying_with_this_process(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that must not outlive this process: the kernel sends it ``sig`` when this
+    process dies (even by SIGKILL), and a child that finds this process already gone exits at once. libc is
+    loaded here, in the parent, so the child does nothing between fork and exec that could wait on a lock."""
+    parent = os.getpid()
+    if sys.platform.startswith("linux"):
+        _libc()
+    return functools.partial(die_with_parent, sig, parent)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def die_quietly_on_stop() -> None:

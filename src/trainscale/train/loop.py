@@ -11,6 +11,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from trainscale.runtime.dist import any_rank
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
 from trainscale.train.step import StepFn
+from trainscale.train.steplog import StepLog
 
 
 @dataclass
@@ -211,10 +213,12 @@ def train_one_epoch(
     progress: bool = True,
     nonfinite: str = "stop",
     step_fn: StepFn | None = None,
+    step_log: StepLog | None = None,
 ) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
     ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``).
-    ``step_fn``: a compiled step (``train.step``) in place of the eager one (``--nonfinite stop`` only)."""
+    ``step_fn``: a compiled step (``train.step``) in place of the eager one (``--nonfinite stop`` only).
+    ``step_log``: live metrics every few steps (``steplog``); the progress bar shows only on a terminal."""
     model.train()
     acc = Accumulator(precision.device)
     steps = len(batches)
@@ -228,19 +232,23 @@ def train_one_epoch(
         total=steps,
         desc=f"epoch {epoch + 1}",
         leave=False,
-        disable=not (progress and is_main_process()),
+        disable=not (progress and is_main_process() and sys.stderr.isatty()),
         unit="batch",
         dynamic_ncols=True,
     )
     synchronize(precision.device)
     start = time.perf_counter()
     run = EpochStep(model, optimizer, scaler, precision, lr_at, label_smoothing, guard, acc, step_fn)
+    if step_log is not None:
+        step_log.start_epoch(epoch, steps, acc, start)
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
         loss = run(step, epoch + getattr(batches, "progress", step / steps), images, labels)
         if step == 0:
             first_loss = loss.detach().clone()
         guard.between_steps(step)
         _tick(bar, step, labels.numel(), start, loss)
+        if step_log is not None:
+            step_log.after_step(step, labels.numel(), optimizer.param_groups[0]["lr"])
     guard.finish()
     synchronize(precision.device)
     seconds = time.perf_counter() - start

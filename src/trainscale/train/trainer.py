@@ -32,6 +32,7 @@ from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpo
 from trainscale.train.loop import PassStats, evaluate, predict, predict_selective, train_one_epoch, views_per_image
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.step import StepFn, choose_step, compiled_step
+from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
 log = logging.getLogger("trainscale.train")
@@ -80,6 +81,7 @@ class Trainer:
     state: RunState = field(default_factory=RunState)
     cores: float = 0.0  # what this worker may keep busy, for cpu_util (0: its torch threads)
     plain_step: bool = False  # one process, the bare model and the optimizer as built: a step train.step may compile
+    step_log: StepLog | None = None  # live metrics every --log-every steps (the main process)
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
     step_fn: StepFn | None = field(default=None, init=False)  # a compiled step (train.step), else the eager one
@@ -100,6 +102,7 @@ class Trainer:
         set_rng_state(ckpt["rng"])
         if self.writer is not None:
             self.writer.restore_history(self.state.next_epoch)
+            self.writer.restore_steps(self.state.next_epoch)
             log.info("resumed from %s after epoch %d", self.writer.checkpoint_path, self.state.next_epoch)
 
     def snapshot(self) -> dict[str, Any]:
@@ -235,6 +238,7 @@ class Trainer:
                 self.cfg.run.progress,
                 self.cfg.optim.nonfinite,
                 self.step_fn,
+                self.step_log,
             )
         if train.skipped_steps and is_main_process():
             log.warning(
