@@ -28,6 +28,7 @@ from trainscale.errors import ConfigError
 from trainscale.train.precision import Precision
 
 STEP_KINDS = ("auto", "eager", "compiled", "graphed")
+RECOMPILE_LIMIT = 64
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -78,6 +79,10 @@ def compiled_step(
     graphs (CUDA graphs with ``graphed``). The outputs are copies the caller may keep past the next step.
     ``backend``: torch.compile's (tests use ``aot_eager``: the same graphs, without generating kernels)."""
     mode = "reduce-overhead" if graphed else None
+    # The optimizer step compiles one graph per parameter group and state (momentum buffers absent on the first
+    # step, present after; the parameters that stop training after the first epochs): more than dynamo's default
+    # of 8 per function for a model with several groups. The warm-up meets them all before any timer.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     forward = torch.compile(model, mode=mode, backend=backend)
     tensor_lrs(optimizer, precision.device)
 
