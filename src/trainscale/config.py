@@ -163,7 +163,9 @@ class OptimConfig(Section):
     )
     base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
     optimizer: str = option(
-        "sgd", "sgd, or muon: torch.optim.Muon on the conv filters and SGD on the rest", choices=("sgd", "muon")
+        "sgd",
+        "sgd, or muon: Muon (batched over the filters) on the conv filters and SGD on the rest",
+        choices=("sgd", "muon"),
     )
     muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
