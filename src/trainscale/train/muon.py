@@ -158,7 +158,8 @@ MUON_COMPILE = ("auto", "on", "off")
 
 def muon_plan(setting: str, device: torch.device) -> tuple[str, bool]:
     """(stacking, compiled) for ``--muon-compile`` on ``device``. ``auto``: on a GPU every filter padded into one
-    compiled batch (launches are the cost there); on a CPU one eager batch per shape (arithmetic is the cost, and
-    compiling the iteration measured no faster on a 2-core CPU: see docs/speed-record.md)."""
+    compiled batch (launches are the cost there); on a CPU one eager batch per shape, since compiling needs a C++
+    toolchain and its one-off cost falls in the first training step. ``on`` compiles anywhere (padded into one
+    batch on a GPU, per shape on a CPU unless measured otherwise: see docs/speed-record.md)."""
     gpu = device.type == "cuda"
     return ("pad" if gpu else "shape"), setting == "on" or (setting == "auto" and gpu)

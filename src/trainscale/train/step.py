@@ -9,10 +9,10 @@
   evaluation's shapes (its last partial batch included) are captured in the warm-up.
 
 ``auto`` picks ``graphed`` for a single CUDA process in bf16 or fp32 whose steps never skip (``--nonfinite
-stop``), and ``eager`` elsewhere: on a CPU compiling the step did not pay in our measurement (see
-docs/speed-record.md), under a DDP wrapper or a parameter-server mode the step has hooks or communication of its
-own, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must read it before each update.
-The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
+stop``), and ``eager`` elsewhere: on a CPU compiling the whole step took minutes and has not been shown to
+pay back (see docs/speed-record.md), under a DDP wrapper or a parameter-server mode the step has hooks or
+communication of its own, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must read
+it before each update. The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def choose_step(setting: str, device: torch.device, precision: str, single_proce
         if blocked:
             return StepChoice("eager", "auto: " + "; ".join(blocked))
         if device.type != "cuda":
-            return StepChoice("eager", "auto: on a CPU compiling the step measured no faster")
+            return StepChoice("eager", "auto: on a CPU (compiling the whole step costs minutes; not shown to pay)")
         return StepChoice("graphed", "auto: one CUDA process, static shapes")
     if setting != "eager" and blocked:
         raise ConfigError(f"--train-step {setting} cannot run here: {'; '.join(blocked)}; use --train-step eager")
