@@ -189,10 +189,17 @@ class OptimConfig(Section):
     )
     base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
     optimizer: str = option(
-        "sgd", "sgd, or muon: torch.optim.Muon on the conv filters and SGD on the rest", choices=("sgd", "muon")
+        "sgd",
+        "sgd, or muon: Muon (batched over the filters) on the conv filters and SGD on the rest",
+        choices=("sgd", "muon"),
     )
     muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
+    muon_compile: str = option(
+        "auto",
+        "--optimizer muon: torch.compile Muon's batched Newton-Schulz iteration: on, off, or auto (on a GPU only)",
+        choices=("auto", "on", "off"),
+    )
     head_lr_factor: float = option(
         1.0,
         "the classifier layer's learning rate as a multiple of --lr (its weight decay "
@@ -209,6 +216,13 @@ class OptimConfig(Section):
     tta: bool = option(False, "flip test-time augmentation at evaluation")
     tta_translate: int = option(
         0, "with --tta, the last evaluation also averages the views shifted by N pixels (airbench: 1; 6 views in all)"
+    )
+    tta_select: float = option(
+        1.0,
+        "with --tta, the last evaluation gives its extra views only to this fraction of each test batch, the images "
+        "the model is least sure of (selective test-time augmentation; 1: all)",
+        above=0,
+        at_most=1,
     )
     nonfinite: str = option(
         "stop",
@@ -234,6 +248,13 @@ class RunConfig(Section):
     )
     channels_last: bool = option(True, "channels_last memory format (default on)")
     compile: bool = option(False, "torch.compile the model")
+    train_step: str = option(
+        "auto",
+        "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
+        "graphs); graphed (compiled, replayed as CUDA graphs); auto (default: graphed for one CUDA process, "
+        "else eager)",
+        choices=("auto", "eager", "compiled", "graphed"),
+    )
     keep_memory: bool = option(
         True,
         "keep the host memory a step frees for the next step (glibc: no mmap, no "

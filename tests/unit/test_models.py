@@ -14,6 +14,7 @@ from trainscale.models import MODELS, ModelInfo, count_parameters, create_model,
 EXPECTED_PARAMS = {
     "airbench": 1_971_328,
     "airbench94": 1_971_352,  # + the whitening bias, trained for 3 epochs
+    "speedrun94": 1_971_352,  # airbench94 with SiLU: the same parameters
     "alexnet": 23_272_266,
     "alexnet_bn": 2_255_306,
     "inception_bn_small": 1_651_114,

@@ -146,10 +146,12 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     if cfg.run.compile:
         model.compile()
     schedule = create_schedule(cfg)
-    optimizer = mode.wrap_optimizer(build_optimizer(cfg, model, plan.lr), model)  # PS modes: push/pull
+    built = build_optimizer(cfg, model, plan.lr)
+    optimizer = mode.wrap_optimizer(built, model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
     facts = job.cluster  # on an emulated cluster: count the bytes its interfaces send
     callbacks = with_cluster(mode, len(train_batches), facts)
+    train_model = mode.wrap_model(model, device)
     trainer = Trainer(
         cfg=cfg,
         model=model,
@@ -159,7 +161,8 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
         test_batches=test_batches,
         lr_at=lambda t: plan.lr * schedule(t),
         writer=writer,
-        train_model=mode.wrap_model(model, device),
+        train_model=train_model,
+        plain_step=optimizer is built and train_model is model and world_size() == 1,
         callbacks=callbacks,
         baseline=load_baseline(cfg) if writer is not None else None,
         cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),

@@ -173,3 +173,36 @@ register_recipe(
     source="trainscale's own defaults (the values `trainscale train --help` shows), for a model given by import "
     "path that names no recipe of its own",
 )
+
+SPEEDRUN94_BATCH = 1536
+
+register_recipe(
+    "speedrun94",
+    source="trainscale's speed recipe after the published facts of the 2025 CIFAR-10 speed record: the airbench94 "
+    "recipe at batch 1536 (learning rates scaled linearly, Muon's not), SiLU, test-time augmentation for the "
+    "least confident 25% of each test batch only; not yet validated to 94% (needs a GPU run of "
+    "benchmarks/time_to_94.py --recipe speedrun94)",
+    model="speedrun94",
+    epochs=8,
+    batch_size=SPEEDRUN94_BATCH,
+    optimizer="muon",
+    muon_lr=0.24,
+    muon_momentum=0.6,
+    lr=AIRBENCH94_BIAS_LR * AIRBENCH94_BATCH,
+    lr_scaling="linear",
+    base_batch_size=AIRBENCH94_BATCH,
+    head_lr_factor=AIRBENCH94_HEAD_LR / AIRBENCH94_BIAS_LR,
+    momentum=0.85,
+    nesterov=True,
+    weight_decay=AIRBENCH94_DECAY / (AIRBENCH94_BIAS_LR * AIRBENCH94_BATCH),
+    schedule="onecycle",
+    warmup_epochs=0.0,
+    label_smoothing=0.2,
+    crop_padding=2,
+    flip=True,
+    alternate_flip=True,
+    cutout=0,
+    tta=True,
+    tta_translate=1,
+    tta_select=0.25,
+)

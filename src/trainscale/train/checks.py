@@ -20,6 +20,7 @@ OPTIMIZERS = ("sgd", "muon")
 
 def validate_engine(cfg: CoreConfig) -> None:
     """Ranges and names of the engine's settings."""
+    _check_step(cfg)
     require(cfg.optim.epochs > 0, f"--epochs must be a positive integer, got {cfg.optim.epochs}")
     require(cfg.optim.batch_size > 0, f"--batch-size must be a positive integer, got {cfg.optim.batch_size}")
     require(
@@ -89,3 +90,18 @@ def _check_names(cfg: CoreConfig) -> None:
     MODELS.get(cfg.data.model)
     DATASETS.get(cfg.data.dataset)
     SCHEDULES.get(cfg.optim.schedule)
+
+
+def _check_step(cfg: CoreConfig) -> None:
+    """What ``train.step.choose_step`` refuses, where the settings alone tell (before any worker starts)."""
+    step = cfg.run.train_step
+    if step in ("auto", "eager"):
+        return
+    reasons = [
+        ((cfg.launch.processes() or 1) > 1, "several workers wrap the step (DDP)"),
+        (cfg.run.precision == "fp16", "fp16's grad scaler reads the device every step"),
+        (cfg.optim.nonfinite == "skip", "--nonfinite skip reads the device before every update"),
+        (step == "graphed" and cfg.run.device == "cpu", "CUDA graphs need a CUDA device"),
+    ]
+    blocked = [why for bad, why in reasons if bad]
+    require(not blocked, f"--train-step {step} cannot run here: {'; '.join(blocked)}; use --train-step eager")

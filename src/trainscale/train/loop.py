@@ -1,5 +1,8 @@
 """One training epoch and one evaluation pass: the hot loop, kept free of I/O and host syncs (but for
-``--nonfinite skip``, which must read every step's verdict before applying it: see ``NonFiniteSkipper``).
+``--nonfinite skip``, which must read every step's verdict before applying it: see ``NonFiniteSkipper``; the
+stop guard's one read every ``NonFiniteGuard.CHECK_EVERY`` steps; and the progress bar's loss on a terminal).
+The step itself reads nothing from the device: the learning rate is a float (a kernel argument) or, for a
+compiled step, a device tensor filled in place; the first loss is kept on the device until the epoch ends.
 
 Loss and accuracy are accumulated on the device and read once per epoch (or every few steps for the
 progress bar), then summed over ranks, so the same code serves one process and many.
@@ -7,6 +10,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +27,7 @@ from trainscale.runtime import all_reduce_sum, is_main_process
 from trainscale.runtime.dist import any_rank
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
+from trainscale.train.step import StepFn
 from trainscale.train.steplog import StepLog
 
 
@@ -71,33 +76,39 @@ class NonFiniteLoss(TrainscaleError):
 
 
 class NonFiniteGuard:
-    """Stops an epoch at the first step whose loss is not finite, naming the epoch and step. It reads the
-    device every step on the CPU (where the loss is already computed, so it costs nothing) and every
-    ``GPU_CHECK_EVERY`` steps on a GPU, recording the first bad step on the device meanwhile (no per-step sync)."""
+    """Stops an epoch at the first step whose loss is not finite, naming the epoch and step. The first bad step
+    is recorded on the device (no per-step sync) and read every ``CHECK_EVERY`` steps and at the epoch's end, on
+    every device alike (one read every 10 steps lets a GPU run ahead; on a CPU it keeps the step free of reads,
+    so the step is the same code everywhere)."""
 
-    GPU_CHECK_EVERY = 10
+    CHECK_EVERY = 10
     skipped = 0  # it never skips: the first bad step ends training
 
     def __init__(self, device: torch.device, epoch: int, lr_at: Callable[[float], float], steps: int) -> None:
         self.epoch, self.lr_at, self.steps = epoch, lr_at, steps
-        self.every = 1 if device.type == "cpu" else self.GPU_CHECK_EVERY
+        self.every = self.CHECK_EVERY
         self.first = torch.full((), -1, dtype=torch.int64, device=device)
 
     def admit(self, step: int, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
-        """Every step is applied; a bad one stops training (at once on the CPU, within 10 steps on a GPU)."""
-        self.add(step, loss)
+        """Every step is applied (its verdict recorded on the device); a bad one stops training within
+        ``CHECK_EVERY`` steps (``between_steps``)."""
+        self.record(step, loss)
         return True
 
     def finish(self) -> None:
         """Nothing left to check: the last step always reads the device."""
 
     def add(self, step: int, loss: torch.Tensor) -> None:
+        """``record`` then ``between_steps``."""
+        self.record(step, loss)
+        self.between_steps(step)
+
+    def record(self, step: int, loss: torch.Tensor) -> None:
         bad = ~torch.isfinite(loss.detach())
-        if self.every == 1:
-            if bool(bad):
-                self._fail(step)
-            return
         self.first = torch.where((self.first < 0) & bad, step, self.first)
+
+    def between_steps(self, step: int) -> None:
+        """The read, when due: every ``every`` steps and after the last."""
         if (step + 1) % self.every == 0 or step + 1 == self.steps:
             self.check()
 
@@ -135,6 +146,9 @@ class NonFiniteSkipper:
             self.skipped += 1
             return False
         return True
+
+    def between_steps(self, step: int) -> None:
+        """Nothing: each step's verdict was read before it was applied."""
 
     def finish(self) -> None:
         if self.skipped == self.steps:
@@ -198,10 +212,12 @@ def train_one_epoch(
     label_smoothing: float = 0.0,
     progress: bool = True,
     nonfinite: str = "stop",
+    step_fn: StepFn | None = None,
     step_log: StepLog | None = None,
 ) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
     ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``).
+    ``step_fn``: a compiled step (``train.step``) in place of the eager one (``--nonfinite stop`` only).
     ``step_log``: live metrics every few steps (``steplog``); the progress bar shows only on a terminal."""
     model.train()
     acc = Accumulator(precision.device)
@@ -211,7 +227,7 @@ def train_one_epoch(
         if nonfinite == "stop"
         else NonFiniteSkipper(epoch, lr_at, steps, check_gradients=not scaler.is_enabled())
     )
-    first_loss: float | None = None
+    first_loss: torch.Tensor | None = None
     bar = tqdm(
         total=steps,
         desc=f"epoch {epoch + 1}",
@@ -222,19 +238,14 @@ def train_one_epoch(
     )
     synchronize(precision.device)
     start = time.perf_counter()
+    run = EpochStep(model, optimizer, scaler, precision, lr_at, label_smoothing, guard, acc, step_fn)
     if step_log is not None:
         step_log.start_epoch(epoch, steps, acc, start)
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
-        t = epoch + getattr(batches, "progress", step / steps)
-        set_lr(optimizer, lr_at(t), t)
-        logits, loss = compute_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing)
+        loss = run(step, epoch + getattr(batches, "progress", step / steps), images, labels)
         if step == 0:
-            first_loss = float(loss.detach())
-        if guard.admit(step, loss, optimizer):
-            apply_gradients(optimizer, scaler)
-            acc.add(logits, labels, loss)
-        else:
-            acc.skip(labels.numel())
+            first_loss = loss.detach().clone()
+        guard.between_steps(step)
         _tick(bar, step, labels.numel(), start, loss)
         if step_log is not None:
             step_log.after_step(step, labels.numel(), optimizer.param_groups[0]["lr"])
@@ -243,8 +254,46 @@ def train_one_epoch(
     seconds = time.perf_counter() - start
     bar.close()
     stats = acc.reduce(seconds)
-    stats.skipped_steps, stats.steps, stats.first_loss = guard.skipped, steps, first_loss
+    stats.skipped_steps, stats.steps = guard.skipped, steps
+    stats.first_loss = float(first_loss) if first_loss is not None else None
     return stats
+
+
+@dataclass
+class EpochStep:
+    """One training step of the epoch loop, as the loop runs it: the schedule's learning rates, forward and
+    backward, the guard's verdict (the stop guard records it on the device), the optimizer step and the
+    running sums. It reads nothing from the device but for ``--nonfinite skip`` and fp16's grad scaler (see the
+    module docstring); tests count the reads inside it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    precision: Precision
+    lr_at: Callable[[float], float]
+    label_smoothing: float
+    guard: NonFiniteGuard | NonFiniteSkipper
+    acc: Accumulator
+    step_fn: StepFn | None = None
+
+    def __call__(self, step: int, t: float, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Step ``step`` at fractional epoch ``t``; returns its loss (on the device)."""
+        set_lr(self.optimizer, self.lr_at(t), t)
+        if self.step_fn is not None:
+            logits, loss = self.step_fn(images, labels)
+            admitted = self.guard.admit(step, loss, self.optimizer)  # the stop guard: always True
+        else:
+            logits, loss = compute_gradients(
+                self.model, images, labels, self.optimizer, self.scaler, self.precision, self.label_smoothing
+            )
+            admitted = self.guard.admit(step, loss, self.optimizer)
+            if admitted:
+                apply_gradients(self.optimizer, self.scaler)
+        if admitted:
+            self.acc.add(logits, labels, loss)
+        else:
+            self.acc.skip(labels.numel())
+        return loss
 
 
 def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) -> None:
@@ -256,16 +305,22 @@ def _tick(bar: tqdm, step: int, batch: int, start: float, loss: torch.Tensor) ->
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Batches, precision: Precision, tta_flip: bool = False, translate: int = 0
+    model: nn.Module,
+    batches: Batches,
+    precision: Precision,
+    tta_flip: bool = False,
+    translate: int = 0,
+    select: float = 1.0,
 ) -> PassStats:
     """Test loss and accuracy; with ``tta_flip`` the logits of each image and its mirror are averaged, and with
-    ``translate`` too those of the images shifted by that many pixels (see ``predict``)."""
+    ``translate`` too those of the images shifted by that many pixels (see ``predict``); ``select`` < 1: those
+    extra views for the least confident fraction of each batch only (see ``predict_selective``)."""
     model.eval()
     acc = Accumulator(precision.device)
     start = time.perf_counter()
     for images, labels in batches.epoch(0):
         with precision.autocast():
-            logits = predict(model, images, tta_flip, translate)
+            logits = predict_selective(model, images, tta_flip, translate, select)
         acc.add(logits, labels, F.cross_entropy(logits, labels))
     synchronize(precision.device)
     return acc.reduce(time.perf_counter() - start)
@@ -286,6 +341,26 @@ def predict(model: nn.Module, images: torch.Tensor, flip: bool = False, translat
     shifted = [padded[..., :h, :w], padded[..., 2 * translate :, 2 * translate :]]
     views = [predict(model, x.contiguous(memory_format=layout), flip) for x in shifted]
     return 0.5 * logits + 0.25 * (views[0] + views[1])
+
+
+def predict_selective(
+    model: nn.Module, images: torch.Tensor, flip: bool = False, translate: int = 0, select: float = 1.0
+) -> torch.Tensor:
+    """``predict`` with its extra views (flip, translations) for the ``select`` fraction of ``images`` the model
+    is least sure of (lowest top softmax probability on the plain view), the plain view's logits for the rest.
+    Selective test-time augmentation: the extra views change mostly the predictions that were close calls, so
+    most of TTA's gain costs a fraction of its passes. The count per batch is fixed by the batch size (static
+    shapes), and the choice is made on the device (no sync)."""
+    if select >= 1.0 or not flip:
+        return predict(model, images, flip, translate)
+    logits = model(images).float()
+    k = math.ceil(select * images.shape[0])
+    if k == 0:
+        return logits
+    unsure = logits.softmax(1).amax(1).topk(k, largest=False).indices
+    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    chosen = images.index_select(0, unsure).contiguous(memory_format=layout)
+    return logits.index_copy(0, unsure, predict(model, chosen, flip, translate))
 
 
 def views_per_image(flip: bool, translate: int) -> int:

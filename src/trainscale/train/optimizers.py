@@ -6,12 +6,13 @@ Groups, in this order (the first is the one whose lr the per-epoch table shows):
   divided by the factor so that lr x weight decay, the decay per step, is the same as in ``rest`` (airbench94);
 - one group per parameter the model trains only at first (``model.train_until``: name -> epochs), its lr falling
   linearly from the base lr to zero by then and staying there (airbench94's whitening bias);
-- ``filters``: with ``--optimizer muon``, every 4-D conv weight, updated by ``torch.optim.Muon`` at ``--muon-lr``.
+- ``filters``: with ``--optimizer muon``, every 4-D conv weight, updated by Muon at ``--muon-lr``
+  (``train.muon.BatchedMuon``: torch.optim.Muon's update, batched over the filters).
 
 Each group carries ``lr_scale`` (its lr over the schedule's) or ``until_epoch``; :func:`set_lr` applies them every
-step. ``torch.optim.Muon`` takes 2-D matrices only: it is given views of the filters in their memory order
-(Muon's orthogonalised update does not depend on the order of the columns), so it updates the model's weights and
-the momentum buffers held in this optimizer's state in place, and a checkpoint of this optimizer holds everything.
+step. Muon takes 2-D matrices: it is given views of the filters in their memory order (Muon's orthogonalised
+update does not depend on the order of the columns), so it updates the model's weights and the momentum buffers
+held in this optimizer's state in place, and a checkpoint of this optimizer holds everything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 from torch.optim.sgd import sgd as sgd_update
 
 from trainscale.config import CoreConfig
+from trainscale.train.muon import BatchedMuon, muon_plan
 
 MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default is 5)
 
@@ -34,7 +36,9 @@ def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim
     groups = parameter_groups(cfg, model, lr)
     sgd: dict[str, Any] = dict(momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
     if cfg.optim.optimizer == "muon":
-        return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model))
+        device = next(model.parameters()).device
+        plan = muon_plan(cfg.optim.muon_compile, device)
+        return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model), muon_plan=plan)
     return torch.optim.SGD(groups, lr=lr, **sgd)
 
 
@@ -101,7 +105,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, epoch: float) -> None:
     """Every group's lr for the schedule's ``lr`` at fractional ``epoch`` (see the module docstring)."""
     for g in optimizer.param_groups:
         until = g.get("until_epoch")
-        g["lr"] = g["peak_lr"] * max(0.0, 1.0 - epoch / until) if until else lr * g.get("lr_scale", 1.0)
+        value = g["peak_lr"] * max(0.0, 1.0 - epoch / until) if until else lr * g.get("lr_scale", 1.0)
+        if isinstance(g["lr"], torch.Tensor):  # a compiled step's (train.step.tensor_lrs): filled, not replaced
+            g["lr"].fill_(value)
+        else:
+            g["lr"] = value
 
 
 def matrix(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -112,17 +120,25 @@ def matrix(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class MuonWithSGD(torch.optim.Optimizer):
-    """One optimizer to the trainer (checkpoints, modes, schedules): ``torch.optim.Muon`` for the group marked
+    """One optimizer to the trainer (checkpoints, modes, schedules): batched Muon for the group marked
     ``muon`` and SGD (``torch.optim.SGD``'s functional form) for the others.
 
     ``normalise_filters``: before each step every filter is rescaled to norm sqrt(out channels), as airbench94_muon
     does; a BatchNorm after the conv makes the scale irrelevant to the output, and fixing it keeps Muon's
     fixed-size steps at a fixed relative size. Only for models with BatchNorm (elsewhere the scale matters)."""
 
-    def __init__(self, groups: Iterable[dict[str, Any]], sgd: dict[str, Any], normalise_filters: bool) -> None:
+    def __init__(
+        self,
+        groups: Iterable[dict[str, Any]],
+        sgd: dict[str, Any],
+        normalise_filters: bool,
+        muon_plan: tuple[str, bool] = ("shape", False),
+    ) -> None:
         super().__init__(list(groups), dict(muon=False, **sgd))
         self.normalise_filters = normalise_filters
-        self._views: dict[int, tuple[nn.Parameter, torch.optim.Muon]] = {}
+        self.muon_plan = muon_plan
+        self.ns_dtype = torch.bfloat16  # Muon's iteration, as torch.optim.Muon's (fp32: exact comparisons)
+        self._muons: dict[tuple[tuple[int, ...], ...], BatchedMuon] = {}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -151,26 +167,26 @@ class MuonWithSGD(torch.optim.Optimizer):
             self.state[p]["momentum_buffer"] = buffer
 
     def _muon_step(self, g: dict[str, Any], params: list[torch.Tensor]) -> None:
-        for p in params:
-            if self.normalise_filters:
-                p.mul_(math.sqrt(p.shape[0]) / p.norm().clamp_min(1e-12))
-            view, muon = self._muon_for(p, g)
-            assert p.grad is not None  # ``step`` passes only parameters with a gradient
-            view.grad = matrix(p.grad, p)
-            muon.state[view] = {"momentum_buffer": self._buffer_view(p)}
-            muon.step()
-            view.grad = None
+        if self.normalise_filters:
+            norms = torch._foreach_norm(params)
+            torch._foreach_mul_(params, [math.sqrt(p.shape[0]) / n.clamp_min(1e-12) for p, n in zip(params, norms)])
+        views = [matrix(p, p) for p in params]
+        grads = [matrix(p.grad, p) for p in params if p.grad is not None]
+        buffers = [self._buffer_view(p) for p in params]
+        self._muon_for(params, views).step(views, grads, buffers, g["lr"], g["momentum"], nesterov=True)
 
-    def _muon_for(self, p: torch.Tensor, g: dict[str, Any]) -> tuple[nn.Parameter, torch.optim.Muon]:
-        """A 2-D view of ``p`` and a Muon over it (made once), set to the group's current lr and momentum."""
-        if id(p) not in self._views:
-            view = nn.Parameter(matrix(p.detach(), p), requires_grad=False)
-            if view.data_ptr() != p.data_ptr():
-                raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
-            self._views[id(p)] = view, torch.optim.Muon([view], weight_decay=0.0, nesterov=True, ns_steps=MUON_NS_STEPS)
-        view, muon = self._views[id(p)]
-        muon.param_groups[0].update(lr=g["lr"], momentum=g["momentum"])
-        return view, muon
+    def _muon_for(self, params: list[torch.Tensor], views: list[torch.Tensor]) -> BatchedMuon:
+        """The batched Muon for these filters' shapes (planned, and compiled where asked, once)."""
+        key = tuple(tuple(v.shape) for v in views)
+        if key not in self._muons:
+            for p, view in zip(params, views):
+                if view.data_ptr() != p.data_ptr():
+                    raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
+            stacking, compiled = self.muon_plan
+            self._muons[key] = BatchedMuon(
+                list(key), MUON_NS_STEPS, stacking=stacking, compile=compiled, ns_dtype=self.ns_dtype
+            )
+        return self._muons[key]
 
     def _buffer_view(self, p: torch.Tensor) -> torch.Tensor:
         """The momentum buffer of ``p`` as a view Muon updates in place; laid out like ``p`` (a loaded checkpoint

@@ -47,14 +47,16 @@ class StepLog:
         self._since = (0.0, 0, started, 0, 0)
         self._samples = 0
 
-    def after_step(self, step: int, samples: int, lr: float) -> None:
+    def after_step(self, step: int, samples: int, lr: float | torch.Tensor) -> None:
         """After step ``step`` (0-based) of ``samples`` images at ``lr``: a row at every N-th and the last."""
         self._samples += samples
         if (step + 1) % self.every == 0 or step + 1 == self.steps:
             self.row(step, lr)
 
-    def row(self, step: int, lr: float) -> dict[str, Any]:
+    def row(self, step: int, lr: float | torch.Tensor) -> dict[str, Any]:
+        """``lr``: a float, or a compiled step's device tensor (read here, with the loss sum)."""
         assert self.sums is not None  # start_epoch came first
+        lr = float(lr)
         loss_sum = float(self.sums.loss_sum)  # the one device sync of the row
         now = time.perf_counter()
         prev_sum, prev_count, prev_time, prev_samples, prev_step = self._since

@@ -30,8 +30,9 @@ from trainscale.runtime import (
 )
 from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainscale.train.loop import PassStats, evaluate, predict, train_one_epoch, views_per_image
+from trainscale.train.loop import PassStats, evaluate, predict, predict_selective, train_one_epoch, views_per_image
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
+from trainscale.train.step import StepFn, choose_step, compiled_step
 from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
@@ -80,9 +81,11 @@ class Trainer:
     baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
     cores: float = 0.0  # what this worker may keep busy, for cpu_util (0: its torch threads)
+    plain_step: bool = False  # one process, the bare model and the optimizer as built: a step train.step may compile
     step_log: StepLog | None = None  # live metrics every --log-every steps (the main process)
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
+    step_fn: StepFn | None = field(default=None, init=False)  # a compiled step (train.step), else the eager one
 
     def __post_init__(self) -> None:
         """``model`` is the bare module (checkpoints, evaluation); ``train_model`` is what the mode
@@ -141,7 +144,19 @@ class Trainer:
         self.callbacks.before_fit(self.snapshot, self.restore)
         if is_main_process() and self.state.next_epoch < self.cfg.optim.epochs:
             log.info("%s", self.start_line())
-        warm = self.cfg.run.compile or self.precision.device.type == "cuda"
+        choice = choose_step(
+            self.cfg.run.train_step,
+            self.precision.device,
+            self.cfg.run.precision,
+            self.plain_step,
+            self.cfg.optim.nonfinite,
+        )
+        self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
+        if choice.kind != "eager":
+            self.step_fn = compiled_step(
+                self.model, self.optimizer, self.precision, self.cfg.optim.label_smoothing, choice.kind == "graphed"
+            )
+        warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base[K.warmup_seconds] = self.warm_up()
         for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
@@ -168,29 +183,56 @@ class Trainer:
         )
 
     def warm_up(self) -> float:
-        """``torch.compile`` compiles on first use, and on a GPU the first passes also pick cuDNN's algorithms and
-        create the cuBLAS handles; do that here, on a random batch of the training shape through the bare model
-        (no optimizer step, no collective), then put weights, BN statistics and RNGs back, so that one-off cost
-        stays out of every timer (airbench's warm-up run). Returns its seconds."""
+        """``torch.compile`` compiles on first use (CUDA graphs record on the first replays), and on a GPU the
+        first passes also pick cuDNN's algorithms and create the cuBLAS handles; do that here, before any timer,
+        for every shape and path the run meets: the training step as the run takes it (with ``step_fn``, the
+        compiled step, optimizer included), and the evaluation of every batch size the test set yields (its last
+        partial batch too) with every test-time view of the run. On random images, not the run's data; then
+        weights, BN statistics, optimizer state and RNGs are put back in place (compiled graphs keep their
+        tensors), so that one-off cost stays out of every timer (airbench's warm-up run). Returns its seconds."""
         started = time.perf_counter()
         saved, rng = copy.deepcopy(self.model.state_dict()), rng_state()
+        state = optimizer_state(self.optimizer)
         device, batch = self.precision.device, self.summary_base[K.batch_per_worker]
         size = self.summary_base[K.image_size]
         layout = torch.channels_last if self.cfg.run.channels_last else torch.contiguous_format
         images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
         self.model.train()
-        with self.precision.autocast():
-            loss = nn.functional.cross_entropy(self.model(images).float(), labels)
-        loss.backward()
+        if self.step_fn is not None:
+            self._warm_steps(images, labels)
+        else:
+            with self.precision.autocast():
+                loss = nn.functional.cross_entropy(self.model(images).float(), labels)
+            loss.backward()
         self.model.zero_grad(set_to_none=True)
         self.model.eval()
         with torch.no_grad(), self.precision.autocast():
-            predict(self.model, images)
+            for n in eval_batch_sizes(self.test_batches):
+                x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
+                predict(self.model, x, self.cfg.optim.tta)
+                predict_selective(
+                    self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate, self.cfg.optim.tta_select
+                )
         self.model.load_state_dict(saved)
+        restore_optimizer_state(self.optimizer, state)
         set_rng_state(rng)
         synchronize(device)
         return time.perf_counter() - started
+
+    def _warm_steps(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The compiled step as the run meets it: with every parameter training, then, where the model trains
+        some only at first (``train_until``, frozen by ``freeze_finished``), without them (another graph)."""
+        assert self.step_fn is not None  # only for a compiled step
+        until = getattr(self.model, "train_until", {})
+        later = [p for n, p in self.model.named_parameters() if n in until and p.requires_grad]
+        for frozen in ([], later) if later else ([],):
+            for p in frozen:
+                p.requires_grad_(False)
+            for _ in range(WARM_STEPS):
+                self.step_fn(images, labels)
+        for p in later:
+            p.requires_grad_(True)
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
@@ -209,6 +251,7 @@ class Trainer:
                 self.cfg.optim.label_smoothing,
                 self.cfg.run.progress,
                 self.cfg.optim.nonfinite,
+                self.step_fn,
                 self.step_log,
             )
         if train.skipped_steps and is_main_process():
@@ -219,9 +262,11 @@ class Trainer:
             )
         self.callbacks.after_train_epoch(self.model)
         train.samples = self.callbacks.epoch_samples(train.samples)
-        translate = self.cfg.optim.tta_translate if epoch + 1 == self.cfg.optim.epochs else 0
+        last = epoch + 1 == self.cfg.optim.epochs
+        translate = self.cfg.optim.tta_translate if last else 0
+        select = self.cfg.optim.tta_select if last else 1.0
         test = (
-            evaluate(self.model, self.test_batches, self.precision, tta_flip=self.cfg.optim.tta, translate=translate)
+            evaluate(self.model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select)
             if self.evaluates(epoch)
             else None
         )
@@ -304,7 +349,7 @@ class Trainer:
         memory = float(all_reduce_max(torch.tensor([peak_memory_mb(self.precision.device)])).item())
         return {
             K.epoch: epoch + 1,
-            K.lr: self.optimizer.param_groups[0]["lr"],
+            K.lr: float(self.optimizer.param_groups[0]["lr"]),
             K.train_loss: train.loss,
             K.train_acc: train.acc,
             K.test_loss: test.loss if test else None,
@@ -382,6 +427,34 @@ class Trainer:
             K.reference_scope: self._reference_scope(rows),
             **{key: _steady_mean(rows, key) for key in (K.cpu_util, K.gpu_util)},
         }
+
+
+WARM_STEPS = 3  # a compiled step compiles on the first, CUDA graphs record on the second and replay from the third
+
+
+def eval_batch_sizes(batches: Batches) -> list[int]:
+    """The batch sizes an evaluation pass yields: the full one and the last partial one, if any."""
+    full, total = getattr(batches, "batch_size", 0), getattr(batches, "shard_size", 0)
+    if not full or not total:
+        return []
+    return sorted({min(full, total), total % full} - {0}, reverse=True)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    """A copy of every tensor of the optimizer's per-parameter state, by parameter id."""
+    return {
+        id(p): {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)} for p, st in optimizer.state.items()
+    }
+
+
+def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> None:
+    """Put the state ``optimizer_state`` copied back in place; state created since is zeroed in place (an SGD or
+    Muon momentum buffer at zero takes its first step exactly as one not yet made)."""
+    for p, st in optimizer.state.items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                old = saved.get(id(p), {}).get(k)
+                v.copy_(old) if old is not None else v.zero_()
 
 
 def reference_scope(

@@ -1,0 +1,104 @@
+"""How the training step runs: eager, compiled, or compiled and captured in CUDA graphs (``--train-step``).
+
+- ``eager``: forward, backward and the optimizer step as PyTorch runs them, one kernel launch at a time;
+- ``compiled``: the forward and its backward compiled as one graph (``torch.compile`` of the model; the backward
+  is AOTAutograd's) and the optimizer step compiled as another, the learning rates held in 0-dim device tensors
+  so that a new lr each step changes a tensor, not the graph;
+- ``graphed``: ``compiled`` with CUDA graphs (``mode="reduce-overhead"``): each graph is replayed by one launch.
+  Shapes must be static: training drops its last partial batch (the loader's ``drop_last``), and the
+  evaluation's shapes (its last partial batch included) are captured in the warm-up.
+
+``auto`` picks ``graphed`` for a single CUDA process in bf16 or fp32 whose steps never skip (``--nonfinite
+stop``), and ``eager`` elsewhere: on a CPU compiling the whole step took minutes and has not been shown to
+pay back (see docs/speed-record.md), under a DDP wrapper or a parameter-server mode the step has hooks or
+communication of its own, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must read
+it before each update. The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainscale.errors import ConfigError
+from trainscale.train.precision import Precision
+
+STEP_KINDS = ("auto", "eager", "compiled", "graphed")
+RECOMPILE_LIMIT = 64
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    kind: str  # eager, compiled or graphed
+    reason: str
+
+
+def choose_step(setting: str, device: torch.device, precision: str, single_process: bool, nonfinite: str) -> StepChoice:
+    """The step ``--train-step setting`` gives here; a setting that cannot run here is a ConfigError."""
+    blockers = [
+        (not single_process, "the step is wrapped (DDP) or exchanged by the mode"),
+        (precision == "fp16", "fp16's grad scaler reads the device every step"),
+        (nonfinite == "skip", "--nonfinite skip reads the device before every update"),
+    ]
+    blocked = [why for bad, why in blockers if bad]
+    if setting == "auto":
+        if blocked:
+            return StepChoice("eager", "auto: " + "; ".join(blocked))
+        if device.type != "cuda":
+            return StepChoice("eager", "auto: on a CPU (compiling the whole step costs minutes; not shown to pay)")
+        return StepChoice("eager", "auto: not yet measured to pay on CUDA (ask for --train-step graphed)")
+    if setting != "eager" and blocked:
+        raise ConfigError(f"--train-step {setting} cannot run here: {'; '.join(blocked)}; use --train-step eager")
+    if setting == "graphed" and device.type != "cuda":
+        raise ConfigError("--train-step graphed needs a CUDA device (CUDA graphs); use compiled or eager")
+    return StepChoice(setting, "asked for")
+
+
+def tensor_lrs(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Every group's lr as a 0-dim tensor on ``device`` (``set_lr`` then fills it in place): a compiled or
+    captured step reads the tensor, where a float would be baked into the graph."""
+    for g in optimizer.param_groups:
+        if not isinstance(g["lr"], torch.Tensor):
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
+
+
+def compiled_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    label_smoothing: float,
+    graphed: bool,
+    backend: str = "inductor",
+) -> StepFn:
+    """A step function (images, labels) -> (logits, loss) whose forward+backward and optimizer step are compiled
+    graphs (CUDA graphs with ``graphed``). The outputs are copies the caller may keep past the next step.
+    ``backend``: torch.compile's (tests use ``aot_eager``: the same graphs, without generating kernels)."""
+    mode = "reduce-overhead" if graphed else None
+    # The optimizer step compiles one graph per parameter group and state (momentum buffers absent on the first
+    # step, present after; the parameters that stop training after the first epochs): more than dynamo's default
+    # of 8 per function for a model with several groups. The warm-up meets them all before any timer.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    forward = torch.compile(model, mode=mode, backend=backend)
+    tensor_lrs(optimizer, precision.device)
+
+    @torch.compile(mode=mode, backend=backend)
+    def update() -> None:
+        optimizer.step()
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if graphed:
+            torch.compiler.cudagraph_mark_step_begin()
+        with precision.autocast():
+            logits = forward(images)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        update()
+        return logits.detach().clone(), loss.detach().clone()
+
+    return step

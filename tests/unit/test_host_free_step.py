@@ -1,0 +1,226 @@
+"""Nothing on the host inside a training step: the loop's step (``loop.EpochStep``) reads no value from the
+device (``aten::_local_scalar_dense``: ``.item()``, ``bool()``, ``float()``), for SGD and batched Muon, fp32 and
+bf16; the epoch reads the device only where documented (the stop guard every ``CHECK_EVERY`` steps and after
+the last, the first loss and the sums at the epoch's end). The compiled step (``--train-step compiled``) gives
+the eager step's parameters; ``--train-step`` auto picks eager on a CPU, and the choice reaches summary.json."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainscale.config import CoreConfig
+from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.errors import ConfigError
+from trainscale.models.airbench import airbench94
+from trainscale.train import loop
+from trainscale.train.checks import validate_engine
+from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
+from trainscale.train.optimizers import build_optimizer
+from trainscale.train.precision import Precision
+from trainscale.train.step import choose_step, compiled_step
+from trainscale.train.trainer import eval_batch_sizes, optimizer_state, restore_optimizer_state
+
+CPU = torch.device("cpu")
+STEPS = 12  # a guard read at step 10 and after step 12
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the ops that copy a device value to the host (a sync on a GPU)."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def batches(n: int = 8 * STEPS) -> DeviceBatches:
+    return DeviceBatches(
+        synthetic_dataset(n, 32, seed=1), 8, train=True, augment=AugmentConfig(crop_padding=2), device=CPU, seed=2
+    )
+
+
+def setup(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = airbench94(widths=(8, 16, 16)).to(memory_format=torch.channels_last)
+    cfg = CoreConfig()
+    cfg.optim.optimizer, cfg.optim.muon_lr = optimizer, 0.1
+    return model, build_optimizer(cfg, model, lr=0.05)
+
+
+@pytest.mark.parametrize(("optimizer", "precision"), [("sgd", "fp32"), ("muon", "bf16")])
+def test_no_host_read_inside_a_step_and_only_the_documented_ones_in_an_epoch(
+    optimizer: str, precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, opt = setup(optimizer)
+    prec = Precision(precision, CPU)
+    in_steps = HostReads()
+    step = EpochStep.__call__
+
+    def counted(self: EpochStep, *args: Any) -> torch.Tensor:
+        with in_steps:
+            return step(self, *args)
+
+    monkeypatch.setattr(EpochStep, "__call__", counted)
+    in_epoch = HostReads()
+    with in_epoch:
+        stats = train_one_epoch(model, batches(), opt, prec.grad_scaler(), prec, lambda t: 0.05, 0, 0.2, False)
+    assert stats.steps == STEPS and stats.first_loss is not None
+    assert in_steps.count == 0
+    guard_reads = -(-STEPS // NonFiniteGuard.CHECK_EVERY)
+    assert in_epoch.count == guard_reads + 1  # + the first loss, read once the epoch is over
+
+
+def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() -> None:
+    guard = NonFiniteGuard(CPU, epoch=0, lr_at=lambda t: 0.1, steps=30)
+    with HostReads() as reads:
+        for step in range(7):
+            guard.admit(step, torch.tensor(float("nan") if step >= 4 else 1.0), None)  # type: ignore[arg-type]
+    assert reads.count == 0
+    with pytest.raises(loop.NonFiniteLoss, match="at epoch 1 step 5"):
+        for step in range(7, 10):
+            guard.between_steps(step)
+
+
+def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
+    assert choose_step("auto", CPU, "bf16", True, "stop").kind == "eager"
+    assert choose_step("auto", torch.device("cuda"), "bf16", True, "stop").kind == "eager"  # until measured there
+    assert choose_step("graphed", torch.device("cuda"), "bf16", True, "stop").kind == "graphed"
+    assert choose_step("auto", torch.device("cuda"), "fp16", True, "stop").kind == "eager"
+    assert "DDP" in choose_step("auto", torch.device("cuda"), "bf16", False, "stop").reason
+    assert choose_step("compiled", CPU, "fp32", True, "stop").kind == "compiled"
+    with pytest.raises(ConfigError, match="graphed needs a CUDA device"):
+        choose_step("graphed", CPU, "fp32", True, "stop")
+    with pytest.raises(ConfigError, match="--nonfinite skip"):
+        choose_step("compiled", CPU, "fp32", True, "skip")
+
+
+def epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, step_fn: Any) -> Iterator[float]:
+    prec = Precision("fp32", CPU)
+    for epoch in range(2):
+        stats = train_one_epoch(
+            model, batches(32), opt, prec.grad_scaler(), prec, lambda t: 0.05 * (1 - t / 4), epoch, 0.2, False,
+            step_fn=step_fn,
+        )  # fmt: skip
+        yield stats.loss
+
+
+def tiny(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The smallest net with what the step must carry: a conv filter for Muon, BatchNorm, a head for SGD."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.GELU(),
+        torch.nn.AdaptiveMaxPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 10),
+    )
+    cfg = CoreConfig()
+    cfg.optim.optimizer, cfg.optim.muon_lr = optimizer, 0.1
+    opt = build_optimizer(cfg, model, lr=0.05)
+    opt.ns_dtype = torch.float32  # type: ignore[attr-defined]  # bf16 would amplify the kernels' rounding
+    return model, opt
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_the_eager_steps_parameters() -> None:
+    """Two epochs (8 steps, a falling lr through the tensor lrs) eager and compiled from the same start, Muon on
+    the filter and Nesterov SGD on the rest. Through the ``aot_eager`` backend: the graphs the step is compiled
+    into (forward with its backward, the optimizer step reading the tensor lrs) without inductor's kernel
+    generation, which takes minutes on a shared 2-core CPU (the batched Muon's inductor graph is compared in
+    test_muon)."""
+    eager_model, eager_opt = tiny("muon")
+    model, opt = tiny("muon")
+    step_fn = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    eager = list(epochs(eager_model, eager_opt, None))
+    compiled = list(epochs(model, opt, step_fn))
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+class Scripted(torch.nn.Module):
+    """Logits that depend on the image only through its mean pixel: confident for bright images, unsure for dim
+    ones; each call counted with its batch size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(x.shape[0])
+        m = x.mean((1, 2, 3))
+        return torch.stack([m * 10, torch.zeros_like(m)], 1)
+
+
+def test_selective_tta_gives_the_extra_views_to_the_least_confident_fraction_only() -> None:
+    x = torch.stack([torch.full((3, 8, 8), v) for v in (0.9, 0.01, 0.5, -0.02, 0.7, 0.03, 0.8, 0.6)])
+    x[:, :, :, :4] += 0.001  # mirrored images differ a little
+    model = Scripted()
+    full = predict(model, x, flip=True, translate=1)
+    model.calls.clear()
+    mixed = predict_selective(model, x, flip=True, translate=1, select=0.25)
+    assert model.calls == [8, 2, 2, 2, 2, 2, 2]  # the plain view, then 6 views of the 2 least sure images
+    plain = model(x).float()
+    unsure = [1, 3]  # the dimmest: logits closest to a tie
+    torch.testing.assert_close(mixed[unsure], full[unsure])
+    sure = [i for i in range(8) if i not in unsure]
+    torch.testing.assert_close(mixed[sure], plain[sure])
+    torch.testing.assert_close(predict_selective(model, x, True, 1, 1.0), full)
+
+
+def test_the_warm_up_meets_every_evaluation_batch_size() -> None:
+    data = synthetic_dataset(1200, 32, seed=1)
+    assert eval_batch_sizes(DeviceBatches(data, 500, train=False, augment=None, device=CPU)) == [500, 200]
+    assert eval_batch_sizes(DeviceBatches(data, 600, train=False, augment=None, device=CPU)) == [600]
+    assert eval_batch_sizes(DeviceBatches(data, 2000, train=False, augment=None, device=CPU)) == [1200]
+
+
+def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one() -> None:
+    """After the warm-up's steps the state is put back (zeroed where it did not exist): the run's first step
+    equals a fresh optimizer's, Nesterov SGD and Muon alike."""
+    warmed, fresh = tiny("muon"), tiny("muon")
+    for (model, opt), warm in ((warmed, True), (fresh, False)):
+        saved, state = copy.deepcopy(model.state_dict()), optimizer_state(opt)
+        if warm:
+            for _ in range(2):
+                model(torch.randn(4, 3, 8, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            model.load_state_dict(saved)
+            restore_optimizer_state(opt, state)
+        for seed in range(2):
+            model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(warmed[0].state_dict().values(), fresh[0].state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"precision": "fp16"}, "grad scaler"),
+        ({"nonfinite": "skip"}, "--nonfinite skip"),
+        ({"workers": 2}, "several workers"),
+        ({"device": "cpu", "train_step": "graphed"}, "CUDA graphs need a CUDA device"),
+    ],
+)
+def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: dict[str, Any], why: str) -> None:
+    cfg = CoreConfig.from_flat({"train_step": "compiled", **settings})
+    with pytest.raises(ConfigError, match=f"--train-step .*{why}"):
+        validate_engine(cfg)
+    validate_engine(CoreConfig.from_flat({**settings, "train_step": "eager"}))
