@@ -56,7 +56,7 @@ def train_help(capsys) -> str:
 
 def test_help_shows_the_defaults_that_matter(capsys):
     text = train_help(capsys)
-    assert "--model MODEL model name (see `trainscale models`) (default: from the recipe, else resnet9)" in text
+    assert "import path package.module:function (default: from the recipe, else resnet9)" in text
     assert "(default: cifar10)" in text
     assert "number of epochs (default: from the recipe, else 24)" in text
     assert "(default: fp32)" in text

@@ -50,6 +50,10 @@ def test_the_accuracy_plot_draws_only_evaluated_epochs(tmp_path):
     class Group:
         label, runs = "g", [Run]
 
+        @staticmethod
+        def summary(name: str) -> str:
+            return "resnet20" if name == "model" else ""
+
     fig, ax = plt.subplots()
     plots._accuracy(ax, plots.Partition({}, [Group], [Run]), "epoch", "epoch")
     (line,) = ax.get_lines()
