@@ -11,7 +11,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +21,7 @@ from trainscale.data import Batches
 from trainscale.errors import TrainscaleError
 from trainscale.runtime import all_reduce_sum, is_main_process
 from trainscale.runtime.dist import any_rank
+from trainscale.train.ema import WeightAverage
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
 
@@ -233,7 +233,7 @@ class StepOptions:
 
     accumulate: int = 1
     clip_grad_norm: float | None = None
-    ema: Any = None
+    ema: WeightAverage | None = None
 
 
 def train_one_epoch(
