@@ -63,12 +63,12 @@ def report(args: argparse.Namespace) -> int:
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, then --config FILE, then the flags given on the command line."""
-    from trainscale.app.config import build_config, load_toml
+    """Defaults, then (``--resume``) the run folder's settings, then --config FILE, then the flags given on the
+    command line."""
+    from trainscale.app.config import train_settings
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    file_values = load_toml(args.config) if getattr(args, "config", None) else {}
-    return build_config(file_values, flags)
+    return train_settings(flags, getattr(args, "config", None))
 
 
 def train(args: argparse.Namespace) -> int:
@@ -82,9 +82,10 @@ def train(args: argparse.Namespace) -> int:
         return train_dry_run(cfg)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if cfg.launch.hosts is not None:
+        from trainscale.app.config import resumed_settings
         from trainscale.app.hosts import hosts_main
 
-        return hosts_main(cfg, flags)
+        return hosts_main(cfg, {**resumed_settings(flags), **flags})  # resuming: the run's settings on every node
     if cfg.launch.cluster is not None:
         from trainscale.app.cluster_launch import cluster_main
 

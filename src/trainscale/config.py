@@ -261,7 +261,16 @@ class RunConfig(Section):
     out: str | None = option(None, "run folder (default runs/<model>-<dataset>-<time>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
     checkpoint: bool = option(True, "write a checkpoint every epoch (default on)")
-    progress: bool = option(True, "progress bar (default on)")
+    progress: bool = option(True, "progress bar on a terminal, a line every --log-every steps otherwise (default on)")
+    log_every: int = option(
+        50,
+        "every N steps, the loss, lr, img/s and step time into the run folder's steps.jsonl (one device sync "
+        "per N steps; 0: off)",
+        at_least=0,
+    )
+    tensorboard: bool = option(
+        False, "also write TensorBoard event files into the run folder (needs trainscale[tensorboard])"
+    )
     dry_run: bool = option(
         False,
         "check the settings, the mode, the run folder and the data (never downloaded), "

@@ -23,7 +23,7 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -226,6 +226,31 @@ def append_jsonl(path: Path, obj: Any) -> None:
             log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
             f.truncate(data.rfind(b"\n") + 1)
         f.write((json.dumps(clean(obj)) + "\n").encode())
+
+
+def to_toml(values: Mapping[str, Any], tables: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """TOML text of flat ``values`` then one ``[table]`` per entry of ``tables``; None is left out (TOML has no
+    null: a reader takes the absent key's default). Floats keep every digit (``repr``), so a value reads back
+    equal; NaN and infinities are TOML's ``nan``/``inf``."""
+    lines = [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
+    for name, table in (tables or {}).items():
+        lines += ["", f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items() if v is not None)]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value: a bool, number, string or list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return (
+            repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+        )
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string (settings are printable)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
 
 
 def read_toml(path: Path, kind: str, error: type[ConfigError] = ConfigError) -> tuple[str, dict[str, Any]]:

@@ -23,6 +23,10 @@ log = logging.getLogger("trainscale.record")
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
+STEPS = "steps.jsonl"  # live metrics: one row every --log-every steps (``StepK``)
+RUN_TOML = (
+    "run.toml"  # the run's settings, in the form `trainscale train --config` reads (``RunWriter.write_run_toml``)
+)
 BOTH = (SUMMARY, METRICS)
 
 Kind = type | tuple[type, ...]
@@ -220,6 +224,25 @@ class K:
     test_views = Key(
         "test_views", int, "views", "views per test image (test-time augmentation; 0: not evaluated)", (METRICS,)
     )
+
+
+class StepK:
+    """Every key of steps.jsonl: one row every ``--log-every`` steps, measured on the main worker (its loss and
+    step times; the throughput scaled to the whole job), read from the device once per row."""
+
+    step = Key("step", int, "steps", "steps since the run began, at the row's last step", (STEPS,))
+    epoch = Key("epoch", int, "", "the epoch of the row's last step, from 1", (STEPS,))
+    loss = Key("loss", float, "", "the main worker's mean training loss over the row's steps", (STEPS,))
+    lr = Key("lr", float, "", "the learning rate of the row's last step", (STEPS,))
+    samples_per_sec = Key(
+        "samples_per_sec", float, "images/s", "the row's training throughput: the main worker's x workers", (STEPS,)
+    )
+    step_seconds = Key("step_seconds", float, S, "mean time of the row's steps (synchronised at each row)", (STEPS,))
+
+
+def step_keys() -> dict[str, Key]:
+    """The keys of steps.jsonl, by name."""
+    return {name: key for name, key in vars(StepK).items() if isinstance(key, Key)}
 
 
 _EXTRA: dict[str, Key] = {}

@@ -40,6 +40,10 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (an entry registered for a while, e.g. a model instance ``trainscale.fit`` trains)."""
+        self._entries.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

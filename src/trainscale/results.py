@@ -4,6 +4,10 @@
 - ``metrics.jsonl``: one JSON object per finished epoch (its keys: ``record.K``, ``record.EPOCH_FIELDS`` in every row).
 - ``summary.json``: the run's result (``record.K``; ``record.SUMMARY_FIELDS`` in every run), rewritten after every
   epoch, and once more after a fault-tolerant job with its fault records (``RunWriter.merge_summary``).
+- ``run.toml``: the run's settings as `trainscale train --config` reads them (``write_run_toml``): ``--resume``
+  takes them from here, and ``--config DIR/run.toml`` re-creates the run elsewhere.
+- ``steps.jsonl``: one JSON object every ``--log-every`` steps (its keys: ``record.StepK``), appended as they come.
+- ``tensorboard/``: the same figures and the epochs' as TensorBoard event files (``--tensorboard``).
 - ``logs.tsv``: DAWNBench format: epoch, hours of training, top-1 test accuracy in percent.
 - ``checkpoint.pt``: the last finished epoch (see ``checkpoint.py``).
 - ``.lock``: held by the job writing the folder (see ``lock_run_folder``); readers ignore it.
@@ -21,27 +25,104 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, clean, dumps, open_regular, read_json, read_jsonl
-from trainscale.record import EPOCH_FIELDS, EXCHANGE_SPLIT, METRICS, SUMMARY, SUMMARY_FIELDS, K, merge
+from trainscale.io import (
+    append_jsonl,
+    atomic_write_text,
+    clean,
+    dumps,
+    open_output,
+    open_regular,
+    read_json,
+    read_jsonl,
+    to_toml,
+)
+from trainscale.record import (
+    EPOCH_FIELDS,
+    EXCHANGE_SPLIT,
+    METRICS,
+    RUN_TOML,
+    STEPS,
+    SUMMARY,
+    SUMMARY_FIELDS,
+    K,
+    StepK,
+    merge,
+)
 
 # Files a launcher of runs (``trainscale bench``) writes into a run folder before the run starts; a folder
 # holding only these is still a new run's folder.
-LAUNCHER_FILES = ("bench.json", "run.toml", "train.log", "error.txt")
+LAUNCHER_FILES = ("bench.json", RUN_TOML, "train.log", "error.txt")
+# Settings about how this process was started, not what the run is: run.toml leaves them out (a run it re-creates
+# starts fresh; ``--resume`` is given on the command line).
+NOT_IN_RUN_TOML = ("resume", "dry_run")
+TENSORBOARD_DIR = "tensorboard"
 LOCK_FILE = ".lock"  # see lock_run_folder; a folder holding only this is a new run's folder too
 
 
 class RunWriter:
     """Writes one run folder; only the main process owns one."""
 
-    def __init__(self, out: Path, clean: bool = True) -> None:
+    def __init__(self, out: Path, clean: bool = True, tensorboard: bool = False) -> None:
         """``clean``: remove the debris of writes killed mid-way (see io.atomic_write_bytes); not where
-        another process may be writing the folder now (a fault-tolerant job's replicas)."""
+        another process may be writing the folder now (a fault-tolerant job's replicas). ``tensorboard``: also
+        write the step and epoch figures as TensorBoard events (the package must be installed)."""
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict[str, Any]] = []
+        self.tensorboard = tensorboard
+        self._events: Any = None  # torch's SummaryWriter, made on first use
+        self._purge_step: int | None = None
+        self._steps_checked = False
         if clean:
             remove_debris(self.out)
+
+    def write_run_toml(self, cfg: CoreConfig) -> None:
+        """``run.toml``: every setting of ``cfg`` (``NOT_IN_RUN_TOML`` aside), one ``[section]`` table per config
+        section, so `trainscale train --config` re-creates ``cfg`` exactly (a None is a default: left out)."""
+        tables = {
+            name: {k: v for k, v in section.to_dict().items() if k not in NOT_IN_RUN_TOML}
+            for name, section in cfg.sections()
+        }
+        head = "# this run's settings: `trainscale train --config THIS_FILE --out NEW_DIR` trains it again\n"
+        atomic_write_text(self.out / RUN_TOML, head + to_toml({}, tables))
+
+    def add_steps(self, row: Mapping[str, Any]) -> None:
+        """Append one ``steps.jsonl`` row (``record.StepK``), and its figures to the TensorBoard events."""
+        line = clean(dict(row))
+        if not self._steps_checked:  # the first append cuts a torn last line an interrupted run left
+            append_jsonl(self.out / STEPS, line)
+            self._steps_checked = True
+        else:
+            with open_output(self.out / STEPS, append=True) as f:
+                f.write((json.dumps(line) + "\n").encode())
+        for key in (StepK.loss, StepK.lr, StepK.samples_per_sec, StepK.step_seconds):
+            self._scalar(f"step/{key}", row.get(key), row[StepK.step])
+
+    def restore_steps(self, last_epoch: int) -> None:
+        """On resume keep the step rows of the epochs the checkpoint covers (TensorBoard: drop later events)."""
+        path = self.out / STEPS
+        rows = [r for r in read_jsonl(path) if r[StepK.epoch] <= last_epoch] if path.exists() else []
+        if path.exists():
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._steps_checked = True
+        self._purge_step = (rows[-1][StepK.step] + 1) if rows else None
+
+    def _scalar(self, tag: str, value: Any, step: int) -> None:
+        if not self.tensorboard or value is None:
+            return
+        if self._events is None:
+            from torch.utils.tensorboard import SummaryWriter  # an optional extra: imported only when asked for
+
+            self._events = SummaryWriter(str(self.out / TENSORBOARD_DIR), purge_step=self._purge_step)
+        self._events.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard events (the JSON files are complete after each write)."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -61,6 +142,10 @@ class RunWriter:
         row = clean(merge(*parts, file=METRICS))
         self.history.append(row)
         self._write_history()
+        for key in (K.train_loss, K.train_acc, K.test_loss, K.test_acc, K.lr, K.samples_per_sec):
+            self._scalar(f"epoch/{key}", row.get(key), row[K.epoch])
+        if self._events is not None:
+            self._events.flush()
         return row
 
     def _write_history(self) -> None:

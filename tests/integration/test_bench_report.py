@@ -128,7 +128,13 @@ def check_report(report_dir: Path) -> None:
     assert "Grid tiny-real (scale none): 3 run(s) of mlp for 1 epoch on 800 cifar10 training images" in md
     assert "The grid file describes tiny-real as: two real MLP runs" in md
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
-    assert pngs == ["accuracy_bytes.png", "accuracy_epoch.png", "accuracy_time.png", "throughput_workers.png"]
+    assert pngs == [
+        "accuracy_bytes.png",
+        "accuracy_epoch.png",
+        "accuracy_time.png",
+        "throughput_workers.png",
+        "training_curves.png",  # from the runs' steps.jsonl
+    ]
     for name in pngs:
         with Image.open(report_dir / name) as image:
             image.load()
@@ -137,7 +143,7 @@ def check_report(report_dir: Path) -> None:
 
 def check_page(page: Path, tmp_path: Path) -> None:
     text = page.read_text()
-    assert text.count("data:image/png;base64,") == 4
+    assert text.count("data:image/png;base64,") == 5  # every figure of check_report, inline
     assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:|//)|<link|<script|@import|url\(", text)  # offline
     shot = screenshot(page, tmp_path)
     with Image.open(shot) as image:

@@ -77,7 +77,7 @@ def test_cluster_file_plan(profile):
     "args, fragment",
     [
         (("--cluster", "nope"), "unknown cluster 'nope'; known: "),
-        (("--hosts", "4", "--bandwidth=-1gbit"), "--bandwidth must look like 500kbit, 100mbit or 1gbit"),
+        (("--hosts", "4", "--bandwidth=-1gbit"), "--bandwidth must be a rate in bits per second such as 25gbit"),
         (("--hosts", "4", "--bandwidth", "1gbit", "--model", "resnet20"), "measured mlp, not --model resnet20"),
         (("--hosts", "4", "--bandwidth", "1gbit", "--compress", "powersgd:rank=2"), "no timings for --compress"),
         (

@@ -1,8 +1,12 @@
-"""--resume continues a run bit for bit: an interrupted run and an uninterrupted one end identical."""
+"""--resume continues a run bit for bit: an interrupted run and an uninterrupted one end identical. The resumed run
+is given nothing but its folder (`trainscale train --out DIR --resume`): its settings come from the folder's
+run.toml."""
+
+import json
 
 import torch
 
-from trainscale.app.config import build_config
+from trainscale.app.config import build_config, train_settings
 from trainscale.app.run import run_training
 from trainscale.train.trainer import Trainer
 
@@ -26,6 +30,7 @@ def test_resume_is_bit_exact(tmp_path, monkeypatch):
         progress=False,
         threads=1,
         seed=3,
+        log_every=4,
     )
     run_training(build_config(base, {"out": str(tmp_path / "straight")}))
 
@@ -44,7 +49,7 @@ def test_resume_is_bit_exact(tmp_path, monkeypatch):
         pass
     monkeypatch.setattr(Trainer, "run_epoch", real_run_epoch)
     assert torch.load(broken / "checkpoint.pt", weights_only=True)["state"]["next_epoch"] == 2
-    run_training(build_config(base, {"out": str(broken), "resume": True}))
+    run_training(train_settings({"out": str(broken), "resume": True}))
 
     a, b = final_weights(tmp_path / "straight"), final_weights(broken)
     assert a.keys() == b.keys()
@@ -52,3 +57,9 @@ def test_resume_is_bit_exact(tmp_path, monkeypatch):
         assert torch.equal(a[key], b[key]), key
     lines = (broken / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
+    steps = [
+        [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+        for out in (tmp_path / "straight", broken)
+    ]
+    assert [r["step"] for r in steps[1]] == [4, 6, 10, 12, 16, 18]  # every 4 steps of 6 and each epoch's last
+    assert [(r["loss"], r["lr"]) for r in steps[0]] == [(r["loss"], r["lr"]) for r in steps[1]]

@@ -21,6 +21,7 @@ USER_FACING = frozenset({"TRAINSCALE_DATA", "TRAINSCALE_CLUSTER_STATE"})  # the 
 ENTRY_POINTS = {
     "trainscale.runtime.job": "parses the launcher's environment into a Job (Job.from_environ, given the mapping)",
     "trainscale.commands": "every process's entry: builds its Job from os.environ once and installs it",
+    "trainscale.api": "the Python entry (trainscale.fit): builds the calling process's Job for the call, as commands",
 }
 ENVIRON_BUILDER = "from_environ"  # building a Job from the environment: entry points only
 READ_METHODS = ("get", "pop", "getenv")

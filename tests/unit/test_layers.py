@@ -49,7 +49,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("app", ("app",)),
     Layer("bench", ("bench",)),
     Layer("report", ("report",)),
-    Layer("entry points", ("cli", "commands", "__main__"), loose=True),
+    Layer("entry points", ("cli", "commands", "__main__", "api"), loose=True),
 )
 
 

@@ -167,7 +167,7 @@ class TestDescriptions:
     def test_units(self):
         assert parse_latency("50us") == pytest.approx(5e-5)
         assert parse_link("8gbit", "1ms").bandwidth == 1e9
-        with pytest.raises(ConfigError, match="--bandwidth must look like"):
+        with pytest.raises(ConfigError, match="--bandwidth must be a rate in bits per second"):
             parse_link("-1gbit")
         with pytest.raises(ConfigError, match="--latency must look like"):
             parse_latency("-5us")
@@ -293,3 +293,68 @@ def test_damaged_profile_is_one_line(tmp_path):
     path.write_text(json.dumps({"format": "trainscale-profile/1", "model": "mlp"}))
     with pytest.raises(ConfigError, match="damaged .*make it again with trainscale profile"):
         load_profile(path)
+
+
+def test_one_worker_parameter_server_pushes_nothing():
+    profile = make_profile()
+    for mode in ("ps-sync", "sync"):
+        p = predict(profile, Setting(1, 1, None, Link(1e8, 1e-4), mode=mode))
+        assert p.step_seconds == pytest.approx(profile.compute_seconds) and p.comm_seconds == 0.0
+
+
+class TestWithoutProfile:
+    def test_ddp_bucket_layout(self):
+        from trainscale.plan.synthetic import MIB, ddp_buckets
+
+        buckets = ddp_buckets(60 * MIB, 0.3)
+        assert [b.nbytes for b in buckets] == [MIB, 25 * MIB, 25 * MIB, 9 * MIB]
+        assert buckets[0].ready_seconds == pytest.approx(0.3 / 60) and buckets[-1].ready_seconds == pytest.approx(0.3)
+        assert [b.nbytes for b in ddp_buckets(60 * MIB, 0.3, bucket_mb=100)] == [MIB, 59 * MIB]
+
+    def _plan(self, capsys, **extra) -> dict:
+        from trainscale.plan.cli import run_plan
+        from trainscale.plan.plan import PlanConfig
+
+        base = dict(params=25_000_000, step_time="200ms", batch_size=64, hosts=4, bandwidth="10gbit", json=True)
+        assert run_plan(PlanConfig(**{**base, **extra})) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def test_params_plan_needs_a_step_time(self):
+        from trainscale.plan.plan import PlanConfig, plan_profile
+
+        with pytest.raises(ConfigError, match="--params 1000 needs --step-time"):
+            plan_profile(PlanConfig(params=1000))
+
+    def test_params_plan_by_hand(self, capsys):
+        # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; the last 25 MiB bucket is
+        # ready at the end of backward, so at least its share is exposed
+        p = self._plan(capsys)
+        assert p["compute_seconds"] == pytest.approx(0.2)
+        assert p["wire_seconds"] == pytest.approx(0.12, rel=1e-6)
+        assert 0 < p["comm_seconds"] < p["wire_seconds"]
+
+    def test_16_bit_gradients_halve_the_wire(self, capsys):
+        full, half = self._plan(capsys), self._plan(capsys, grad_dtype="bf16")
+        assert half["wire_seconds"] == pytest.approx(full["wire_seconds"] / 2)
+        assert half["step_seconds"] < full["step_seconds"]
+
+    def test_accumulation_communicates_once_per_n(self, capsys):
+        one, four = self._plan(capsys), self._plan(capsys, accumulate=4)
+        assert four["compute_seconds"] == pytest.approx(4 * one["compute_seconds"])
+        assert four["wire_seconds"] == pytest.approx(one["wire_seconds"])
+        assert four["images_per_sec"] > one["images_per_sec"]
+        assert four["scaling_efficiency"] > one["scaling_efficiency"]
+
+
+def test_plan_batch_size_scales_the_profile(tmp_path, capsys):
+    from trainscale.plan.cli import run_plan
+    from trainscale.plan.plan import PlanConfig
+
+    path = tmp_path / "p.json"
+    path.write_text(make_profile().to_json())
+    runs = {}
+    for batch in (None, 128):
+        run_plan(PlanConfig(profile=str(path), hosts=4, bandwidth="1gbit", batch_size=batch, json=True))
+        runs[batch] = json.loads(capsys.readouterr().out)
+    assert runs[128]["compute_seconds"] == pytest.approx(2 * runs[None]["compute_seconds"])
+    assert runs[128]["scaling_efficiency"] > runs[None]["scaling_efficiency"]

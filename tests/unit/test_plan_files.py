@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.test_plan import make_profile
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device
+from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device, parse_link
 from trainscale.plan.profile import load_profile
 
 CLUSTER = (CHECKOUT_CONFIGS / "clusters" / "pslite-gtx980.toml").read_text()
@@ -48,6 +48,28 @@ def write(tmp_path: Path, text: str) -> Path:
         ("batch_size = 256", 'batch_size = "256"', r"\[\[published\]\] #1 key 'batch_size' must be a whole number"),
         ("devices = 10\nhosts = 5", "devices = 2\nhosts = 5", "key 'hosts' is 5, more than its 2 devices"),
         ("workers_per_host = 1", "workers_per_host = 0", "key 'workers_per_host' must be a positive number"),
+        (
+            "devices = 10\nhosts = 5",
+            "devices = 9\nhosts = 5",
+            r":59: \[\[published\]\] #3 key 'devices' is 9, not a whole",
+        ),
+        (
+            "devices = 10\nhosts = 5",
+            "devices = 12\nhosts = 6",
+            "12 devices on 6 host.s., more than the cluster's 5 x 2",
+        ),
+        (
+            "devices = 10\nhosts = 5",
+            "devices = 12\nhosts = 4",
+            "12 devices on 4 host.s., more than the cluster's 5 x 2",
+        ),
+        ('mode = "ps-sync"', 'mode = "bsp"', r"\[\[published\]\] #3 key 'mode' is 'bsp'; the planner knows sync"),
+        (
+            'model = "inception_bn_small"',
+            'model = "inception_bn_big"',
+            "key 'model' is 'inception_bn_big', not a model",
+        ),
+        ('device = "gtx980"', 'device = "gtx9800"', r":18: key 'device': unknown device 'gtx9800'"),
     ],
 )
 def test_bad_cluster_file_is_one_line_with_its_line(tmp_path, old, new, fragment):
@@ -91,6 +113,61 @@ def test_bad_device_file_is_one_line_with_its_line(tmp_path, old, new, fragment)
     path = write(tmp_path, DEVICE.replace(old, new, 1))
     with pytest.raises(ConfigError, match=f"^{path}{fragment}" if fragment.startswith(":") else fragment):
         load_device(str(path))
+
+
+def test_a_device_path_in_a_cluster_file_is_relative_to_that_file(tmp_path, monkeypatch):
+    (tmp_path / "mine" / "devs").mkdir(parents=True)
+    (tmp_path / "mine" / "devs" / "card.toml").write_text(DEVICE)
+    (tmp_path / "mine" / "clusters").mkdir()
+    cluster = tmp_path / "mine" / "clusters" / "c.toml"
+    cluster.write_text(CLUSTER.replace('device = "gtx980"', 'device = "../devs/card.toml"'))
+    monkeypatch.chdir(tmp_path)  # elsewhere: ../devs/card.toml does not exist from here
+    found = load_cluster(str(cluster)).device
+    assert found is not None and Path(found).resolve() == (tmp_path / "mine" / "devs" / "card.toml").resolve()
+    assert load_device(found).step_seconds("inception_bn_small", 256)[0] == pytest.approx(256 / 714.29)
+    cluster.write_text(CLUSTER.replace('device = "gtx980"', 'device = "../devs/nope.toml"'))
+    with pytest.raises(ConfigError, match=r":18: key 'device' '../devs/nope.toml': no such device file"):
+        load_cluster(str(cluster))
+
+
+def test_a_device_name_beside_the_cluster_file_wins(tmp_path):
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "mycard.toml").write_text(DEVICE.replace('name = "gtx980"', 'name = "mycard"'))
+    (tmp_path / "clusters").mkdir()
+    cluster = tmp_path / "clusters" / "c.toml"
+    cluster.write_text(CLUSTER.replace('device = "gtx980"', 'device = "mycard"'))
+    assert load_device(load_cluster(str(cluster)).device or "").name == "mycard"
+
+
+def test_the_device_figure_in_the_profiles_precision(tmp_path):
+    path = write(
+        tmp_path,
+        DEVICE + '\n[[throughput]]\nmodel = "inception_bn_small"\nbatch_size = 256\n'
+        'images_per_sec = 2000.0\nprecision = "fp16"\nsource = "x"\n',
+    )
+    device = load_device(str(path))
+    assert device.step_seconds("inception_bn_small", 256, "fp32")[0] == pytest.approx(256 / 714.29)
+    assert device.step_seconds("inception_bn_small", 256, "fp16")[0] == pytest.approx(256 / 2000)
+    with pytest.raises(ConfigError, match="has inception_bn_small only in fp16, fp32, not bf16"):
+        device.step_seconds("inception_bn_small", 256, "bf16")
+    bad = write(tmp_path, DEVICE.replace('precision = "fp32"', 'precision = "half"', 1))
+    with pytest.raises(ConfigError, match=r":17: \[\[throughput\]\] #1 key 'precision' is 'half'; give one of fp32"):
+        load_device(str(bad))
+
+
+@pytest.mark.parametrize(
+    "text, bits",
+    [("25gbit", 25e9), ("25Gbps", 25e9), ("25 Gb/s", 25e9), ("25Gbit/s", 25e9), ("12GB/s", 96e9), ("100mbps", 1e8)],
+)
+def test_rate_spellings(text, bits):
+    assert parse_link(text).bandwidth * 8 == pytest.approx(bits)
+
+
+def test_an_unknown_rate_says_bits():
+    with pytest.raises(
+        ConfigError, match=r"--bandwidth must be a rate in bits per second such as 25gbit.*12GB/s = 96gbit"
+    ):
+        parse_link("25 gigs")
 
 
 def test_throughput_that_is_not_an_array_of_tables(tmp_path):
@@ -181,3 +258,29 @@ def test_plan_json_stays_json_when_a_figure_is_not_finite(tmp_path, capsys, monk
     assert cli.run_plan(PlanConfig(profile=str(path), hosts=2, bandwidth="1gbit", json=True)) == 0
     plan = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert plan["scaling_efficiency"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ("[system]\noverlap = 1.5", r"\[system\] key 'overlap' must be a fraction in \(0, 1\], got 1.5"),
+        ('[system]\nalgorithm = "butterfly"', r"\[system\] key 'algorithm' is 'butterfly'; give auto, ring"),
+        ('[system]\nps_assignment = "random"', r"key 'ps_assignment' is 'random'; give shard"),
+        ('[system]\nbucket_overhead = "fast"', r":104: \[system\] key 'bucket_overhead' must look like 50us"),
+    ],
+)
+def test_bad_system_table(tmp_path, extra, fragment):
+    path = write(tmp_path, CLUSTER + "\n" + extra + "\n")
+    with pytest.raises(ConfigError, match=fragment):
+        load_cluster(str(path))
+
+
+def test_system_table_and_nics(tmp_path):
+    text = CLUSTER.replace(
+        '[link.inter]\nbandwidth = "1gbit"', '[link.inter]\nnics = 2\nefficiency = 0.8\nbandwidth = "1gbit"'
+    )
+    text += '\n[system]\noverlap = 0.7\nbucket_overhead = "100us"\nalgorithm = "hierarchical"\n'
+    system = load_cluster(str(write(tmp_path, text))).system
+    assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
+    assert system.bucket_overhead == pytest.approx(1e-4)
+    assert set(system.assumed) == {"step_overhead", "ps_efficiency"}

@@ -12,6 +12,7 @@ are read from the registry on each use).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import unicodedata
@@ -28,6 +29,7 @@ from trainscale.models import model_info
 from trainscale.modes import list_modes, mode_class
 from trainscale.modes.config import TrainConfig
 from trainscale.recipes import get_recipe
+from trainscale.record import RUN_TOML
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
 from trainscale.train.optim import optimizer_info
@@ -135,6 +137,28 @@ def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[
     return values
 
 
+def train_settings(flags: Mapping[str, Any], config_file: str | Path | None = None) -> TrainConfig:
+    """`trainscale train`'s config (the CLI's and ``trainscale.fit``'s): defaults, then with ``--resume`` the run
+    folder's own settings (``resumed_settings``), then ``--config FILE``, then ``flags`` (the settings given)."""
+    file_values = load_toml(config_file) if config_file else {}
+    return build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
+
+
+def resumed_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """With ``resume`` and ``out`` among the settings ``given``, the settings of the run in that folder: its
+    ``run.toml`` (a folder from before run.toml: its ``config.json``), so `train --out DIR --resume` needs no other
+    flag; only the settings given are then compared with the run's (``train.setup.check_resume_matches``). Empty
+    otherwise, and for a folder with neither file (the run-folder check says what is missing)."""
+    if not given.get("resume") or not given.get("out"):
+        return {}
+    folder = Path(given["out"])
+    if (folder / RUN_TOML).is_file():
+        return load_toml(folder / RUN_TOML)
+    if (folder / "config.json").is_file():
+        return read_run_config(folder / "config.json").to_dict()
+    return {}
+
+
 def read_run_config(path: str | Path) -> TrainConfig:
     """A run folder's ``config.json`` as a ``TrainConfig``: the flat form every run writes (keys that are no
     setting, such as ``resolved``, skipped)."""
@@ -199,7 +223,21 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     validate_mode(cfg)
     validate_nonfinite(cfg)
     validate_optimizer(cfg)
+    validate_tensorboard(cfg)
     return cfg
+
+
+TENSORBOARD_HINT = "pip install 'trainscale[tensorboard]'"
+
+
+def validate_tensorboard(cfg: TrainConfig) -> None:
+    """``--tensorboard`` needs the optional ``tensorboard`` package: said before anything starts, not at the
+    first event."""
+    require(
+        not cfg.run.tensorboard or importlib.util.find_spec("tensorboard") is not None,
+        f"--tensorboard writes TensorBoard event files, but the tensorboard package is not installed: "
+        f"{TENSORBOARD_HINT} (or leave --tensorboard out)",
+    )
 
 
 EMA_MODES = ("local", "sync")  # where every rank holds the one model whose average is worth evaluating

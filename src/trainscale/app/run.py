@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from trainscale.modes.config import TrainConfig
 from trainscale.modes.fault_tolerance import JobFinished
 from trainscale.modes.fault_tolerance.replicated import with_fault_tolerance
 from trainscale.record import SUMMARY, K, merge
-from trainscale.results import lock_run_folder, read_summary
+from trainscale.results import RunWriter, lock_run_folder, read_summary
 from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
@@ -38,6 +39,7 @@ from trainscale.train import Trainer, build_model, build_optimizer
 from trainscale.train.precision import Precision, resolve_device, synchronize
 from trainscale.train.schedules import create_schedule
 from trainscale.train.setup import augment_for, check_fits, load_data, resolve_out, run_folder, summary_base
+from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import allowed_cores
 
 log = logging.getLogger("trainscale.train")
@@ -82,6 +84,9 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
             summary = trainer.fit()
         except JobFinished:
             return {}, []
+        finally:
+            if trainer.writer is not None:
+                trainer.writer.close()
     history = trainer.writer.history if trainer.writer else []
     return summary, history
 
@@ -140,6 +145,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
         callbacks=callbacks,
         baseline=load_baseline(cfg) if writer is not None else None,
         cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
+        step_log=step_log(cfg, writer, workers),
         summary_base=merge(
             summary_base(cfg, plan, params, device, want, train_batches.num_samples * world_size(), writer),
             {K.data_init_seconds: data_init_seconds},
@@ -149,6 +155,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     if resume:
         trainer.resume()
     if writer is not None and is_main_process():
+        writer.write_run_toml(recorded_settings(cfg, facts["name"] if facts else None))
         on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
         writer.write_config(
             {
@@ -166,6 +173,25 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
             }
         )
     return trainer
+
+
+def recorded_settings(cfg: TrainConfig, cluster: str | None) -> TrainConfig:
+    """What run.toml records: ``cfg``; for a node of an emulated cluster, the run the user started (``--cluster``
+    NAME, not this node's place in it), so `--resume` and `--config run.toml` start the whole cluster job again."""
+    if cluster is None:
+        return cfg
+    return cfg.replace(cluster=cluster, nnodes=1, node_rank=0, rdzv_endpoint=None, rdzv_id=None)
+
+
+def step_log(cfg: TrainConfig, writer: RunWriter | None, workers: int) -> StepLog | None:
+    """The main process's live metrics (``--log-every``): rows into ``writer``'s steps.jsonl (not where several
+    processes may write the folder in turn: a fault-tolerant job's replicas), and as plain lines where no progress
+    bar shows (the output is no terminal)."""
+    if not cfg.run.log_every or not is_main_process():
+        return None
+    lines = cfg.run.progress and not sys.stderr.isatty()
+    sink = writer.add_steps if writer is not None and not cfg.replication.fault_tolerance else None
+    return StepLog(cfg.run.log_every, workers, sink, lines) if sink or lines else None
 
 
 def load_baseline(cfg: TrainConfig) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from trainscale.bench.expand import HASH_EXCLUDE, RunSpec, defaults
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text
+from trainscale.io import to_toml as io_to_toml
 from trainscale.record import SUMMARY, K
 from trainscale.results import LAUNCHER_FILES
 
@@ -107,19 +108,4 @@ def write_run_files(folder: Path, spec: RunSpec, resume: bool) -> Path:
 
 def to_toml(values: dict[str, Any]) -> str:
     """Flat TOML for `trainscale train --config`: None is left out (every None is a default)."""
-    lines = [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return (
-            repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
-        )
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
+    return io_to_toml(values)

@@ -38,7 +38,7 @@ def dilated_rates(
             f"--profile {profile_path} was taken with {profile.cpus or 'all'} CPUs, but each of "
             f"{spec.hosts} emulated hosts gets {share:g}: profile again with --cpus {share:g}"
         )
-    target_step, figure = load_device(spec.device).step_seconds(profile.model, profile.batch_size)
+    target_step, figure = load_device(spec.device).step_seconds(profile.model, profile.batch_size, profile.precision)
     factor = profile.compute_seconds / target_step
     rate = int(spec.inter.bandwidth * 8 / factor)
     if not net.MIN_RATE <= rate <= net.MAX_RATE:

@@ -11,9 +11,9 @@ from trainscale.errors import ConfigError
 from trainscale.io import check_output, dumps, save_figure
 from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.plan import PlanConfig, check_profile_model, setting_from, with_bandwidth
+from trainscale.plan.plan import PlanConfig, check_profile_model, plan_profile, setting_from, with_bandwidth
 from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
-from trainscale.plan.profile import Profile, ProfileConfig, load_profile, profile_command
+from trainscale.plan.profile import Profile, ProfileConfig, profile_command
 from trainscale.runtime.cluster import format_rate
 
 MIB = 2**20
@@ -52,8 +52,15 @@ def describe_setting(s: Setting) -> str:
     link = s.link
     where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
     rate = "no link" if s.workers == 1 else f"{format_rate(int(link.bandwidth * 8))} links"
-    return f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}" + (
-        f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else ""
+    if s.hosts > 1 and s.nics > 1:
+        rate += f" ({s.nics} NICs per host)"
+    if s.workers > 1 and s.mode == "sync" and s.algorithm != "ring":
+        rate += f", all-reduce {s.algorithm}"
+    return (
+        f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}"
+        + (f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else "")
+        + (", 16-bit gradients" if s.grad_scale < 1 and s.spec.dense else "")
+        + (f", {s.accumulate} micro-steps per optimizer step" if s.accumulate > 1 else "")
     )
 
 
@@ -203,7 +210,7 @@ def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], d
     batch the sum of its devices' and its step the device's step at the per-device batch."""
     batch, devices, hosts = int(row["batch_size"]), int(row["devices"]), int(row.get("hosts", 1))
     per_host = int(row.get("workers_per_host", max(1, devices // hosts)))
-    seconds, _ = device.step_seconds(profile.model, batch)
+    seconds, _ = device.step_seconds(profile.model, batch, profile.precision)
     return replace(
         setting,
         hosts=hosts,
@@ -235,8 +242,9 @@ def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
 def run_plan(cfg: PlanConfig) -> int:
     if cfg.sweep:
         check_plot(Path(cfg.plot))
-    profile = load_profile(cfg.profile)
-    check_profile_model(cfg, profile)
+    profile = plan_profile(cfg)
+    if cfg.params is None:
+        check_profile_model(cfg, profile)
     setting, cluster, origin = setting_from(cfg, profile)
     if setting.spec.text != "none":
         profile.compressor(setting.spec)  # a compressor the profile did not time fails here

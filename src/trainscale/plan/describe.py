@@ -17,8 +17,10 @@ from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.io import read_toml
+from trainscale.models import list_models
 from trainscale.plan.costs import Link
-from trainscale.runtime.cluster import parse_rate
+from trainscale.plan.predict import MODES
+from trainscale.runtime.cluster import MIN_RATE, format_rate
 
 FASTEST_LINK = 10_000_000_000_000  # 10 Tbit/s: above any NVLink generation
 MAX_COUNT = 2**20  # hosts, devices, workers or images a plan may count: far beyond any cluster planned
@@ -35,9 +37,30 @@ def parse_latency(text: str, flag: str = "--latency") -> float:
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
+_PLAN_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(bits?|bits?/s|b/s|bps|B/s|Bps|bytes?/s)$")
+_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_plan_rate(text: str, flag: str = "--bandwidth", high: int = FASTEST_LINK) -> int:
+    """A planner's rate -> bit/s. tc's units (``25gbit``) and the spellings of data sheets: a lower-case b is
+    bits (``25Gbps``, ``25Gb/s``, ``25Gbit/s``), an upper-case B bytes (``12GB/s``, ``12GBps``): the
+    networking convention, so a rate copied from a NIC's or NVLink's spec sheet means what it says there."""
+    match = _PLAN_RATE_RE.match(str(text).strip())
+    if not match:
+        raise ConfigError(
+            f"{flag} must be a rate in bits per second such as 25gbit, 25Gbit/s or 25Gbps (b: bits, "
+            f"B: bytes, so 12GB/s = 96gbit), got '{text}'"
+        )
+    number, prefix, unit = match.groups()
+    bits = float(number) * _PREFIX[prefix.lower()] * (8 if unit.startswith("B") else 1)
+    if not MIN_RATE <= bits <= high:
+        raise ConfigError(f"{flag} must be between 8kbit and {format_rate(high)}, got '{text}'")
+    return int(bits)
+
+
 def parse_link(bandwidth: str, latency: str = "0us", where: str = "--bandwidth") -> Link:
-    """A link from rate text (bit/s, tc's units) and latency text; bytes/s and seconds inside."""
-    bits = parse_rate(str(bandwidth), flag=where, high=FASTEST_LINK)
+    """A link from rate text (bit/s; see :func:`parse_plan_rate`) and latency text; bytes/s and seconds inside."""
+    bits = parse_plan_rate(str(bandwidth), flag=where)
     return Link(bits / 8.0, parse_latency(latency, flag=where.replace("bandwidth", "latency")))
 
 
@@ -60,9 +83,10 @@ class Device:
     description: str
     throughput: tuple[Throughput, ...] = ()
 
-    def step_seconds(self, model: str, batch_size: int) -> tuple[float, Throughput]:
-        """Seconds per step of ``model`` at ``batch_size`` per device, and the figure it rests on: the same
-        batch, or the nearest one measured, scaled in proportion to the images (said in the plan)."""
+    def step_seconds(self, model: str, batch_size: int, precision: str = "fp32") -> tuple[float, Throughput]:
+        """Seconds per step of ``model`` at ``batch_size`` per device in ``precision``, and the figure it rests
+        on: the same batch, or the nearest one measured, scaled in proportion to the images (said in the plan).
+        A figure in another precision is never used: bf16 or fp16 can be several times faster than fp32."""
         figures = [t for t in self.throughput if t.model == model]
         if not figures:
             have = ", ".join(sorted({t.model for t in self.throughput})) or "none"
@@ -70,8 +94,87 @@ class Device:
                 f"device {self.name} has no throughput for model {model} (it has: {have}); add a "
                 f"[[throughput]] to its file or plan with this machine's profile (no --device)"
             )
+        same = [t for t in figures if t.precision == precision]
+        if not same:
+            have = ", ".join(sorted({t.precision for t in figures}))
+            raise ConfigError(
+                f"device {self.name} has {model} only in {have}, not {precision} (the profile's precision); "
+                f"profile with --precision {figures[0].precision}, or add a {precision} [[throughput]] row"
+            )
+        figures = same
         best = min(figures, key=lambda t: (abs(t.batch_size - batch_size), -t.batch_size))
         return best.step_seconds * batch_size / best.batch_size, best
+
+
+@dataclass(frozen=True)
+class System:
+    """What a cluster's software and wiring add to the links: NICs per host and the transport's achieved
+    fraction of their line rate, the all-reduce algorithm, how much communication hides under backward, the
+    framework's costs per bucket and per step, and the parameter servers' layout. ``assumed`` names the
+    values no file gave (the plan says so)."""
+
+    nics: int = 1
+    transport: str = "tcp"
+    algorithm: str | None = None
+    overlap: float = 1.0
+    bucket_overhead: float = 0.0
+    step_overhead: float = 0.0
+    servers: int | None = None
+    placement: str = "colocated"
+    assignment: str = "shard"
+    efficiency: float = 1.0  # [link.inter]: the transport's achieved fraction of the NICs' line rate
+    ps_efficiency: float = 1.0  # [system]: a parameter server's RPC stack's fraction of what the link carries
+    host_images_per_sec: float | None = None  # [system]: what one host's CPUs and input pipeline deliver at most
+    assumed: tuple[str, ...] = ("overlap", "bucket_overhead", "step_overhead", "efficiency", "ps_efficiency")
+
+
+TRANSPORTS = ("tcp", "rdma", "nvlink", "pcie")
+
+
+def _fraction(table: _Table, key: str, default: float) -> float:
+    value = table.get(key, float, default)
+    if not 0 < value <= 1 and not (key == "overlap" and value == 0):
+        raise ConfigError(f"{table.where(key)} must be a fraction in (0, 1], got {value}")
+    return value
+
+
+def _seconds(table: _Table, key: str) -> float:
+    text = table.get(key, str, "0us")
+    return parse_latency(text, table.where(key))
+
+
+def _system(top: _Table, links: _Table) -> System:
+    """The ``[system]`` table and the NIC keys of ``[link.inter]`` (``nics``, ``transport``, ``efficiency``)."""
+    inter = links.table("inter", "[link.inter]") or _Table(top.path, top.text, {}, "[link.inter]")
+    table = top.table("system", "[system]") or _Table(top.path, top.text, {}, "[system]")
+    transport = inter.get("transport", str, "tcp")
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"{inter.where('transport')} is {transport!r}; give one of {', '.join(TRANSPORTS)}")
+    algorithm = table.get("algorithm", str, None)
+    if algorithm is not None and algorithm not in ("auto", "ring", "tree", "hierarchical"):
+        raise ConfigError(f"{table.where('algorithm')} is {algorithm!r}; give auto, ring, tree or hierarchical")
+    placement, assignment = table.get("ps_placement", str, "colocated"), table.get("ps_assignment", str, "shard")
+    if placement not in ("colocated", "separate"):
+        raise ConfigError(f"{table.where('ps_placement')} is {placement!r}; give colocated or separate")
+    if assignment not in ("shard", "round_robin", "by_size"):
+        raise ConfigError(f"{table.where('ps_assignment')} is {assignment!r}; give shard, round_robin or by_size")
+    given: set[str] = {k for k in ("overlap", "bucket_overhead", "step_overhead", "ps_efficiency") if k in table.raw}
+    given |= {"efficiency"} if "efficiency" in inter.raw else set()
+    return System(
+        inter.get("nics", int, 1, positive=True),
+        transport,
+        algorithm,
+        _fraction(table, "overlap", 1.0),
+        _seconds(table, "bucket_overhead"),
+        _seconds(table, "step_overhead"),
+        table.get("ps_servers", int, None, positive=True),
+        placement,
+        assignment,
+        _fraction(inter, "efficiency", 1.0),
+        _fraction(table, "ps_efficiency", 1.0),
+        table.get("host_images_per_sec", float, None, positive=True),
+        tuple(k for k in System().assumed if k not in given),
+    )
 
 
 @dataclass(frozen=True)
@@ -85,6 +188,7 @@ class ClusterSpec:
     intra: Link | None
     published: tuple[dict[str, Any], ...] = field(default=())
     source: str = ""
+    system: System = field(default_factory=lambda: System())
 
 
 def find_file(name: str, kind: str) -> Path:
@@ -170,6 +274,16 @@ def _read(path: Path, kind: str) -> _Table:
     return _Table(path, text, raw)
 
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def _precision(row: _Table) -> str:
+    value = row.get("precision", str, "fp32")
+    if value not in PRECISIONS:
+        raise ConfigError(f"{row.where('precision')} is {value!r}; give one of {', '.join(PRECISIONS)}")
+    return value
+
+
 def load_device(name: str) -> Device:
     path = find_file(name, "devices")
     top = _read(path, "device file")
@@ -178,7 +292,7 @@ def load_device(name: str) -> Device:
             t.get("model", str),
             t.get("batch_size", int, positive=True),
             t.get("images_per_sec", float, positive=True),
-            t.get("precision", str, "fp32"),
+            _precision(t),
             t.get("source", str),
         )
         for t in top.tables("throughput")
@@ -187,10 +301,18 @@ def load_device(name: str) -> Device:
 
 
 def _link(table: _Table | None) -> Link | None:
+    """A link table: ``bandwidth`` and ``latency``; inside a host, devices split over CPU sockets (``sockets``
+    > 1) cross the sockets' link (``socket_bandwidth``, ``socket_latency``), which bounds a ring through them."""
     if table is None:
         return None
     bandwidth, latency = table.get("bandwidth", str), table.get("latency", str, "0us")
-    return parse_link(bandwidth, latency, table.where("bandwidth"))
+    link = parse_link(bandwidth, latency, table.where("bandwidth"))
+    if table.get("sockets", int, 1, positive=True) > 1:
+        hop = parse_link(
+            table.get("socket_bandwidth", str), table.get("socket_latency", str, "0us"), table.where("socket_bandwidth")
+        )
+        link = Link(min(link.bandwidth, hop.bandwidth), link.latency + hop.latency)
+    return link
 
 
 PUBLISHED_NUMBERS = {"batch_size": int, "devices": int, "images_per_sec": float}  # required, > 0
@@ -209,14 +331,60 @@ def _published(row: _Table) -> dict[str, Any]:
     values.update({k: row.get(k, kind, None, positive=True) for k, kind in PUBLISHED_OPTIONAL.items() if k in row.raw})
     if values.get("hosts", 1) > values["devices"]:
         raise ConfigError(f"{row.where('hosts')} is {values['hosts']}, more than its {values['devices']} devices")
+    if values["devices"] % values.get("hosts", 1):
+        raise ConfigError(
+            f"{row.where('devices')} is {values['devices']}, not a whole number of devices on each of its "
+            f"{values['hosts']} hosts; give the devices and hosts the source used"
+        )
+    if values["mode"] not in MODES:
+        raise ConfigError(f"{row.where('mode')} is {values['mode']!r}; the planner knows {', '.join(MODES)}")
+    if values["model"] not in list_models():
+        raise ConfigError(
+            f"{row.where('model')} is {values['model']!r}, not a model trainscale knows "
+            f"(trainscale models lists them); register it or drop the row"
+        )
     return values
+
+
+def _check_fits(row: _Table, values: dict[str, Any], hosts: int, per_host: int) -> None:
+    """A published row is a run on (part of) this cluster: no more hosts, nor devices, than it has."""
+    if values.get("hosts", 1) > hosts or values["devices"] > hosts * per_host:
+        raise ConfigError(
+            f"{row.where('devices')} is {values['devices']} devices on {values.get('hosts', 1)} host(s), more than "
+            f"the cluster's {hosts} x {per_host}; raise the cluster's hosts or devices_per_host, or fix the row"
+        )
+
+
+def _device_of(top: _Table, path: Path) -> str | None:
+    """The cluster's ``device``, found where its file points: a path is relative to the cluster file's folder,
+    a name is looked up beside it (``../devices/<name>.toml``) before the usual places; a device that is not
+    there is this file's error, on its line."""
+    device = top.get("device", str, None)
+    if device is None:
+        return None
+    given = Path(device)
+    if given.suffix == ".toml" or given.parent != Path("."):
+        found = given if given.is_absolute() else path.parent / given
+        if not found.is_file():
+            raise ConfigError(
+                f"{top.where('device')} {device!r}: no such device file (paths are relative to {path.parent})"
+            )
+        return str(found)
+    beside = path.parent.parent / "devices" / f"{device}.toml"
+    if beside.is_file():
+        return str(beside)
+    try:
+        find_file(device, "devices")
+    except ConfigError as exc:
+        raise ConfigError(f"{top.where('device')}: {exc}") from None
+    return device
 
 
 def load_cluster(name: str) -> ClusterSpec:
     path = find_file(name, "clusters")
     top = _read(path, "cluster file")
     links = top.table("link", "[link]") or _Table(path, top.text, {}, "[link]")
-    device = top.get("device", str, None)
+    device = _device_of(top, path)
     spec = ClusterSpec(
         top.get("name", str, path.stem),
         top.get("description", str, ""),
@@ -227,7 +395,10 @@ def load_cluster(name: str) -> ClusterSpec:
         _link(links.table("intra", "[link.intra]")),
         tuple(_published(row) for row in top.tables("published")),
         top.get("source", str, ""),
+        _system(top, links),
     )
+    for row, values in zip(top.tables("published"), spec.published):
+        _check_fits(row, values, spec.hosts, spec.devices_per_host)
     if spec.hosts > 1 and spec.inter is None:
         raise ConfigError(f"{path}: {spec.hosts} hosts need a [link.inter] with a bandwidth")
     if spec.devices_per_host > 1 and spec.intra is None:

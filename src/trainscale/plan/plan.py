@@ -4,14 +4,26 @@ they become a :class:`~trainscale.plan.predict.Setting`: a cluster file, or host
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
-from trainscale.plan.describe import MAX_COUNT, ClusterSpec, load_cluster, load_device, parse_link
+from trainscale.plan.costs import ALGORITHMS, ASSIGNMENTS, Link
+from trainscale.plan.describe import (
+    MAX_COUNT,
+    ClusterSpec,
+    System,
+    load_cluster,
+    load_device,
+    parse_latency,
+    parse_link,
+)
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.predict import MODES, Setting
-from trainscale.plan.profile import Profile
+from trainscale.plan.predict import MODES, PSLayout, Setting
+from trainscale.plan.profile import Profile, load_profile
+from trainscale.plan.synthetic import synthetic_profile
+
+GRAD_DTYPES = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}  # bytes over fp32's
 
 
 @dataclass
@@ -31,6 +43,54 @@ class PlanConfig(Section):
     device: str | None = option(None, "plan for this device (configs/devices) instead of this machine's profile")
     device_step_ms: float | None = option(
         None, "or give the target device's step time in ms at the profile's batch", above=0
+    )
+    params: int | None = option(
+        None, "plan a model by its parameter count instead of a profile (with --step-time and --batch-size)", at_least=1
+    )
+    step_time: str | None = option(
+        None, "the target device's step time (one device, no communication) at --batch-size: 120ms, 0.12s"
+    )
+    batch_size: int | None = option(
+        None, "per-device batch of the plan (default: the profile's; compute scales in proportion)", at_least=1
+    )
+    bucket_mb: float = option(25.0, "--params: DDP's gradient bucket size in MiB (bucket_cap_mb)", above=0)
+    grad_dtype: str = option("fp32", "dtype of the gradients sent: fp32, bf16 or fp16", choices=tuple(GRAD_DTYPES))
+    accumulate: int = option(1, "micro-steps per optimizer step (one communication per N)", at_least=1)
+    intra_latency: str = option("0us", "latency per message between the workers of one host")
+    nics: int | None = option(None, "network interfaces per host (default: the cluster file's, or 1)", at_least=1)
+    efficiency: float | None = option(
+        None, "the transport's achieved fraction of line rate (default: the cluster file's, or 1)", above=0, at_most=1
+    )
+    algorithm: str = option(
+        "auto",
+        "all-reduce algorithm: ring, tree, hierarchical; auto: the cluster file's, else NCCL's choice for a "
+        "GPU plan and gloo's ring for this machine's CPU",
+        choices=("auto", *ALGORITHMS),
+    )
+    overlap: float | None = option(
+        None,
+        "fraction of in-flight communication that hides under backward (default: file's, or 1)",
+        at_least=0,
+        at_most=1,
+    )
+    bucket_overhead: str | None = option(None, "framework cost per gradient bucket, e.g. 100us (default 0)")
+    step_overhead: str | None = option(None, "framework cost per synchronised step, e.g. 2ms (default 0)")
+    ps_placement: str | None = option(
+        None,
+        "parameter servers beside the workers (colocated) or on hosts of their own (separate)",
+        choices=("colocated", "separate"),
+    )
+    ps_assignment: str | None = option(
+        None, "tensors to servers: shard (split evenly), round_robin or by_size (whole tensors)", choices=ASSIGNMENTS
+    )
+    ps_efficiency: float | None = option(
+        None,
+        "a parameter server's achieved fraction of what the link carries (RPC stacks: below 1)",
+        above=0,
+        at_most=1,
+    )
+    host_images_per_sec: float | None = option(
+        None, "images/s one host's CPUs and input pipeline deliver at most (measure it; default: no limit)", above=0
     )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
@@ -53,56 +113,163 @@ def check_profile_model(cfg: PlanConfig, profile: Profile) -> None:
         )
 
 
+def plan_profile(cfg: PlanConfig) -> Profile:
+    """The profile a plan rests on: the file, or one made from ``--params`` and ``--step-time``."""
+    if cfg.params is None:
+        return load_profile(cfg.profile)
+    if cfg.step_time is None or cfg.batch_size is None:
+        raise ConfigError(
+            f"--params {cfg.params} needs --step-time (one device's step, e.g. 120ms) and the --batch-size it is for"
+        )
+    if cfg.device is not None or cfg.device_step_ms is not None:
+        raise ConfigError("--params takes the device's step from --step-time; drop --device / --device-step-ms")
+    if cfg.compress != "none":
+        raise ConfigError(
+            f"--params plans dense gradients (no coding times without a profile); drop --compress {cfg.compress}, "
+            "or use --grad-dtype bf16 for 16-bit gradients"
+        )
+    seconds = parse_latency(cfg.step_time, "--step-time")
+    if not seconds > 0:
+        raise ConfigError(f"--step-time must be positive, got {cfg.step_time}")
+    return synthetic_profile(cfg.params, seconds, cfg.batch_size, cfg.bucket_mb, cfg.model)
+
+
+def _batch_scale(cfg: PlanConfig, profile: Profile) -> tuple[float, str]:
+    """Compute at the plan's batch over the profile's (in proportion to the images: an assumption the plan
+    states, as a device's throughput is flat only once it is full)."""
+    if cfg.batch_size is None or cfg.batch_size == profile.batch_size:
+        return 1.0, ""
+    return cfg.batch_size / profile.batch_size, (
+        f"; scaled from batch {profile.batch_size} to {cfg.batch_size} in proportion (assumed)"
+    )
+
+
 def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tuple[float, str]:
     """Target device's step time over this machine's (1 when the plan is for this machine), and its origin."""
+    if cfg.params is not None:
+        return 1.0, f"--step-time {cfg.step_time} at batch {cfg.batch_size} (given; backward 2/3 of it, assumed)"
+    batch = cfg.batch_size or profile.batch_size
+    if cfg.step_time is not None and cfg.device_step_ms is not None:
+        raise ConfigError("give --step-time or --device-step-ms, not both")
+    if cfg.step_time is not None:
+        seconds = parse_latency(cfg.step_time, "--step-time")
+        if not seconds > 0:
+            raise ConfigError(f"--step-time must be positive, got {cfg.step_time}")
+        return seconds / profile.compute_seconds, f"--step-time {cfg.step_time} at batch {batch}"
     if cfg.device_step_ms is not None:
         if cfg.device_step_ms <= 0:
             raise ConfigError(f"--device-step-ms must be positive, got {cfg.device_step_ms}")
-        return cfg.device_step_ms / 1e3 / profile.compute_seconds, f"--device-step-ms {cfg.device_step_ms:g}"
-    if device is None:
-        return 1.0, f"profiled: {profile.device}, {profile.threads} thread(s)" + (
-            f", {profile.cpus:g} CPUs" if profile.cpus else ""
+        scale, note = _batch_scale(cfg, profile)
+        return (
+            cfg.device_step_ms / 1e3 / profile.compute_seconds * scale,
+            f"--device-step-ms {cfg.device_step_ms:g}{note}",
         )
-    seconds, figure = load_device(device).step_seconds(profile.model, profile.batch_size)
-    origin = f"{device}: {figure.images_per_sec:g} img/s at batch {figure.batch_size} ({figure.source})"
+    if device is None:
+        scale, note = _batch_scale(cfg, profile)
+        return scale, f"profiled: {profile.device}, {profile.threads} thread(s)" + (
+            f", {profile.cpus:g} CPUs" if profile.cpus else ""
+        ) + note
+    target = load_device(device)
+    seconds, figure = target.step_seconds(profile.model, batch, profile.precision)
+    origin = (
+        f"{target.name}: {figure.images_per_sec:g} img/s at batch {figure.batch_size}, {figure.precision} "
+        f"({figure.source})"
+    )
     return seconds / profile.compute_seconds, origin
 
 
+def system_of(cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool) -> tuple[System, list[str]]:
+    """The cluster file's system (or the defaults) with the flags given on top, and the values still assumed."""
+    base = cluster.system if cluster is not None else System()
+    given: dict[str, Any] = {
+        "nics": cfg.nics,
+        "algorithm": cfg.algorithm if cfg.algorithm != "auto" else None,
+        "overlap": cfg.overlap,
+        "bucket_overhead": None
+        if cfg.bucket_overhead is None
+        else parse_latency(cfg.bucket_overhead, "--bucket-overhead"),
+        "step_overhead": None if cfg.step_overhead is None else parse_latency(cfg.step_overhead, "--step-overhead"),
+        "placement": cfg.ps_placement,
+        "assignment": cfg.ps_assignment,
+        "efficiency": cfg.efficiency,
+        "ps_efficiency": cfg.ps_efficiency,
+        "host_images_per_sec": cfg.host_images_per_sec,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    system = replace(base, **given)
+    if system.algorithm is None:
+        system = replace(system, algorithm="auto" if on_gpu else "ring")
+    assumed = [k for k in base.assumed if k not in given]
+    return system, assumed
+
+
+def _setting(
+    cfg: PlanConfig, hosts: int, per_host: int, inter: Link | None, intra: Link | None, system: System, scale: float
+) -> Setting:
+    if inter is not None and system.efficiency < 1:
+        inter = Link(inter.bandwidth * system.efficiency, inter.latency)
+    return Setting(
+        hosts,
+        per_host,
+        inter,
+        intra,
+        cfg.mode,
+        parse_spec(cfg.compress),
+        cfg.sync_every,
+        system.servers or cfg.servers,
+        scale,
+        cfg.batch_size,
+        GRAD_DTYPES[cfg.grad_dtype],
+        cfg.accumulate,
+        system.algorithm or "ring",
+        system.nics,
+        system.overlap,
+        system.bucket_overhead,
+        system.step_overhead,
+        PSLayout(system.placement, system.assignment, system.ps_efficiency),
+        system.host_images_per_sec,
+    )
+
+
 def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpec | None, str]:
-    """The Setting a plan describes, the cluster file it came from (if any), and where compute comes from."""
-    spec = parse_spec(cfg.compress)
+    """The Setting a plan describes, the cluster file it came from (if any), and where compute comes from
+    (with the system values the plan assumed rather than was given)."""
     if cfg.cluster and (cfg.hosts is not None or cfg.bandwidth is not None):
         raise ConfigError("give either --cluster or --hosts with --bandwidth, not both")
-    if cfg.cluster:
-        cluster = load_cluster(cfg.cluster)
-        scale, origin = compute_scale(cfg, profile, cfg.device or cluster.device)
-        return (
-            Setting(
-                cluster.hosts,
-                cluster.devices_per_host,
-                cluster.inter,
-                cluster.intra,
-                cfg.mode,
-                spec,
-                cfg.sync_every,
-                cfg.servers,
-                scale,
-            ),
-            cluster,
-            origin,
-        )
-    if cfg.hosts is None:
-        raise ConfigError("give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)")
-    if cfg.hosts > 1 and cfg.bandwidth is None:
-        raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
-    inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
-    intra = parse_link(cfg.intra_bandwidth, "0us", "--intra-bandwidth")
-    scale, origin = compute_scale(cfg, profile, cfg.device)
-    return (
-        Setting(cfg.hosts, cfg.workers_per_host, inter, intra, cfg.mode, spec, cfg.sync_every, cfg.servers, scale),
-        None,
-        origin,
-    )
+    cluster = load_cluster(cfg.cluster) if cfg.cluster else None
+    if cluster is None:
+        if cfg.hosts is None:
+            raise ConfigError(
+                "give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)"
+            )
+        if cfg.hosts > 1 and cfg.bandwidth is None:
+            raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
+    device = cfg.device or (cluster.device if cluster else None)
+    scale, origin = compute_scale(cfg, profile, device)
+    on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
+    system, assumed = system_of(cfg, cluster, on_gpu)
+    if cluster is not None:
+        setting = _setting(cfg, cluster.hosts, cluster.devices_per_host, cluster.inter, cluster.intra, system, scale)
+    else:
+        inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
+        intra = parse_link(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth")
+        setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
+    if cfg.mode not in ("ps-sync", "async"):
+        assumed = [k for k in assumed if k != "ps_efficiency"]
+    if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
+        assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
+    if on_gpu and assumed:
+        origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
+    return setting, cluster, origin
+
+
+_ASSUMED_TEXT = {
+    "overlap": "perfect overlap",
+    "bucket_overhead": "no per-bucket cost",
+    "step_overhead": "no per-step cost",
+    "efficiency": "line rate",
+    "ps_efficiency": "servers at line rate",
+}
 
 
 def with_bandwidth(setting: Setting, text: str) -> Setting:

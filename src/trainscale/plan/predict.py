@@ -20,11 +20,46 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainscale.errors import ConfigError
-from trainscale.plan.costs import Link, collective, colocated_parameter_server, overlapped_finish, parameter_server
+from trainscale.plan.costs import (
+    ALGORITHMS,
+    ASSIGNMENTS,
+    Fabric,
+    Link,
+    allreduce,
+    collective,
+    colocated_parameter_server,
+    overlapped_finish,
+    parameter_server,
+    placed_parameter_server,
+    server_loads,
+)
 from trainscale.plan.methods import DENSE, MethodSpec
 from trainscale.plan.profile import Profile
 
 MODES = ("sync", "ps-sync", "async", "localsgd", "diloco")
+
+
+@dataclass(frozen=True)
+class PSLayout:
+    """How a parameter-server system places its servers and tensors: ``colocated`` (a server beside the
+    workers of every host, ``--servers`` per host) or ``separate`` (``--servers`` hosts of their own, each
+    with the cluster's NICs); ``assignment`` of tensors (shard, round_robin, by_size); ``efficiency``: the
+    transport's achieved fraction of line rate."""
+
+    placement: str = "colocated"
+    assignment: str = "shard"
+    efficiency: float = 1.0
+    total: int | None = None  # colocated: servers in all, one on each of the first hosts (default: all hosts)
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("colocated", "separate"):
+            raise ConfigError(f"parameter-server placement {self.placement!r}: colocated or separate")
+        if self.assignment not in ASSIGNMENTS:
+            raise ConfigError(f"parameter-server assignment {self.assignment!r}: {', '.join(ASSIGNMENTS)}")
+        if not 0 < self.efficiency <= 1:
+            raise ConfigError(
+                f"parameter-server efficiency is a fraction of line rate in (0, 1], got {self.efficiency}"
+            )
 
 
 @dataclass(frozen=True)
@@ -41,6 +76,15 @@ class Setting:
     servers: int = 1
     compute_scale: float = 1.0
     batch_size: int | None = None  # per worker; None: the profile's
+    grad_scale: float = 1.0  # bytes of a communicated gradient over fp32's (bf16/fp16: 0.5)
+    accumulate: int = 1  # micro-steps per optimizer step (one communication per optimizer step)
+    algorithm: str = "ring"  # all-reduce: ring (gloo's), tree, hierarchical, or auto (as NCCL picks)
+    nics: int = 1  # network interfaces per host
+    overlap: float = 1.0  # fraction of in-flight communication that can hide under backward
+    bucket_overhead: float = 0.0  # seconds the framework adds to every bucket's collective
+    step_overhead: float = 0.0  # seconds the framework adds to every synchronised step
+    ps: PSLayout = PSLayout()
+    host_images_per_sec: float | None = None  # what a host's CPUs and input pipeline feed its devices at most
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -49,8 +93,16 @@ class Setting:
             raise ConfigError(f"hosts and workers per host must be at least 1, got {self.hosts} x {self.per_host}")
         if self.hosts > 1 and self.inter is None:
             raise ConfigError("several hosts need a bandwidth between them (--bandwidth)")
-        if self.sync_every < 1 or self.servers < 1:
-            raise ConfigError("--sync-every and --servers must be at least 1")
+        if self.sync_every < 1 or self.servers < 1 or self.accumulate < 1 or self.nics < 1:
+            raise ConfigError("--sync-every, --servers, --accumulate and NICs per host must be at least 1")
+        if self.algorithm not in ("auto", *ALGORITHMS):
+            raise ConfigError(f"--algorithm {self.algorithm!r}: auto, {', '.join(ALGORITHMS)}")
+        if not 0 <= self.overlap <= 1:
+            raise ConfigError(f"--overlap is a fraction in [0, 1], got {self.overlap}")
+        if self.host_images_per_sec is not None and not self.host_images_per_sec > 0:
+            raise ConfigError(f"--host-images-per-sec must be positive, got {self.host_images_per_sec}")
+        if self.bucket_overhead < 0 or self.step_overhead < 0:
+            raise ConfigError("framework overheads cannot be negative")
 
     @property
     def workers(self) -> int:
@@ -67,6 +119,12 @@ class Setting:
         if not links:
             return self.intra or self.inter or Link(math.inf)
         return Link(min(lk.bandwidth for lk in links), max(lk.latency for lk in links))
+
+    @property
+    def fabric(self) -> Fabric:
+        """The hosts, their devices' link and their NICs, for the all-reduce algorithms."""
+        intra = self.intra or self.inter or Link(math.inf)  # no link inside a host given: the hosts' (as before)
+        return Fabric(self.hosts, self.per_host, intra, self.inter or Link(math.inf), self.nics)
 
     def with_workers(self, workers: int) -> Setting:
         """The same cluster shape grown or shrunk to ``workers`` (hosts filled one after another)."""
@@ -104,12 +162,17 @@ class _Step:
 
 
 def predict(profile: Profile, setting: Setting) -> Prediction:
-    compute = profile.compute_seconds * setting.compute_scale
+    """One optimizer step: ``accumulate`` micro-steps of compute, then the mode's exposed communication (under
+    accumulation only the last micro-step's backward can hide it)."""
+    compute = profile.compute_seconds * setting.compute_scale * setting.accumulate
     part = {"sync": _sync, "ps-sync": _ps_sync, "async": _async, "localsgd": _periodic, "diloco": _periodic}[
         setting.mode
     ](profile, setting)
     step = compute + part.exposed
-    images = setting.workers * (setting.batch_size or profile.batch_size) / step
+    batch = (setting.batch_size or profile.batch_size) * setting.accumulate
+    if setting.host_images_per_sec:  # the host's input pipeline feeds all its devices: a floor under the step
+        step = max(step, setting.per_host * batch / setting.host_images_per_sec)
+    images = setting.workers * batch / step
     return Prediction(
         setting.workers,
         step,
@@ -125,9 +188,9 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
     )
 
 
-def _collectives(profile: Profile, spec: MethodSpec) -> list[tuple[str, float]]:
+def _collectives(profile: Profile, spec: MethodSpec, grad_scale: float = 1.0) -> list[tuple[str, float]]:
     if spec.dense:
-        return [("all_reduce", float(profile.gradient_bytes))]
+        return [("all_reduce", float(profile.gradient_bytes) * grad_scale)]
     return [(k, float(n)) for k, n in profile.compressor(spec).collectives]
 
 
@@ -141,7 +204,14 @@ def _coding(profile: Profile, setting: Setting) -> tuple[float, float]:
 
 
 def _wire(collectives: list[tuple[str, float]], share: float, setting: Setting) -> float:
-    return sum(collective(kind, n * share, setting.workers, setting.link) for kind, n in collectives)
+    """Seconds of one bucket's collectives: all-reduces by the setting's algorithm on its fabric (a flat ring
+    by default, gloo's), all-gathers around the flat ring."""
+    return sum(
+        allreduce(n * share, setting.fabric, setting.algorithm)
+        if kind == "all_reduce"
+        else collective(kind, n * share, setting.workers, setting.fabric.bottleneck)
+        for kind, n in collectives
+    )
 
 
 def _link_bytes(collectives: list[tuple[str, float]], workers: int) -> float:
@@ -154,7 +224,7 @@ def _link_bytes(collectives: list[tuple[str, float]], workers: int) -> float:
 def _sync(profile: Profile, setting: Setting) -> _Step:
     if setting.workers == 1:
         return _Step(0.0, 0.0)
-    collectives = _collectives(profile, setting.spec)
+    collectives = _collectives(profile, setting.spec, setting.grad_scale)
     encode, decode = _coding(profile, setting)
     backward = profile.backward.median * setting.compute_scale
     if setting.spec.granularity == "entire":
@@ -166,26 +236,70 @@ def _sync(profile: Profile, setting: Setting) -> _Step:
         share = b.nbytes / total
         coded += encode * share
         ready.append(b.ready_seconds * setting.compute_scale + coded)
-        durations.append(_wire(collectives, share, setting) + decode * share)
+        durations.append(_wire(collectives, share, setting) + setting.bucket_overhead + decode * share)
     finish = overlapped_finish(ready, durations)
     exposed = encode + max(0.0, finish - (backward + encode))
     if profile.on_cpu:  # decoding competes with backward for the same cores: it cannot hide under it
         exposed = max(exposed, encode + decode)
     wire = sum(durations) - decode
-    return _Step(exposed, wire, encode, decode, _link_bytes(collectives, setting.workers))
+    # partial overlap: only a fraction of what hides under a perfect schedule really does (kernels and
+    # collectives share the device); the rest of the in-flight time is exposed
+    exposed = setting.overlap * exposed + (1.0 - setting.overlap) * max(exposed, encode + wire + decode)
+    return _Step(exposed + setting.step_overhead, wire, encode, decode, _link_bytes(collectives, setting.workers))
 
 
 def _ps_bytes(profile: Profile, setting: Setting) -> tuple[float, float]:
     """(push, pull) bytes per worker step: pushes carry the compressor's payload, pulls the fp32 parameters."""
-    return float(sum(n for _, n in _collectives(profile, setting.spec))), float(profile.gradient_bytes)
+    return float(sum(n for _, n in _collectives(profile, setting.spec, setting.grad_scale))), float(
+        profile.gradient_bytes
+    )
 
 
-def _transfer(nbytes: float, setting: Setting) -> float:
-    """One push (or pull): one host's workers to shards in host memory, or shards spread over the hosts."""
-    if setting.hosts == 1:
-        link = setting.intra or Link(math.inf)
-        return parameter_server(nbytes, setting.workers, setting.servers, link, link)
-    return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.inter or Link(math.inf))
+def _tensors(profile: Profile, nbytes: float) -> list[float]:
+    """The model's tensors scaled to ``nbytes`` in all (a compressed push shrinks each in proportion)."""
+    sizes = [float(n) for n in profile.tensor_bytes] or [float(b.nbytes) for b in profile.buckets]
+    total = sum(sizes)
+    return [n * nbytes / total for n in sizes]
+
+
+def _transfer(nbytes: float, setting: Setting, profile: Profile | None = None) -> float:
+    """One push (or pull): one host's workers to servers in host memory, servers beside the workers of every
+    host, or servers on hosts of their own; whole tensors or shards; the transport at its efficiency."""
+    ps = setting.ps
+    if ps == PSLayout():  # ps-lite's and trainscale's layout at line rate (the emulated clusters' model)
+        if setting.hosts == 1:
+            link = setting.intra or Link(math.inf)
+            return parameter_server(nbytes, setting.workers, setting.servers, link, link)
+        return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.inter or Link(math.inf))
+    if ps.assignment != "shard" and profile is not None and not profile.tensor_bytes:
+        raise ConfigError(
+            f"--ps-assignment {ps.assignment} places whole tensors, but this profile has no tensor sizes; "
+            "take a profile with trainscale profile, or use --ps-assignment shard"
+        )
+    tensors = _tensors(profile, nbytes) if profile is not None else [nbytes]
+    if ps.placement == "separate" or setting.hosts == 1:
+        net = setting.fabric.network if setting.hosts > 1 or ps.placement == "separate" else setting.fabric.intra
+        worker = Link(net.bandwidth / setting.per_host, net.latency)  # a host's workers share its NICs
+        return placed_parameter_server(
+            tensors, setting.workers, setting.servers, worker, net, ps.assignment, ps.efficiency
+        )
+    return _colocated(tensors, setting)
+
+
+def _colocated(tensors: list[float], setting: Setting) -> float:
+    """Servers beside the workers: ``servers`` on every host; each host sends its workers' pushes for what
+    lives elsewhere and its servers receive their load from every other host's workers."""
+    h, g, net = setting.hosts, setting.per_host, setting.fabric.network
+    if setting.ps.total is not None:  # one server on each of the first ``total`` hosts
+        loads = server_loads(tensors, min(setting.ps.total, h), setting.ps.assignment)
+        per_host = loads + [0.0] * (h - len(loads))
+    else:
+        loads = server_loads(tensors, h * setting.servers, setting.ps.assignment)
+        per_host = [sum(loads[i * setting.servers : (i + 1) * setting.servers]) for i in range(h)]
+    total = sum(tensors)
+    out = g * (total - min(per_host))
+    into = (setting.workers - g) * max(per_host)
+    return max(out, into) / net.bandwidth / setting.ps.efficiency + (h - 1) * net.latency
 
 
 def _ps_link_bytes(profile: Profile, setting: Setting) -> float:
@@ -204,17 +318,19 @@ def _ps_coding(profile: Profile, setting: Setting) -> tuple[float, float]:
 
 
 def _ps_sync(profile: Profile, setting: Setting) -> _Step:
+    if setting.workers == 1:  # one worker steps its own model: nothing to push or pull
+        return _Step(0.0, 0.0)
     encode, decode = _ps_coding(profile, setting)
-    wire = sum(_transfer(n, setting) for n in _ps_bytes(profile, setting))
+    wire = sum(_transfer(n, setting, profile) for n in _ps_bytes(profile, setting))
     return _Step(encode + wire + decode, wire, encode, decode, _ps_link_bytes(profile, setting))
 
 
 def _async(profile: Profile, setting: Setting) -> _Step:
-    push, pull = (_transfer(n, setting) for n in _ps_bytes(profile, setting))
+    push, pull = (_transfer(n, setting, profile) for n in _ps_bytes(profile, setting))
     encode, decode = _ps_coding(profile, setting)
     own = encode + push + decode + pull
     others = pull if setting.hosts > 1 else 0.0  # the host's shard answers the other hosts' pulls
-    c = profile.compute_seconds * setting.compute_scale
+    c = profile.compute_seconds * setting.compute_scale * setting.accumulate
     total = c + others + own
     step = (total + math.sqrt(max(0.0, total * total - 4.0 * c * others))) / 2.0
     return _Step(step - c, push + pull, encode, decode, _ps_link_bytes(profile, setting))
@@ -224,7 +340,7 @@ def _periodic(profile: Profile, setting: Setting) -> _Step:
     """Local SGD / DiLoCo: one exchange of the model (through the compressor) every ``sync_every`` steps."""
     if setting.workers == 1:
         return _Step(0.0, 0.0)
-    collectives = _collectives(profile, setting.spec)
+    collectives = _collectives(profile, setting.spec, setting.grad_scale)
     encode, decode = _coding(profile, setting)
     wire = _wire(collectives, 1.0, setting)
     h = setting.sync_every

@@ -134,6 +134,7 @@ class Profile:
     peak_memory_mb: float
     compressors: dict[str, CompressorProfile] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
+    tensor_bytes: list[int] = field(default_factory=list)  # every parameter's gradient, for whole-tensor PS
     format: str = FORMAT
 
     @property
@@ -508,6 +509,7 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         peak_memory_mb(device),
         compressors,
         environment(device),
+        [g.numel() * 4 for _, g in grads],
     )
 
 

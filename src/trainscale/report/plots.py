@@ -11,6 +11,8 @@
   runs on emulated clusters span several bandwidths (the slow-links grid).
 - ``accuracy_bytes.png``: best accuracy against bytes per step and against compression ratio (the
   layer-wise compression study, grid seed004), drawn only when runs report bytes per step.
+- ``training_curves.png``: each run's training loss and learning rate against step, from its live metrics
+  (``steps.jsonl``, every ``--log-every`` steps), drawn when runs have them.
 With several environments each gets its own set (``-env2`` ...), never one plot across machines.
 """
 
@@ -27,8 +29,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from trainscale.io import save_figure  # noqa: E402
-from trainscale.record import K  # noqa: E402
+from trainscale.errors import DataError  # noqa: E402
+from trainscale.io import read_jsonl, save_figure  # noqa: E402
+from trainscale.record import STEPS, K, StepK  # noqa: E402
 from trainscale.report.aggregate import (  # noqa: E402
     GROUP_EXCLUDE,
     Group,
@@ -36,6 +39,7 @@ from trainscale.report.aggregate import (  # noqa: E402
     run_throughput,
     uses_parameter_server,
 )
+from trainscale.report.collect import RunRecord  # noqa: E402
 from trainscale.report.tables import bytes_per_step, compression_ratio, network_text  # noqa: E402
 
 DPI = 100
@@ -74,7 +78,40 @@ def write_plots(part: Partition, out: Path, suffix: str = "") -> dict[str, Path]
         written["Accuracy against bytes per step and compression ratio"] = _save_pair(
             out / f"accuracy_bytes{suffix}.png", lambda axes: _bytes(axes, part)
         )
+    curves = step_rows(part.runs)
+    if curves:
+        written["Training loss and learning rate against step"] = _save_pair(
+            out / f"training_curves{suffix}.png", lambda axes: _curves(axes, curves)
+        )
     return written
+
+
+def step_rows(runs: Sequence[RunRecord]) -> dict[str, list[dict]]:
+    """Each run's ``steps.jsonl`` rows by its label (runs without the file, or with an unreadable one, left out)."""
+    found: dict[str, list[dict]] = {}
+    for run in runs:
+        path = run.folder / STEPS
+        try:
+            rows = read_jsonl(path) if path.is_file() else []
+        except (DataError, OSError, UnicodeDecodeError):
+            continue
+        if rows:
+            found[run.folder.name if run.label in found else run.label] = rows
+    return found
+
+
+def _curves(axes: Sequence[Axes], curves: dict[str, list[dict]]) -> None:
+    for i, (label, rows) in enumerate(curves.items()):
+        steps = [r[StepK.step] for r in rows]
+        style = STYLES[i % len(STYLES)]
+        loss = [float("nan") if r.get(StepK.loss) is None else r[StepK.loss] for r in rows]
+        axes[0].plot(steps, loss, linestyle=style, label=label)
+        axes[1].plot(steps, [r[StepK.lr] for r in rows], linestyle=style, label=label)
+    for ax, name in zip(axes, ("training loss (main worker)", "learning rate")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+    _legend(axes[0])
 
 
 def _save(path: Path, draw: Callable[[Axes], None]) -> Path:

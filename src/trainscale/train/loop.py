@@ -8,6 +8,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from trainscale.runtime.dist import any_rank
 from trainscale.train.ema import WeightAverage
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
+from trainscale.train.steplog import StepLog
 
 
 @dataclass
@@ -247,10 +249,12 @@ def train_one_epoch(
     label_smoothing: float = 0.0,
     progress: bool = True,
     nonfinite: str = "stop",
+    step_log: StepLog | None = None,
     options: StepOptions = StepOptions(),
 ) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
-    ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``)."""
+    ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``).
+    ``step_log``: live metrics every few steps (``steplog``); the progress bar shows only on a terminal."""
     model.train()
     acc = Accumulator(precision.device)
     steps = len(batches)
@@ -264,12 +268,14 @@ def train_one_epoch(
         total=steps,
         desc=f"epoch {epoch + 1}",
         leave=False,
-        disable=not (progress and is_main_process()),
+        disable=not (progress and is_main_process() and sys.stderr.isatty()),
         unit="batch",
         dynamic_ncols=True,
     )
     synchronize(precision.device)
     start = time.perf_counter()
+    if step_log is not None:
+        step_log.start_epoch(epoch, steps, acc, start)
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
         t = epoch + getattr(batches, "progress", step / steps)
         set_lr(optimizer, lr_at(t), t)
@@ -286,6 +292,8 @@ def train_one_epoch(
         else:
             acc.skip(labels.numel())
         _tick(bar, step, labels.numel(), start, loss)
+        if step_log is not None:
+            step_log.after_step(step, labels.numel(), optimizer.param_groups[0]["lr"])
     guard.finish()
     synchronize(precision.device)
     seconds = time.perf_counter() - start

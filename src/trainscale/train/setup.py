@@ -158,6 +158,8 @@ RESUME_MAY_CHANGE = frozenset(
         "out",
         "resume",
         "progress",
+        "log_every",
+        "tensorboard",
         "checkpoint",
         "data_dir",
         "verify",
@@ -284,7 +286,7 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -
         log.warning(
             "--resume: %s has no checkpoint (the run stopped before its first one); starting from the beginning", out
         )
-    return RunWriter(out, clean=first_writer), resume
+    return RunWriter(out, clean=first_writer, tensorboard=cfg.run.tensorboard), resume
 
 
 def summary_base(

@@ -32,6 +32,7 @@ from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpo
 from trainscale.train.ema import WeightAverage
 from trainscale.train.loop import PassStats, StepOptions, evaluate, predict, train_one_epoch, views_per_image
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
+from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
 log = logging.getLogger("trainscale.train")
@@ -79,6 +80,7 @@ class Trainer:
     baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
     cores: float = 0.0  # what this worker may keep busy, for cpu_util (0: its torch threads)
+    step_log: StepLog | None = None  # live metrics every --log-every steps (the main process)
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
 
@@ -100,6 +102,7 @@ class Trainer:
         set_rng_state(ckpt["rng"])
         if self.writer is not None:
             self.writer.restore_history(self.state.next_epoch)
+            self.writer.restore_steps(self.state.next_epoch)
             log.info("resumed from %s after epoch %d", self.writer.checkpoint_path, self.state.next_epoch)
 
     def snapshot(self) -> dict[str, Any]:
@@ -198,6 +201,7 @@ class Trainer:
                 self.cfg.optim.label_smoothing,
                 self.cfg.run.progress,
                 self.cfg.optim.nonfinite,
+                self.step_log,
                 self.step_options,
             )
         if train.skipped_steps and is_main_process():

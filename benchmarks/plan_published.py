@@ -1,0 +1,296 @@
+"""The planner against published scaling measurements of real GPU clusters: error per source, per regime, overall.
+
+Every row of ``configs/published/*.csv`` is one published throughput (images/s) of a model on some GPUs and
+hosts. Each is planned with ``trainscale plan``'s model from figures that come from the publication, a public
+spec or an assumption stated once per system in ``configs/published/systems.toml`` (never per row): the
+model's parameters and tensors (the published architecture, built by trainscale's model code or listed here),
+the device's step time (calibrated on the publication's own one-GPU figure for the same model, batch and data),
+the links and how the system moves gradients (its mode). Rows on one GPU are the calibration and are not
+scored. Goal: mean absolute error <= 10% overall and in every regime, no point off by more than 2x.
+
+    python benchmarks/plan_published.py             # the table per source and regime, and the worst points
+    python benchmarks/plan_published.py --rows      # and every row
+
+It plans; it measures nothing, so it runs anywhere in a second and its figures do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from trainscale.errors import ConfigError
+from trainscale.plan.costs import Link
+from trainscale.plan.describe import parse_link
+from trainscale.plan.predict import PSLayout, Setting, predict
+from trainscale.plan.synthetic import synthetic_profile
+
+DATA = Path(__file__).resolve().parents[1] / "configs" / "published"
+MEAN_GOAL, WORST_RATIO = 0.10, 2.0
+
+
+def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> list[int]:
+    return [c_in * c_out * k * k] + ([c_out] if bias else [])
+
+
+def _fc(n_in: int, n_out: int) -> list[int]:
+    return [n_in * n_out, n_out]
+
+
+def _vgg16() -> list[int]:
+    """VGG-16 (Simonyan & Zisserman 2015, configuration D): 13 3x3 convs, FC 25088-4096-4096-1000 (138.4 M)."""
+    sizes, c_in = [], 3
+    for c_out in (64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512):
+        sizes += _conv(c_in, c_out, 3)
+        c_in = c_out
+    return sizes + _fc(25088, 4096) + _fc(4096, 4096) + _fc(4096, 1000)
+
+
+def _alexnet() -> list[int]:
+    """AlexNet as in the one-weird-trick paper (Krizhevsky 2014) and torchvision: convs 64/192/384/256/256,
+    FC 9216-4096-4096-1000 (61.1 M)."""
+    sizes = _conv(3, 64, 11) + _conv(64, 192, 5) + _conv(192, 384, 3) + _conv(384, 256, 3) + _conv(256, 256, 3)
+    return sizes + _fc(9216, 4096) + _fc(4096, 4096) + _fc(4096, 1000)
+
+
+def _torch_tensors(build: Any) -> list[int]:
+    return [p.numel() for p in build().parameters()]
+
+
+@cache
+def tensors(model: str) -> tuple[int, ...]:
+    """The model's parameter tensors (element counts), from trainscale's model code or the published layers."""
+    from trainscale.models import create_model
+    from trainscale.models.resnet50 import ResNet50, imagenet_stem
+
+    builders: dict[str, Any] = {
+        "inception_v3": lambda: create_model("inception_v3", num_classes=1000),
+        "resnet50": lambda: create_model("resnet50_imagenet", num_classes=1000),
+        "resnet152": lambda: ResNet50(imagenet_stem(), 1000, (3, 8, 36, 3)),
+    }
+    if model == "vgg16":
+        return tuple(_vgg16())
+    if model == "alexnet":
+        return tuple(_alexnet())
+    if model in builders:
+        return tuple(_torch_tensors(builders[model]))
+    return tuple(_torch_tensors(lambda: create_model(model)))
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    system: str
+    model: str
+    gpus: int
+    hosts: int
+    batch: int
+    mode: str
+    data: str
+    images_per_sec: float
+    where: str
+
+    @property
+    def group(self) -> tuple[str, str, str, int, str, str]:
+        return self.source, self.system, self.model, self.batch, self.mode if self.gpus > 1 else "*", self.data
+
+    @property
+    def regime(self) -> str:
+        kind = "ps" if self.mode.startswith(("ps", "distributed", "async")) else "all-reduce"
+        return f"{'one host' if self.hosts == 1 else 'multi-host'}, {kind}"
+
+
+def load_rows() -> list[Row]:
+    rows = []
+    for path in sorted(DATA.glob("*.csv")):
+        with path.open(newline="") as f:
+            for raw in csv.DictReader(f):
+                rows.append(
+                    Row(
+                        raw["source"],
+                        raw["system"],
+                        raw["model"],
+                        int(raw["gpus"]),
+                        int(raw["hosts"]),
+                        int(raw["batch"]),
+                        raw["mode"],
+                        raw["data"],
+                        float(raw["images_per_sec"]),
+                        raw["where"],
+                    )
+                )
+    return rows
+
+
+def systems() -> dict[str, dict[str, Any]]:
+    return tomllib.loads((DATA / "systems.toml").read_text())
+
+
+def _link(system: dict[str, Any], rate: str, latency: str) -> Link:
+    return parse_link(system[rate], system.get(latency, "0us"), f"{rate}")
+
+
+def setting_for(row: Row, system: dict[str, Any]) -> tuple[Setting, int]:
+    """The planner's setting of one row and the per-worker batch (a worker may drive several GPUs)."""
+    per_host = row.gpus // row.hosts
+    pcie = _link(system, "pcie_per_gpu", "pcie_latency")
+    nic = _link(system, "nic", "nic_latency") if "nic" in system else None
+    if row.mode == "allreduce":  # NCCL all-reduce over NVLink inside one host
+        return Setting(
+            1, per_host, None, _link(system, "nvlink", "nvlink_latency"), "sync", algorithm="auto"
+        ), row.batch
+    if row.mode == "replicated":  # every GPU keeps a copy and sums the others' gradients over PCIe
+        return Setting(1, per_host, None, pcie, "sync"), row.batch
+    if row.mode in ("ps-cpu", "ps-gpu"):  # variables in host memory (or spread over the GPUs), pushed and pulled
+        return Setting(1, per_host, None, pcie, "ps-sync", servers=per_host), row.batch
+    if row.mode == "distributed-replicated":  # one worker per host: GPUs reduce inside it, then push to the PS
+        exceptions = system.get("ps_at_8_hosts", {})
+        key = row.model if row.model in exceptions else f"{row.model}_b{row.batch}"
+        servers = int(exceptions.get(key, row.hosts)) if row.hosts == 8 else row.hosts
+        layout = PSLayout("colocated", "by_size", total=servers)
+        return Setting(row.hosts, 1, nic, pcie, "ps-sync", ps=layout), row.batch * per_host
+    raise SystemExit(f"{row.where}: unknown mode {row.mode!r}")
+
+
+def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
+    setting, batch = setting_for(row, system)
+    step = calibration.batch / calibration.images_per_sec
+    profile = synthetic_profile(sum(tensors(row.model)), step, row.batch, name=row.model)
+    profile.tensor_bytes = [4 * n for n in tensors(row.model)]
+    p = predict(profile, setting)
+    images = p.images_per_sec * batch / row.batch if batch != row.batch else p.images_per_sec
+    if row.mode == "distributed-replicated" and row.gpus // row.hosts > 1:
+        # the host's GPUs first reduce their gradients into one (and copy the result back): one ring on PCIe
+        local = predict(profile, Setting(1, row.gpus // row.hosts, None, setting.intra, "sync")).comm_seconds
+        images = row.gpus * row.batch / (p.step_seconds + local)
+    return images
+
+
+def cluster_results() -> list[tuple[Row, float, float]]:
+    """The published rows of the cluster files (``configs/clusters``: MXNet, ps-lite, Keras-MXNet and Multiverso
+    pages), each calibrated on its device file's one-GPU figure from the same page and planned on the file's
+    links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed)."""
+    from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device
+
+    results = []
+    for path in sorted((CHECKOUT_CONFIGS / "clusters").glob("*.toml")):
+        cluster = load_cluster(str(path))
+        if not cluster.device:
+            continue
+        device = load_device(cluster.device)
+        source = cluster.source.split(",")[0]
+        for raw in cluster.published:
+            devices, hosts = int(raw["devices"]), int(raw.get("hosts", 1))
+            if devices == 1:
+                continue
+            batch = int(raw["batch_size"])
+            per_host = int(raw.get("workers_per_host", devices // hosts))
+            try:
+                step, _ = device.step_seconds(raw["model"], batch, str(raw.get("precision", "fp32")))
+            except ConfigError:  # the page gives no one-GPU figure for this model: nothing to calibrate on
+                print(f"skipped (no one-GPU figure): {path.name}: {raw['model']} on {devices} GPUs")
+                continue
+            sizes = tensors(raw["model"])
+            profile = synthetic_profile(sum(sizes), step, batch, name=raw["model"])
+            profile.tensor_bytes = [4 * n for n in sizes]
+            setting = Setting(hosts, per_host, cluster.inter, cluster.intra, str(raw["mode"]))
+            worker_batch = batch * devices // (hosts * per_host)
+            planned = predict(profile, setting).images_per_sec * worker_batch / batch
+            row = Row(
+                source,
+                cluster.name,
+                raw["model"],
+                devices,
+                hosts,
+                batch,
+                str(raw["mode"]),
+                "real",
+                float(raw["images_per_sec"]),
+                f"{path.name}: {raw.get('source', '')}",
+            )
+            results.append((row, planned, planned / row.images_per_sec - 1.0))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", action="store_true", help="print every row")
+    args = parser.parse_args()
+    rows, known = load_rows(), systems()
+    singles = {r.group[:4] + (r.data,): r for r in rows if r.gpus == 1}
+    results = []
+    for r in rows:
+        if r.gpus == 1:
+            continue
+        calibration = singles.get(r.group[:4] + (r.data,))
+        if calibration is None:
+            raise SystemExit(f"{r.where}: no one-GPU row to calibrate {r.model} at batch {r.batch} on")
+        planned = plan(r, calibration, known[r.system])
+        results.append((r, planned, planned / r.images_per_sec - 1.0))
+    results += cluster_results()
+    if args.rows:
+        for r, planned, err in results:
+            print(
+                f"{r.source[:14]:14} {r.system:28} {r.model:12} {r.gpus:3} GPUs {r.hosts:2} hosts b{r.batch:<4} "
+                f"{r.mode:22} {r.data:9} published {r.images_per_sec:8.1f} planned {planned:8.1f} {err:+.1%}"
+            )
+    report(results)
+
+
+def report(results: list[tuple[Row, float, float]]) -> None:
+    by: dict[str, dict[str, list[float]]] = {"source": defaultdict(list), "regime": defaultdict(list)}
+    for r, _, err in results:
+        by["source"][r.source].append(err)
+        by["regime"][r.regime].append(err)
+    print(f"{'':56} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
+    for kind, groups in by.items():
+        for name, errs in sorted(groups.items()):
+            print(
+                f"{kind + ': ' + name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} "
+                f"{max(errs, key=abs):+7.1%}"
+            )
+    direction(results)
+    errs = [e for _, _, e in results]
+    worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
+    over = sum(e > 0 for e in errs) / len(errs)
+    print(
+        f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x, "
+        f"over-predicted {over:.0%}"
+    )
+    ok = _mae(errs) <= MEAN_GOAL and all(_mae(e) <= MEAN_GOAL for e in by["regime"].values()) and worst <= WORST_RATIO
+    print(
+        f"goal (MAE <= {MEAN_GOAL:.0%} overall and per regime, no point off by more than {WORST_RATIO:g}x): "
+        f"{'met' if ok else 'NOT met'}"
+    )
+
+
+def direction(results: list[tuple[Row, float, float]]) -> None:
+    """Whether the plan answers "does adding GPUs pay?" as the publication does: along each series (same source,
+    system, model, batch, mode and data, growing GPUs), the sign of each step's change in throughput, counting a
+    published change under 3% as "no gain" (within a page's run-to-run noise)."""
+    series: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
+    for r, planned, _ in results:
+        series[(r.source, r.system, r.model, r.batch, r.mode, r.data)].append((r.gpus, r.images_per_sec, planned))
+    agree = total = 0
+    for points in series.values():
+        points = sorted({p[0]: p for p in points}.values())
+        for (_, pub0, plan0), (_, pub1, plan1) in zip(points, points[1:]):
+            total += 1
+            agree += (pub1 > 1.03 * pub0) == (plan1 > 1.03 * plan0)
+    print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {agree / max(total, 1):7.0%}")
+
+
+def _mae(errs: list[float]) -> float:
+    return statistics.mean(abs(e) for e in errs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""``trainscale.fit``: train from Python (a notebook, a script) with the checks, run folder and results of
+`trainscale train`.
+
+``fit`` builds the config from keyword arguments exactly as the command line does (``app.config.train_settings``:
+the same typed fields, recipes and checks, so a bad setting raises the ``ConfigError`` whose one line the CLI
+prints), then trains: a model given as an ``nn.Module`` instance in this process (mode local), a model given by
+name or import path in any mode (several workers, parameter servers, an emulated cluster: the CLI's own launcher,
+whose workers build the model themselves). The run folder is the CLI's; ``FitResult`` holds what it recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainscale.errors import ConfigError, TrainscaleError
+
+INSTANCE_RECIPE = "cifar10-fast"  # trainscale's defaults are this recipe's settings
+
+
+class TrainingFailed(TrainscaleError):
+    """A launched job ended with a failure (its workers' error was printed as the CLI prints it)."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What a run recorded: ``summary`` (summary.json's keys, ``trainscale.record.K``), ``history`` (one dict per
+    finished epoch, metrics.jsonl's rows) and ``out``, the run folder (also holding run.toml and steps.jsonl)."""
+
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+    out: Path | None
+
+
+def fit(model: nn.Module | str | None = None, *, config: str | Path | None = None, **settings: Any) -> FitResult:
+    """Train ``model`` and return what the run recorded.
+
+    ``model``: an ``nn.Module`` (trained in place, in this process), a registered name (``"resnet20"``) or a factory
+    by import path (``"my_pkg.nets:build"``); None: the ``model`` setting. ``config``: a TOML file as
+    ``--config`` takes (a run folder's ``run.toml`` re-creates that run). ``settings``: every `trainscale train` flag
+    as a keyword with underscores (``epochs=2``, ``workers=2``, ``compress="topk"``, ``out="runs/a"``,
+    ``resume=True``). Raises ``ConfigError`` (or ``DataError``) with the CLI's one line for a bad setting,
+    ``TrainingFailed`` when a launched job fails."""
+    from trainscale.log import setup_logging
+    from trainscale.runtime.job import Job, installed
+
+    setup_logging()
+    with installed(Job.from_environ(os.environ)) as job, _as_registered(model, settings) as named:
+        flags = {**settings, **({"model": named} if named else {})}
+        if isinstance(model, nn.Module):
+            return _fit_here(flags, config, job, instance=True)
+        return _fit(flags, config, job)
+
+
+def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResult:
+    """A model by name or import path: in this process (mode local), else through the CLI's launchers."""
+    from trainscale.app.config import train_settings
+    from trainscale.modes import mode_class
+    from trainscale.train.setup import resolve_out
+
+    cfg = train_settings(flags, config)
+    if cfg.run.dry_run:
+        from trainscale.app.dryrun import dry_run
+
+        return FitResult(dry_run(cfg), [], None)
+    if not (mode_class(cfg.run.mode).distributed or cfg.launch.cluster is not None or cfg.launch.hosts is not None):
+        return _fit_here(flags, config, job)
+    if cfg.launch.hosts is not None:
+        raise ConfigError("--hosts starts other machines' commands: run `trainscale train` there, not fit()")
+    out = resolve_out(cfg)  # fixed here, so the result is read from the folder the workers wrote
+    flags = {**flags, "out": str(out), **({"config": str(config)} if config else {})}
+    cfg = cfg.replace(out=str(out))
+    if cfg.launch.cluster is not None:
+        from trainscale.app.cluster_launch import cluster_main
+
+        status = cluster_main(cfg)
+    else:
+        from trainscale.app.launch import launch
+
+        status = launch(cfg, flags, job)
+    if status != 0:
+        raise TrainingFailed(f"the training job failed (exit status {status}); its error is printed above")
+    return _read_result(out)
+
+
+def _fit_here(flags: dict[str, Any], config: str | Path | None, job: Any, instance: bool = False) -> FitResult:
+    """Train in this process with the CLI's checks (``app.preflight``) first."""
+    from trainscale.app.config import train_settings
+    from trainscale.app.preflight import preflight
+    from trainscale.app.run import run_training
+    from trainscale.modes import mode_class
+
+    cfg = train_settings(flags, config)
+    if instance and (mode_class(cfg.run.mode).distributed or cfg.launch.cluster or cfg.launch.hosts):
+        raise ConfigError(
+            f"a model instance trains in this process (mode local), not --mode {cfg.run.mode}: other processes "
+            "cannot see it; give a factory by import path instead, model='my_pkg.nets:build'"
+        )
+    if cfg.run.dry_run:
+        from trainscale.app.dryrun import dry_run
+
+        return FitResult(dry_run(cfg), [], None)
+    preflight(cfg, data=False)
+    summary, history = run_training(cfg, job=job)
+    out = summary.get("out")
+    return FitResult(summary, list(history), Path(out) if out else None)
+
+
+def _read_result(out: Path) -> FitResult:
+    from trainscale.results import read_history, read_summary
+
+    return FitResult(read_summary(out), read_history(out), out)
+
+
+@contextlib.contextmanager
+def _as_registered(model: nn.Module | str | None, settings: dict[str, Any]) -> Iterator[str | None]:
+    """The model's name for the config: a string as given; an instance registered under its class's name for the
+    call (its recipe: trainscale's defaults unless ``recipe`` is given), so every check and record that names a
+    model works as for a built-in one."""
+    if not isinstance(model, nn.Module):
+        yield model
+        return
+    from trainscale.models.registry import MODELS
+
+    name = type(model).__name__
+    while name in MODELS:
+        name += "_"
+    size = settings.get("image_size") or 32
+    MODELS.register(
+        name,
+        input_size=size,
+        description="a model instance given to trainscale.fit",
+        default_dataset="cifar10",
+        recipe=INSTANCE_RECIPE,
+        data_init_images=0,
+    )(_instance_factory(model, size))
+    try:
+        yield name
+    finally:
+        MODELS.remove(name)
+
+
+def _instance_factory(model: nn.Module, size: int) -> Any:
+    """A factory that returns ``model`` itself once its output is checked against the data's classes (a shape
+    check on the meta device gets a copy there)."""
+
+    def factory(num_classes: int = 10, **_: Any) -> nn.Module:
+        if torch.get_default_device().type == "meta":
+            return copy.deepcopy(model).to("meta")
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(torch.zeros(2, 3, size, size, device=device))
+        model.train(was_training)
+        if tuple(logits.shape) != (2, num_classes):
+            raise ConfigError(
+                f"model {type(model).__name__} gives outputs of shape {tuple(logits.shape)} for 2 images; the data "
+                f"has {num_classes} classes: its output must be (batch, {num_classes})"
+            )
+        return model
+
+    return factory

@@ -1,0 +1,193 @@
+"""The planner's topology: NCCL's all-reduce algorithms on hand-computed cases, the algorithm NCCL would pick,
+parameter servers that place whole tensors, partial overlap and framework costs, and monotonicity (a slower
+link, more latency, less overlap or more overhead never makes a step faster)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.unit.test_plan import make_profile
+from trainscale.errors import ConfigError
+from trainscale.plan.costs import (
+    Fabric,
+    Link,
+    allreduce,
+    flat_ring,
+    hierarchical,
+    nccl_choice,
+    placed_parameter_server,
+    server_loads,
+    tree,
+)
+from trainscale.plan.predict import PSLayout, Setting, predict
+
+GB = 1e9
+FABRIC = Fabric(2, 4, Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
+
+
+class TestAlgorithms:
+    def test_flat_ring_by_hand(self):
+        # 8 devices, bottleneck the 10 GB/s NIC and its 10 us: 2*7/8 * 1 GB / 10 GB/s + 14 * 10 us
+        assert flat_ring(GB, FABRIC) == pytest.approx(0.175 + 14e-5)
+
+    def test_tree_by_hand(self):
+        # 2 M / B + 2 (log2(2) x 10 us + 3 x 1 us)
+        assert tree(GB, FABRIC) == pytest.approx(0.2 + 2 * (1e-5 + 3e-6))
+
+    def test_hierarchical_by_hand(self):
+        # inside: 2 x (3/4 x 1 GB / 100 GB/s + 3 x 1 us); across 2 hosts: 2*1/2 x 1 GB / 10 GB/s + 2 x 10 us
+        assert hierarchical(GB, FABRIC) == pytest.approx(2 * (0.0075 + 3e-6) + 0.1 + 2e-5)
+
+    def test_several_nics_share_the_traffic(self):
+        two = dataclasses.replace(FABRIC, nics=2)
+        assert hierarchical(GB, two) == pytest.approx(2 * (0.0075 + 3e-6) + 0.05 + 2e-5)
+        assert flat_ring(GB, two) == pytest.approx(0.0875 + 14e-5)
+
+    def test_one_device_communicates_nothing(self):
+        assert allreduce(GB, Fabric(1, 1, Link(GB), Link(GB)), "auto") == 0.0
+
+    def test_one_host_rings(self):
+        assert nccl_choice(1e3, Fabric(1, 8, Link(100 * GB, 1e-6), Link(GB)), "auto") == "ring"
+
+    def test_many_hosts_small_messages_take_the_tree(self):
+        big = Fabric(64, 8, Link(100 * GB, 1e-6), Link(12.5 * GB, 5e-6))
+        assert nccl_choice(1e3, big, "auto") == "tree"
+        assert allreduce(1e3, big, "auto") == pytest.approx(tree(1e3, big))
+
+    def test_few_hosts_large_messages_take_the_ring(self):
+        assert nccl_choice(GB, FABRIC, "auto") == "ring"
+
+    def test_given_algorithm_is_kept_and_unknown_refused(self):
+        assert nccl_choice(GB, FABRIC, "tree") == "tree"
+        with pytest.raises(ValueError, match="unknown all-reduce algorithm 'butterfly'"):
+            nccl_choice(GB, FABRIC, "butterfly")
+
+
+class TestParameterServers:
+    TENSORS = [90e6, 5e6, 5e6]
+
+    def test_assignments(self):
+        assert server_loads(self.TENSORS, 3, "round_robin") == [90e6, 5e6, 5e6]
+        assert server_loads([4.0, 3.0, 2.0, 1.0], 2, "by_size") == [5.0, 5.0]
+        assert server_loads(self.TENSORS, 4, "shard") == [25e6] * 4
+
+    def test_one_dominant_tensor_makes_its_server_the_bottleneck(self):
+        link = Link(GB)
+        whole = placed_parameter_server(self.TENSORS, 4, 3, link, link, "by_size")
+        shard = placed_parameter_server(self.TENSORS, 4, 3, link, link, "shard")
+        assert whole == pytest.approx(4 * 90e6 / GB)  # the 90 MB tensor's server receives it from 4 workers
+        assert shard == pytest.approx(4 * 100e6 / 3 / GB)
+        more = placed_parameter_server(self.TENSORS, 4, 10, link, link, "by_size")
+        assert more == pytest.approx(whole)  # more servers cannot split a whole tensor
+
+    def test_efficiency_slows_the_transport(self):
+        link = Link(GB)
+        assert placed_parameter_server([1e8], 1, 1, link, link, efficiency=0.5) == pytest.approx(0.2)
+
+    def test_through_the_plan(self):
+        profile = dataclasses.replace(make_profile(), tensor_bytes=[int(n) for n in (36e6, 2e6, 2e6)])
+        base = Setting(4, 1, Link(GB / 8), None, mode="ps-sync", servers=4)
+        shard = predict(profile, dataclasses.replace(base, ps=PSLayout("separate", "shard")))
+        whole = predict(profile, dataclasses.replace(base, ps=PSLayout("separate", "round_robin")))
+        assert whole.step_seconds > 2 * shard.step_seconds - profile.compute_seconds
+
+    def test_whole_tensors_need_their_sizes(self):
+        base = Setting(4, 1, Link(GB / 8), None, mode="ps-sync", ps=PSLayout("separate", "by_size"))
+        with pytest.raises(ConfigError, match="--ps-assignment by_size places whole tensors, but this profile has no"):
+            predict(make_profile(), base)
+
+    def test_bad_layout_is_one_line(self):
+        with pytest.raises(ConfigError, match="placement 'cloud': colocated or separate"):
+            PSLayout("cloud")
+
+
+def settings() -> list[Setting]:
+    out = []
+    for algorithm in ("ring", "tree", "hierarchical", "auto"):
+        for mode in ("sync", "ps-sync", "async"):
+            for layout in (PSLayout(), PSLayout("separate", "by_size", 0.7)):
+                out.append(
+                    Setting(
+                        4,
+                        2,
+                        Link(GB / 8, 2e-5),
+                        Link(10 * GB, 2e-6),
+                        mode=mode,
+                        algorithm=algorithm,
+                        ps=layout,
+                        overlap=0.6,
+                    )
+                )
+    return out
+
+
+@pytest.mark.parametrize("base", settings(), ids=lambda s: f"{s.algorithm}-{s.mode}-{s.ps.placement}")
+def test_monotone(base):
+    profile = dataclasses.replace(make_profile(), tensor_bytes=[int(n) for n in (30e6, 6e6, 4e6)])
+    step = predict(profile, base).step_seconds
+    worse = [
+        dataclasses.replace(base, inter=Link(GB / 16, 2e-5)),
+        dataclasses.replace(base, inter=Link(GB / 8, 2e-4)),
+        dataclasses.replace(base, intra=Link(GB, 2e-6)),
+        dataclasses.replace(base, intra=Link(10 * GB, 5e-5)),
+        dataclasses.replace(base, overlap=0.2),
+        dataclasses.replace(base, bucket_overhead=1e-3),
+        dataclasses.replace(base, step_overhead=1e-3),
+    ]
+    for s in worse:
+        assert predict(profile, s).step_seconds >= step - 1e-12
+
+
+def test_partial_overlap_by_hand():
+    # make_profile: buckets of 25 and 15 MB ready at 0.06 s and 0.2 s (end of backward); 2 hosts at 1 GB/s:
+    # each bucket's ring moves 1/2 x 2 x its size: 25 ms then 15 ms; the first hides, the second is exposed
+    profile = make_profile()
+    perfect = predict(profile, Setting(2, 1, Link(GB), None))
+    assert perfect.comm_seconds == pytest.approx(0.015)
+    none = predict(profile, Setting(2, 1, Link(GB), None, overlap=0.0))
+    assert none.comm_seconds == pytest.approx(0.040)
+    half = predict(profile, Setting(2, 1, Link(GB), None, overlap=0.5, step_overhead=0.002))
+    assert half.comm_seconds == pytest.approx(0.5 * 0.015 + 0.5 * 0.040 + 0.002)
+
+
+def test_published_validation_set_is_complete(monkeypatch):
+    """Every published row names where it is from and has a one-GPU figure of its own source to calibrate on."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_published.py"
+    spec = importlib.util.spec_from_file_location("plan_published", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "plan_published", bench)  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    rows = bench.load_rows()
+    singles = {(r.source, r.system, r.model, r.batch, r.data) for r in rows if r.gpus == 1}
+    scored = [r for r in rows if r.gpus > 1]
+    assert all(r.where and r.system in bench.systems() for r in rows)
+    assert all((r.source, r.system, r.model, r.batch, r.data) in singles for r in scored)
+    clusters = bench.cluster_results()
+    assert len(scored) + len(clusters) >= 150
+    assert len({r.source for r in rows} | {r.source for r, _, _ in clusters}) >= 5
+
+
+@pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])
+def test_the_default_ring_is_the_setting_link(hosts, per_host, intra):
+    """Emulated clusters' plans are unchanged: the default all-reduce is the ring over the setting's slow link."""
+    from trainscale.plan.costs import ring_allreduce
+
+    s = Setting(hosts, per_host, Link(GB / 8, 1e-4), intra)
+    assert allreduce(40e6, s.fabric, s.algorithm) == pytest.approx(ring_allreduce(40e6, s.workers, s.link))
+
+
+def test_a_hosts_input_pipeline_caps_its_devices():
+    # 4 devices per host at batch 64, 0.3 s per step: 853 images/s per host; a pipeline of 400 images/s caps the step
+    # at 4 x 64 / 400 = 0.64 s
+    profile = make_profile()
+    free = predict(profile, Setting(1, 4, None, Link(1e12)))
+    capped = predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=400.0))
+    assert capped.step_seconds == pytest.approx(0.64) and capped.images_per_sec == pytest.approx(400.0)
+    assert predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=1e6)).step_seconds == free.step_seconds
