@@ -36,6 +36,14 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
+def _numbers(text: str) -> list[float | int]:
+    """Comma-separated numbers, each an integer where it is written as one."""
+    try:
+        return [int(x) if x.strip().lstrip("-").isdigit() else float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser, cls: type, sections: Sequence[type], from_recipe: frozenset[str] = frozenset()
 ) -> None:
@@ -107,7 +115,10 @@ def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:
     if base is bool:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(base) is list:
-        return {"nargs": "+"} if typing.get_args(base) == (str,) else {"type": _ints}
+        item = typing.get_args(base)[0]
+        if item is str:
+            return {"nargs": "+", "action": "extend"}  # repeatable: --flag A --flag B is [A, B]
+        return {"type": _numbers if item is float else _ints}
     kind: dict[str, Any] = {"type": base} if base in (int, float) else {}
     return {**kind, "choices": list(choices)} if choices else kind
 

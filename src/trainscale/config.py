@@ -190,8 +190,33 @@ class OptimConfig(Section):
     base_batch_size: int = option(128, "batch size the --lr was tuned for (linear scaling)")
     optimizer: str = option(
         "sgd",
-        "sgd, or muon: Muon (batched over the filters) on the conv filters and SGD on the rest",
-        choices=("sgd", "muon"),
+        "sgd; muon (Muon batched over the conv filters, SGD on the rest); adamw, adam, nadam, radam, adafactor "
+        "(torch.optim); lars, lamb (layer-wise trust ratio); or an import path package.module:factory",
+    )
+    optim_arg: list[str] = option(
+        [],
+        "KEY=VALUE: a keyword of the optimizer's own (e.g. betas=0.9,0.95 or eps=1e-8), checked against its "
+        "signature; repeatable",
+    )
+    no_decay_norm_bias: bool = option(
+        False, "no weight decay for biases and normalisation layers' weights (every 1-D parameter)"
+    )
+    clip_grad_norm: float | None = option(
+        None, "clip the gradients' global L2 norm to X before each optimizer step", above=0
+    )
+    accumulate: int = option(
+        1,
+        "split each worker's batch into N micro-batches and sum their gradients before one optimizer step "
+        "(the batch per step and the schedule stay; activation memory is that of batch/N; DDP communicates "
+        "once per step)",
+        at_least=1,
+    )
+    ema: float | None = option(
+        None,
+        "keep an exponential moving average of the weights with this decay (e.g. 0.999), updated every "
+        "optimizer step, evaluated beside the model and checkpointed",
+        above=0,
+        at_most=1,
     )
     muon_lr: float = option(0.02, "--optimizer muon: Muon's learning rate (follows --schedule; not scaled by batch)")
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum")
@@ -210,7 +235,11 @@ class OptimConfig(Section):
     weight_decay: float = option(5e-4, "L2 weight decay")
     schedule: str = option("onecycle", "onecycle, step, cosine or constant")
     warmup_epochs: float | None = option(None, "linear warm-up length (onecycle: the peak epoch)")
-    milestones: list[int] = option([41, 61], "step schedule: 1-based epochs where lr *= gamma, e.g. 41,61")
+    milestones: list[float] = option(
+        [41, 61],
+        "step schedule: 1-based epochs where lr *= gamma, e.g. 41,61 (a recipe's are scaled to --epochs, "
+        "and may then be fractional: 1.5 is half-way through epoch 1)",
+    )
     gamma: float = option(0.1, "step schedule factor", above=0)
     label_smoothing: float = option(0.0, "label smoothing")
     tta: bool = option(False, "flip test-time augmentation at evaluation")

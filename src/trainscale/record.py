@@ -121,6 +121,10 @@ class K:
     epochs_completed = Key("epochs_completed", int, "epochs", "epochs finished (less than epochs: cut short)")
     best_test_acc = Key("best_test_acc", float, FRACTION, "best top-1 test accuracy of any evaluated epoch")
     final_test_acc = Key("final_test_acc", float, FRACTION, "top-1 test accuracy of the last epoch")
+    ema_final_test_acc = Key(
+        "ema_final_test_acc", float, FRACTION, "--ema: the weight average's top-1 test accuracy at the last epoch"
+    )
+    ema_best_test_acc = Key("ema_best_test_acc", float, FRACTION, "--ema: the weight average's best test accuracy")
     mean_epoch_seconds = Key("mean_epoch_seconds", float, S, "mean training time of an epoch")
     steady_epoch_seconds = Key("steady_epoch_seconds", float, S, "mean training time of the epochs after the first")
     samples_per_sec = Key("samples_per_sec", float, "images/s", "training throughput, all workers", BOTH)
@@ -213,6 +217,8 @@ class K:
     train_acc = Key("train_acc", float, FRACTION, "training accuracy of the epoch", (METRICS,))
     test_loss = Key("test_loss", float, "", "test loss (None: not evaluated, --eval-every)", (METRICS,))
     test_acc = Key("test_acc", float, FRACTION, "top-1 test accuracy (None: not evaluated)", (METRICS,))
+    ema_test_loss = Key("ema_test_loss", float, "", "--ema: the weight average's test loss", (METRICS,))
+    ema_test_acc = Key("ema_test_acc", float, FRACTION, "--ema: the weight average's test accuracy", (METRICS,))
     epoch_seconds = Key("epoch_seconds", float, S, "the epoch's training time, slowest worker", (METRICS,))
     eval_seconds = Key("eval_seconds", float, S, "the epoch's evaluation time", (METRICS,))
     elapsed_seconds = Key("elapsed_seconds", float, S, "training time so far", (METRICS,))

@@ -217,6 +217,8 @@ def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one() -> None:
         ({"nonfinite": "skip"}, "--nonfinite skip"),
         ({"workers": 2}, "several workers"),
         ({"device": "cpu", "train_step": "graphed"}, "CUDA graphs need a CUDA device"),
+        ({"accumulate": 2}, "--accumulate runs micro-batches outside"),
+        ({"clip_grad_norm": 1.0}, "--clip-grad-norm is applied outside"),
     ],
 )
 def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: dict[str, Any], why: str) -> None:

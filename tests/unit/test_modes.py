@@ -86,7 +86,7 @@ def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch, tmp_path):
         ({"epochs": "1"}, "must be an integer, got '1' (str)"),
         ({"epochs": True}, "must be an integer, got True (bool)"),
         ({"lr": "0.1"}, "must be a number, got '0.1' (str)"),
-        ({"milestones": "41,61"}, "must be a list of integers, got '41,61' (str)"),
+        ({"milestones": "41,61"}, "must be a list of numbers, got '41,61' (str)"),
         ({"flip": 1}, "must be true or false, got 1 (int)"),
     ],
 )

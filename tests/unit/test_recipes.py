@@ -61,8 +61,9 @@ def test_user_settings_win_and_lr_scales_with_the_batch() -> None:
     assert mine.optim.milestones == [41, 61]  # the recipe's milestones went with its schedule: trainscale's default
 
 
-def test_recipe_warmup_longer_than_the_run_is_cut_to_it() -> None:
-    assert build_config({"model": "resnet50", "epochs": 2}).optim.warmup_epochs == 2.0
+def test_recipe_warmup_and_milestones_are_scaled_to_the_run() -> None:
+    short = build_config({"model": "resnet50", "epochs": 2}).optim  # Goyal et al.: 5 warm-up of 90, /10 at 30, 60, 80
+    assert short.warmup_epochs == round(5 * 2 / 90, 4) and short.milestones == [1.6667, 2.3333, 2.7778]
     with pytest.raises(ConfigError, match="--warmup-epochs"):
         build_config({"model": "resnet50", "epochs": 2, "warmup_epochs": 3.0})  # the user's own: refused
 
@@ -75,7 +76,9 @@ def test_recipe_may_name_the_model_and_unknown_recipe_is_one_line() -> None:
 
 
 def test_muon_refused_for_parameter_server_modes() -> None:
-    with pytest.raises(ConfigError, match="--optimizer muon is for --mode local and sync"):
+    with pytest.raises(
+        ConfigError, match="--optimizer muon is for --mode local, sync, localsgd, diloco and ma, not --mode async"
+    ):
         build_config({"optimizer": "muon", "mode": "async", "servers": 1, "workers": 2})
 
 

@@ -34,6 +34,7 @@ from trainscale.record import RUN_TOML
 from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import validate_engine
+from trainscale.train.optim import optimizer_info
 
 log = logging.getLogger("trainscale")
 
@@ -265,17 +266,34 @@ def validate_tensorboard(cfg: TrainConfig) -> None:
     )
 
 
+EMA_MODES = ("local", "sync")  # where every rank holds the one model whose average is worth evaluating
+
+
 def validate_optimizer(cfg: TrainConfig) -> None:
-    """Parameter-server workers push their gradients and the servers apply one SGD with one learning rate:
-    Muon and per-group learning rates live in the trainer's optimizer, which those modes do not run."""
-    if not mode_class(cfg.run.mode).uses_servers:
-        return
+    """Parameter-server workers of ``async`` and ``ps-sync`` push their gradients and the servers apply one SGD
+    with one learning rate and weight decay: Muon, the adaptive optimizers, weight-decay groups and per-group
+    learning rates live in the trainer's optimizer, which those modes do not run. ``ma`` steps the trainer's
+    optimizer on each worker (the servers only average), so any optimizer goes there. A weight average
+    (``--ema``) is of the one model every rank holds: local and sync modes."""
     mode = cfg.run.mode
     require(
-        cfg.optim.optimizer == "sgd",
-        f"--optimizer {cfg.optim.optimizer} is for --mode local and sync, not --mode "
-        f"{mode} (the parameter servers apply SGD); use --optimizer sgd",
+        cfg.optim.ema is None or mode in EMA_MODES,
+        f"--ema is for --mode {' and '.join(EMA_MODES)}, not --mode {mode} (its workers hold different weights "
+        "between exchanges, so there is no one model to average); leave --ema out",
     )
+    if not mode_class(mode).uses_servers:
+        return
+    if mode != "ma":
+        require(
+            cfg.optim.optimizer == "sgd",
+            f"--optimizer {cfg.optim.optimizer} is for --mode local, sync, localsgd, diloco and ma, not --mode "
+            f"{mode} (the parameter servers apply SGD); use --optimizer sgd",
+        )
+        require(
+            not cfg.optim.no_decay_norm_bias,
+            f"--no-decay-norm-bias is not for --mode {mode} (the parameter servers apply one weight decay to "
+            "every parameter); leave it out",
+        )
     require(
         cfg.optim.head_lr_factor == 1,
         f"--head-lr-factor is for --mode local and sync, not --mode {mode} (the "
@@ -285,17 +303,16 @@ def validate_optimizer(cfg: TrainConfig) -> None:
 
 def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
     """``user``'s settings over its recipe's (``--recipe``, else the model's own; a recipe may name the model
-    when the user does not), with the recipe's name recorded. A recipe's warm-up longer than the run is cut to
-    the run (the user asked for fewer epochs than the recipe has; the warm-up was the recipe's, not theirs)."""
+    when the user does not), with the recipe's name recorded. The recipe's milestones and warm-up are scaled to
+    the epochs asked for (``fit_schedule``), and an optimizer other than the recipe's brings its own defaults."""
     name = user.get("recipe") or model_info(user.get("model", FIELDS["model"].default)).recipe
     recipe = get_recipe(name)
     settings = {k: typed(k, v, f"recipe {name!r}: setting '{k}'") for k, v in recipe.for_user(user).items()}
     if "model" not in user and "model" in settings:
         user = {**user, "model": settings["model"]}
     merged = {**settings, **user, "recipe": name}
-    epochs = merged.get("epochs", FIELDS["epochs"].default)
-    if "warmup_epochs" in settings and "warmup_epochs" not in user and merged["warmup_epochs"] > epochs:
-        merged["warmup_epochs"] = float(epochs)
+    merged.update(fit_schedule(settings, recipe.settings.get("epochs"), merged.get("epochs", FIELDS["epochs"].default)))
+    merged.update(optimizer_defaults(settings, user))
     return batch_within_subset(merged, user)
 
 
@@ -319,6 +336,35 @@ def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> dict
         fits,
     )
     return {**merged, "batch_size": fits}
+
+
+def fit_schedule(recipe: Mapping[str, Any], length: int | None, epochs: int) -> dict[str, Any]:
+    """The recipe's step milestones and warm-up scaled to ``epochs`` when the user asks for another length than
+    the recipe's (He et al.'s /10 at epochs 83 and 124 of 164 is at 1.0 and 1.5 of 2 epochs): the shape of the
+    schedule is the recipe's, its length the user's. A milestone stays 1-based (M: from M - 1 epochs of training
+    on) and may become fractional. ``recipe``: the settings the recipe gives this run (none the user wrote), ``length``
+    its epochs."""
+    if not length or length == epochs:
+        return {}
+    ratio = epochs / length
+    fitted: dict[str, Any] = {}
+    if "milestones" in recipe:
+        fitted["milestones"] = [round(1 + (m - 1) * ratio, 4) for m in recipe["milestones"]]
+    if "warmup_epochs" in recipe:
+        fitted["warmup_epochs"] = min(float(epochs), round(recipe["warmup_epochs"] * ratio, 4))
+    return fitted
+
+
+def optimizer_defaults(recipe: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """An optimizer other than the recipe's brings its own default lr and weight decay (a recipe's SGD lr of 0.1
+    diverges with Adam), and the recipe's lr scaling rule goes with its lr; what the user wrote stays."""
+    chosen = user.get("optimizer")
+    if chosen is None or chosen == recipe.get("optimizer", FIELDS["optimizer"].default):
+        return {}
+    defaults = {k: v for k, v in optimizer_info(chosen).defaults.items() if k not in user}
+    if "lr" in defaults and "lr_scaling" not in user:
+        defaults["lr_scaling"] = "none"
+    return defaults
 
 
 STATELESS_COMPRESSION = ("none", "fp16", "bf16")  # keep nothing from one step to the next

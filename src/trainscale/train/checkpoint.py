@@ -1,8 +1,8 @@
 """Per-epoch checkpoints, written atomically and loaded with ``weights_only=True``.
 
-A checkpoint holds everything that makes ``--resume`` continue bit for bit: model, optimizer, grad
-scaler, the RNG states, the finished epoch and the running totals. Data order and augmentation are
-seeded from (seed, epoch), so they need no state of their own.
+A checkpoint holds everything that makes ``--resume`` continue bit for bit: model, optimizer, grad scaler, the
+weight average of ``--ema`` (``ema.WeightAverage``), the RNG states, the finished epoch and the running totals.
+Data order and augmentation are seeded from (seed, epoch), so they need no state of their own.
 """
 
 from __future__ import annotations

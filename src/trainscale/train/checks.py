@@ -6,16 +6,15 @@ later, in ``setup``; the launcher's and the modes' settings are checked by their
 
 from __future__ import annotations
 
+import trainscale.train.optimizers  # noqa: F401  (registers sgd and muon)
 from trainscale.config import CoreConfig
 from trainscale.data import DATASETS
 from trainscale.errors import require
 from trainscale.models import MODELS
+from trainscale.train.optim import check_optimizer
 from trainscale.train.schedules import SCHEDULES
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-OPTIMIZERS = ("sgd", "muon")
 
 
 def validate_engine(cfg: CoreConfig) -> None:
@@ -62,8 +61,15 @@ def validate_engine(cfg: CoreConfig) -> None:
         f"--warmup-epochs must be in [0, epochs={cfg.optim.epochs}], got {cfg.optim.warmup_epochs}",
     )
     require(
-        list(cfg.optim.milestones) == sorted(cfg.optim.milestones) and all(m > 0 for m in cfg.optim.milestones),
-        f"--milestones must be increasing positive epoch numbers, got {cfg.optim.milestones}",
+        list(cfg.optim.milestones) == sorted(cfg.optim.milestones) and all(m >= 1 for m in cfg.optim.milestones),
+        f"--milestones must be increasing 1-based epoch numbers (>= 1), got {cfg.optim.milestones}",
+    )
+    late = [m for m in cfg.optim.milestones if m - 1 >= cfg.optim.epochs]
+    require(
+        cfg.optim.schedule != "step" or not late,
+        f"--milestones {','.join(f'{m:g}' for m in late)}: after the run's last epoch (--epochs {cfg.optim.epochs}), "
+        "so the learning rate would never decay there; give milestones within the run or leave --milestones out "
+        "(a recipe's are scaled to --epochs)",
     )
     _check_optimizer(cfg)
     require(
@@ -79,10 +85,7 @@ def _check_optimizer(cfg: CoreConfig) -> None:
     require(cfg.optim.muon_lr >= 0, f"--muon-lr must be >= 0, got {cfg.optim.muon_lr}")
     require(0 <= cfg.optim.muon_momentum < 1, f"--muon-momentum must be in [0, 1), got {cfg.optim.muon_momentum}")
     require(cfg.optim.head_lr_factor > 0, f"--head-lr-factor must be > 0, got {cfg.optim.head_lr_factor}")
-    require(
-        cfg.optim.optimizer in OPTIMIZERS,
-        f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{cfg.optim.optimizer}'",
-    )
+    check_optimizer(cfg.optim)  # the name (or import path), and its --optim-arg keys and values
 
 
 def _check_names(cfg: CoreConfig) -> None:
@@ -102,6 +105,8 @@ def _check_step(cfg: CoreConfig) -> None:
         (cfg.run.precision == "fp16", "fp16's grad scaler reads the device every step"),
         (cfg.optim.nonfinite == "skip", "--nonfinite skip reads the device before every update"),
         (step == "graphed" and cfg.run.device == "cpu", "CUDA graphs need a CUDA device"),
+        (cfg.optim.accumulate > 1, "--accumulate runs micro-batches outside the compiled graphs"),
+        (cfg.optim.clip_grad_norm is not None, "--clip-grad-norm is applied outside the compiled graphs"),
     ]
     blocked = [why for bad, why in reasons if bad]
     require(not blocked, f"--train-step {step} cannot run here: {'; '.join(blocked)}; use --train-step eager")

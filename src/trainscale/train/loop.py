@@ -10,6 +10,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -25,6 +26,7 @@ from trainscale.data import Batches
 from trainscale.errors import TrainscaleError
 from trainscale.runtime import all_reduce_sum, is_main_process
 from trainscale.runtime.dist import any_rank
+from trainscale.train.ema import WeightAverage
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
 from trainscale.train.step import StepFn
@@ -184,9 +186,12 @@ def compute_gradients(
     scaler: torch.amp.GradScaler,
     precision: Precision,
     label_smoothing: float = 0.0,
+    accumulate: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first half of ``train_step``: forward and backward, gradients left in ``.grad`` (scaled by
-    ``scaler``), so the caller can decide whether to apply them."""
+    ``scaler``), so the caller can decide whether to apply them. ``accumulate`` > 1: see ``accumulate_gradients``."""
+    if accumulate > 1:
+        return accumulate_gradients(model, images, labels, optimizer, scaler, precision, label_smoothing, accumulate)
     with precision.autocast():
         logits = model(images)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
@@ -195,10 +200,56 @@ def compute_gradients(
     return logits, loss
 
 
-def apply_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
-    """The second half of ``train_step``: the optimizer step through the grad scaler."""
+def accumulate_gradients(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    label_smoothing: float,
+    micro: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``--accumulate``: the batch in ``micro`` equal micro-batches, each loss divided by ``micro`` so the summed
+    gradients are the whole batch's mean (the same update as one step on it, for a model without BatchNorm).
+    Inside DDP every micro-batch but the last runs under ``no_sync``: the gradients add up locally and only the
+    last backward communicates (through the mode's hook, compressed or not, counted once per optimizer step)."""
+    optimizer.zero_grad(set_to_none=True)
+    parts, total = [], torch.zeros((), device=images.device)
+    no_sync = getattr(model, "no_sync", None)
+    for i, (x, y) in enumerate(zip(images.chunk(micro), labels.chunk(micro))):
+        quiet = no_sync() if no_sync is not None and i < micro - 1 else contextlib.nullcontext()
+        with quiet:
+            with precision.autocast():
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+            scaler.scale(loss / micro).backward()
+        parts.append(logits.detach())
+        total = total + loss.detach() / micro
+    return torch.cat(parts), total
+
+
+def apply_gradients(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_grad_norm: float | None = None
+) -> None:
+    """The second half of ``train_step``: the optimizer step through the grad scaler; ``clip_grad_norm``: the
+    gradients' global L2 norm clipped to it first (unscaled, on the device: no host sync)."""
+    if clip_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, clip_grad_norm, foreach=True)
     scaler.step(optimizer)
     scaler.update()
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How each optimizer step is made beyond the plain one: micro-batches summed (``accumulate``), the gradient
+    norm clipped (``clip_grad_norm``), a weight average updated after it (``ema``, a ``WeightAverage``)."""
+
+    accumulate: int = 1
+    clip_grad_norm: float | None = None
+    ema: WeightAverage | None = None
 
 
 def train_one_epoch(
@@ -214,6 +265,7 @@ def train_one_epoch(
     nonfinite: str = "stop",
     step_fn: StepFn | None = None,
     step_log: StepLog | None = None,
+    options: StepOptions = StepOptions(),
 ) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
     ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``).
@@ -238,7 +290,7 @@ def train_one_epoch(
     )
     synchronize(precision.device)
     start = time.perf_counter()
-    run = EpochStep(model, optimizer, scaler, precision, lr_at, label_smoothing, guard, acc, step_fn)
+    run = EpochStep(model, optimizer, scaler, precision, lr_at, label_smoothing, guard, acc, step_fn, options)
     if step_log is not None:
         step_log.start_epoch(epoch, steps, acc, start)
     for step, (images, labels) in enumerate(batches.epoch(epoch)):
@@ -275,6 +327,7 @@ class EpochStep:
     guard: NonFiniteGuard | NonFiniteSkipper
     acc: Accumulator
     step_fn: StepFn | None = None
+    options: StepOptions = StepOptions()
 
     def __call__(self, step: int, t: float, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Step ``step`` at fractional epoch ``t``; returns its loss (on the device)."""
@@ -284,11 +337,20 @@ class EpochStep:
             admitted = self.guard.admit(step, loss, self.optimizer)  # the stop guard: always True
         else:
             logits, loss = compute_gradients(
-                self.model, images, labels, self.optimizer, self.scaler, self.precision, self.label_smoothing
+                self.model,
+                images,
+                labels,
+                self.optimizer,
+                self.scaler,
+                self.precision,
+                self.label_smoothing,
+                self.options.accumulate,
             )
             admitted = self.guard.admit(step, loss, self.optimizer)
             if admitted:
-                apply_gradients(self.optimizer, self.scaler)
+                apply_gradients(self.optimizer, self.scaler, self.options.clip_grad_norm)
+        if admitted and self.options.ema is not None:
+            self.options.ema.update()
         if admitted:
             self.acc.add(logits, labels, loss)
         else:

@@ -1,4 +1,5 @@
-"""The optimizer of a run: SGD, or Muon on the conv filters with SGD on the rest, over named parameter groups.
+"""The optimizer of a run over named parameter groups: SGD, Muon on the conv filters with SGD on the rest (both
+registered here), or any other optimizer of the registry (``train.optim``: AdamW, LARS, LAMB...).
 
 Groups, in this order (the first is the one whose lr the per-epoch table shows):
 - ``rest``: everything not below, at ``--lr``;
@@ -6,6 +7,8 @@ Groups, in this order (the first is the one whose lr the per-epoch table shows):
   divided by the factor so that lr x weight decay, the decay per step, is the same as in ``rest`` (airbench94);
 - one group per parameter the model trains only at first (``model.train_until``: name -> epochs), its lr falling
   linearly from the base lr to zero by then and staying there (airbench94's whitening bias);
+- ``no_decay`` and ``head_no_decay``: with ``--no-decay-norm-bias``, the 1-D parameters (biases, normalisation
+  weights) of ``rest`` and ``head``, without weight decay and without LARS/LAMB's trust ratio (``trust_ratio``);
 - ``filters``: with ``--optimizer muon``, every 4-D conv weight, updated by Muon at ``--muon-lr``
   (``train.muon.BatchedMuon``: torch.optim.Muon's update, batched over the filters).
 
@@ -25,21 +28,32 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd as sgd_update
 
-from trainscale.config import CoreConfig
+from trainscale.config import CoreConfig, OptimConfig
 from trainscale.train.muon import BatchedMuon, muon_plan
+from trainscale.train.optim import create_optimizer, register_optimizer
 
 MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default is 5)
 
 
 def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """The configured optimizer over ``model``'s trainable parameters, grouped as the module docstring says."""
-    groups = parameter_groups(cfg, model, lr)
-    sgd: dict[str, Any] = dict(momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
-    if cfg.optim.optimizer == "muon":
-        device = next(model.parameters()).device
-        plan = muon_plan(cfg.optim.muon_compile, device)
-        return MuonWithSGD(groups, sgd, normalise_filters=has_batchnorm(model), muon_plan=plan)
-    return torch.optim.SGD(groups, lr=lr, **sgd)
+    """The configured optimizer over ``model``'s trainable parameters, grouped as the module docstring says
+    (any optimizer of the registry, ``train.optim``, or one named by import path)."""
+    optimizer = create_optimizer(parameter_groups(cfg, model, lr), cfg.optim)
+    if isinstance(optimizer, MuonWithSGD):
+        optimizer.normalise_filters = has_batchnorm(model)
+    return optimizer
+
+
+@register_optimizer("sgd")
+def sgd(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+@register_optimizer("muon")
+def muon(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
+    device = next(p.device for g in groups for p in g["params"])
+    sgd_args = dict(momentum=cfg.momentum, nesterov=cfg.nesterov)
+    return MuonWithSGD(groups, sgd_args, normalise_filters=False, muon_plan=muon_plan(cfg.muon_compile, device))
 
 
 def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[str, Any]]:
@@ -47,7 +61,8 @@ def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[
     until = getattr(model, "train_until", {})
     head = {id(p) for p in head_parameters(model)} if cfg.optim.head_lr_factor != 1 else set()
     muon = cfg.optim.optimizer == "muon"
-    placed: dict[str, list[nn.Parameter]] = {"rest": [], "head": [], "filters": []}
+    exempt = cfg.optim.no_decay_norm_bias
+    placed: dict[str, list[nn.Parameter]] = {"rest": [], "head": [], "filters": [], "no_decay": [], "head_no_decay": []}
     groups: list[dict[str, Any]] = []
     for name, p in named:
         if name in until:
@@ -55,15 +70,17 @@ def parameter_groups(cfg: CoreConfig, model: nn.Module, lr: float) -> list[dict[
         elif muon and p.ndim == 4:
             placed["filters"].append(p)
         elif id(p) in head:
-            placed["head"].append(p)
+            placed["head_no_decay" if exempt and p.ndim <= 1 else "head"].append(p)
         else:
-            placed["rest"].append(p)
+            placed["no_decay" if exempt and p.ndim <= 1 else "rest"].append(p)
     factor = cfg.optim.head_lr_factor
     return [
         g
         for g in (
             group("rest", placed["rest"], lr, cfg.optim.weight_decay),
             group("head", placed["head"], lr * factor, cfg.optim.weight_decay / factor, lr_scale=factor),
+            group("no_decay", placed["no_decay"], lr, 0.0, trust_ratio=False),
+            group("head_no_decay", placed["head_no_decay"], lr * factor, 0.0, lr_scale=factor, trust_ratio=False),
             *groups,
             group(
                 "filters",

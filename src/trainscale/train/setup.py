@@ -61,6 +61,11 @@ class BatchPlan:
             )
         else:
             per_worker = cfg.optim.batch_size // workers
+        if per_worker % cfg.optim.accumulate:
+            raise ConfigError(
+                f"--accumulate {cfg.optim.accumulate} splits each worker's batch of {per_worker} into equal "
+                "micro-batches: choose a batch per worker divisible by it"
+            )
         global_batch = per_worker * workers
         optim = cfg.optim
         lr = optim.lr * global_batch / optim.base_batch_size if optim.lr_scaling == "linear" else optim.lr

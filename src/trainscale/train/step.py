@@ -38,12 +38,22 @@ class StepChoice:
     reason: str
 
 
-def choose_step(setting: str, device: torch.device, precision: str, single_process: bool, nonfinite: str) -> StepChoice:
+def choose_step(
+    setting: str,
+    device: torch.device,
+    precision: str,
+    single_process: bool,
+    nonfinite: str,
+    accumulate: int = 1,
+    clip_grad_norm: float | None = None,
+) -> StepChoice:
     """The step ``--train-step setting`` gives here; a setting that cannot run here is a ConfigError."""
     blockers = [
         (not single_process, "the step is wrapped (DDP) or exchanged by the mode"),
         (precision == "fp16", "fp16's grad scaler reads the device every step"),
         (nonfinite == "skip", "--nonfinite skip reads the device before every update"),
+        (accumulate > 1, "--accumulate runs micro-batches outside the compiled graphs"),
+        (clip_grad_norm is not None, "--clip-grad-norm is applied outside the compiled graphs"),
     ]
     blocked = [why for bad, why in blockers if bad]
     if setting == "auto":

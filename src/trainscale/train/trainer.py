@@ -30,7 +30,16 @@ from trainscale.runtime import (
 )
 from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainscale.train.loop import PassStats, evaluate, predict, predict_selective, train_one_epoch, views_per_image
+from trainscale.train.ema import WeightAverage
+from trainscale.train.loop import (
+    PassStats,
+    StepOptions,
+    evaluate,
+    predict,
+    predict_selective,
+    train_one_epoch,
+    views_per_image,
+)
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.step import StepFn, choose_step, compiled_step
 from trainscale.train.steplog import StepLog
@@ -94,6 +103,8 @@ class Trainer:
         self.cores = self.cores or float(torch.get_num_threads())
         if self.train_model is None:
             self.train_model = self.model
+        self.ema = WeightAverage(self.model, self.cfg.optim.ema) if self.cfg.optim.ema is not None else None
+        self.step_options = StepOptions(self.cfg.optim.accumulate, self.cfg.optim.clip_grad_norm, self.ema)
 
     def resume(self) -> None:
         """Restore the last finished epoch from the run folder (same data order, same LR from there)."""
@@ -114,6 +125,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "state": self.state.to_dict(),
             "mode": self.callbacks.state_dict(),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -122,6 +134,8 @@ class Trainer:
         self.scaler.load_state_dict(snapshot["scaler"])
         self.state = RunState(**snapshot["state"])
         self.callbacks.load_state_dict(snapshot.get("mode") or {})
+        if self.ema is not None and "ema" in snapshot:
+            self.ema.load_state_dict(snapshot["ema"])
 
     def _shared_checkpoint(self) -> dict[str, Any]:
         """The main process reads the checkpoint and sends it to every rank, so all resume from the same
@@ -150,6 +164,8 @@ class Trainer:
             self.cfg.run.precision,
             self.plain_step,
             self.cfg.optim.nonfinite,
+            self.cfg.optim.accumulate,
+            self.cfg.optim.clip_grad_norm,
         )
         self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
         if choice.kind != "eager":
@@ -253,6 +269,7 @@ class Trainer:
                 self.cfg.optim.nonfinite,
                 self.step_fn,
                 self.step_log,
+                self.step_options,
             )
         if train.skipped_steps and is_main_process():
             log.warning(
@@ -270,17 +287,21 @@ class Trainer:
             if self.evaluates(epoch)
             else None
         )
+        averaged = self._evaluate_average(translate) if test else None
         self._account(epoch, train, test)
         self._check_learning(epoch, train)
         views: dict[str, int] = {K.test_views: views_per_image(self.cfg.optim.tta, translate) if test else 0}
         row = merge(
             self._row(epoch, train, test),
             views,
+            {K.ema_test_loss: averaged.loss, K.ema_test_acc: averaged.acc} if averaged else {},
             mean_over_workers(busy.result()),
             self.callbacks.epoch_stats(),
             file=METRICS,
         )
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
+        if averaged:
+            tested += f" (EMA: {averaged.acc:.4f})"
         log.info(
             "epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s",
             epoch + 1,
@@ -292,6 +313,14 @@ class Trainer:
             row[K.samples_per_sec],
         )
         return row
+
+    def _evaluate_average(self, translate: int) -> PassStats | None:
+        """The weight average's test figures (``--ema``), its BatchNorm statistics first made the same on every
+        rank."""
+        if self.ema is None:
+            return None
+        self.ema.average_over_ranks()
+        return evaluate(self.ema.module, self.test_batches, self.precision, self.cfg.optim.tta, translate)
 
     def evaluates(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every ``eval_every``-th and the last."""
@@ -406,6 +435,9 @@ class Trainer:
             },
         }
 
+    def _average_results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return _average_results_of(rows) if self.ema is not None else {}
+
     def _results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         seconds = [r[K.epoch_seconds] for r in rows]
         samples = sum(r[K.train_samples] for r in rows)
@@ -413,6 +445,7 @@ class Trainer:
             K.epochs_completed: self.state.next_epoch,
             K.best_test_acc: self.state.best_test_acc,
             K.final_test_acc: rows[-1][K.test_acc] if rows else None,
+            **self._average_results(rows),
             K.mean_epoch_seconds: statistics.fmean(seconds) if seconds else None,
             K.steady_epoch_seconds: statistics.fmean(seconds[1:]) if len(seconds) > 1 else None,
             K.samples_per_sec: samples / self.state.elapsed_seconds if self.state.elapsed_seconds else None,
@@ -455,6 +488,14 @@ def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, d
             if isinstance(v, torch.Tensor):
                 old = saved.get(id(p), {}).get(k)
                 v.copy_(old) if old is not None else v.zero_()
+
+
+def _average_results_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The weight average's final and best test accuracy (``--ema``), beside the model's."""
+    accs = [r[K.ema_test_acc] for r in rows if r.get(K.ema_test_acc) is not None]
+    if not accs:
+        return {}
+    return {K.ema_final_test_acc: rows[-1].get(K.ema_test_acc), K.ema_best_test_acc: max(accs)}
 
 
 def reference_scope(

@@ -41,10 +41,11 @@ class EpochClock:
 
 
 def rule_from(optimizer: torch.optim.Optimizer, name: str, staleness: int | None) -> Rule:
-    """The server's update rule, from the local optimizer's hyperparameters (all groups must agree)."""
+    """The server's update rule, from the local optimizer's hyperparameters (all groups must agree where the
+    servers apply SGD; ``ma``'s servers only average, the workers' own optimizer steps)."""
     keys = ("momentum", "nesterov", "weight_decay", "dampening")
     groups = [{k: g.get(k, 0.0) for k in keys} for g in optimizer.param_groups]
-    if any(g != groups[0] for g in groups[1:]):
+    if any(g != groups[0] for g in groups[1:]) and not Rule(name).averages:
         raise ConfigError("parameter-server modes need one momentum/weight-decay setting for every parameter")
     g = groups[0]
     return Rule(

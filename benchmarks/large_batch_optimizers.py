@@ -1,0 +1,63 @@
+"""Large-batch optimizers: LARS (or LAMB) against SGD at the same global batch, same model, epochs and schedule.
+
+Each run is ``trainscale train`` through the CLI, in this invocation, one after the other, on real data (set
+TRAINSCALE_DATA); it prints the test accuracy of each side by side (accuracy, not speed: CPU contention only slows
+it). Defaults: ResNet-20 on CIFAR-10, batch 1024, 2 epochs, cosine with 0.3 warm-up epoch, no decay for biases and
+norms; SGD at lr 0.8 (0.1 per 128, linear scaling), LARS at lr 10 (trust coefficient 0.001: 1% of each layer's norm
+per step at the peak).
+
+    .venv/bin/python benchmarks/large_batch_optimizers.py --out runs/large-batch
+    .venv/bin/python benchmarks/large_batch_optimizers.py --set train_subset=10000 --set test_subset=2000 --out runs/lb
+    .venv/bin/python benchmarks/large_batch_optimizers.py --run lamb:0.02 --out runs/lb-lamb
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+COMMON = dict(model="resnet20", dataset="cifar10", epochs=2, batch_size=1024, schedule="cosine", warmup_epochs=0.3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the run folders (one per optimizer)")
+    parser.add_argument(
+        "--run", action="append", help="OPTIMIZER:LR to compare (repeatable; default sgd:0.8 and lars:10)"
+    )
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for both runs (a train flag's name)")
+    args = parser.parse_args()
+    runs = [r.split(":") for r in (args.run or ["sgd:0.8", "lars:10"])]
+    settings = {**COMMON, **dict(item.split("=", 1) for item in args.set)}
+    flags = [f for k, v in settings.items() for f in ("--" + k.replace("_", "-"), str(v))]
+    rows = []
+    for name, lr in runs:
+        out = Path(args.out) / f"{name}-lr{lr}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "train",
+            *flags,
+            "--no-decay-norm-bias",
+            "--no-progress",
+            "--optimizer",
+            name,
+            "--lr",
+            lr,
+            "--out",
+            str(out),
+        ]
+        subprocess.run(cmd, check=True)
+        summary = json.loads((out / "summary.json").read_text())
+        rows.append((name, lr, summary["final_test_acc"], summary["best_test_acc"], summary["batch_size"]))
+    print(f"{'optimizer':<10} {'lr':>6} {'batch':>6} {'final acc':>10} {'best acc':>9}")
+    for name, lr, final, best, batch in rows:
+        print(f"{name:<10} {lr:>6} {batch:>6} {final:>10.4f} {best:>9.4f}")
+
+
+if __name__ == "__main__":
+    main()
