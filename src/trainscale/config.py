@@ -197,6 +197,8 @@ class OptimConfig(Section):
         [],
         "KEY=VALUE: a keyword of the optimizer's own (e.g. betas=0.9,0.95 or eps=1e-8), checked against its "
         "signature; repeatable",
+        flag="--optim-arg",
+        pairs=True,
     )
     no_decay_norm_bias: bool = option(
         False, "no weight decay for biases and normalisation layers' weights (every 1-D parameter)"

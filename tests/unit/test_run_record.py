@@ -203,5 +203,5 @@ def test_resume_with_hosts_gives_every_node_the_runs_settings(tmp_path, capsys):
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trainscale train")]
     assert len(commands) == 2  # the other machine has no run folder to read the settings from
     for command in commands:
-        for flag in ("--model resnet20", "--lr 0.123", "--milestones 2,3", "--epochs 3", "--resume"):
+        for flag in ("--model resnet20", "--lr 0.123", "--milestones 2.0,3.0", "--epochs 3", "--resume"):
             assert f" {flag}" in command, (flag, command)
