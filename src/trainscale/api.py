@@ -23,7 +23,7 @@ from torch import nn
 
 from trainscale.errors import ConfigError, TrainscaleError
 
-INSTANCE_RECIPE = "cifar10-fast"  # trainscale's defaults are this recipe's settings
+INSTANCE_RECIPE = "cifar10-fast"  # a module instance's recipe (a model by import path gets "defaults")
 
 
 class TrainingFailed(TrainscaleError):
@@ -123,7 +123,7 @@ def _read_result(out: Path) -> FitResult:
 @contextlib.contextmanager
 def _as_registered(model: nn.Module | str | None, settings: dict[str, Any]) -> Iterator[str | None]:
     """The model's name for the config: a string as given; an instance registered under its class's name for the
-    call (its recipe: trainscale's defaults unless ``recipe`` is given), so every check and record that names a
+    call (its recipe: ``INSTANCE_RECIPE`` unless ``recipe`` is given), so every check and record that names a
     model works as for a built-in one."""
     if not isinstance(model, nn.Module):
         yield model

@@ -1,5 +1,6 @@
 """DiLoCo's outer step in a run of few rounds: it starts as local SGD's (lr 1, no momentum) and grows to the
-configured Nesterov step over the first rounds, so a short run learns (figures: docs/incoming/defaults-that-learn.md).
+configured Nesterov step over the first rounds, so a short run learns (figures:
+docs/local-sgd-diloco.md).
 """
 
 from __future__ import annotations

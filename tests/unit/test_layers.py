@@ -1,4 +1,4 @@
-"""Every import inside trainscale must point down a layer (see README "Where things live").
+"""Every import inside trainscale must point down a layer (see docs/architecture.md, "Where things live").
 
 ``LAYERS`` stacks the units (top-level modules and packages), lowest first. A module may import its own unit and
 lower layers, never a higher layer or a sibling unit, and never in a cycle. Imports are read with ``ast`` (also

@@ -4,8 +4,8 @@ The issue "layerwise sparsification must learn like entire-model" (ResNet-20, 1%
 feedback: layerwise far below entire-model) was traced to the method, not to the hook: each tensor
 gets its own k = max(1, ceil(n * ratio)), so the classifier (640 weights: 7 a step) and the BatchNorm
 parameters (16-64: one a step) release their residuals in bursts many times their gradient, where
-entire-model Top-k spends about half of its budget on them (see README, "Layerwise vs entire-model
-Top-k"). These tests pin the hook to an independent reference of that method, so that a defect
+entire-model Top-k spends about half of its budget on them (see docs/compression.md, "Layerwise compression
+in a short run"). These tests pin the hook to an independent reference of that method, so that a defect
 (residuals keyed by bucket, lost across DDP's bucket rebuild, a wrong scale, bucket order) would show
 up as a mismatch rather than as a lower accuracy.
 """

@@ -209,3 +209,10 @@ def test_the_docs_list_exactly_the_defined_keys():
 def test_the_docs_say_where_a_new_summary_key_goes():
     text = " ".join(CHANGES_PAGE.read_text().split())
     assert "**A summary key** (or a `metrics.jsonl` key): one definition plus its producer." in text
+
+
+def test_the_docs_list_every_steps_jsonl_key():
+    """steps.jsonl's keys (``record.StepK``) are listed by hand on the run-folder page: none may be missing."""
+    section = KEYS_PAGE.read_text().split("### Live metrics: `steps.jsonl`")[1]
+    missing = [name for name in record.step_keys() if f"| `{name}` |" not in section]
+    assert not missing, f"docs/run-folder.md's steps.jsonl table lacks {missing}"

@@ -382,7 +382,8 @@ def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="stop the processes of a run still on the cluster (SIGTERM, SIGKILL after 5 s) before deleting it",
+        help="stop the cluster's owner (a bench using it, an `up` making it: SIGTERM, SIGKILL after 20 s) and the "
+        "processes of a run still on it (SIGTERM, SIGKILL after 5 s) before deleting it",
     )
     p = sub.add_parser("link", help="cut/restore one host's link (down|up) or change its rate (--bandwidth)")
     p.add_argument("name")

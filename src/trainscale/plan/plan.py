@@ -37,7 +37,7 @@ class PlanConfig(Section):
     cluster: str | None = option(None, "a cluster file: a name in configs/clusters (e.g. pslite-gtx980) or a path")
     hosts: int | None = option(None, "hosts, without --cluster", at_least=1, at_most=MAX_COUNT)
     workers_per_host: int = option(1, "workers (devices) per host, without --cluster", at_least=1, at_most=MAX_COUNT)
-    bandwidth: str | None = option(None, "link rate between hosts, tc's units: 100mbit, 1gbit, 10gbit")
+    bandwidth: str | None = option(None, "link rate between hosts: 100mbit, 1gbit, 25Gbps (b: bits), 12GB/s (B: bytes)")
     latency: str = option("0us", "one-way latency per message between hosts: 50us, 1ms")
     intra_bandwidth: str = option("10000gbit", "link rate between the workers of one host (default: no limit)")
     device: str | None = option(None, "plan for this device (configs/devices) instead of this machine's profile")
@@ -95,7 +95,9 @@ class PlanConfig(Section):
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
     sync_every: int = option(1, "localsgd / diloco: steps between exchanges (H)", at_least=1)
-    servers: int = option(1, "parameter-server shards per host (on one host: in all)", at_least=1)
+    servers: int = option(
+        1, "parameter-server shards per host (colocated; on one host: in all) or in all (separate)", at_least=1
+    )
     sweep: list[str] = option(
         [],
         "workers=1,2,4,8 bandwidth=100mbit,1gbit,10gbit: a table over both, the "
