@@ -1,4 +1,4 @@
-"""`--hosts FILE`: the seeds' ``-H hosts`` form. One host per line (``host`` or ``host slots=N``; ``#``
+"""`--hosts FILE`: MPI's and MXNet's ``-H hosts`` form. One host per line (``host`` or ``host slots=N``; ``#``
 comments). trainscale prints the command each machine must run (node i = line i; the first host
 hosts the rendezvous and the run folder) or, with ``--ssh``, runs them itself over ssh.
 

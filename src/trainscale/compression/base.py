@@ -181,7 +181,7 @@ METHOD_ALIASES = {
 
 
 def canonical_method(name: str) -> str:
-    """Registry name for ``name``: case-insensitive, with seed 004's spellings (``Thresholdv``, ``TopK``)."""
+    """Registry name for ``name``, case-insensitive, with the layer-wise study's spellings (``TopK``...)."""
     lowered = name.strip().lower()
     return METHOD_ALIASES.get(lowered, lowered)
 

@@ -1,7 +1,7 @@
 """The compression section of the configuration (read into one ``spec.CompressionSpec``; its checks:
 ``setup.validate_compression``).
 
-Seed 004 (the layer-wise compression study) spells some settings differently, and both spellings work:
+The cifar10-fast layer-wise compression study spells some settings differently, and both spellings work:
 ``--method topk`` for ``--compress topk``, ``--compress layerwise`` / ``entiremodel`` for
 ``--granularity``, and ``-K``/``-V``/``-Q`` for ``--ratio``, ``--threshold``, ``--qstates``.
 """

@@ -50,7 +50,7 @@ ENTIRE_KEY = "entire"
 
 
 def canonical_granularity(value: str) -> str:
-    """``layerwise`` or ``entire`` (accepting seed 004's ``entiremodel``); anything else is a ConfigError."""
+    """``layerwise`` or ``entire`` (or the layer-wise study's ``entiremodel``); anything else is a ConfigError."""
     name = GRANULARITY_ALIASES.get(value.strip().lower(), value.strip().lower())
     if name not in GRANULARITIES:
         raise ConfigError(f"unknown granularity '{value}'; choose one of: layerwise, entire (alias entiremodel)")

@@ -1,7 +1,8 @@
-"""The ResNets that MXNet's CIFAR-10 example builds, for projecting seed 001 (beeva-poc-mxnet) on its own nets.
+"""The ResNets that MXNet's CIFAR-10 example builds, to project the MXNet multi-GPU page on its own nets.
 
-Seed 001 ran MXNet 0.11's ``example/image-classification/train_cifar10.py --network resnet [--num-layers 50]``
-(``--num-layers`` defaults to 110) with ``image_shape = "3,28,28"``. Its ``symbols/resnet.py`` (``get_symbol``) then
+That page (beeva-poc-mxnet) ran MXNet 0.11's
+``example/image-classification/train_cifar10.py --network resnet [--num-layers 50]`` (``--num-layers`` defaults
+to 110) with ``image_shape = "3,28,28"``. Its ``symbols/resnet.py`` (``get_symbol``) then
 takes the small-image branch (height <= 28): three stages of ``(num_layers - 2) // 6`` *basic* pre-activation units at
 16/32/64 filters (``filter_list = [16, 16, 32, 64]``) when ``(num_layers - 2) % 6 == 0`` and ``num_layers < 164``;
 bottleneck units only from 164 layers (not registered here). So the page's "resnet50" is a 0.76 M-parameter net, not

@@ -3,7 +3,7 @@
 Every step each worker computes gradients on its shard of the global batch; DDP averages them with
 all-reduce (through trainscale's counting hook) before the optimizer step, so all replicas stay
 identical. BatchNorm: by default each worker normalises with its own batch statistics (like the
-seeds' multi-GPU runs) and the running statistics are averaged over workers at each epoch end, so
+source pages' multi-GPU runs) and the running statistics are averaged over workers at each epoch end, so
 evaluation and checkpoints see one consistent model; ``--sync-bn`` uses SyncBatchNorm (CUDA only)
 for global batch statistics instead. Evaluation is sharded across ranks and its sums all-reduced.
 """

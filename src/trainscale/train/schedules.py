@@ -30,7 +30,7 @@ def list_schedules() -> list[str]:
 
 
 def warmup_epochs(cfg: CoreConfig) -> float:
-    """Explicit ``--warmup-epochs``, else 5/24 of the run for one-cycle (seed 004's 5 of 24), else none."""
+    """Explicit ``--warmup-epochs``, else 5/24 of the run for one-cycle (cifar10-fast's 5 of 24), else none."""
     if cfg.optim.warmup_epochs is not None:
         return float(cfg.optim.warmup_epochs)
     return cfg.optim.epochs * 5 / 24 if cfg.optim.schedule == "onecycle" else 0.0
@@ -44,14 +44,14 @@ def constant(cfg: CoreConfig) -> Schedule:
 @SCHEDULES.register("step")
 def step(cfg: CoreConfig) -> Schedule:
     """Multiply by ``gamma`` at each milestone. Milestones are 1-based epoch numbers as the seeds write
-    them: seed 000's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""
+    them: the Multiverso benchmark's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""
     starts = [m - 1 for m in cfg.optim.milestones]
     return lambda t: cfg.optim.gamma ** sum(1 for s in starts if t >= s)
 
 
 @SCHEDULES.register("onecycle")
 def onecycle(cfg: CoreConfig) -> Schedule:
-    """Piecewise linear 0 -> 1 at the warm-up epoch -> 0 at the last epoch (cifar10-fast, seed 004)."""
+    """Piecewise linear 0 -> 1 at the warm-up epoch -> 0 at the last epoch (cifar10-fast)."""
     peak, end = warmup_epochs(cfg), float(cfg.optim.epochs)
 
     def f(t: float) -> float:
