@@ -175,7 +175,8 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     )
     if resume:
         trainer.resume()
-    if writer is not None and is_main_process():
+    if writer is not None and is_main_process() and job.writes_folder_first:
+        # not another replica (replica 0 checks the folder is free, then writes), nor a restart (written already)
         writer.write_run_toml(recorded_settings(cfg, facts["name"] if facts else None))
         on_cluster = {"cluster": facts["name"]} if facts else {}  # a node runs with the cluster's flags, not it
         writer.write_config(
