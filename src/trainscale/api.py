@@ -53,11 +53,23 @@ def fit(model: nn.Module | str | None = None, *, config: str | Path | None = Non
     from trainscale.runtime.job import Job, installed
 
     setup_logging()
-    with installed(Job.from_environ(os.environ)) as job, _as_registered(model, settings) as named:
+    with _environ_kept(), installed(Job.from_environ(os.environ)) as job, _as_registered(model, settings) as named:
         flags = {**settings, **({"model": named} if named else {})}
         if isinstance(model, nn.Module):
             return _fit_here(flags, config, job, instance=True)
         return _fit(flags, config, job)
+
+
+@contextlib.contextmanager
+def _environ_kept() -> Iterator[None]:
+    """The caller's environment as it was: a launch sets the variables its workers inherit in this process (the
+    CLI's process then ends), and a later ``fit`` in the same notebook must not read them as its own job's."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResult:
