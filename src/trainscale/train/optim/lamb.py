@@ -16,16 +16,16 @@ unscaled. Norms and ratio stay on the device.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trainscale.config import OptimConfig
+from trainscale.train.optim.layerwise import LayerwiseOptimizer
 from trainscale.train.optim.registry import register_optimizer
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(LayerwiseOptimizer):
     """See the module docstring."""
 
     def __init__(
@@ -43,18 +43,6 @@ class LAMB(torch.optim.Optimizer):
                 f"betas={betas}, eps={eps}, weight_decay={weight_decay}"
             )
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         assert p.grad is not None

@@ -14,16 +14,16 @@ keep them) takes plain momentum SGD: local_lr = 1. The norms and the ratio stay 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trainscale.config import OptimConfig
+from trainscale.train.optim.layerwise import LayerwiseOptimizer
 from trainscale.train.optim.registry import register_optimizer
 
 
-class LARS(torch.optim.Optimizer):
+class LARS(LayerwiseOptimizer):
     """See the module docstring. ``eta``: the trust coefficient (the paper's 0.001)."""
 
     def __init__(
@@ -41,18 +41,6 @@ class LARS(torch.optim.Optimizer):
                 f"momentum={momentum}, weight_decay={weight_decay}, eta={eta}, eps={eps}"
             )
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, eps=eps))
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         assert p.grad is not None
