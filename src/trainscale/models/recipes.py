@@ -138,7 +138,7 @@ register_recipe(
     cutout=0,
 )
 
-register_recipe(
+AIRBENCH94 = register_recipe(
     "airbench94",
     source="Jordan 2024, airbench94_muon.py: 94.01% mean in 8 epochs (2.59 s on an A100): Muon on "
     "the filters, Nesterov SGD on the rest, batch 2000, label smoothing 0.2, alternating flips, 2-pixel "
@@ -182,27 +182,5 @@ register_recipe(
     "recipe at batch 1536 (learning rates scaled linearly, Muon's not), SiLU, test-time augmentation for the "
     "least confident 25% of each test batch only; not yet validated to 94% (needs a GPU run of "
     "benchmarks/time_to_94.py --recipe speedrun94)",
-    model="speedrun94",
-    epochs=8,
-    batch_size=SPEEDRUN94_BATCH,
-    optimizer="muon",
-    muon_lr=0.24,
-    muon_momentum=0.6,
-    lr=AIRBENCH94_BIAS_LR * AIRBENCH94_BATCH,
-    lr_scaling="linear",
-    base_batch_size=AIRBENCH94_BATCH,
-    head_lr_factor=AIRBENCH94_HEAD_LR / AIRBENCH94_BIAS_LR,
-    momentum=0.85,
-    nesterov=True,
-    weight_decay=AIRBENCH94_DECAY / (AIRBENCH94_BIAS_LR * AIRBENCH94_BATCH),
-    schedule="onecycle",
-    warmup_epochs=0.0,
-    label_smoothing=0.2,
-    crop_padding=2,
-    flip=True,
-    alternate_flip=True,
-    cutout=0,
-    tta=True,
-    tta_translate=1,
-    tta_select=0.25,
+    **{**AIRBENCH94.settings, "model": "speedrun94", "batch_size": SPEEDRUN94_BATCH, "tta_select": 0.25},
 )
