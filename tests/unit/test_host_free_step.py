@@ -23,7 +23,7 @@ from trainscale.train.checks import validate_engine
 from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
-from trainscale.train.step import choose_step, compiled_step
+from trainscale.train.step import choose_step, compiled_step, create_state
 from trainscale.train.trainer import eval_batch_sizes, optimizer_state, restore_optimizer_state
 
 CPU = torch.device("cpu")
@@ -226,3 +226,42 @@ def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: di
     with pytest.raises(ConfigError, match=f"--train-step .*{why}"):
         validate_engine(cfg)
     validate_engine(CoreConfig.from_flat({**settings, "train_step": "eager"}))
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "sgd"])
+def test_momentum_created_before_the_first_step_changes_no_step(optimizer: str) -> None:
+    """A captured step needs its momentum buffers in place before the first capture (``create_state``); made
+    at zero, they give the same three steps as buffers made by the first step."""
+    runs = []
+    for early in (True, False):
+        model, opt = tiny(optimizer)
+        if early:
+            create_state(opt)
+            assert all("momentum_buffer" in opt.state[p] for g in opt.param_groups for p in g["params"])
+        for seed in range(3):
+            model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        runs.append(model.state_dict())
+    for a, b in zip(runs[0].values(), runs[1].values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_warm_up_leaves_a_counting_optimizer_fresh_too() -> None:
+    """LAMB keeps its step count as a Python int: after the warm-up's steps it starts again from step 1."""
+    runs = []
+    for warm in (True, False):
+        model, opt = tiny("lamb")
+        saved, state = copy.deepcopy(model.state_dict()), optimizer_state(opt)
+        if warm:
+            for _ in range(2):
+                model(torch.randn(4, 3, 8, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            model.load_state_dict(saved)
+            restore_optimizer_state(opt, state)
+        model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+        opt.step()
+        runs.append(model.state_dict())
+    for a, b in zip(runs[0].values(), runs[1].values()):
+        torch.testing.assert_close(a, b)

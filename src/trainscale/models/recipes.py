@@ -182,5 +182,6 @@ register_recipe(
     "recipe at batch 1536 (learning rates scaled linearly, Muon's not), SiLU, test-time augmentation for the "
     "least confident 25% of each test batch only; not yet validated to 94% (needs a GPU run of "
     "benchmarks/time_to_94.py --recipe speedrun94)",
+    reference=AIRBENCH94.reference,
     **{**AIRBENCH94.settings, "model": "speedrun94", "batch_size": SPEEDRUN94_BATCH, "tta_select": 0.25},
 )

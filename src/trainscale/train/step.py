@@ -77,6 +77,20 @@ def tensor_lrs(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
             g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
 
 
+def create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Momentum buffers created before the first captured step, at zero (a first step from zero is the step from
+    none when dampening is 0): a tensor created inside a CUDA graph is overwritten by the graph's next replay.
+    trainscale's Muon+SGD knows its state; for torch's SGD the buffers are made here; torch's other optimizers
+    create theirs outside the graph when compiled (dynamo runs their ``_init_group`` eagerly)."""
+    if hasattr(optimizer, "init_state"):
+        optimizer.init_state()
+    elif isinstance(optimizer, torch.optim.SGD):
+        for g in optimizer.param_groups:
+            if g["momentum"] and not g.get("dampening"):
+                for p in g["params"]:
+                    optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+
+
 def compiled_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -95,6 +109,7 @@ def compiled_step(
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     forward = torch.compile(model, mode=mode, backend=backend)
     tensor_lrs(optimizer, precision.device)
+    create_state(optimizer)
 
     @torch.compile(mode=mode, backend=backend)
     def update() -> None:

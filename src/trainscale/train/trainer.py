@@ -34,6 +34,8 @@ from trainscale.train.ema import WeightAverage
 from trainscale.train.loop import (
     PassStats,
     StepOptions,
+    apply_gradients,
+    compute_gradients,
     evaluate,
     predict,
     predict_selective,
@@ -216,8 +218,10 @@ class Trainer:
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
         self.model.train()
         if self.step_fn is not None:
-            self._warm_steps(images, labels)
-        else:
+            self._warm_steps(self.step_fn, images, labels)
+        elif not self.scaler.is_enabled():
+            self._warm_steps(self._eager_step, images, labels)
+        else:  # fp16: a step on random images would move the grad scaler's scale, which has no copy to restore
             with self.precision.autocast():
                 loss = nn.functional.cross_entropy(self.model(images).float(), labels)
             loss.backward()
@@ -236,17 +240,26 @@ class Trainer:
         synchronize(device)
         return time.perf_counter() - started
 
-    def _warm_steps(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """The compiled step as the run meets it: with every parameter training, then, where the model trains
-        some only at first (``train_until``, frozen by ``freeze_finished``), without them (another graph)."""
-        assert self.step_fn is not None  # only for a compiled step
+    def _eager_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The eager step as the loop takes it, optimizer included: Muon compiles its iteration on first use."""
+        opt = self.cfg.optim
+        compute_gradients(
+            self.model, images, labels, self.optimizer, self.scaler, self.precision, opt.label_smoothing, opt.accumulate
+        )
+        apply_gradients(self.optimizer, self.scaler, opt.clip_grad_norm)
+
+    def _warm_steps(
+        self, step: Callable[[torch.Tensor, torch.Tensor], Any], images: torch.Tensor, labels: torch.Tensor
+    ) -> None:
+        """The step as the run meets it: with every parameter training, then, where the model trains some only
+        at first (``train_until``, frozen by ``freeze_finished``), without them (another graph when compiled)."""
         until = getattr(self.model, "train_until", {})
         later = [p for n, p in self.model.named_parameters() if n in until and p.requires_grad]
         for frozen in ([], later) if later else ([],):
             for p in frozen:
                 p.requires_grad_(False)
             for _ in range(WARM_STEPS):
-                self.step_fn(images, labels)
+                step(images, labels)
         for p in later:
             p.requires_grad_(True)
 
@@ -474,20 +487,28 @@ def eval_batch_sizes(batches: Batches) -> list[int]:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
-    """A copy of every tensor of the optimizer's per-parameter state, by parameter id."""
+    """A copy of the optimizer's per-parameter state (tensors cloned, counters copied), by parameter id."""
     return {
-        id(p): {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)} for p, st in optimizer.state.items()
+        id(p): {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in st.items()}
+        for p, st in optimizer.state.items()
     }
 
 
 def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> None:
-    """Put the state ``optimizer_state`` copied back in place; state created since is zeroed in place (an SGD or
-    Muon momentum buffer at zero takes its first step exactly as one not yet made)."""
+    """Put the state ``optimizer_state`` copied back, tensors in place (a captured step keeps reading them).
+    State created since is zeroed in place (an SGD or Muon momentum buffer at zero takes its first step exactly
+    as one not yet made), or dropped where it holds a counter off the device (LAMB's step): fresh again."""
     for p, st in optimizer.state.items():
+        old = saved.get(id(p))
+        if old is None and not all(isinstance(v, torch.Tensor) for v in st.values()):
+            st.clear()
+            continue
         for k, v in st.items():
+            was = (old or {}).get(k)
             if isinstance(v, torch.Tensor):
-                old = saved.get(id(p), {}).get(k)
-                v.copy_(old) if old is not None else v.zero_()
+                v.copy_(was) if was is not None else v.zero_()
+            else:
+                st[k] = was
 
 
 def _average_results_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
