@@ -265,3 +265,17 @@ def test_the_warm_up_leaves_a_counting_optimizer_fresh_too() -> None:
         runs.append(model.state_dict())
     for a, b in zip(runs[0].values(), runs[1].values()):
         torch.testing.assert_close(a, b)
+
+
+def test_the_compiled_step_compiles_once_not_every_step() -> None:
+    """The compiled optimizer step guards on the gradient tensors: were they new each step (``zero_grad`` to
+    None), it would recompile every step (on a GPU, most of a step's time). After the first epoch, no new graph."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model, opt = tiny("muon")
+    step_fn = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    graphs = []
+    for _ in epochs(model, opt, step_fn):
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1] == graphs[0]

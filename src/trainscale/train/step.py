@@ -121,8 +121,8 @@ def compiled_step(
         with precision.autocast():
             logits = forward(images)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        optimizer.zero_grad(set_to_none=False)  # the same gradient tensors every step: the compiled update guards
+        loss.backward()  # on them, and new ones each step made it recompile every step
         update()
         return logits.detach().clone(), loss.detach().clone()
 
