@@ -56,8 +56,8 @@ TIMER_SCOPE = (
 NOT_LEARNING = 1.05  # an epoch's mean loss this far above the first step's: diverging, not noise (chance-level
 # data hovers within a few percent of its first loss)
 REFERENCE_SCOPE = (
-    "airbench's: model construction with its data-based init (the whitening fit), the training steps "
-    "and the last epoch's evaluation (with its test-time augmentation); excludes data loading, compile "
+    "airbench's: the model's data-based init (the whitening fit), the training steps and the last epoch's "
+    "evaluation (with its test-time augmentation); excludes data loading, model construction, compile "
     "warm-up, checkpoints and the earlier epochs' evaluations"
 )
 
