@@ -94,16 +94,22 @@ def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() 
 
 
 def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
-    assert choose_step("auto", CPU, "bf16", True, "stop").kind == "eager"
-    assert choose_step("auto", torch.device("cuda"), "bf16", True, "stop").kind == "eager"  # until measured there
-    assert choose_step("graphed", torch.device("cuda"), "bf16", True, "stop").kind == "graphed"
-    assert choose_step("auto", torch.device("cuda"), "fp16", True, "stop").kind == "eager"
-    assert "DDP" in choose_step("auto", torch.device("cuda"), "bf16", False, "stop").reason
-    assert choose_step("compiled", CPU, "fp32", True, "stop").kind == "compiled"
-    with pytest.raises(ConfigError, match="graphed needs a CUDA device"):
-        choose_step("graphed", CPU, "fp32", True, "stop")
+    cuda = torch.device("cuda")
+    assert choose_step("auto", CPU, "bf16", "none", "stop").kind == "eager"
+    assert choose_step("auto", cuda, "bf16", "none", "stop").kind == "eager"  # until measured there
+    assert choose_step("graphed", cuda, "bf16", "none", "stop").kind == "graphed"
+    assert choose_step("auto", cuda, "fp16", "none", "stop").kind == "eager"
+    assert "DDP" in choose_step("auto", cuda, "bf16", "ddp", "stop").reason
+    assert choose_step("compiled", CPU, "fp32", "none", "stop").kind == "compiled"
+    assert choose_step("compiled", cuda, "bf16", "ddp", "stop").kind == "compiled"
+    with pytest.raises(ConfigError, match="cannot capture DDP's gradient hooks"):
+        choose_step("graphed", cuda, "bf16", "ddp", "stop")
+    with pytest.raises(ConfigError, match="the mode exchanges inside the step"):
+        choose_step("compiled", cuda, "bf16", "mode", "stop")
+    with pytest.raises(ConfigError, match="graphed .*CUDA graphs need a CUDA device"):
+        choose_step("graphed", CPU, "fp32", "none", "stop")
     with pytest.raises(ConfigError, match="--nonfinite skip"):
-        choose_step("compiled", CPU, "fp32", True, "skip")
+        choose_step("compiled", CPU, "fp32", "none", "skip")
 
 
 def epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, step_fn: Any) -> Iterator[float]:
@@ -215,7 +221,9 @@ def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one() -> None:
     [
         ({"precision": "fp16"}, "grad scaler"),
         ({"nonfinite": "skip"}, "--nonfinite skip"),
-        ({"workers": 2}, "several workers"),
+        ({"workers": 2, "mode": "localsgd"}, "the mode exchanges inside the step"),
+        ({"workers": 2, "mode": "async"}, "the mode exchanges inside the step"),
+        ({"workers": 2, "mode": "sync", "device": "cuda", "train_step": "graphed"}, "cannot capture DDP's"),
         ({"device": "cpu", "train_step": "graphed"}, "CUDA graphs need a CUDA device"),
         ({"accumulate": 2}, "--accumulate runs micro-batches outside"),
         ({"clip_grad_norm": 1.0}, "--clip-grad-norm is applied outside"),
@@ -226,6 +234,10 @@ def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: di
     with pytest.raises(ConfigError, match=f"--train-step .*{why}"):
         validate_engine(cfg)
     validate_engine(CoreConfig.from_flat({**settings, "train_step": "eager"}))
+
+
+def test_a_compiled_step_under_ddp_passes_the_checks() -> None:
+    validate_engine(CoreConfig.from_flat({"train_step": "compiled", "workers": 2, "mode": "sync"}))
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "sgd"])

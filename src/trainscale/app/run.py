@@ -158,7 +158,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
         lr_at=lambda t: plan.lr * schedule(t),
         writer=writer,
         train_model=train_model,
-        plain_step=optimizer is built and train_model is model and world_size() == 1,
+        step_wrapping=step_wrapping(optimizer is built, train_model is model and world_size() == 1, train_model),
         callbacks=callbacks,
         baseline=load_baseline(cfg) if writer is not None else None,
         cores=allowed_cores(facts, cfg.launch.local_workers + cfg.ps.servers),
@@ -191,6 +191,15 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
             }
         )
     return trainer
+
+
+def step_wrapping(optimizer_as_built: bool, bare: bool, train_model: torch.nn.Module) -> str:
+    """What wraps the training step (``train.step.WRAPPINGS``): nothing, a DDP wrapper, or a mode whose optimizer
+    or model exchanges inside the step (which keeps the eager step)."""
+    if optimizer_as_built and bare:
+        return "none"
+    ddp = isinstance(train_model, torch.nn.parallel.DistributedDataParallel)
+    return "ddp" if optimizer_as_built and ddp else "mode"
 
 
 def recorded_settings(cfg: TrainConfig, cluster: str | None) -> TrainConfig:

@@ -13,6 +13,7 @@ from trainscale.errors import require
 from trainscale.models import MODELS
 from trainscale.train.optim import check_optimizer
 from trainscale.train.schedules import SCHEDULES
+from trainscale.train.step import refusal, step_blockers
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -100,13 +101,9 @@ def _check_step(cfg: CoreConfig) -> None:
     step = cfg.run.train_step
     if step in ("auto", "eager"):
         return
-    reasons = [
-        ((cfg.launch.processes() or 1) > 1, "several workers wrap the step (DDP)"),
-        (cfg.run.precision == "fp16", "fp16's grad scaler reads the device every step"),
-        (cfg.optim.nonfinite == "skip", "--nonfinite skip reads the device before every update"),
-        (step == "graphed" and cfg.run.device == "cpu", "CUDA graphs need a CUDA device"),
-        (cfg.optim.accumulate > 1, "--accumulate runs micro-batches outside the compiled graphs"),
-        (cfg.optim.clip_grad_norm is not None, "--clip-grad-norm is applied outside the compiled graphs"),
-    ]
-    blocked = [why for bad, why in reasons if bad]
-    require(not blocked, f"--train-step {step} cannot run here: {'; '.join(blocked)}; use --train-step eager")
+    several = (cfg.launch.processes() or 1) > 1
+    wrapping = "mode" if cfg.run.mode not in ("local", "sync") else "ddp" if several else "none"
+    device = "cpu" if cfg.run.device == "cpu" else "cuda"
+    o = cfg.optim
+    blocked = step_blockers(step, wrapping, device, cfg.run.precision, o.nonfinite, o.accumulate, o.clip_grad_norm)
+    require(not blocked, refusal(step, blocked))

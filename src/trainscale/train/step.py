@@ -8,11 +8,12 @@
   Shapes must be static: training drops its last partial batch (the loader's ``drop_last``), and the
   evaluation's shapes (its last partial batch included) are captured in the warm-up.
 
-``auto`` picks ``graphed`` for a single CUDA process in bf16 or fp32 whose steps never skip (``--nonfinite
-stop``), and ``eager`` elsewhere: on a CPU compiling the whole step took minutes and has not been shown to
-pay back (see docs/speed-record.md), under a DDP wrapper or a parameter-server mode the step has hooks or
-communication of its own, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must read
-it before each update. The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
+``auto`` is ``eager`` everywhere until the captured step is measured to pay on a GPU (see
+docs/speed-record.md); then it will pick ``graphed`` for a single CUDA process in bf16 or fp32 whose steps never
+skip (``--nonfinite stop``). ``compiled`` also runs under DDP (several workers of sync mode, compressed gradients
+included); a mode that exchanges inside the step (parameter server, local SGD/DiLoCo, fault tolerance) keeps the
+eager step, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must read it before each
+update. The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
 """
 
 from __future__ import annotations
@@ -38,34 +39,56 @@ class StepChoice:
     reason: str
 
 
-def choose_step(
-    setting: str,
-    device: torch.device,
+WRAPPINGS = ("none", "ddp", "mode")  # the bare model; a DDP wrapper; a mode that exchanges inside the step
+
+
+def step_blockers(
+    kind: str,
+    wrapping: str,
+    device_type: str,
     precision: str,
-    single_process: bool,
     nonfinite: str,
     accumulate: int = 1,
     clip_grad_norm: float | None = None,
-) -> StepChoice:
-    """The step ``--train-step setting`` gives here; a setting that cannot run here is a ConfigError."""
-    blockers = [
-        (not single_process, "the step is wrapped (DDP) or exchanged by the mode"),
+) -> list[str]:
+    """Why a ``compiled`` or ``graphed`` step cannot run with these settings (empty: it can). Under DDP the
+    forward is compiled through DDP (dynamo splits the graph at DDP's buckets; the gradient hooks, compressors
+    included, run as in an eager step); CUDA graphs cannot capture those hooks."""
+    reasons = [
+        (wrapping == "mode", "the mode exchanges inside the step (parameter server, averaging, fault tolerance)"),
+        (wrapping == "ddp" and kind == "graphed", "CUDA graphs cannot capture DDP's gradient hooks (use compiled)"),
+        (kind == "graphed" and device_type != "cuda", "CUDA graphs need a CUDA device"),
         (precision == "fp16", "fp16's grad scaler reads the device every step"),
         (nonfinite == "skip", "--nonfinite skip reads the device before every update"),
         (accumulate > 1, "--accumulate runs micro-batches outside the compiled graphs"),
         (clip_grad_norm is not None, "--clip-grad-norm is applied outside the compiled graphs"),
     ]
-    blocked = [why for bad, why in blockers if bad]
+    return [why for bad, why in reasons if bad]
+
+
+def refusal(kind: str, blocked: list[str]) -> str:
+    return f"--train-step {kind} cannot run here: {'; '.join(blocked)}; use --train-step eager"
+
+
+def choose_step(
+    setting: str,
+    device: torch.device,
+    precision: str,
+    wrapping: str,
+    nonfinite: str,
+    accumulate: int = 1,
+    clip_grad_norm: float | None = None,
+) -> StepChoice:
+    """The step ``--train-step setting`` gives here; a setting that cannot run here is a ConfigError."""
     if setting == "auto":
+        blocked = step_blockers("graphed", wrapping, device.type, precision, nonfinite, accumulate, clip_grad_norm)
         if blocked:
             return StepChoice("eager", "auto: " + "; ".join(blocked))
-        if device.type != "cuda":
-            return StepChoice("eager", "auto: on a CPU (compiling the whole step costs minutes; not shown to pay)")
         return StepChoice("eager", "auto: not yet measured to pay on CUDA (ask for --train-step graphed)")
-    if setting != "eager" and blocked:
-        raise ConfigError(f"--train-step {setting} cannot run here: {'; '.join(blocked)}; use --train-step eager")
-    if setting == "graphed" and device.type != "cuda":
-        raise ConfigError("--train-step graphed needs a CUDA device (CUDA graphs); use compiled or eager")
+    if setting != "eager":
+        blocked = step_blockers(setting, wrapping, device.type, precision, nonfinite, accumulate, clip_grad_norm)
+        if blocked:
+            raise ConfigError(refusal(setting, blocked))
     return StepChoice(setting, "asked for")
 
 

@@ -92,7 +92,7 @@ class Trainer:
     baseline: dict[str, Any] | None = None
     state: RunState = field(default_factory=RunState)
     cores: float = 0.0  # what this worker may keep busy, for cpu_util (0: its torch threads)
-    plain_step: bool = False  # one process, the bare model and the optimizer as built: a step train.step may compile
+    step_wrapping: str = "mode"  # what wraps the step (train.step.WRAPPINGS): none and ddp may compile it
     step_log: StepLog | None = None  # live metrics every --log-every steps (the main process)
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
@@ -164,7 +164,7 @@ class Trainer:
             self.cfg.run.train_step,
             self.precision.device,
             self.cfg.run.precision,
-            self.plain_step,
+            self.step_wrapping,
             self.cfg.optim.nonfinite,
             self.cfg.optim.accumulate,
             self.cfg.optim.clip_grad_norm,
@@ -172,7 +172,11 @@ class Trainer:
         self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
         if choice.kind != "eager":
             self.step_fn = compiled_step(
-                self.model, self.optimizer, self.precision, self.cfg.optim.label_smoothing, choice.kind == "graphed"
+                self.train_model or self.model,
+                self.optimizer,
+                self.precision,
+                self.cfg.optim.label_smoothing,
+                choice.kind == "graphed",
             )
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
