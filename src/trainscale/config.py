@@ -282,8 +282,8 @@ class RunConfig(Section):
     train_step: str = option(
         "auto",
         "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
-        "graphs); graphed (compiled, replayed as CUDA graphs); auto (default: graphed for one CUDA process, "
-        "else eager)",
+        "graphs; also under DDP); graphed (compiled, replayed as CUDA graphs; one CUDA process); auto (default: "
+        "eager, until the captured step is measured to pay on a GPU)",
         choices=("auto", "eager", "compiled", "graphed"),
     )
     keep_memory: bool = option(
