@@ -61,6 +61,17 @@ def _alexnet() -> list[int]:
     return sizes + _fc(9216, 4096) + _fc(4096, 4096) + _fc(4096, 1000)
 
 
+def _bert_base() -> list[int]:
+    """BERT-Base (Devlin et al. 2019): vocabulary 30,522, 512 positions, 2 segments, 12 layers of hidden 768 with
+    a 3,072 feed-forward, the pooler, the masked-LM transform (decoder tied to the embedding, its own bias) and
+    the next-sentence head (110.1 M)."""
+    h, ff, ln = 768, 3072, [768, 768]
+    sizes = [30522 * h, 512 * h, 2 * h, *ln]
+    for _ in range(12):
+        sizes += _fc(h, h) * 3 + _fc(h, h) + ln + _fc(h, ff) + _fc(ff, h) + ln
+    return sizes + _fc(h, h) + _fc(h, h) + ln + [30522] + _fc(h, 2)
+
+
 def _torch_tensors(build: Any) -> list[int]:
     return [p.numel() for p in build().parameters()]
 
@@ -80,6 +91,8 @@ def tensors(model: str) -> tuple[int, ...]:
         return tuple(_vgg16())
     if model == "alexnet":
         return tuple(_alexnet())
+    if model == "bert_base":
+        return tuple(_bert_base())
     if model in builders:
         return tuple(_torch_tensors(builders[model]))
     return tuple(_torch_tensors(lambda: create_model(model)))
@@ -97,10 +110,20 @@ class Row:
     data: str
     images_per_sec: float
     where: str
+    precision: str = "fp32"
+    grad_bytes: int = 4  # bytes per gradient element on the wire
+    series: str = ""  # rows of one published table (a table's one-GPU row calibrates the others)
+    assumed: str = ""
 
     @property
     def group(self) -> tuple[str, str, str, int, str, str]:
         return self.source, self.system, self.model, self.batch, self.mode if self.gpus > 1 else "*", self.data
+
+    @property
+    def calibration_key(self) -> tuple[Any, ...]:
+        """Which one-GPU row calibrates this one: the same table's where a file names its tables, else the
+        same source, system, model, batch and data."""
+        return (self.source, self.series) if self.series else self.group[:4] + (self.data,)
 
     @property
     def regime(self) -> str:
@@ -125,6 +148,10 @@ def load_rows() -> list[Row]:
                         raw["data"],
                         float(raw["images_per_sec"]),
                         raw["where"],
+                        raw.get("precision") or "fp32",
+                        int(raw.get("grad_bytes") or 4),
+                        raw.get("series") or "",
+                        raw.get("assumed") or "",
                     )
                 )
     return rows
@@ -141,11 +168,17 @@ def _link(system: dict[str, Any], rate: str, latency: str) -> Link:
 def setting_for(row: Row, system: dict[str, Any]) -> tuple[Setting, int]:
     """The planner's setting of one row and the per-worker batch (a worker may drive several GPUs)."""
     per_host = row.gpus // row.hosts
-    pcie = _link(system, "pcie_per_gpu", "pcie_latency")
+    pcie = _link(system, "pcie_per_gpu", "pcie_latency") if "pcie_per_gpu" in system else None
     nic = _link(system, "nic", "nic_latency") if "nic" in system else None
-    if row.mode == "allreduce":  # NCCL all-reduce over NVLink inside one host
+    if row.mode == "allreduce":  # NCCL all-reduce: NVLink inside a host, the hosts' NICs between them
         return Setting(
-            1, per_host, None, _link(system, "nvlink", "nvlink_latency"), "sync", algorithm="auto"
+            row.hosts,
+            per_host,
+            nic,
+            _link(system, "nvlink", "nvlink_latency"),
+            "sync",
+            algorithm="auto",
+            grad_scale=row.grad_bytes / 4,
         ), row.batch
     if row.mode == "replicated":  # every GPU keeps a copy and sums the others' gradients over PCIe
         return Setting(1, per_host, None, pcie, "sync"), row.batch
@@ -225,12 +258,12 @@ def main() -> None:
     parser.add_argument("--rows", action="store_true", help="print every row")
     args = parser.parse_args()
     rows, known = load_rows(), systems()
-    singles = {r.group[:4] + (r.data,): r for r in rows if r.gpus == 1}
+    singles = {r.calibration_key: r for r in rows if r.gpus == 1}
     results = []
     for r in rows:
         if r.gpus == 1:
             continue
-        calibration = singles.get(r.group[:4] + (r.data,))
+        calibration = singles.get(r.calibration_key)
         if calibration is None:
             raise SystemExit(f"{r.where}: no one-GPU row to calibrate {r.model} at batch {r.batch} on")
         planned = plan(r, calibration, known[r.system])
@@ -278,7 +311,7 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
     published change under 3% as "no gain" (within a page's run-to-run noise)."""
     series: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
     for r, planned, _ in results:
-        series[(r.source, r.system, r.model, r.batch, r.mode, r.data)].append((r.gpus, r.images_per_sec, planned))
+        series[(r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)].append((r.gpus, r.images_per_sec, planned))
     agree = total = 0
     for points in series.values():
         points = sorted({p[0]: p for p in points}.values())
