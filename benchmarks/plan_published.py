@@ -353,7 +353,8 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
     published change under 3% as "no gain" (within a page's run-to-run noise)."""
     series: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
     for r, planned, _ in results:
-        series[(r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)].append((r.gpus, r.images_per_sec, planned))
+        key = (r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)
+        series[key].append((r.gpus, r.images_per_sec, planned))
     agree = total = 0
     for points in series.values():
         points = sorted({p[0]: p for p in points}.values())
