@@ -303,11 +303,12 @@ def planned_rows(rows: list[Row], known: dict[str, dict[str, Any]]) -> list[tupl
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
     """The overlap (0, 0.05, ..., 1) that plans the calibration tables best, and what it gives on the rest."""
     fit = [r for r in rows if calibrating(r) or (r.gpus == 1 and r.series.startswith(CALIBRATION[1]))]
+    clusters = cluster_results()
     print(f"calibrating the NCCL overlap on {sum(r.gpus > 1 for r in fit)} rows ({' / '.join(CALIBRATION)}):")
     for i in range(21):
         overlap = i / 20
         trial = {k: {**v, "overlap": overlap} if "nvlink" in v else v for k, v in known.items()}
-        held = [e for r, _, e in planned_rows(rows, trial) if not calibrating(r)]
+        held = [e for r, _, e in planned_rows(rows, trial) + clusters if not calibrating(r)]
         fitted = [e for _, _, e in planned_rows(fit, trial)]
         print(f"  overlap {overlap:4.2f}: calibration MAE {_mae(fitted):6.1%}, held-out MAE {_mae(held):6.1%}")
 
