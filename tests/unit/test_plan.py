@@ -326,11 +326,16 @@ class TestWithoutProfile:
             plan_profile(PlanConfig(params=1000))
 
     def test_params_plan_by_hand(self, capsys):
-        # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; the last 25 MiB bucket is
-        # ready at the end of backward, so at least its share is exposed
+        # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; a GPU plan given no overlap
+        # takes none (what published NCCL runs show): all of it is exposed
         p = self._plan(capsys)
         assert p["compute_seconds"] == pytest.approx(0.2)
         assert p["wire_seconds"] == pytest.approx(0.12, rel=1e-6)
+        assert p["comm_seconds"] == pytest.approx(p["wire_seconds"])
+
+    def test_given_overlap_hides_what_the_schedule_allows(self, capsys):
+        # with perfect overlap the last 25 MiB bucket, ready at the end of backward, is still exposed
+        p = self._plan(capsys, overlap=1.0)
         assert 0 < p["comm_seconds"] < p["wire_seconds"]
 
     def test_16_bit_gradients_halve_the_wire(self, capsys):
