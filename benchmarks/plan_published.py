@@ -30,6 +30,7 @@ import tomllib
 from trainscale.errors import ConfigError
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
+from trainscale.plan.plan import GPU_OVERLAP
 from trainscale.plan.predict import PSLayout, Setting, predict
 from trainscale.plan.synthetic import synthetic_profile
 
@@ -217,10 +218,11 @@ def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
     return images
 
 
-def cluster_results() -> list[tuple[Row, float, float]]:
+def cluster_results(gpu_overlap: float = GPU_OVERLAP) -> list[tuple[Row, float, float]]:
     """The published rows of the cluster files (``configs/clusters``: MXNet, ps-lite, Keras-MXNet and Multiverso
     pages), each calibrated on its device file's one-GPU figure from the same page and planned on the file's
-    links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed)."""
+    links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed), with the
+    overlap a GPU plan takes when the file gives none."""
     from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device
 
     results = []
@@ -244,7 +246,8 @@ def cluster_results() -> list[tuple[Row, float, float]]:
             sizes = tensors(raw["model"])
             profile = synthetic_profile(sum(sizes), step, batch, name=raw["model"])
             profile.tensor_bytes = [4 * n for n in sizes]
-            setting = Setting(hosts, per_host, cluster.inter, cluster.intra, str(raw["mode"]))
+            overlap = gpu_overlap if "overlap" in cluster.system.assumed else cluster.system.overlap
+            setting = Setting(hosts, per_host, cluster.inter, cluster.intra, str(raw["mode"]), overlap=overlap)
             worker_batch = batch * devices // (hosts * per_host)
             planned = predict(profile, setting).images_per_sec * worker_batch / batch
             row = Row(
@@ -303,12 +306,11 @@ def planned_rows(rows: list[Row], known: dict[str, dict[str, Any]]) -> list[tupl
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
     """The overlap (0, 0.05, ..., 1) that plans the calibration tables best, and what it gives on the rest."""
     fit = [r for r in rows if calibrating(r) or (r.gpus == 1 and r.series.startswith(CALIBRATION[1]))]
-    clusters = cluster_results()
     print(f"calibrating the NCCL overlap on {sum(r.gpus > 1 for r in fit)} rows ({' / '.join(CALIBRATION)}):")
     for i in range(21):
         overlap = i / 20
         trial = {k: {**v, "overlap": overlap} if "nvlink" in v else v for k, v in known.items()}
-        held = [e for r, _, e in planned_rows(rows, trial) + clusters if not calibrating(r)]
+        held = [e for r, _, e in planned_rows(rows, trial) + cluster_results(overlap) if not calibrating(r)]
         fitted = [e for _, _, e in planned_rows(fit, trial)]
         print(f"  overlap {overlap:4.2f}: calibration MAE {_mae(fitted):6.1%}, held-out MAE {_mae(held):6.1%}")
 
