@@ -304,15 +304,21 @@ def planned_rows(rows: list[Row], known: dict[str, dict[str, Any]]) -> list[tupl
 
 
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
-    """The overlap (0, 0.05, ..., 1) that plans the calibration tables best, and what it gives on the rest."""
+    """The overlap (0, 0.05, ..., 1) that plans the calibration tables best, and what it gives on the rest; and,
+    as a cross-check, the all-reduce rows of every other publisher (an independent fit, not used)."""
     fit = [r for r in rows if calibrating(r) or (r.gpus == 1 and r.series.startswith(CALIBRATION[1]))]
     print(f"calibrating the NCCL overlap on {sum(r.gpus > 1 for r in fit)} rows ({' / '.join(CALIBRATION)}):")
+    print(f"  {'':13} {'calibration':>12} {'held out':>9} {'other publishers all-reduce':>28}")
     for i in range(21):
         overlap = i / 20
         trial = {k: {**v, "overlap": overlap} if "nvlink" in v else v for k, v in known.items()}
-        held = [e for r, _, e in planned_rows(rows, trial) + cluster_results(overlap) if not calibrating(r)]
+        results = planned_rows(rows, trial) + cluster_results(overlap)
+        held = [e for r, _, e in results if not calibrating(r)]
+        others = [e for r, _, e in results if r.source != CALIBRATION[0] and r.mode in ("allreduce", "sync")]
         fitted = [e for _, _, e in planned_rows(fit, trial)]
-        print(f"  overlap {overlap:4.2f}: calibration MAE {_mae(fitted):6.1%}, held-out MAE {_mae(held):6.1%}")
+        print(
+            f"  overlap {overlap:4.2f} {_mae(fitted):12.1%} {_mae(held):9.1%} {_mae(others):20.1%} ({len(others)} rows)"
+        )
 
 
 def report(results: list[tuple[Row, float, float]]) -> None:
