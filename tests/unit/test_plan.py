@@ -214,7 +214,7 @@ def test_profile_buckets_are_ddps(model):
     """The recorded buckets (sizes, ready order) are the ones DDP really built after its rebuild."""
     from trainscale.plan.profile import ProfileConfig, limits, measure
 
-    cfg = ProfileConfig(model=model, batch_size=4, repeats=2, warmup=2, threads=1, compress=["bf16"])
+    cfg = ProfileConfig(model=model, batch_size=4, repeats=2, warmup=2, threads=1, compress=["bf16"], overlap=False)
     with limits(cfg):
         profile = measure(cfg, [parse_spec("bf16")])  # raises if the sizes differ from DDP's logging data
     assert sum(b.nbytes for b in profile.buckets) == profile.gradient_bytes
@@ -233,7 +233,7 @@ def test_profile_leaves_real_gradients_for_the_compressors():
     from trainscale.runtime.process_group import local_group
     from trainscale.train.precision import Precision
 
-    cfg = ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1)
+    cfg = ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1, overlap=False)
     with limits(cfg):
         model = build(cfg, torch.device("cpu"))
         with local_group():
