@@ -101,3 +101,26 @@ class TestPlanUsesTheMeasurement:
         setting, _, origin = setting_from(cfg, measured)
         assert (setting.overlap, setting.step_overhead) == (GPU_OVERLAP, 0.0)
         assert "measured by" not in origin
+
+
+def test_the_check_of_a_run_uses_the_profiles_measurement():
+    """A run on an emulated cluster is checked against the plan with what its profile measured."""
+    from trainscale.plan.check import check_run, key_of_profile
+    from trainscale.record import K
+
+    summary = {
+        K.cluster: {"hosts": 2, "rate_bps": 1e9, "rtt_seconds": 2e-4},
+        K.mode: "sync",
+        K.batch_per_worker: 64,
+        K.model: "m",
+        K.precision: "fp32",
+        K.step_seconds: 0.5,
+    }
+    base = dataclasses.replace(make_profile(), model="m", batch_size=64, precision="fp32", threads=1, cpus=None)
+    summary[K.cluster] |= {"threads_per_process": base.threads, "cpus_per_host": base.cpus}
+    measured = dataclasses.replace(base, overlap=0.0, step_overhead=0.003)
+    plain = check_run("r", {"workers": 1}, summary, {key_of_profile(base): base})
+    used = check_run("r", {"workers": 1}, summary, {key_of_profile(measured): measured})
+    assert plain is not None and used is not None
+    assert (used.setting.overlap, used.setting.step_overhead) == (0.0, 0.003)
+    assert used.predicted.step_seconds > plain.predicted.step_seconds
