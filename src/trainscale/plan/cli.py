@@ -36,6 +36,8 @@ def run_profile(cfg: ProfileConfig) -> int:
     )
     if p.overlap_seconds:
         print(f"  {overlap_text(p)}")
+    elif cfg.overlap and not p.on_cpu:
+        print("  overlap and DDP's per-step cost not measured on a GPU yet (the plan says what it assumes)")
     for c in p.compressors.values():
         sent = sum(n for _, n in c.collectives)
         print(
