@@ -168,7 +168,7 @@ def test_published_validation_set_is_complete(monkeypatch):
     singles = {r.calibration_key for r in rows if r.gpus == 1}
     scored = [r for r in rows if r.gpus > 1]
     known = bench.systems()
-    assert all(r.where and r.system in known for r in rows)
+    assert all(r.where and r.assumed and r.system in known for r in rows)  # where it was read, what was assumed
     assert all(r.calibration_key in singles for r in scored)
     assert all(r.grad_bytes in (2, 4) and r.hosts <= r.gpus and r.gpus % r.hosts == 0 for r in rows)
     clusters = bench.cluster_results()
