@@ -60,7 +60,18 @@ def profile(model: str, out: Path, repeats: int) -> Path:
     path = out / "profiles" / f"{model}-b{batch}.json"
     if not path.exists():
         print(f"profiling {model} at batch {batch} ...", flush=True)
-        cli("profile", "--model", model, "--batch-size", str(batch), "--repeats", str(repeats), "--out", str(path))
+        cli(
+            "profile",
+            "--model",
+            model,
+            "--batch-size",
+            str(batch),
+            "--repeats",
+            str(repeats),
+            "--no-overlap",
+            "--out",
+            str(path),
+        )
     return path
 
 

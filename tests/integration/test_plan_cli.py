@@ -26,6 +26,7 @@ def profile(tmp_path_factory) -> Path:
         "1",
         "--threads",
         "1",
+        "--no-overlap",  # measured in tests/unit/test_plan_overlap.py
         "--compress",
         "bf16",
         "topk:ratio=0.01,granularity=entire",

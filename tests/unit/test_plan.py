@@ -214,7 +214,7 @@ def test_profile_buckets_are_ddps(model):
     """The recorded buckets (sizes, ready order) are the ones DDP really built after its rebuild."""
     from trainscale.plan.profile import ProfileConfig, limits, measure
 
-    cfg = ProfileConfig(model=model, batch_size=4, repeats=2, warmup=2, threads=1, compress=["bf16"])
+    cfg = ProfileConfig(model=model, batch_size=4, repeats=2, warmup=2, threads=1, compress=["bf16"], overlap=False)
     with limits(cfg):
         profile = measure(cfg, [parse_spec("bf16")])  # raises if the sizes differ from DDP's logging data
     assert sum(b.nbytes for b in profile.buckets) == profile.gradient_bytes
@@ -233,7 +233,7 @@ def test_profile_leaves_real_gradients_for_the_compressors():
     from trainscale.runtime.process_group import local_group
     from trainscale.train.precision import Precision
 
-    cfg = ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1)
+    cfg = ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1, overlap=False)
     with limits(cfg):
         model = build(cfg, torch.device("cpu"))
         with local_group():
@@ -326,11 +326,16 @@ class TestWithoutProfile:
             plan_profile(PlanConfig(params=1000))
 
     def test_params_plan_by_hand(self, capsys):
-        # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; the last 25 MiB bucket is
-        # ready at the end of backward, so at least its share is exposed
+        # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; a GPU plan given no overlap
+        # takes none (what published NCCL runs show): all of it is exposed
         p = self._plan(capsys)
         assert p["compute_seconds"] == pytest.approx(0.2)
         assert p["wire_seconds"] == pytest.approx(0.12, rel=1e-6)
+        assert p["comm_seconds"] == pytest.approx(p["wire_seconds"])
+
+    def test_given_overlap_hides_what_the_schedule_allows(self, capsys):
+        # with perfect overlap the last 25 MiB bucket, ready at the end of backward, is still exposed
+        p = self._plan(capsys, overlap=1.0)
         assert 0 < p["comm_seconds"] < p["wire_seconds"]
 
     def test_16_bit_gradients_halve_the_wire(self, capsys):

@@ -165,13 +165,25 @@ def test_published_validation_set_is_complete(monkeypatch):
     monkeypatch.setitem(sys.modules, "plan_published", bench)  # dataclasses look their module up
     spec.loader.exec_module(bench)
     rows = bench.load_rows()
-    singles = {(r.source, r.system, r.model, r.batch, r.data) for r in rows if r.gpus == 1}
+    singles = {r.calibration_key for r in rows if r.gpus == 1}
     scored = [r for r in rows if r.gpus > 1]
-    assert all(r.where and r.system in bench.systems() for r in rows)
-    assert all((r.source, r.system, r.model, r.batch, r.data) in singles for r in scored)
+    known = bench.systems()
+    assert all(r.where and r.assumed and r.system in known for r in rows)  # where it was read, what was assumed
+    assert all(r.calibration_key in singles for r in scored)
+    assert all(r.grad_bytes in (2, 4) and r.hosts <= r.gpus and r.gpus % r.hosts == 0 for r in rows)
     clusters = bench.cluster_results()
     assert len(scored) + len(clusters) >= 150
     assert len({r.source for r in rows} | {r.source for r, _, _ in clusters}) >= 5
+    # every regime: one host and many, all-reduce and parameter servers; 1 Gbit Ethernet to InfiniBand
+    assert {r.regime for r in scored} >= {
+        "one host, all-reduce",
+        "one host, ps",
+        "multi-host, all-reduce",
+        "multi-host, ps",
+    }
+    rates = {known[r.system]["nic"] for r in scored if r.hosts > 1}
+    assert "100Gbps" in rates and "10Gbps" in rates
+    assert any(r.source == "the MXNet distributed page" for r, _, _ in clusters)  # 1 Gbit Ethernet
 
 
 @pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])

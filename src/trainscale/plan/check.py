@@ -8,7 +8,7 @@ predicted from a profile taken under other conditions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainscale.compression.config import CompressionConfig
@@ -108,6 +108,10 @@ def check_run(
         return None
     if not setting.spec.dense and setting.spec.text not in profile.compressors:
         return None
+    if profile.overlap is not None:  # measured on the machine the run ran on: the plan uses it
+        setting = replace(setting, overlap=profile.overlap)
+    if profile.step_overhead is not None:
+        setting = replace(setting, step_overhead=profile.step_overhead)
     return Check(
         name,
         setting,

@@ -34,6 +34,10 @@ def run_profile(cfg: ProfileConfig) -> int:
         f"  {len(p.buckets)} DDP bucket(s), {p.gradient_bytes / MIB:.2f} MiB of fp32 gradients; peak memory "
         f"{p.peak_memory_mb:.0f} MB"
     )
+    if p.overlap_seconds:
+        print(f"  {overlap_text(p)}")
+    elif cfg.overlap and not p.on_cpu:
+        print("  overlap and DDP's per-step cost not measured on a GPU yet (the plan says what it assumes)")
     for c in p.compressors.values():
         sent = sum(n for _, n in c.collectives)
         print(
@@ -42,6 +46,18 @@ def run_profile(cfg: ProfileConfig) -> int:
         )
     print(f"profile in {cfg.out}")
     return 0
+
+
+def overlap_text(p: Profile) -> str:
+    """What the overlap measurement found, in words."""
+    m = p.overlap_seconds
+    share = "nothing can hide" if p.overlap is None else f"overlap {p.overlap:.2f}"
+    cost = "" if p.step_overhead is None else f"; DDP's cost per step {_ms(p.step_overhead)} ms"
+    return (
+        f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone (gloo, two ranks here), backward "
+        f"{_ms(m['backward'])} ms; launched from backward they lengthen it by {_ms(m['exposed'])} ms (perfect "
+        f"overlap: {_ms(m['schedule_bound'])} ms, none: {_ms(m['comm'])} ms){cost}"
+    )
 
 
 def _ms(seconds: float) -> str:

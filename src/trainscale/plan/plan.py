@@ -180,9 +180,28 @@ def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tupl
     return seconds / profile.compute_seconds, origin
 
 
-def system_of(cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool) -> tuple[System, list[str]]:
-    """The cluster file's system (or the defaults) with the flags given on top, and the values still assumed."""
+# What a GPU plan takes for the overlap when neither the cluster file nor --overlap gives one: none. Fitted on
+# published NCCL runs (1-32 V100, NVLink inside hosts, InfiniBand between them) and held on every other published
+# framework: no overlap plans them best (benchmarks/plan_published.py --calibrate); perfect overlap over-predicts.
+GPU_OVERLAP = 0.0
+
+
+def system_of(
+    cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool, measured: dict[str, float] | None = None
+) -> tuple[System, list[str]]:
+    """The cluster file's system (or the defaults) with the flags given on top, and the values still assumed.
+    What the file does not give, ``measured`` (the profile's figures, when the plan is for the device it was
+    taken on) fills; a GPU plan's overlap, if still unknown, is what published NCCL runs show
+    (:data:`GPU_OVERLAP`); a plan for this machine's CPU keeps the profile's own bucket timing."""
     base = cluster.system if cluster is not None else System()
+    found = {k: v for k, v in (measured or {}).items() if k in base.assumed}
+    if "overlap" in found:
+        base = replace(base, overlap=found["overlap"])
+    if "step_overhead" in found:
+        base = replace(base, step_overhead=found["step_overhead"])
+    base = replace(base, assumed=tuple(k for k in base.assumed if k not in found))
+    if on_gpu and "overlap" in base.assumed:
+        base = replace(base, overlap=GPU_OVERLAP)
     given: dict[str, Any] = {
         "nics": cfg.nics,
         "algorithm": cfg.algorithm if cfg.algorithm != "auto" else None,
@@ -203,6 +222,15 @@ def system_of(cfg: PlanConfig, cluster: ClusterSpec | None, on_gpu: bool) -> tup
         system = replace(system, algorithm="auto" if on_gpu else "ring")
     assumed = [k for k in base.assumed if k not in given]
     return system, assumed
+
+
+def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None) -> dict[str, float]:
+    """The overlap and per-step cost the profile measured, when the plan is for the device it was taken on
+    (not when another device's step time or published figure replaces it)."""
+    if device is not None or cfg.step_time is not None or cfg.device_step_ms is not None:
+        return {}
+    pairs = (("overlap", profile.overlap), ("step_overhead", profile.step_overhead))
+    return {k: v for k, v in pairs if v is not None}
 
 
 def _setting(
@@ -249,7 +277,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     device = cfg.device or (cluster.device if cluster else None)
     scale, origin = compute_scale(cfg, profile, device)
     on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
-    system, assumed = system_of(cfg, cluster, on_gpu)
+    measured = measured_on_device(cfg, profile, device)
+    system, assumed = system_of(cfg, cluster, on_gpu, measured)
     if cluster is not None:
         setting = _setting(cfg, cluster.hosts, cluster.devices_per_host, cluster.inter, cluster.intra, system, scale)
     else:
@@ -260,13 +289,24 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         assumed = [k for k in assumed if k != "ps_efficiency"]
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
         assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
+    unknown = (cluster.system if cluster is not None else System()).assumed
+    flags = {"overlap": cfg.overlap, "step_overhead": cfg.step_overhead}
+    used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
+    if used and cfg.mode == "sync":
+        origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin
 
 
+_MEASURED_TEXT = {
+    "overlap": lambda v: f"overlap {v:.2f}",
+    "step_overhead": lambda v: f"DDP's cost per step {1e3 * v:.1f} ms",
+}
+
+
 _ASSUMED_TEXT = {
-    "overlap": "perfect overlap",
+    "overlap": "no overlap of communication with backward (as published NCCL runs show)",
     "bucket_overhead": "no per-bucket cost",
     "step_overhead": "no per-step cost",
     "efficiency": "line rate",

@@ -36,6 +36,14 @@ from trainscale.io import atomic_write_text, check_output, dumps
 from trainscale.models import MODELS, create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.plan.methods import MethodSpec, parse_spec
+from trainscale.plan.overlap import (
+    OverlapMeasurement,
+    Peer,
+    allreduce_hook,
+    comm_alone,
+    paired_exposure,
+    schedule_bound,
+)
 from trainscale.registry import is_import_path, parse_args
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
 
@@ -74,6 +82,11 @@ class ProfileConfig(Section):
         "e.g. bf16, topk:ratio=0.01,granularity=entire, powersgd:rank=2 (repeatable)",
     )
     repeats: int = option(10, "timed steps (medians and spread are over these)")
+    overlap: bool = option(
+        True,
+        "also measure how much of a bucket's all-reduce hides under backward here (gloo between two ranks of "
+        "this process over 127.0.0.1) and what DDP costs per step; the plan uses both (CPU only for now)",
+    )
     warmup: int = option(3, "untimed steps first (allocation, DDP's bucket rebuild, caches)")
     out: str = option("profile.json", "where to write the profile (JSON)")
 
@@ -142,6 +155,11 @@ class Profile:
     environment: dict[str, Any] = field(default_factory=dict)
     tensor_bytes: list[int] = field(default_factory=list)  # every parameter's gradient, for whole-tensor PS
     format: str = FORMAT
+    # measured here (None: not measured): the share of in-flight all-reduce that hid under backward, and what
+    # DDP adds to a step (seconds); see trainscale.plan.overlap
+    overlap: float | None = None
+    step_overhead: float | None = None
+    overlap_seconds: dict[str, float] = field(default_factory=dict)  # the measurement behind ``overlap``
 
     @property
     def compute_seconds(self) -> float:
@@ -313,16 +331,22 @@ def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
 
 
 class _Recorder:
-    """Each bucket's index, size and ready time in the current step (filled by :func:`_record_hook`)."""
+    """Each bucket's index, size and ready time in the current step (filled by :func:`_record_hook`); with a
+    ``group``, the hook all-reduces the bucket in it instead of handing it straight back (the overlap
+    measurement)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, float]] = []
+        self.group: torch.distributed.ProcessGroupGloo | None = None
 
 
 def _record_hook(state, bucket):  # unannotated: DDP rejects string annotations on a hook
-    """Record the bucket and hand it straight back: a world of one needs no reduction."""
+    """Record the bucket and hand it straight back (a world of one needs no reduction), or all-reduce it in
+    the recorder's loopback group."""
     buffer = bucket.buffer()
     state.calls.append((bucket.index(), buffer.numel() * buffer.element_size(), time.perf_counter()))
+    if state.group is not None:
+        return allreduce_hook(state.group, bucket)
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(buffer)
     return future
@@ -336,6 +360,8 @@ class _Steps:
     optimizer: list[float] = field(default_factory=list)
     ready: dict[int, list[float]] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
+    plain: list[float] = field(default_factory=list)  # a DDP step minus the plain step before it
+    overlap: OverlapMeasurement | None = None
 
 
 def _step(
@@ -375,7 +401,9 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
     recorder = _Recorder()
     ddp.register_comm_hook(recorder, _record_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 1)
+    measure_overlap = cfg.overlap and precision.device.type == "cpu"  # gloo here; NCCL beside kernels: not yet
+    extra = 4 * cfg.repeats + 1 if measure_overlap else 0
+    batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 1 + extra)
     steps = _Steps()
     for i in range(cfg.warmup + cfg.repeats):
         t0, t1, t2, t3, t4 = _step(ddp, opt, batches, precision, recorder)
@@ -388,6 +416,8 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
         for index, nbytes, at in recorder.calls:
             steps.ready.setdefault(index, []).append(at - t2)
             steps.sizes[index] = nbytes
+    if measure_overlap:
+        _time_overlap(cfg, model, ddp, opt, batches, precision, recorder, steps)
     images, labels = next(batches)  # one more backward, so the compressors code real gradients, not zeros
     with precision.autocast():
         loss = F.cross_entropy(ddp(images).float(), labels)
@@ -395,6 +425,52 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
     logged = ddp._get_ddp_logging_data()
     sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", "")).split(", ")
     return steps, [int(s) for s in sizes if s]
+
+
+def _time_overlap(
+    cfg: ProfileConfig,
+    model: nn.Module,
+    ddp: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    precision: Precision,
+    recorder: _Recorder,
+    steps: _Steps,
+) -> None:
+    """DDP's per-step cost (a plain step of the model beside each DDP step), then the overlap measurement of
+    :mod:`trainscale.plan.overlap`: the buckets' all-reduces alone, then launched from backward, each such step
+    paired with one without."""
+    from trainscale.runtime.process_group import loopback_pair
+
+    order = [(index, nbytes) for index, nbytes, _ in recorder.calls]  # the last step's launch order
+    sizes = [nbytes for _, nbytes in order]
+    for _ in range(cfg.repeats):
+        plain = _step(model, opt, batches, precision, _Recorder())
+        wrapped = _step(ddp, opt, batches, precision, recorder)
+        steps.plain.append((wrapped[-1] - wrapped[0]) - (plain[-1] - plain[0]))
+
+    def backward() -> float:
+        t = _step(ddp, opt, batches, precision, recorder)
+        return t[3] - t[2]
+
+    with loopback_pair() as (group, other):
+        peer = Peer(other)
+        try:
+            comm = comm_alone(group, peer, sizes, cfg.repeats)
+
+            def live() -> float:
+                recorder.group = group
+                try:
+                    return backward()
+                finally:
+                    recorder.group = None
+
+            exposed = paired_exposure(backward, live, peer, sizes, cfg.repeats)
+        finally:
+            peer.stop()
+    alone = statistics.median(steps.backward)
+    ready = [statistics.median(steps.ready[index]) for index, _ in order]
+    steps.overlap = OverlapMeasurement(alone, exposed, sum(comm), schedule_bound(ready, comm, alone))
 
 
 def _phases(steps: _Steps) -> list[Timing]:
@@ -527,6 +603,9 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         compressors,
         environment(device),
         [g.numel() * 4 for _, g in grads],
+        overlap=steps.overlap.overlap if steps.overlap else None,
+        overlap_seconds=dataclasses.asdict(steps.overlap) if steps.overlap else {},
+        step_overhead=max(0.0, statistics.median(steps.plain)) if steps.plain else None,
     )
 
 

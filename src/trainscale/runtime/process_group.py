@@ -15,6 +15,7 @@ import gc
 import importlib
 import logging
 import os
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from typing import TypedDict
@@ -174,6 +175,39 @@ def local_group() -> Iterator[None]:
     finally:
         gc.collect()
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def loopback_pair(timeout_s: float = 60.0) -> Iterator[tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]]:
+    """Two gloo ranks inside this process, joined over 127.0.0.1 through an in-memory store, for measuring a
+    collective beside this process's own work (the profile's overlap) without launching a second process.
+    Each rank's calls must come from its own thread; both groups are shut down on leaving."""
+    store = dist.HashStore()
+    groups: list[dist.ProcessGroupGloo | None] = [None, None]
+    errors: list[BaseException] = []
+
+    def join(rank: int) -> None:
+        try:
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            options._timeout = datetime.timedelta(seconds=timeout_s)
+            groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
+        except BaseException as exc:  # reported on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(rank,), daemon=True) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    try:
+        if errors or None in groups:
+            raise RuntimeError(f"a loopback gloo pair did not form: {errors[0] if errors else 'timed out'}")
+        yield groups[0], groups[1]  # type: ignore[misc]
+    finally:
+        for group in groups:
+            if group is not None:
+                group.shutdown()
 
 
 class TensorPipeOptions(TypedDict):

@@ -1,0 +1,126 @@
+"""The profile's overlap and per-step cost: the formula on hand-computed cases, the measurement on a tiny model
+(two gloo ranks of one process over 127.0.0.1), and a plan that uses what was measured, says so, and lets a
+cluster file or a flag win."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+
+from tests.unit.test_plan import make_profile
+from trainscale.plan.overlap import overlap_fraction, schedule_bound
+
+
+@pytest.mark.parametrize(
+    "comm, exposed, bound, expected",
+    [
+        (0.100, 0.100, 0.020, 0.0),  # all of it exposed: no overlap
+        (0.100, 0.020, 0.020, 1.0),  # only what the schedule cannot hide: perfect
+        (0.100, 0.060, 0.020, 0.5),  # halfway
+        (0.100, 0.000, 0.020, 1.0),  # noise below the bound is clipped
+        (0.100, 0.150, 0.020, 0.0),  # and above everything
+        (0.020, 0.020, 0.020, None),  # nothing could hide: no fraction to speak of
+    ],
+)
+def test_overlap_fraction_by_hand(comm, exposed, bound, expected):
+    assert overlap_fraction(comm, exposed, bound) == (None if expected is None else pytest.approx(expected))
+
+
+def test_schedule_bound_by_hand():
+    # backward 100 ms; buckets ready at 40 and 100 ms taking 30 and 20 ms: the first ends at 70, the second at 120
+    assert schedule_bound([0.04, 0.10], [0.03, 0.02], 0.10) == pytest.approx(0.02)
+    # the first bucket runs late (ends at 115), the second starts after it: 135 ms, 35 ms past backward
+    assert schedule_bound([0.04, 0.10], [0.075, 0.02], 0.10) == pytest.approx(0.035)
+
+
+@pytest.mark.slow
+def test_profile_measures_overlap_and_leaves_no_group_behind(tmp_path):
+    from trainscale.plan.cli import overlap_text
+    from trainscale.plan.profile import ProfileConfig, load_profile, profile_command
+
+    before = threading.active_count()
+    out = tmp_path / "p.json"
+    profile_command(ProfileConfig(model="mlp", batch_size=4, repeats=2, warmup=2, threads=1, out=str(out)))
+    p = load_profile(out)
+    assert p.overlap is None or 0.0 <= p.overlap <= 1.0
+    assert p.step_overhead is not None and p.step_overhead >= 0.0
+    assert set(p.overlap_seconds) == {"backward", "exposed", "comm", "schedule_bound"}
+    assert p.overlap_seconds["comm"] > 0  # real all-reduces ran
+    assert "all-reduces take" in overlap_text(p)
+    assert threading.active_count() == before  # the peer thread ended and the groups were shut down
+
+
+def test_profile_without_overlap_measures_none(tmp_path):
+    from trainscale.plan.profile import ProfileConfig, profile_command
+
+    out = tmp_path / "p.json"
+    p = profile_command(
+        ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1, overlap=False, out=str(out))
+    )
+    assert (p.overlap, p.step_overhead, p.overlap_seconds) == (None, None, {})
+
+
+class TestPlanUsesTheMeasurement:
+    def _plan(self, tmp_path, capsys, profile, **extra):
+        from trainscale.plan.cli import run_plan
+        from trainscale.plan.plan import PlanConfig
+
+        path = tmp_path / "p.json"
+        path.write_text(profile.to_json())
+        base = dict(profile=str(path), hosts=2, bandwidth="1gbit", json=True)
+        assert run_plan(PlanConfig(**{**base, **extra})) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def test_measured_overlap_and_cost_are_used_and_named(self, tmp_path, capsys):
+        from trainscale.plan.plan import PlanConfig, setting_from
+
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
+        setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="1gbit"), measured)
+        assert (setting.overlap, setting.step_overhead) == (0.25, 0.004)
+        assert "measured by trainscale profile: overlap 0.25, DDP's cost per step 4.0 ms" in origin
+        # less overlap and a per-step cost make the plan slower than the same profile without them
+        slower = self._plan(tmp_path, capsys, measured)
+        plain = self._plan(tmp_path, capsys, make_profile())
+        assert slower["step_seconds"] > plain["step_seconds"]
+
+    def test_a_flag_wins_over_the_measurement(self, tmp_path, capsys):
+        from trainscale.plan.plan import PlanConfig, setting_from
+
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
+        setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="1gbit", overlap=1.0), measured)
+        assert setting.overlap == 1.0 and "overlap 0.25" not in origin and "4.0 ms" in origin
+
+    def test_another_devices_plan_ignores_this_machines_measurement(self):
+        from trainscale.plan.plan import GPU_OVERLAP, PlanConfig, setting_from
+
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
+        cfg = PlanConfig(hosts=2, bandwidth="1gbit", device_step_ms=50.0)
+        setting, _, origin = setting_from(cfg, measured)
+        assert (setting.overlap, setting.step_overhead) == (GPU_OVERLAP, 0.0)
+        assert "measured by" not in origin
+
+
+def test_the_check_of_a_run_uses_the_profiles_measurement():
+    """A run on an emulated cluster is checked against the plan with what its profile measured."""
+    from trainscale.plan.check import check_run, key_of_profile
+    from trainscale.record import K
+
+    summary = {
+        K.cluster: {"hosts": 2, "rate_bps": 1e9, "rtt_seconds": 2e-4},
+        K.mode: "sync",
+        K.batch_per_worker: 64,
+        K.model: "m",
+        K.precision: "fp32",
+        K.step_seconds: 0.5,
+    }
+    base = dataclasses.replace(make_profile(), model="m", batch_size=64, precision="fp32", threads=1, cpus=None)
+    summary[K.cluster] |= {"threads_per_process": base.threads, "cpus_per_host": base.cpus}
+    measured = dataclasses.replace(base, overlap=0.0, step_overhead=0.003)
+    plain = check_run("r", {"workers": 1}, summary, {key_of_profile(base): base})
+    used = check_run("r", {"workers": 1}, summary, {key_of_profile(measured): measured})
+    assert plain is not None and used is not None
+    assert (used.setting.overlap, used.setting.step_overhead) == (0.0, 0.003)
+    assert used.predicted.step_seconds > plain.predicted.step_seconds
