@@ -277,6 +277,7 @@ class PeriodicMode(SyncMode):
             "local_after_epochs": self.local_after_epochs,
             "outer_lr": self.outer_lr,
             "outer_momentum": self.outer_momentum,
+            "outer_warmup_rounds": self.outer_warmup if self.name == "diloco" else None,
             "bytes_sent_scope": "payload each worker hands to the collectives per training step: one "
             "pseudo-gradient every sync_every steps, averaged over the steps",
         }
