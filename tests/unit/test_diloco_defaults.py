@@ -82,3 +82,25 @@ def test_with_momentum_the_outer_step_follows_the_inner_lr_schedule():
         outer.step()
         assert torch.allclose(model.weight, reference.detach()), f"round {r}"
     assert mode.round_state()["lr_sum"] == 0.0
+
+
+def test_with_outer_momentum_the_inner_sgd_momentum_restarts_each_round():
+    """The outer momentum carries the direction across rounds; the inner one restarts, so the two do not compound.
+    Without outer momentum (local SGD, DiLoCo at momentum 0) nothing changes; Adam's moments are never touched."""
+
+    def after_a_round(mode: PeriodicMode, make) -> dict:
+        model = nn.Linear(2, 1)
+        mode.prepare(model)
+        inner = mode.step_with(make(model.parameters()), lambda: None)
+        model(torch.ones(3, 2)).sum().backward()
+        inner.step()
+        mode.apply_round([torch.zeros_like(p) for p in model.parameters()])
+        return {k: v.abs().sum().item() for state in inner.state.values() for k, v in state.items() if v.dim()}
+
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    adam = lambda ps: torch.optim.Adam(ps, lr=0.1)  # noqa: E731
+    assert after_a_round(diloco(), sgd) == {"momentum_buffer": 0.0}
+    assert after_a_round(diloco(outer_momentum=0.0), sgd)["momentum_buffer"] > 0
+    assert after_a_round(PeriodicMode("localsgd", build_config(BASE, {"mode": "localsgd"})), sgd)["momentum_buffer"] > 0
+    moments = after_a_round(diloco(), adam)
+    assert moments["exp_avg"] > 0 and moments["exp_avg_sq"] > 0

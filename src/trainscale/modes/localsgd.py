@@ -6,7 +6,8 @@ the last round (anchor - local), over workers, through the run's compressor (``-
 by default; bf16, Top-k with error feedback... work as for gradients), and an outer SGD step on the
 anchor applies it; every worker then continues from the new anchor. DiLoCo's outer step is Nesterov
 SGD (``--outer-lr``, ``--outer-momentum``; Douillard et al. 2023 use 0.7 and 0.9), reached after a warm-up
-from local SGD's step (``outer_step``), and with momentum it follows the inner lr's schedule (``apply_round``);
+from local SGD's step (``outer_step``); with outer momentum the step follows the inner lr's schedule
+(``apply_round``) and the inner SGD momentum restarts each round (``restart_inner_momentum``);
 local SGD is the same with outer lr 1 and no momentum, i.e. the workers' parameters averaged. With H = 1 local SGD is
 synchronous SGD (the optimizer's update is linear in the gradient). ``--local-after-epochs E`` is
 post-local SGD (Lin et al. 2020): H = 1 for the first E epochs.
@@ -209,8 +210,23 @@ class PeriodicMode(SyncMode):
         self.rounds += 1
         for a, p in zip(self.anchor, self.params):
             p.copy_(a)
+        if self.outer_momentum > 0:
+            self.restart_inner_momentum()
         self.since_round = 0
         self.lr_sum = 0.0
+
+    def restart_inner_momentum(self) -> None:
+        """DiLoCo with outer momentum: the inner optimizer's momentum buffers start each round from zero (in place:
+        a captured step keeps its buffers). The outer momentum carries the direction across rounds; an inner one
+        carried too compounds with it, stepping each round further along what the outer step has already taken
+        (a short run lost 3 to 5 points to that; docs/local-sgd-diloco.md). Other state (Adam's moments, with
+        their step count) is kept: only SGD-style ``momentum_buffer`` entries restart."""
+        if self.inner is None:
+            return
+        for state in self.inner.state.values():
+            buffer = state.get("momentum_buffer")
+            if isinstance(buffer, torch.Tensor):
+                buffer.zero_()
 
     def outer_step(self, rounds: int) -> tuple[float, float]:
         """The outer (lr, momentum) of the round after ``rounds`` rounds: local SGD's (1, 0) moving linearly to
