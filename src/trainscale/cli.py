@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import errno
 import logging
+import os
 import sys
 import types
 import typing
@@ -258,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trainscale: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`trainscale ... | head`): what was asked is done, say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except OSError as exc:
         if exc.errno not in PATH_ERRNOS:
             raise

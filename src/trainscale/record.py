@@ -102,11 +102,20 @@ class K:
     compress_params = Key("compress_params", dict, "", "the compressor's parameters")
     error_feedback = Key("error_feedback", bool, "", "whether compression error is fed back into the next step")
     compress_warmup_epochs = Key("compress_warmup_epochs", int, "epochs", "dense epochs before compression starts")
+    dense_below = Key(
+        "dense_below",
+        int,
+        "elements",
+        "layerwise Top-k, Random-k, Threshold: tensors under this many elements, and 1-D ones, sent dense (0: none)",
+    )
     bytes_sent_scope = Key("bytes_sent_scope", str, "", "what bytes_sent_per_step counts")
     sync_every = Key("sync_every", int, "steps", "local SGD / DiLoCo: steps between averaging rounds")
     local_after_epochs = Key("local_after_epochs", int, "epochs", "local SGD: synchronous epochs before going local")
     outer_lr = Key("outer_lr", float, "", "DiLoCo: the outer optimizer's learning rate")
     outer_momentum = Key("outer_momentum", float, "", "DiLoCo: the outer optimizer's Nesterov momentum")
+    outer_warmup_rounds = Key(
+        "outer_warmup_rounds", int, "rounds", "DiLoCo: rounds over which the outer step grows from local SGD's"
+    )
     transport = Key("transport", str, "", "parameter server: how pushes and pulls travel")
     workers = Key("workers", int, "processes", "parameter server: training workers")
     servers = Key("servers", int, "processes", "parameter server: server shards")

@@ -180,3 +180,21 @@ def test_data_verify_hints_only_what_it_and_data_download_take(tmp_path):
     proc = run_cli("data", "verify", "--data-dir", tmp_path)
     assert_one_line_error(proc, f"and run `trainscale data download --dataset cifar10 --data-dir {tmp_path}`")
     assert "--no-verify" not in proc.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback():
+    """`trainscale models | head -1`: the pipe closes before the table is written."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainscale", "models"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Exception ignored" not in err, err

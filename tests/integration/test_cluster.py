@@ -24,7 +24,7 @@ from trainscale.cli import main
 from trainscale.cluster import bench as cluster_bench
 from trainscale.cluster import owner as owners
 from trainscale.cluster.bench import cluster_for, cluster_name
-from trainscale.cluster.command import BY_BENCH, bring_up, check_cluster
+from trainscale.cluster.command import BY_BENCH, bring_up, check_cluster, where_path
 from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 from trainscale.runtime import ft
@@ -52,6 +52,7 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
     yield new
     for name in made:
         net.destroy(name)
+        where_path(name).unlink(missing_ok=True)
         with contextlib.suppress(owners.ClusterBusy), owners.owned(name, wait_s=0):  # a killed owner's lock file
             pass
     leftovers = [ns for name in made for ns in net.trainscale_namespaces().get(name, [])]
@@ -59,6 +60,7 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
         str(p) for name in made for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")
     ]
     leftovers += [str(owners.lock_path(name)) for name in made if owners.lock_path(name).exists()]
+    leftovers += [str(where_path(name)) for name in made if where_path(name).exists()]
     assert not leftovers, leftovers
 
 
@@ -104,6 +106,32 @@ def test_status_reports_debris(cluster_names: Callable[[], str], capsys: pytest.
     (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").unlink()
     _, out, _ = cli(capsys, "status")
     assert f"tsc-{name}-sw" in out and "down --all" in out
+
+
+def test_another_state_folders_cluster_is_not_debris(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Namespaces are the machine's, state folders are not: a live cluster recorded in another folder is named with
+    that folder by `status` (it was shown as debris, to be removed with `down --all`), and neither `down NAME`, `up`
+    nor a bench that needs a cluster of its name deletes or collides with it."""
+    name = cluster_name(2, net.parse_rate(f"{int(uuid.uuid4().hex[:4], 16) % 9000 + 1000}kbit"))
+    mine = Path(os.environ["TRAINSCALE_CLUSTER_STATE"])
+    try:
+        assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+        monkeypatch.setenv("TRAINSCALE_CLUSTER_STATE", str(tmp_path / "other"))
+        code, out, _ = cli(capsys, "status")
+        assert code == 0 and "debris" not in out and f"cluster {name}: recorded in another state folder, {mine}" in out
+        for args in (["status", name], ["down", name], ["up", name, "--hosts", "2", "--bandwidth", "1gbit"]):
+            code, _, err = cli(capsys, *args)
+            assert code == 2 and f"TRAINSCALE_CLUSTER_STATE={mine} trainscale cluster" in err, (args, err)
+        with pytest.raises(ConfigError, match=f"recorded in another state folder, {mine}"), cluster_for(name):
+            pass
+        assert len(net.trainscale_namespaces()[name]) == 3 and (mine / f"{name}.json").is_file()
+        monkeypatch.setenv("TRAINSCALE_CLUSTER_STATE", str(mine))
+        assert cli(capsys, "down", name)[0] == 0 and not where_path(name).exists()
+    finally:
+        net.destroy(name)
+        where_path(name).unlink(missing_ok=True)
 
 
 def test_a_killed_runs_cpu_groups_are_debris_down_removes(

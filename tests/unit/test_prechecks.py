@@ -148,6 +148,7 @@ def dry_preflight(tmp_path: Path, **settings: object) -> None:
     [  # 2 workers of 32 images on 512: 8 steps an epoch, 16 in the run
         ({"mode": "diloco", "workers": 2, "sync_every": 9}, r"--sync-every 9 is longer than an epoch \(8 steps"),
         ({"mode": "localsgd", "workers": 2, "sync_every": 100000}, "give --sync-every 1..8"),
+        ({"mode": "ma", "servers": 1, "workers": 2, "average_every": 9}, r"--average-every 9 is longer than an epoch"),
         (
             {"mode": "sync", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:1@17"]},
             r"kill:1@17: the run has only 16 committed steps",
@@ -175,6 +176,7 @@ def test_a_period_or_fault_the_run_never_reaches_is_refused_by_the_dry_run(tmp_p
         {"mode": "diloco", "workers": 2},  # the default 8 (a shorter epoch would simply end with a round)
         {"mode": "sync", "workers": 2, "fault_tolerance": True, "inject_fault": ["kill:1@16"]},
         {"mode": "async", "servers": 1, "workers": 2, "inject_fault": ["kill:1@32"]},
+        {"mode": "ma", "servers": 1, "workers": 2, "average_every": 8},
     ],
 )
 def test_the_last_reachable_period_and_step_pass(tmp_path, settings):

@@ -216,3 +216,26 @@ def test_the_docs_list_every_steps_jsonl_key():
     section = KEYS_PAGE.read_text().split("### Live metrics: `steps.jsonl`")[1]
     missing = [name for name in record.step_keys() if f"| `{name}` |" not in section]
     assert not missing, f"docs/run-folder.md's steps.jsonl table lacks {missing}"
+
+
+def test_the_settings_a_run_resolves_by_default_are_recorded():
+    """``dense_below`` (layerwise sparsifiers) and DiLoCo's outer warm-up are settings with defaults a run resolves
+    itself: the summary must say what they were, as it does for the outer lr and momentum."""
+    from trainscale.modes.localsgd import PeriodicMode
+
+    topk = CompressionPlan("topk", "layerwise", {"ratio": 0.01}, True, 0).describe()
+    assert topk[K.dense_below] > 0 and problems(topk, SUMMARY) == []
+    entire = CompressionPlan("topk", "entiremodel", {"ratio": 0.01}, True, 0).describe()
+    assert entire[K.dense_below] is None  # every tensor compressed as one: nothing goes dense
+    flags = {"model": "mlp", "dataset": "synthetic", "workers": 2}
+    diloco = PeriodicMode("diloco", build_config(flags, {"mode": "diloco"})).describe()
+    assert diloco[K.outer_warmup_rounds] is not None and problems(diloco, SUMMARY) == []
+    assert build_config(flags, {"mode": "diloco", "outer_warmup_rounds": 3}).periodic.outer_warmup_rounds == 3
+    assert (
+        PeriodicMode("diloco", build_config(flags, {"mode": "diloco", "outer_warmup_rounds": 3})).describe()[
+            K.outer_warmup_rounds
+        ]
+        == 3
+    )
+    localsgd = PeriodicMode("localsgd", build_config(flags, {"mode": "localsgd"})).describe()
+    assert localsgd[K.outer_warmup_rounds] is None and problems(localsgd, SUMMARY) == []

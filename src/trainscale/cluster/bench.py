@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainscale.cluster import owner as owners
-from trainscale.cluster.command import BY_BENCH, BY_UP, bring_down, bring_up, state_path
+from trainscale.cluster.command import BY_BENCH, BY_UP, bring_down, bring_up, recorded_elsewhere, state_path
 from trainscale.errors import ConfigError
 from trainscale.io import read_json
 from trainscale.runtime import cluster as net
@@ -91,6 +91,13 @@ def _clear_leftover(name: str) -> None:
     A cluster of this name made with `cluster up` is the user's: refused, never deleted."""
     if not (state_path(name).exists() or name in net.trainscale_namespaces()):
         return
+    folder = recorded_elsewhere(name)
+    if folder is not None and not state_path(name).exists():
+        raise ConfigError(
+            f"cluster {name}, which this grid's runs need, is recorded in another state folder, {folder}: remove it "
+            f"there (TRAINSCALE_CLUSTER_STATE={folder} trainscale cluster down {name}), or name the grid's cluster "
+            "otherwise"
+        )
     record = read_json(state_path(name)) if state_path(name).exists() else {}
     if (record.get("owner") or {}).get("by") == BY_UP:
         raise ConfigError(

@@ -4,6 +4,10 @@ Each cluster's configuration is kept as JSON in a state folder (``$TRAINSCALE_CL
 /run/trainscale/clusters: /run is a tmpfs, gone after a reboot just like the namespaces it describes), with the
 process that made it (``owner``: pid, command, and whether `cluster up` or a bench made it). Making, deleting and
 replacing a cluster happen under its lock (``cluster.owner``).
+
+Namespaces are global to the machine while state folders are not, so each recorded cluster also leaves a pointer to
+its state file in a fixed folder (``WHERE_DIR``, beside the locks): a command working with another state folder
+then tells another folder's live cluster from debris, and never deletes it as debris.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from trainscale.runtime import cluster as net
 log = logging.getLogger("trainscale.cluster")
 
 DEFAULT_STATE = "/run/trainscale/clusters"
+WHERE_DIR = Path("/run/trainscale/where")  # cluster name -> the state file that records it, whatever the folder
 PROBE_BYTES = 4_000_000
 PROBE_PINGS = 50
 UP_PINGS = 20  # `up` measures the base round trip once (h0 -> h1) for runs to record
@@ -40,10 +45,37 @@ def state_path(name: str) -> Path:
     return state_dir() / f"{name}.json"
 
 
+def where_path(name: str) -> Path:
+    return WHERE_DIR / name
+
+
+def recorded_elsewhere(name: str) -> Path | None:
+    """The other state folder whose file records cluster ``name`` (made by a command with another
+    ``$TRAINSCALE_CLUSTER_STATE``), or None: none does, or the record is this folder's."""
+    pointer = where_path(name)
+    if not pointer.is_file():
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        target = Path(pointer.read_text().strip())
+        if target.is_absolute() and target != state_path(name).resolve() and target.is_file():
+            return target.parent
+    return None
+
+
+def _elsewhere_hint(name: str, folder: Path) -> str:
+    return (
+        f"cluster {name} is recorded in another state folder, {folder}: use it with "
+        f"TRAINSCALE_CLUSTER_STATE={folder} trainscale cluster ..."
+    )
+
+
 def load(name: str) -> dict:
     """The recorded configuration of cluster ``name``; an unknown name is a one-line error."""
     path = state_path(net.validate_name(name))
     if not path.exists():
+        folder = recorded_elsewhere(name)
+        if folder is not None:
+            raise ConfigError(_elsewhere_hint(name, folder))
         raise ConfigError(f"no cluster named '{name}' (trainscale cluster status lists them)")
     return read_json(path)
 
@@ -73,6 +105,14 @@ def save(record: dict) -> None:
     path = state_path(record["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dumps(record))
+    WHERE_DIR.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(where_path(record["name"]), f"{path.resolve()}\n")
+
+
+def _forget(name: str) -> None:
+    """Remove cluster ``name``'s record and its pointer."""
+    state_path(name).unlink(missing_ok=True)
+    where_path(name).unlink(missing_ok=True)
 
 
 def record_of(cluster: net.Cluster, by: str = BY_UP) -> dict:
@@ -140,6 +180,9 @@ def bring_up(name: str, rates: list[int], dilation: dict | None = None, by: str 
     if state_path(name).exists():
         raise ConfigError(f"cluster '{name}' exists already (trainscale cluster down {name} removes it)")
     if name in net.trainscale_namespaces():
+        folder = recorded_elsewhere(name)
+        if folder is not None:
+            raise ConfigError(_elsewhere_hint(name, folder))
         raise ConfigError(
             f"cluster '{name}' has namespaces but no record (an interrupted `cluster up`?): "
             f"trainscale cluster down {name} removes them"
@@ -163,7 +206,7 @@ def forget_stale(name: str) -> bool:
     path = state_path(name)
     if not path.exists() or name in net.trainscale_namespaces():
         return False
-    path.unlink(missing_ok=True)
+    _forget(name)
     log.warning("cluster %s: its record was stale (no namespace of it is left, a reboot?); removed it", name)
     return True
 
@@ -173,7 +216,7 @@ def bring_down(name: str) -> list[str]:
     the cluster (``owner.owned``)."""
     owners.require(name)
     removed = net.destroy(name)
-    state_path(name).unlink(missing_ok=True)
+    _forget(name)
     return removed
 
 
@@ -230,7 +273,7 @@ def _debris(name: str) -> bool:
     """Namespaces or CPU groups of cluster ``name`` with no state file: what a `cluster up` killed (SIGKILL) before
     it recorded the cluster leaves; `down NAME` removes them as `down --all` does."""
     on_host = name in net.trainscale_namespaces() or name in net.leftover_cpu_groups()
-    return on_host and not state_path(name).exists()
+    return on_host and not state_path(name).exists() and recorded_elsewhere(name) is None
 
 
 def _state_files() -> list[Path]:
@@ -257,6 +300,9 @@ def status(args: argparse.Namespace) -> int:
     for name, holder in [(n, owners.holder(n)) for n in debris]:
         if holder is not None:  # namespaces of a cluster a live owner is making: not debris
             print(f"cluster {name}: being made by {holder}")
+            debris.remove(name)
+        elif (folder := recorded_elsewhere(name)) is not None:  # another state folder's cluster: not debris
+            print(f"cluster {name}: recorded in another state folder, {folder}")
             debris.remove(name)
     if debris:
         left = [ns for n in debris for ns in live.get(n) or [f"CPU groups of {n}"]]

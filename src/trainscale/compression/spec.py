@@ -113,6 +113,7 @@ class CompressionSpec:
             "compress_params": self.params,
             "error_feedback": self.error_feedback,
             "compress_warmup_epochs": self.warmup_epochs,
+            "dense_below": self.dense_below if self.splits_small else None,
         }
 
     def hook_state(self, model: nn.Module | None = None, group: Any = None) -> CompressionHookState:

@@ -5,8 +5,10 @@ every ``--sync-every`` H steps. A round averages the pseudo-gradient, the change
 the last round (anchor - local), over workers, through the run's compressor (``--compress``: dense fp32
 by default; bf16, Top-k with error feedback... work as for gradients), and an outer SGD step on the
 anchor applies it; every worker then continues from the new anchor. DiLoCo's outer step is Nesterov
-SGD (``--outer-lr``, ``--outer-momentum``; Douillard et al. 2023 use 0.7 and 0.9); local SGD is the same
-with outer lr 1 and no momentum, i.e. the workers' parameters averaged. With H = 1 local SGD is
+SGD (``--outer-lr``, ``--outer-momentum``; Douillard et al. 2023 use 0.7 and 0.9), reached after a warm-up
+from local SGD's step (``outer_step``); with outer momentum the step follows the inner lr's schedule
+(``apply_round``) and the inner SGD momentum restarts each round (``restart_inner_momentum``);
+local SGD is the same with outer lr 1 and no momentum, i.e. the workers' parameters averaged. With H = 1 local SGD is
 synchronous SGD (the optimizer's update is linear in the gradient). ``--local-after-epochs E`` is
 post-local SGD (Lin et al. 2020): H = 1 for the first E epochs.
 
@@ -106,6 +108,7 @@ class PeriodicMode(SyncMode):
         self.rounds = 0
         self.epoch = 0
         self.since_round = 0
+        self.lr_sum: float | torch.Tensor = 0.0  # the inner lr's schedule factor, summed over the round's steps
         self.params: list[nn.Parameter] = []
         self.inner: torch.optim.Optimizer | None = None
         self.anchor: list[torch.Tensor] = []
@@ -161,6 +164,7 @@ class PeriodicMode(SyncMode):
         """Count a local step; whether a round is due."""
         self.steps["epoch"] += 1
         self.since_round += 1
+        self.lr_sum = self.lr_sum + self.lr_factor()
         return self.since_round >= self.period()
 
     @torch.no_grad()
@@ -176,20 +180,53 @@ class PeriodicMode(SyncMode):
         assert self.exchange is not None
         return self.exchange.reduce_params([(p, a - p.float()) for a, p in zip(self.anchor, self.params)])
 
+    def lr_factor(self) -> float | torch.Tensor:
+        """Where the inner lr's schedule stands (the lr over its peak; 1 without a schedule). A tensor lr (a
+        compiled step's) stays on its device: it is read once a round, not once a step."""
+        if self.inner is None:
+            return 1.0
+        group = self.inner.param_groups[0]
+        peak = group.get("peak_lr", 0.0) * group.get("lr_scale", 1.0)
+        return group["lr"] / peak if peak else 1.0
+
     @torch.no_grad()
     def apply_round(self, averaged: list[torch.Tensor]) -> None:
-        """Step the anchor by the ``averaged`` pseudo-gradients and continue from it."""
+        """Step the anchor by the ``averaged`` pseudo-gradients and continue from it.
+
+        With outer momentum the step follows the inner lr's schedule: the pseudo-gradient enters the momentum
+        divided by the round's mean lr factor s and the step is taken at s times the outer lr, as SGD's momentum
+        holds gradients and its lr scales the step. Otherwise, once the schedule cuts the lr tenfold, the momentum
+        would go on stepping with pseudo-gradients ten times those the workers now make (without momentum both
+        are the same step)."""
         assert self.exchange is not None and self.outer is not None
         self.exchange.end_step()
+        lr, momentum = self.outer_step(self.rounds)
+        scale = float(self.lr_sum) / self.since_round if momentum > 0 and self.since_round else 1.0
         for a, g in zip(self.anchor, averaged):
-            a.grad = g.to(a.dtype)
+            a.grad = g.to(a.dtype) / scale if scale > 0 else torch.zeros_like(a)
         for group in self.outer.param_groups:
-            group["lr"], group["momentum"] = self.outer_step(self.rounds)
+            group["lr"], group["momentum"] = lr * scale, momentum
         self.outer.step()
         self.rounds += 1
         for a, p in zip(self.anchor, self.params):
             p.copy_(a)
+        if self.outer_momentum > 0:
+            self.restart_inner_momentum()
         self.since_round = 0
+        self.lr_sum = 0.0
+
+    def restart_inner_momentum(self) -> None:
+        """DiLoCo with outer momentum: the inner optimizer's momentum buffers start each round from zero (in place:
+        a captured step keeps its buffers). The outer momentum carries the direction across rounds; an inner one
+        carried too compounds with it, stepping each round further along what the outer step has already taken
+        (a short run lost 3 to 5 points to that; docs/local-sgd-diloco.md). Other state (Adam's moments, with
+        their step count) is kept: only SGD-style ``momentum_buffer`` entries restart."""
+        if self.inner is None:
+            return
+        for state in self.inner.state.values():
+            buffer = state.get("momentum_buffer")
+            if isinstance(buffer, torch.Tensor):
+                buffer.zero_()
 
     def outer_step(self, rounds: int) -> tuple[float, float]:
         """The outer (lr, momentum) of the round after ``rounds`` rounds: local SGD's (1, 0) moving linearly to
@@ -255,7 +292,12 @@ class PeriodicMode(SyncMode):
     def round_state(self) -> dict[str, Any]:
         """``state_dict`` and where the round is: the anchor and the round's step count (what a worker that takes
         over mid-round, such as a healing replica, needs)."""
-        return {**self.state_dict(), "anchor": [a.clone() for a in self.anchor], "since_round": self.since_round}
+        return {
+            **self.state_dict(),
+            "anchor": [a.clone() for a in self.anchor],
+            "since_round": self.since_round,
+            "lr_sum": float(self.lr_sum),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the trainer restored the model: the anchor is the model (every epoch ends with a round), or, from
@@ -266,6 +308,7 @@ class PeriodicMode(SyncMode):
                 a.copy_(peer)
                 p.copy_(a)
         self.since_round = int(state.get("since_round", 0))
+        self.lr_sum = float(state.get("lr_sum", self.since_round))
         self.rounds = int(state.get("rounds", 0))
         if state.get("outer"):
             self.outer.load_state_dict(state["outer"])
@@ -277,6 +320,7 @@ class PeriodicMode(SyncMode):
             "local_after_epochs": self.local_after_epochs,
             "outer_lr": self.outer_lr,
             "outer_momentum": self.outer_momentum,
+            "outer_warmup_rounds": self.outer_warmup if self.name == "diloco" else None,
             "bytes_sent_scope": "payload each worker hands to the collectives per training step: one "
             "pseudo-gradient every sync_every steps, averaged over the steps",
         }

@@ -68,7 +68,14 @@ class PSConfig(Section):
     def check_steps(cls, cfg: Any, steps_per_epoch: int) -> None:
         """Each injected fault within reach: a worker's steps (or a shard's pushes) can at most be every worker's
         batches of every epoch (a worker takes over dead workers' batches, and the main one trains alone in the
-        warm-start epochs)."""
+        warm-start epochs); ``--average-every`` within an epoch (each epoch ends with an average, so a longer period is
+        never taken)."""
+        every = cfg.ps.average_every
+        _require(
+            every is None or every <= steps_per_epoch,
+            f"--average-every {every} is longer than an epoch ({steps_per_epoch} steps per worker) and every epoch "
+            f"ends with an average; give --average-every 1..{steps_per_epoch}, or more data per worker",
+        )
         workers = job_processes(cfg.launch) or 1
         check_fault_steps(cfg.faults, cfg.optim.epochs * steps_per_epoch * workers, "steps (pushes) in all")
 

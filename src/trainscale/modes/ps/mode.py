@@ -415,7 +415,9 @@ class ParameterServerMode(Mode):
     def compression_keys(self) -> dict[str, Any]:
         """The compression keys sync mode reports (``compress_method``, ...), for the pushes."""
         codec = self.client.codec if self.client is not None else None
-        return codec.spec.describe() if codec is not None else {"compress_method": "none"}
+        if codec is None:
+            return {"compress_method": "none"}
+        return {**codec.spec.describe(), "dense_below": None}  # pushes compress whole shard slices
 
 
 def servers_momentum_for(rule: Rule, codec: PushCodec | None) -> Rule:
