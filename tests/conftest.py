@@ -1,10 +1,13 @@
-"""Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to. Tests marked ``gpu``
-are skipped, with the reason, where torch sees no CUDA device."""
+"""Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to; ``main_cli``: the CLI in
+this process. Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -28,6 +31,33 @@ def cifar10_dir() -> Path:
     if not path.exists():
         pytest.fail(f"TRAINSCALE_DATA={value} does not exist")
     return path
+
+
+@pytest.fixture
+def main_cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CompletedProcess]:
+    """``tests.integration.cli.run_cli`` in this process: the entry point's ``main`` itself, without the seconds of
+    interpreter start-up and imports a subprocess costs. For input refused before any worker starts; argparse's
+    exit is the status, log lines go to this call's stderr."""
+
+    def run(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None) -> CompletedProcess:
+        from trainscale.cli import main
+
+        argv = [str(a) for a in args]
+        with monkeypatch.context() as patch:
+            if cwd is not None:
+                patch.chdir(cwd)
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            patch.setattr(logging.getLogger("trainscale"), "handlers", [])
+            capsys.readouterr()
+            try:
+                status = main(argv)
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+            out, err = capsys.readouterr()
+        return CompletedProcess(["trainscale", *argv], status, out, err)
+
+    return run
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

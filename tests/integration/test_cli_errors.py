@@ -1,4 +1,6 @@
-"""Bad input exits with status 2 and one line naming the problem, before any training."""
+"""Bad input exits with status 2 and one line naming the problem, before any training. In this process
+(``main_cli``: the entry point's ``main``, without seconds of interpreter start-up per case); the unknown-flag
+case runs the real entry point in a subprocess."""
 
 from pathlib import Path
 
@@ -34,20 +36,20 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
         ),
     ],
 )
-def test_bad_train_flags(tmp_path, args, fragment):
-    proc = run_cli("train", *SYN, "--model", "mlp", "--out", tmp_path / "run", *args)
+def test_bad_train_flags(main_cli, tmp_path, args, fragment):
+    proc = main_cli("train", *SYN, "--model", "mlp", "--out", tmp_path / "run", *args)
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
-def test_unknown_config_key(tmp_path):
+def test_unknown_config_key(main_cli, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('model = "mlp"\nlearning_rate = 0.1\n')
-    assert_one_line_error(run_cli("train", "--config", cfg), "c.toml:2: unknown key 'learning_rate'")
+    assert_one_line_error(main_cli("train", "--config", cfg), "c.toml:2: unknown key 'learning_rate'")
 
 
-def test_resume_without_checkpoint(tmp_path):
-    proc = run_cli("train", *SYN, "--model", "mlp", "--out", tmp_path, "--resume")
+def test_resume_without_checkpoint(main_cli, tmp_path):
+    proc = main_cli("train", *SYN, "--model", "mlp", "--out", tmp_path, "--resume")
     assert_one_line_error(proc, "no checkpoint")
 
 
@@ -56,10 +58,10 @@ def test_unknown_flag_is_one_line():
     assert_one_line_error(run_cli("train", "--modle", "mlp"), line)
 
 
-def test_models_lists_every_registered_model_with_counts():
+def test_models_lists_every_registered_model_with_counts(main_cli):
     from trainscale.models import list_models
 
-    proc = run_cli("models")
+    proc = main_cli("models")
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:-1]}  # the last: a hint
     assert sorted(rows) == sorted(list_models())
@@ -82,50 +84,50 @@ SYSFS = Path("/sys/kernel").is_dir()  # Linux sysfs: nobody, root included, can 
     ],
     ids=["under-a-file", "under-a-file-sync", "a-file-sync", "unwritable-even-as-root-sync"],
 )
-def test_an_out_that_cannot_be_written_is_one_line_and_starts_no_worker(tmp_path, where, workers, fragment):
+def test_an_out_that_cannot_be_written_is_one_line_and_starts_no_worker(main_cli, tmp_path, where, workers, fragment):
     if where.startswith("/sys") and not SYSFS:
         pytest.skip("needs Linux sysfs")
     (tmp_path / "file.txt").write_text("keep")
-    proc = run_cli("train", *TINY, *workers, "--out", where, cwd=tmp_path)
+    proc = main_cli("train", *TINY, *workers, "--out", where, cwd=tmp_path)
     assert_one_line_error(proc, fragment)
     assert "starting" not in proc.stderr  # the launcher's pre-flight refused it: no worker ran
     assert [p.name for p in tmp_path.iterdir()] == ["file.txt"] and (tmp_path / "file.txt").read_text() == "keep"
 
 
-def test_bench_and_report_refuse_an_out_that_is_a_file(tmp_path):
+def test_bench_and_report_refuse_an_out_that_is_a_file(main_cli, tmp_path):
     from tests.unit.test_report_tables import make_run
 
     (tmp_path / "grid.toml").write_text('name = "g"\n[base]\nmodel = "mlp"\ndataset = "synthetic"\nepochs = 1\n')
     (tmp_path / "file.txt").write_text("keep")
     make_run(tmp_path / "runs" / "a")
     assert_one_line_error(
-        run_cli("bench", "grid.toml", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
+        main_cli("bench", "grid.toml", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
     )
     assert_one_line_error(
-        run_cli("bench", "grid.toml", "--out", "file.txt/results", "--dry-run", cwd=tmp_path),
+        main_cli("bench", "grid.toml", "--out", "file.txt/results", "--dry-run", cwd=tmp_path),
         "--out file.txt/results: cannot write there (file.txt is a file)",
     )
     assert_one_line_error(
-        run_cli("report", "runs", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
+        main_cli("report", "runs", "--out", "file.txt", cwd=tmp_path), "--out file.txt is a file, not a folder"
     )
     assert_one_line_error(
-        run_cli("report", "runs", "--out", "file.txt/report", cwd=tmp_path),
+        main_cli("report", "runs", "--out", "file.txt/report", cwd=tmp_path),
         "--out file.txt/report: cannot write there (file.txt is a file)",
     )
     assert (tmp_path / "file.txt").read_text() == "keep"
 
 
 @pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["local", "sync"])
-def test_an_image_size_the_model_cannot_take_is_one_line_before_anything_starts(tmp_path, workers):
-    proc = run_cli("train", *TINY, *workers, "--image-size", "16", "--out", tmp_path / "run")
+def test_an_image_size_the_model_cannot_take_is_one_line_before_anything_starts(main_cli, tmp_path, workers):
+    proc = main_cli("train", *TINY, *workers, "--image-size", "16", "--out", tmp_path / "run")
     assert_one_line_error(proc, "--image-size 16: model mlp cannot take 16x16 images")
     assert "starting" not in proc.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["local", "sync"])
-def test_a_mistyped_data_dir_is_refused_not_created_and_nothing_downloaded(tmp_path, workers):
+def test_a_mistyped_data_dir_is_refused_not_created_and_nothing_downloaded(main_cli, tmp_path, workers):
     typo = tmp_path / "dtaa" / "cifar"
-    proc = run_cli(
+    proc = main_cli(
         "train", *TINY, *workers, "--dataset", "cifar10", "--data-dir", typo, "--out", tmp_path / "run", env=NO_NETWORK
     )
     assert_one_line_error(proc, f"--data-dir {typo} does not exist; fix the path, or create the folder")
@@ -133,51 +135,51 @@ def test_a_mistyped_data_dir_is_refused_not_created_and_nothing_downloaded(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_failed_check_leaves_no_empty_run_folder_behind(tmp_path):
-    proc = run_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "run")
+def test_a_failed_check_leaves_no_empty_run_folder_behind(main_cli, tmp_path):
+    proc = main_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "run")
     assert_one_line_error(proc, "60000")
     assert not (tmp_path / "run").exists()
     (tmp_path / "mine").mkdir()  # a folder the user made stays, empty as it was
-    assert_one_line_error(run_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "mine"), "60000")
+    assert_one_line_error(main_cli("train", *TINY, "--train-subset", "60000", "--out", tmp_path / "mine"), "60000")
     assert (tmp_path / "mine").is_dir()
 
 
 @pytest.mark.parametrize("flag", ["--out", "--data-dir"])
-def test_a_path_the_file_system_refuses_outright_is_one_line(tmp_path, flag):
+def test_a_path_the_file_system_refuses_outright_is_one_line(main_cli, tmp_path, flag):
     too_long = tmp_path / ("a" * 300)
     args = {
         "--out": ("--out", too_long),
         "--data-dir": ("--dataset", "cifar10", "--data-dir", too_long, "--out", tmp_path / "run"),
     }[flag]
-    proc = run_cli("train", *TINY, *args, env=NO_NETWORK)
+    proc = main_cli("train", *TINY, *args, env=NO_NETWORK)
     assert_one_line_error(proc, "File name too long")
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "inf"])
-def test_bench_timeout_must_be_finite_and_positive(tmp_path, value):
+def test_bench_timeout_must_be_finite_and_positive(main_cli, tmp_path, value):
     grid = tmp_path / "g.toml"
     grid.write_text('name = "g"\n[base]\nmodel = "mlp"\n')
     assert_one_line_error(
-        run_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
+        main_cli("bench", grid, "--out", tmp_path / "out", "--timeout", value, "--dry-run"),
         "argument --timeout: must be",
     )
 
 
 @pytest.mark.parametrize("command", [("up", "--hosts", "2", "--bandwidth", "1gbit"), ("down",)])
 @pytest.mark.parametrize("name", ["demo\n", "a/b", "x" * 17])
-def test_a_cluster_name_outside_the_safe_alphabet_is_one_line(tmp_path, command, name):
+def test_a_cluster_name_outside_the_safe_alphabet_is_one_line(main_cli, tmp_path, command, name):
     """Refused before anything is made (the name is checked first, root or not)."""
-    proc = run_cli("cluster", command[0], name, *command[1:], env={"TRAINSCALE_CLUSTER_STATE": str(tmp_path)})
+    proc = main_cli("cluster", command[0], name, *command[1:], env={"TRAINSCALE_CLUSTER_STATE": str(tmp_path)})
     assert_one_line_error(proc, "cluster name must be")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_data_verify_hints_only_what_it_and_data_download_take(tmp_path):
+def test_data_verify_hints_only_what_it_and_data_download_take(main_cli, tmp_path):
     folder = tmp_path / "cifar-10-batches-bin"
     folder.mkdir()
     (folder / "data_batch_1.bin").write_bytes(b"not cifar")
-    proc = run_cli("data", "verify", "--data-dir", tmp_path)
+    proc = main_cli("data", "verify", "--data-dir", tmp_path)
     assert_one_line_error(proc, f"and run `trainscale data download --dataset cifar10 --data-dir {tmp_path}`")
     assert "--no-verify" not in proc.stderr
 

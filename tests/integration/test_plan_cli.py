@@ -1,5 +1,7 @@
 """`trainscale profile` and `trainscale plan` as a user runs them: a real (tiny) profile, a plan in text and
-JSON, a sweep with its plot and crossover table, and one-line errors for bad input."""
+JSON, a sweep with its plot and crossover table, and one-line errors for bad input. The profile is measured in a
+subprocess, as a user runs it; the plans and the refusals run in this process (``main_cli``), without seconds of
+interpreter start-up each, except where a regression would block on a FIFO (a subprocess with a timeout)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,9 @@ def profile(tmp_path_factory) -> Path:
     return out
 
 
-def test_plan_json_has_the_promised_keys(profile):
-    proc = run_cli("plan", "--profile", profile, "--hosts", "4", "--bandwidth", "1gbit", "--compress", "bf16", "--json")
+def test_plan_json_has_the_promised_keys(main_cli, profile):
+    args = ("--hosts", "4", "--bandwidth", "1gbit", "--compress", "bf16", "--json")
+    proc = main_cli("plan", "--profile", profile, *args)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     for key in ("step_seconds", "compute_seconds", "comm_seconds", "images_per_sec", "scaling_efficiency"):
@@ -47,9 +50,9 @@ def test_plan_json_has_the_promised_keys(profile):
     assert plan["step_seconds"] == pytest.approx(plan["compute_seconds"] + plan["comm_seconds"])
 
 
-def test_sweep_prints_a_table_a_crossover_and_draws(profile, tmp_path):
+def test_sweep_prints_a_table_a_crossover_and_draws(main_cli, profile, tmp_path):
     plot = tmp_path / "sweep.png"
-    proc = run_cli(
+    proc = main_cli(
         "plan",
         "--profile",
         profile,
@@ -68,8 +71,8 @@ def test_sweep_prints_a_table_a_crossover_and_draws(profile, tmp_path):
     assert proc.stdout.count("10mbit") == 3 and plot.is_file()
 
 
-def test_cluster_file_plan(profile):
-    proc = run_cli("plan", "--profile", profile, "--cluster", "pslite-gtx980", "--device-step-ms", "20")
+def test_cluster_file_plan(main_cli, profile):
+    proc = main_cli("plan", "--profile", profile, "--cluster", "pslite-gtx980", "--device-step-ms", "20")
     assert proc.returncode == 0, proc.stderr
     assert "5 host(s) x 2 worker(s)" in proc.stdout and "--device-step-ms 20" in proc.stdout
 
@@ -117,13 +120,13 @@ def test_cluster_file_plan(profile):
         ),
     ],
 )
-def test_bad_plan_input_is_one_line(profile, args, fragment):
-    assert_one_line_error(run_cli("plan", "--profile", profile, *args), fragment)
+def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):
+    assert_one_line_error(main_cli("plan", "--profile", profile, *args), fragment)
 
 
-def test_missing_profile_is_one_line(tmp_path):
+def test_missing_profile_is_one_line(main_cli, tmp_path):
     assert_one_line_error(
-        run_cli("plan", "--profile", tmp_path / "none.json", "--hosts", "1"),
+        main_cli("plan", "--profile", tmp_path / "none.json", "--hosts", "1"),
         "no such file; make one with trainscale profile",
     )
 
@@ -139,8 +142,8 @@ def test_missing_profile_is_one_line(tmp_path):
         (("--cpus", "nan"), "--cpus must be a finite number"),
     ],
 )
-def test_bad_profile_input_is_one_line(tmp_path, args, fragment):
-    proc = run_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)
+def test_bad_profile_input_is_one_line(main_cli, tmp_path, args, fragment):
+    proc = main_cli("profile", "--model", "mlp", "--out", tmp_path / "p.json", *args)
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "p.json").exists()
 

@@ -218,5 +218,5 @@ def test_async_defaults_to_reduced_momentum_and_staleness_aware_lr(tmp_path):
         (("--mode", "ps-sync", "--servers", "1", "--staleness", "2"), "--staleness bounds ASGD"),
     ],
 )
-def test_bad_parameter_server_flags_are_one_line(tmp_path, flags, fragment):
-    assert_one_line_error(run_cli("train", *SYN, "--epochs", "1", *flags, "--out", tmp_path), fragment)
+def test_bad_parameter_server_flags_are_one_line(main_cli, tmp_path, flags, fragment):
+    assert_one_line_error(main_cli("train", *SYN, "--epochs", "1", *flags, "--out", tmp_path), fragment)

@@ -79,8 +79,8 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     assert "test acc" in proc.stdout and "MiB handed to" in proc.stdout and "per worker per step" in proc.stdout
 
 
-def test_more_workers_than_samples(tmp_path):
-    proc = run_cli("train", *SYN, "--train-subset", "2", "--batch-size", "4", "--workers", "4", "--out", tmp_path)
+def test_more_workers_than_samples(main_cli, tmp_path):
+    proc = main_cli("train", *SYN, "--train-subset", "2", "--batch-size", "4", "--workers", "4", "--out", tmp_path)
     assert_one_line_error(proc, "world size 4 is larger than the 2 samples")
 
 
@@ -136,16 +136,16 @@ def test_bad_sync_flags(tmp_path, capsys, args, fragment):
     assert not (tmp_path / "run").exists()
 
 
-def test_existing_run_folder_is_refused_before_workers_start(tmp_path):
+def test_existing_run_folder_is_refused_before_workers_start(main_cli, tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"")
-    proc = run_cli("train", *SYN, "--workers", "2", "--out", tmp_path)
+    proc = main_cli("train", *SYN, "--workers", "2", "--out", tmp_path)
     assert_one_line_error(proc, "already holds a run")
 
 
-def test_hosts_file_prints_the_per_node_commands(tmp_path):
+def test_hosts_file_prints_the_per_node_commands(main_cli, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("gpu-a slots=4\ngpu-b slots=4\n")
-    proc = run_cli("train", *SYN, "--hosts", hosts)
+    proc = main_cli("train", *SYN, "--hosts", hosts)
     assert proc.returncode == 0, proc.stderr
     commands = [line for line in proc.stdout.splitlines() if line.startswith("trainscale train")]
     assert len(commands) == 2

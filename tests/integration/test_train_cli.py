@@ -64,7 +64,7 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
     assert "test acc" in proc.stdout and "best test acc" in proc.stdout
 
 
-def test_synthetic_run_writes_the_contract(tmp_path):
+def test_synthetic_run_writes_the_contract(main_cli, tmp_path):
     """Shapes and files only (synthetic labels carry no signal, so no accuracy claim)."""
     out = tmp_path / "syn"
     proc = run_cli(
@@ -91,5 +91,5 @@ def test_synthetic_run_writes_the_contract(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs_completed"] == 2 and summary["time_to_target_seconds"] is None
     assert summary["environment"]["torch"].startswith("2.")
-    again = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--out", out)
+    again = main_cli("train", "--model", "mlp", "--dataset", "synthetic", "--out", out)
     assert again.returncode == 2 and "already holds a run" in again.stderr
