@@ -17,7 +17,6 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.cli import run_cli
 from trainscale.app.config import FIELDS, TYPES, build_config, load_toml
 from trainscale.app.dryrun import dry_run
 from trainscale.bench.cli import print_plan
@@ -305,7 +304,7 @@ def test_any_grid_is_planned_or_refused_in_one_line_and_nothing_is_written(grid,
 # ------------------------------------------------------------------------------ the command
 
 
-def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
+def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(main_cli, tmp_path):
     flags = (
         "train",
         "--dry-run",
@@ -324,12 +323,12 @@ def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
         "--out",
         "run",
     )
-    proc = run_cli(*flags, cwd=tmp_path, timeout=300)
+    proc = main_cli(*flags, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     shown = json.loads(proc.stdout)
     assert (shown["mode"], shown["workers"], shown["dry_run"]) == ("sync", 2, True)
     assert shown["resolved"]["batch_per_worker"] == 32 and shown["resolved"]["out"] == "run"
     assert list(tmp_path.iterdir()) == []
-    refused = run_cli(*flags, "--batch-size", "512", cwd=tmp_path, timeout=300)
+    refused = main_cli(*flags, "--batch-size", "512", cwd=tmp_path)
     assert refused.returncode == 2 and "batch size 256 per worker is larger than the 128" in refused.stderr
     assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error
 from trainscale.app.ft_launch import fault_records
 from trainscale.compression.collectives import done
 from trainscale.compression.setup import CompressionPlan
@@ -167,15 +167,15 @@ SMALL = ["train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", 
         ),
     ],
 )
-def test_bad_fault_tolerance_settings_are_one_line(tmp_path, flags, fragment):
-    assert_one_line_error(run_cli(*SMALL, *flags, "--out", tmp_path / "run"), fragment)
+def test_bad_fault_tolerance_settings_are_one_line(main_cli, tmp_path, flags, fragment):
+    assert_one_line_error(main_cli(*SMALL, *flags, "--out", tmp_path / "run"), fragment)
     assert not (tmp_path / "run").exists()
 
 
-def test_fault_tolerance_across_machines_needs_a_shared_run_folder(tmp_path):
+def test_fault_tolerance_across_machines_needs_a_shared_run_folder(main_cli, tmp_path):
     """Any replica may take over writing the run: every machine must see one --out (no default per machine)."""
     assert_one_line_error(
-        run_cli(*SMALL, "--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"),
+        main_cli(*SMALL, "--workers", "2", "--fault-tolerance", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"),
         "needs --out",
     )
 
