@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from tests.integration.cli import run_cli
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 from trainscale.errors import ConfigError
@@ -112,9 +111,8 @@ def test_milestones_after_the_run_are_refused():
         build_config({"model": "resnet20", "epochs": 2, "milestones": [1.5, 5]})
 
 
-@pytest.mark.slow
-def test_dry_run_prints_milestones_inside_the_run():
-    proc = run_cli("train", "--model", "resnet20", "--dataset", "synthetic", "--epochs", "2", "--dry-run")
+def test_dry_run_prints_milestones_inside_the_run(main_cli):
+    proc = main_cli("train", "--model", "resnet20", "--dataset", "synthetic", "--epochs", "2", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert printed["epochs"] == 2 and all(m - 1 < 2 for m in printed["milestones"])
