@@ -78,7 +78,7 @@ def screenshot(page: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.realdata
-def test_grid_runs_resumes_and_reports(tmp_path, cifar10_dir):
+def test_grid_runs_resumes_and_reports(main_cli, tmp_path, cifar10_dir):
     grid = tmp_path / "grid.toml"
     grid.write_text(textwrap.dedent(GRID.format(data=cifar10_dir, missing=tmp_path / "no-such-data")))
     out = tmp_path / "results"
@@ -92,11 +92,11 @@ def test_grid_runs_resumes_and_reports(tmp_path, cifar10_dir):
     assert "no-such-data" in failed["error"]
     assert "no-such-data" in (out / "runs" / failed["run_id"] / "error.txt").read_text()
 
-    again = run_cli("bench", grid, "--out", out, timeout=300)
+    again = main_cli("bench", grid, "--out", out)  # in this process: the runs it starts are subprocesses still
     assert again.returncode == 1 and "3 run(s): 2 skipped, 1 failed" in again.stdout, again.stdout
 
     report_dir = tmp_path / "report"
-    rep = run_cli("report", out, "--out", report_dir, timeout=300)
+    rep = main_cli("report", out, "--out", report_dir)
     assert rep.returncode == 0, rep.stderr[-3000:]
     check_report(report_dir)
     check_page(report_dir / "index.html", tmp_path)

@@ -95,6 +95,13 @@ def test_async_two_workers_two_servers_learn_real_cifar(tmp_path, cifar10_dir):
     assert [r["epoch"] for r in rows] == [1, 2] and all(r["train_samples"] == 9984 for r in rows)
     assert all(r["pushes_per_sec"] > 0 and "staleness_hist" in r for r in rows)
     assert "async through 2 server shard(s) over RPC" in proc.stdout
+    # The defaults (momentum 0.9): the server's momentum reduced for 2 asynchronous workers, staleness-aware lr on.
+    assert (
+        "async: server momentum 0.4 (--momentum 0.9 less 1 - 1/2 for 2 asynchronous worker(s)), staleness-aware lr on"
+    ) in proc.stdout + proc.stderr
+    assert (summary["async_momentum"], summary["staleness_lr"]) == (pytest.approx(0.4), True)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["momentum"], config["async_momentum"], config["staleness_lr"]) == (0.9, "auto", True)
 
 
 @pytest.mark.dist
@@ -174,36 +181,6 @@ def test_model_averaging_with_a_warm_start(tmp_path):
     assert (rows[1]["workers_finished"], rows[1]["train_samples"], rows[1]["ps_pushes"]) == (2, 512, 6)
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["ps_rule"], summary["average_every"], summary["warm_start_epochs"]) == ("ma", 3, 1)
-
-
-@pytest.mark.dist
-def test_async_defaults_to_reduced_momentum_and_staleness_aware_lr(tmp_path):
-    out = tmp_path / "run"
-    proc = run_cli(
-        "train",
-        *SYN,
-        "--mode",
-        "async",
-        "--workers",
-        "2",
-        "--servers",
-        "1",
-        "--epochs",
-        "1",
-        "--momentum",
-        "0.9",
-        "--out",
-        out,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (
-        "async: server momentum 0.4 (--momentum 0.9 less 1 - 1/2 for 2 asynchronous worker(s)), staleness-aware lr on"
-    ) in proc.stdout + proc.stderr
-    summary = json.loads((out / "summary.json").read_text())
-    assert (summary["async_momentum"], summary["staleness_lr"]) == (pytest.approx(0.4), True)
-    config = json.loads((out / "config.json").read_text())
-    assert (config["async_momentum"], config["staleness_lr"]) == ("auto", True)
 
 
 @pytest.mark.parametrize(
