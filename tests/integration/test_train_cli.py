@@ -12,8 +12,9 @@ from trainscale.results import EPOCH_FIELDS, SUMMARY_FIELDS
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
-    """The airbench94 recipe learns (kept cheap: 10,000 images, 2 epochs at batch 500), and the run records the
-    reference's timer scope beside the trainer's, with the 6-view evaluation at the end."""
+    """The airbench94 recipe learns (kept cheap: 5,000 images, 2 epochs at batch 250, 1,000 test images; measured
+    0.54 after the first epoch), and the run records the reference's timer scope beside the trainer's, with the
+    6-view evaluation at the end."""
     out = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -24,13 +25,13 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
         "--data-dir",
         cifar10_dir,
         "--train-subset",
-        "10000",
+        "5000",
         "--test-subset",
-        "2000",
+        "1000",
         "--epochs",
         "2",
         "--batch-size",
-        "500",
+        "250",
         "--precision",
         "bf16",
         "--target-acc",
@@ -60,7 +61,7 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
         "muon",
         106.0,
     )
-    assert config["resolved"]["lr"] == pytest.approx(0.053 * 500)  # the recipe's lr, scaled to batch 500
+    assert config["resolved"]["lr"] == pytest.approx(0.053 * 250)  # the recipe's lr, scaled to batch 250
     assert "test acc" in proc.stdout and "best test acc" in proc.stdout
 
 
