@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli import run_cli
 from tests.integration.test_cluster import cluster_names, node_processes  # noqa: F401  (a fixture)
 from trainscale.cli import main
 from trainscale.runtime import cluster as net
@@ -196,12 +195,15 @@ def printed_commands(stdout: str) -> list[tuple[str, list[str]]]:
     ]
 
 
-def test_hosts_file_commands(cluster: str, tmp_path: Path) -> None:
-    """What `trainscale train --hosts FILE` prints, run as printed on the host each line names."""
+def test_hosts_file_commands(
+    cluster: str, tmp_path: Path, main_cli: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """What `trainscale train --hosts FILE` prints (asked in this process), run as printed on the host each line
+    names."""
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"{net.address(i)}\n" for i in range(HOSTS)))
     out = tmp_path / "run"
-    shown = run_cli("train", "--hosts", hosts, *TRAIN, "--out", out, timeout=120)
+    shown = main_cli("train", "--hosts", hosts, *TRAIN, "--out", out)
     assert shown.returncode == 0, shown.stderr
     commands = printed_commands(shown.stdout)
     assert [host for host, _ in commands] == [net.address(i) for i in range(HOSTS)], shown.stdout
