@@ -84,18 +84,18 @@ def test_more_workers_than_samples(main_cli, tmp_path):
     assert_one_line_error(proc, "world size 4 is larger than the 2 samples")
 
 
-def test_busy_rendezvous_port(tmp_path):
+def test_busy_rendezvous_port(main_cli, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = run_cli("train", *SYN, "--workers", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", tmp_path)
+        proc = main_cli("train", *SYN, "--workers", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", tmp_path)
     assert_one_line_error(proc, f"port {port} on 127.0.0.1 is busy; pass --rdzv-endpoint 127.0.0.1:OTHER")
 
 
-def test_unreachable_rendezvous_endpoint(tmp_path):
+def test_unreachable_rendezvous_endpoint(main_cli, tmp_path):
     closed = free_port()
-    proc = run_cli(
+    proc = main_cli(
         "train",
         *SYN,
         "--nnodes",
