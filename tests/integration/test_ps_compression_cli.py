@@ -136,8 +136,8 @@ def test_ps_sync_qsgd_pushes_use_the_bucket_flag_over_two_shards(tmp_path):
     assert summary["staleness_max"] == 0 and rows_of(out)[0]["ps_pushes"] == 2 * 4  # 2 workers x 4 steps of 8
 
 
-def test_powersgd_pushes_are_refused_in_one_line_before_any_worker_starts(tmp_path):
-    proc = run_cli(
+def test_powersgd_pushes_are_refused_in_one_line_before_any_worker_starts(main_cli, tmp_path):
+    proc = main_cli(
         "train",
         *SYN,
         "--epochs",
