@@ -483,7 +483,6 @@ def test_a_parameter_server_worker_killed_on_another_host_is_logged_and_covered(
 MODES = {  # flags, and what each host's interface sends per step in units of the model's fp32 bytes
     "topk": (("--compress", "topk", "--ratio", "0.01"), None),
     "ps-sync": (("--mode", "ps-sync", "--servers", "1"), 1.0),
-    "ssp": (("--mode", "async", "--staleness", "1", "--servers", "1"), 1.0),
     "ma": (("--mode", "ma", "--average-every", "4", "--servers", "1"), 0.25),
 }
 
@@ -491,15 +490,15 @@ MODES = {  # flags, and what each host's interface sends per step in units of th
 def test_every_other_mode_runs_across_hosts_and_its_bytes_cross_the_links(
     cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    """Compressed sync, ps-sync, SSP and model averaging on 2 hosts, one cluster for all. Top-k all-gathers its
-    payload, so a host sends what it handed over (W - 1 = 1 times) plus headers; the size exchange is counted in
-    both. The parameter-server modes run one shard per host: each host pushes half the gradients to the other
-    host's shard and that shard sends half the parameters back, so a host's interface sends one model's bytes per
-    push/pull (without tensorpipe_options() TensorPipe would copy them through memory (cma), past the links);
-    model averaging only every 4th step. SSP is async with a staleness bound: the same pushes and pulls (async
-    without the bound runs across hosts in the killed-worker test). Before the wire counter read its counters
-    behind a barrier, the tail of rank 0's initial parameter broadcast (still in its socket when the broadcast
-    returned) was counted as its first epoch's traffic: Top-k measured 1.3 to 1.9x."""
+    """Compressed sync, ps-sync and model averaging on 2 hosts, one cluster for all. Top-k all-gathers its payload,
+    so a host sends what it handed over (W - 1 = 1 times) plus headers; the size exchange is counted in both. The
+    parameter-server modes run one shard per host: each host pushes half the gradients to the other host's shard and
+    that shard sends half the parameters back, so a host's interface sends one model's bytes per push/pull (without
+    tensorpipe_options() TensorPipe would copy them through memory (cma), past the links); model averaging only
+    every 4th step. Async (and SSP, async with a staleness bound: the same pushes and pulls;
+    tests/dist/test_ps_staleness.py checks the bound) runs across hosts in the killed-worker test. Before the wire
+    counter read its counters behind a barrier, the tail of rank 0's initial parameter broadcast (still in its
+    socket when the broadcast returned) was counted as its first epoch's traffic: Top-k measured 1.3 to 1.9x."""
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
     for mode, (flags, model_share) in MODES.items():

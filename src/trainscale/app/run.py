@@ -35,7 +35,7 @@ from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
-from trainscale.train import Trainer, build_model, build_optimizer
+from trainscale.train import Trainer, build_optimizer, built_model
 from trainscale.train.precision import Precision, resolve_device
 from trainscale.train.schedules import create_schedule
 from trainscale.train.setup import (
@@ -137,7 +137,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
         train_batches = LoaderBatches(train, plan.per_worker, train=True, **loader)
         test_batches = LoaderBatches(test, test_batch, train=False, **loader)
     train_batches = with_fault_injection(train_batches, rank(), job)
-    model, data_init_seconds = build_model(cfg, train.num_classes, device, train)  # in airbench's timer: the fit
+    model, data_init_seconds = built_model(cfg, train.num_classes, device, train)  # in airbench's timer: the fit
     params = count_parameters(model)
     if cfg.run.compile:
         model.compile()

@@ -9,7 +9,7 @@ root (``trainscale.app``) builds the pieces. From Python::
 from trainscale.train.callbacks import Callbacks
 from trainscale.train.loop import PassStats, evaluate, train_one_epoch, train_step
 from trainscale.train.optimizers import build_optimizer
-from trainscale.train.setup import BatchPlan, build_model, load_data
+from trainscale.train.setup import BatchPlan, build_model, built_model, load_data
 from trainscale.train.trainer import Trainer
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "PassStats",
     "Trainer",
     "build_model",
+    "built_model",
     "build_optimizer",
     "evaluate",
     "load_data",

@@ -133,7 +133,7 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
     return train, test
 
 
-def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: UserSplit) -> tuple[nn.Module, float]:
+def built_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: UserSplit) -> tuple[nn.Module, float]:
     """The model (by name or import path, with its ``--model-arg``), seeded by ``cfg.run.seed``, on ``device`` in
     the configured memory format; a model registered with ``data_init_images=N`` is first initialised from N
     normalised training images. Also returns the seconds of that data-based init (device-synchronised; 0 without
@@ -151,6 +151,11 @@ def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: 
     if cfg.run.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     return model, seconds
+
+
+def build_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: UserSplit) -> nn.Module:
+    """The model as ``built_model`` builds it, without the time of its data-based init."""
+    return built_model(cfg, num_classes, device, train)[0]
 
 
 def check_fits(cfg: CoreConfig, n_train: int, n_test: int, workers: int) -> BatchPlan:
