@@ -158,16 +158,6 @@ class MuonWithSGD(torch.optim.Optimizer):
         self._muons: dict[tuple[tuple[int, ...], ...], BatchedMuon] = {}
 
     @torch.no_grad()
-    def init_state(self) -> None:
-        """Every momentum buffer created now, at zero, where a step would create it (its first step from zero
-        is the step from none): a graph-captured step must find its state in place, since a tensor created
-        inside a CUDA graph is overwritten by the graph's next replay."""
-        for g in self.param_groups:
-            for p in g["params"]:
-                if g["momentum"] and "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = closure() if closure is not None else None
         for g in self.param_groups:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainscale.errors import ConfigError
+from trainscale.train.optimizers import MuonWithSGD
 from trainscale.train.precision import Precision
 
 STEP_KINDS = ("auto", "eager", "compiled", "graphed")
@@ -103,15 +104,15 @@ def tensor_lrs(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
 def create_state(optimizer: torch.optim.Optimizer) -> None:
     """Momentum buffers created before the first captured step, at zero (a first step from zero is the step from
     none when dampening is 0): a tensor created inside a CUDA graph is overwritten by the graph's next replay.
-    trainscale's Muon+SGD knows its state; for torch's SGD the buffers are made here; torch's other optimizers
-    create theirs outside the graph when compiled (dynamo runs their ``_init_group`` eagerly)."""
-    if hasattr(optimizer, "init_state"):
-        optimizer.init_state()
-    elif isinstance(optimizer, torch.optim.SGD):
-        for g in optimizer.param_groups:
-            if g["momentum"] and not g.get("dampening"):
-                for p in g["params"]:
-                    optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+    For torch's SGD and trainscale's Muon+SGD, whose steps create ``momentum_buffer`` on first use; torch's other
+    optimizers create their state outside the graph when compiled (dynamo runs their ``_init_group`` eagerly)."""
+    if not isinstance(optimizer, (torch.optim.SGD, MuonWithSGD)):
+        return
+    for g in optimizer.param_groups:
+        if g["momentum"] and not g.get("dampening"):
+            for p in g["params"]:
+                if "momentum_buffer" not in optimizer.state[p]:
+                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
 
 def compiled_step(
