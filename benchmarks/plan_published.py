@@ -340,6 +340,7 @@ def report(results: list[tuple[Row, float, float]]) -> None:
                 f"{max(errs, key=abs):+7.1%}"
             )
     direction(results)
+    ordering(results)
     held = [e for r, _, e in results if not calibrating(r)]
     print(f"{'held out (all but the overlap calibration tables)':56} {len(held):6d} {_mae(held):7.1%}")
     errs = [e for _, _, e in results]
@@ -371,6 +372,25 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
             total += 1
             agree += (pub1 > 1.03 * pub0) == (plan1 > 1.03 * plan0)
     print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {agree / max(total, 1):7.0%}")
+
+
+def ordering(results: list[tuple[Row, float, float]]) -> None:
+    """Whether the plan answers "which of two configurations is faster?" as the publication does: every pair of
+    rows of one source on the same system, model, GPUs, hosts and data that differ in how they train (mode,
+    framework, precision or batch), compared by images/s. Pairs the publication puts within 3% of each other are
+    a tie there and are not counted."""
+    same: dict[tuple[Any, ...], list[tuple[Row, float]]] = defaultdict(list)
+    for r, planned, _ in results:
+        same[(r.source, r.system, r.model, r.gpus, r.hosts, r.data)].append((r, planned))
+    agree = total = 0
+    for rows in same.values():
+        for i, (a, plan_a) in enumerate(rows):
+            for b, plan_b in rows[i + 1 :]:
+                if max(a.images_per_sec, b.images_per_sec) < 1.03 * min(a.images_per_sec, b.images_per_sec):
+                    continue
+                total += 1
+                agree += (a.images_per_sec > b.images_per_sec) == (plan_a > plan_b)
+    print(f"{'which of two configurations is faster (agrees)':56} {total:6d} {agree / max(total, 1):7.0%}")
 
 
 def _mae(errs: list[float]) -> float:
