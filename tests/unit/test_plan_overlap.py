@@ -47,9 +47,10 @@ def test_profile_measures_overlap_and_leaves_no_group_behind(tmp_path):
     p = load_profile(out)
     assert p.overlap is None or 0.0 <= p.overlap <= 1.0
     assert p.step_overhead is not None and p.step_overhead >= 0.0
+    assert p.bucket_overhead is not None and 0.0 < p.bucket_overhead < p.overlap_seconds["comm"]
     assert set(p.overlap_seconds) == {"backward", "exposed", "comm", "schedule_bound"}
     assert p.overlap_seconds["comm"] > 0  # real all-reduces ran
-    assert "all-reduces take" in overlap_text(p)
+    assert "all-reduces take" in overlap_text(p) and "per bucket" in overlap_text(p)
     assert threading.active_count() == before  # the peer thread ended and the groups were shut down
 
 
@@ -60,7 +61,7 @@ def test_profile_without_overlap_measures_none(tmp_path):
     p = profile_command(
         ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1, overlap=False, out=str(out))
     )
-    assert (p.overlap, p.step_overhead, p.overlap_seconds) == (None, None, {})
+    assert (p.overlap, p.step_overhead, p.bucket_overhead, p.overlap_seconds) == (None, None, None, {})
 
 
 class TestPlanUsesTheMeasurement:
@@ -77,10 +78,12 @@ class TestPlanUsesTheMeasurement:
     def test_measured_overlap_and_cost_are_used_and_named(self, tmp_path, capsys):
         from trainscale.plan.plan import PlanConfig, setting_from
 
-        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004, bucket_overhead=2e-4)
         setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="1gbit"), measured)
-        assert (setting.overlap, setting.step_overhead) == (0.25, 0.004)
-        assert "measured by trainscale profile: overlap 0.25, DDP's cost per step 4.0 ms" in origin
+        assert (setting.overlap, setting.step_overhead, setting.bucket_overhead) == (0.25, 0.004, 2e-4)
+        assert (
+            "measured by trainscale profile: overlap 0.25, DDP's cost per step 4.0 ms, cost per bucket 200 us" in origin
+        )
         # less overlap and a per-step cost make the plan slower than the same profile without them
         slower = self._plan(tmp_path, capsys, measured)
         plain = self._plan(tmp_path, capsys, make_profile())
@@ -89,17 +92,19 @@ class TestPlanUsesTheMeasurement:
     def test_a_flag_wins_over_the_measurement(self, tmp_path, capsys):
         from trainscale.plan.plan import PlanConfig, setting_from
 
-        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
-        setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="1gbit", overlap=1.0), measured)
-        assert setting.overlap == 1.0 and "overlap 0.25" not in origin and "4.0 ms" in origin
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004, bucket_overhead=2e-4)
+        cfg = PlanConfig(hosts=2, bandwidth="1gbit", overlap=1.0, bucket_overhead="1ms")
+        setting, _, origin = setting_from(cfg, measured)
+        assert (setting.overlap, setting.bucket_overhead) == (1.0, 1e-3)
+        assert "overlap 0.25" not in origin and "200 us" not in origin and "4.0 ms" in origin
 
     def test_another_devices_plan_ignores_this_machines_measurement(self):
         from trainscale.plan.plan import GPU_OVERLAP, PlanConfig, setting_from
 
-        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004)
+        measured = dataclasses.replace(make_profile(), overlap=0.25, step_overhead=0.004, bucket_overhead=2e-4)
         cfg = PlanConfig(hosts=2, bandwidth="1gbit", device_step_ms=50.0)
         setting, _, origin = setting_from(cfg, measured)
-        assert (setting.overlap, setting.step_overhead) == (GPU_OVERLAP, 0.0)
+        assert (setting.overlap, setting.step_overhead, setting.bucket_overhead) == (GPU_OVERLAP, 0.0, 0.0)
         assert "measured by" not in origin
 
 
@@ -118,9 +123,9 @@ def test_the_check_of_a_run_uses_the_profiles_measurement():
     }
     base = dataclasses.replace(make_profile(), model="m", batch_size=64, precision="fp32", threads=1, cpus=None)
     summary[K.cluster] |= {"threads_per_process": base.threads, "cpus_per_host": base.cpus}
-    measured = dataclasses.replace(base, overlap=0.0, step_overhead=0.003)
+    measured = dataclasses.replace(base, overlap=0.0, step_overhead=0.003, bucket_overhead=1e-4)
     plain = check_run("r", {"workers": 1}, summary, {key_of_profile(base): base})
     used = check_run("r", {"workers": 1}, summary, {key_of_profile(measured): measured})
     assert plain is not None and used is not None
-    assert (used.setting.overlap, used.setting.step_overhead) == (0.0, 0.003)
+    assert (used.setting.overlap, used.setting.step_overhead, used.setting.bucket_overhead) == (0.0, 0.003, 1e-4)
     assert used.predicted.step_seconds > plain.predicted.step_seconds

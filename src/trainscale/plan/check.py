@@ -112,6 +112,8 @@ def check_run(
         setting = replace(setting, overlap=profile.overlap)
     if profile.step_overhead is not None:
         setting = replace(setting, step_overhead=profile.step_overhead)
+    if profile.bucket_overhead is not None:
+        setting = replace(setting, bucket_overhead=profile.bucket_overhead)
     return Check(
         name,
         setting,

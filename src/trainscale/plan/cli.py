@@ -37,7 +37,10 @@ def run_profile(cfg: ProfileConfig) -> int:
     if p.overlap_seconds:
         print(f"  {overlap_text(p)}")
     elif cfg.overlap and not p.on_cpu:
-        print("  overlap and DDP's per-step cost not measured on a GPU yet (the plan says what it assumes)")
+        print(
+            "  overlap and DDP's per-step and per-bucket costs not measured on a GPU yet (the plan says what it "
+            "assumes)"
+        )
     for c in p.compressors.values():
         sent = sum(n for _, n in c.collectives)
         print(
@@ -53,6 +56,7 @@ def overlap_text(p: Profile) -> str:
     m = p.overlap_seconds
     share = "nothing can hide" if p.overlap is None else f"overlap {p.overlap:.2f}"
     cost = "" if p.step_overhead is None else f"; DDP's cost per step {_ms(p.step_overhead)} ms"
+    cost += "" if p.bucket_overhead is None else f", per bucket {1e6 * p.bucket_overhead:.0f} us"
     return (
         f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone (gloo, two ranks here), backward "
         f"{_ms(m['backward'])} ms; launched from backward they lengthen it by {_ms(m['exposed'])} ms (perfect "

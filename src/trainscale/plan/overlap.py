@@ -11,7 +11,9 @@ The overlap is where the measured exposure falls between the two. Both ranks' re
 where a real peer's would run on its own host, so the figure errs low (towards less overlap).
 
 The per-step cost is a DDP step (with a hook that hands its bucket straight back) minus a plain step of the
-same model: DDP's bucket copies and bookkeeping, which a one-device run does not pay.
+same model: DDP's bucket copies and bookkeeping, which a one-device run does not pay. The per-bucket cost is a
+one-element all-reduce between the pair: what every collective costs whatever its size (gloo's launch and
+completion, and the loopback's own round trips, a few microseconds, which a real link's latency replaces).
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ def comm_alone(group: Any, peer: Peer, sizes: list[int], repeats: int) -> list[f
             group.allreduce([buffer]).wait()
             samples[i].append(time.perf_counter() - start)
     return [statistics.median(s) for s in samples]
+
+
+def per_collective(group: Any, peer: Peer, repeats: int, count: int = 8) -> float:
+    """Median seconds of a one-element all-reduce with the peer: the part of a bucket's collective that does not
+    depend on its size (``count`` of them a round, ``repeats`` rounds)."""
+    return statistics.median(comm_alone(group, peer, [4] * count, repeats))
 
 
 def allreduce_hook(state, bucket):  # unannotated: DDP rejects string annotations on a hook

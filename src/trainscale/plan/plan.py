@@ -199,6 +199,8 @@ def system_of(
         base = replace(base, overlap=found["overlap"])
     if "step_overhead" in found:
         base = replace(base, step_overhead=found["step_overhead"])
+    if "bucket_overhead" in found:
+        base = replace(base, bucket_overhead=found["bucket_overhead"])
     base = replace(base, assumed=tuple(k for k in base.assumed if k not in found))
     if on_gpu and "overlap" in base.assumed:
         base = replace(base, overlap=GPU_OVERLAP)
@@ -225,11 +227,15 @@ def system_of(
 
 
 def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None) -> dict[str, float]:
-    """The overlap and per-step cost the profile measured, when the plan is for the device it was taken on
-    (not when another device's step time or published figure replaces it)."""
+    """The overlap and per-step and per-bucket costs the profile measured, when the plan is for the device it was
+    taken on (not when another device's step time or published figure replaces it)."""
     if device is not None or cfg.step_time is not None or cfg.device_step_ms is not None:
         return {}
-    pairs = (("overlap", profile.overlap), ("step_overhead", profile.step_overhead))
+    pairs = (
+        ("overlap", profile.overlap),
+        ("step_overhead", profile.step_overhead),
+        ("bucket_overhead", profile.bucket_overhead),
+    )
     return {k: v for k, v in pairs if v is not None}
 
 
@@ -290,7 +296,7 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
         assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
     unknown = (cluster.system if cluster is not None else System()).assumed
-    flags = {"overlap": cfg.overlap, "step_overhead": cfg.step_overhead}
+    flags = {"overlap": cfg.overlap, "step_overhead": cfg.step_overhead, "bucket_overhead": cfg.bucket_overhead}
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
     if used and cfg.mode == "sync":
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
@@ -302,6 +308,7 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
 _MEASURED_TEXT = {
     "overlap": lambda v: f"overlap {v:.2f}",
     "step_overhead": lambda v: f"DDP's cost per step {1e3 * v:.1f} ms",
+    "bucket_overhead": lambda v: f"cost per bucket {1e6 * v:.0f} us",
 }
 
 

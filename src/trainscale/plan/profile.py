@@ -42,6 +42,7 @@ from trainscale.plan.overlap import (
     allreduce_hook,
     comm_alone,
     paired_exposure,
+    per_collective,
     schedule_bound,
 )
 from trainscale.registry import is_import_path, parse_args
@@ -159,6 +160,7 @@ class Profile:
     # DDP adds to a step (seconds); see trainscale.plan.overlap
     overlap: float | None = None
     step_overhead: float | None = None
+    bucket_overhead: float | None = None  # what a collective costs beyond its bytes (seconds)
     overlap_seconds: dict[str, float] = field(default_factory=dict)  # the measurement behind ``overlap``
 
     @property
@@ -362,6 +364,7 @@ class _Steps:
     sizes: dict[int, int] = field(default_factory=dict)
     plain: list[float] = field(default_factory=list)  # a DDP step minus the plain step before it
     overlap: OverlapMeasurement | None = None
+    collective: float | None = None  # a one-element all-reduce with the loopback peer (seconds)
 
 
 def _step(
@@ -457,6 +460,7 @@ def _time_overlap(
         peer = Peer(other)
         try:
             comm = comm_alone(group, peer, sizes, cfg.repeats)
+            steps.collective = per_collective(group, peer, cfg.repeats)
 
             def live() -> float:
                 recorder.group = group
@@ -606,6 +610,7 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         overlap=steps.overlap.overlap if steps.overlap else None,
         overlap_seconds=dataclasses.asdict(steps.overlap) if steps.overlap else {},
         step_overhead=max(0.0, statistics.median(steps.plain)) if steps.plain else None,
+        bucket_overhead=steps.collective,
     )
 
 
