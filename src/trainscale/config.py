@@ -69,6 +69,16 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def same_option(section: type, name: str, help: str | None = None) -> Any:
+    """The option ``name`` of ``section`` again, for another command that takes it too: one default, one flag,
+    one set of bounds (``help``: its line for that command, if it needs other words)."""
+    field = {f.name: f for f in dataclasses.fields(section)}[name]
+    meta = {**field.metadata, "help": help or field.metadata["help"]}
+    if field.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=field.default_factory, metadata=meta)
+    return dataclasses.field(default=field.default, metadata=meta)
+
+
 def flag_name(field: dataclasses.Field) -> str:
     """The long flag of a field: ``--batch-size`` for ``batch_size`` unless the field says otherwise."""
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")

@@ -283,4 +283,4 @@ def test_system_table_and_nics(tmp_path):
     system = load_cluster(str(write(tmp_path, text))).system
     assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
     assert system.bucket_overhead == pytest.approx(1e-4)
-    assert set(system.assumed) == {"step_overhead", "ps_efficiency"}
+    assert set(system.assumed) == {"step_overhead", "ps_efficiency", "host_images_per_sec"}

@@ -41,6 +41,11 @@ def run_profile(cfg: ProfileConfig) -> int:
             "  overlap and DDP's per-step and per-bucket costs not measured on a GPU yet (the plan says what it "
             "assumes)"
         )
+    if p.input_images_per_sec is not None:
+        print(
+            f"  input pipeline ({cfg.input_data}): {p.input_images_per_sec:,.0f} images/s with "
+            f"{p.input_workers} loader worker(s) on {p.input_cores:g} core(s)"
+        )
     for c in p.compressors.values():
         sent = sum(n for _, n in c.collectives)
         print(
@@ -90,9 +95,16 @@ def print_plan(profile: Profile, setting: Setting, p: Prediction, origin: str) -
         f"({profile.precision}) on {describe_setting(setting)}"
     )
     print(f"  compute from {origin}")
+    parts = f"compute {_ms(p.compute_seconds)} + communication {_ms(p.comm_seconds)}"
+    if setting.host_images_per_sec and p.step_seconds > p.compute_seconds + p.comm_seconds:
+        step = (
+            f"step {_ms(p.step_seconds)} ms, bound by the host's input pipeline ({setting.host_images_per_sec:,.0f} "
+            f"images/s for its {setting.per_host} worker(s)); without it {parts}"
+        )
+    else:
+        step = f"step {_ms(p.step_seconds)} ms = {parts}"
     print(
-        f"  step {_ms(p.step_seconds)} ms = compute {_ms(p.compute_seconds)} + communication "
-        f"{_ms(p.comm_seconds)} (encode {_ms(p.encode_seconds)}, decode {_ms(p.decode_seconds)}); collectives in "
+        f"  {step} (encode {_ms(p.encode_seconds)}, decode {_ms(p.decode_seconds)}); collectives in "
         f"flight {_ms(p.wire_seconds)} ms, {_ms(p.hidden_seconds)} ms of it hidden under backward"
     )
     print(

@@ -125,7 +125,14 @@ class System:
     efficiency: float = 1.0  # [link.inter]: the transport's achieved fraction of the NICs' line rate
     ps_efficiency: float = 1.0  # [system]: a parameter server's RPC stack's fraction of what the link carries
     host_images_per_sec: float | None = None  # [system]: what one host's CPUs and input pipeline deliver at most
-    assumed: tuple[str, ...] = ("overlap", "bucket_overhead", "step_overhead", "efficiency", "ps_efficiency")
+    assumed: tuple[str, ...] = (
+        "overlap",
+        "bucket_overhead",
+        "step_overhead",
+        "efficiency",
+        "ps_efficiency",
+        "host_images_per_sec",
+    )
 
 
 TRANSPORTS = ("tcp", "rdma", "nvlink", "pcie")
@@ -158,7 +165,8 @@ def _system(top: _Table, links: _Table) -> System:
         raise ConfigError(f"{table.where('ps_placement')} is {placement!r}; give colocated or separate")
     if assignment not in ("shard", "round_robin", "by_size"):
         raise ConfigError(f"{table.where('ps_assignment')} is {assignment!r}; give shard, round_robin or by_size")
-    given: set[str] = {k for k in ("overlap", "bucket_overhead", "step_overhead", "ps_efficiency") if k in table.raw}
+    keys = ("overlap", "bucket_overhead", "step_overhead", "ps_efficiency", "host_images_per_sec")
+    given: set[str] = {k for k in keys if k in table.raw}
     given |= {"efficiency"} if "efficiency" in inter.raw else set()
     return System(
         inter.get("nics", int, 1, positive=True),

@@ -18,6 +18,7 @@ from trainscale.plan.describe import (
     parse_latency,
     parse_link,
 )
+from trainscale.plan.inputs import InputRate
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.predict import MODES, PSLayout, Setting
 from trainscale.plan.profile import Profile, load_profile
@@ -194,14 +195,8 @@ def system_of(
     taken on) fills; a GPU plan's overlap, if still unknown, is what published NCCL runs show
     (:data:`GPU_OVERLAP`); a plan for this machine's CPU keeps the profile's own bucket timing."""
     base = cluster.system if cluster is not None else System()
-    found = {k: v for k, v in (measured or {}).items() if k in base.assumed}
-    if "overlap" in found:
-        base = replace(base, overlap=found["overlap"])
-    if "step_overhead" in found:
-        base = replace(base, step_overhead=found["step_overhead"])
-    if "bucket_overhead" in found:
-        base = replace(base, bucket_overhead=found["bucket_overhead"])
-    base = replace(base, assumed=tuple(k for k in base.assumed if k not in found))
+    found: dict[str, Any] = {k: v for k, v in (measured or {}).items() if k in base.assumed}
+    base = replace(base, **found, assumed=tuple(k for k in base.assumed if k not in found))
     if on_gpu and "overlap" in base.assumed:
         base = replace(base, overlap=GPU_OVERLAP)
     given: dict[str, Any] = {
@@ -226,8 +221,9 @@ def system_of(
     return system, assumed
 
 
-def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None) -> dict[str, float]:
-    """The overlap and per-step and per-bucket costs the profile measured, when the plan is for the device it was
+def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None, per_host: int) -> dict[str, float]:
+    """The overlap, the per-step and per-bucket costs and the input pipeline's rate (for a host of ``per_host``
+    workers like the machine it was measured on) that the profile measured, when the plan is for the device it was
     taken on (not when another device's step time or published figure replaces it)."""
     if device is not None or cfg.step_time is not None or cfg.device_step_ms is not None:
         return {}
@@ -235,8 +231,17 @@ def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None) ->
         ("overlap", profile.overlap),
         ("step_overhead", profile.step_overhead),
         ("bucket_overhead", profile.bucket_overhead),
+        ("host_images_per_sec", host_input_rate(profile, per_host)),
     )
     return {k: v for k, v in pairs if v is not None}
+
+
+def host_input_rate(profile: Profile, per_host: int) -> float | None:
+    """The profile's input pipeline on a host like its machine running ``per_host`` training processes."""
+    if profile.input_images_per_sec is None or profile.input_workers is None or profile.input_cores is None:
+        return None
+    rate = InputRate(profile.input_images_per_sec, profile.input_workers, profile.input_cores)
+    return rate.host_rate(per_host, profile.input_cores)
 
 
 def _setting(
@@ -283,7 +288,7 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     device = cfg.device or (cluster.device if cluster else None)
     scale, origin = compute_scale(cfg, profile, device)
     on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
-    measured = measured_on_device(cfg, profile, device)
+    measured = measured_on_device(cfg, profile, device, cluster.devices_per_host if cluster else cfg.workers_per_host)
     system, assumed = system_of(cfg, cluster, on_gpu, measured)
     if cluster is not None:
         setting = _setting(cfg, cluster.hosts, cluster.devices_per_host, cluster.inter, cluster.intra, system, scale)
@@ -296,9 +301,16 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
         assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
     unknown = (cluster.system if cluster is not None else System()).assumed
-    flags = {"overlap": cfg.overlap, "step_overhead": cfg.step_overhead, "bucket_overhead": cfg.bucket_overhead}
+    flags = {
+        "overlap": cfg.overlap,
+        "step_overhead": cfg.step_overhead,
+        "bucket_overhead": cfg.bucket_overhead,
+        "host_images_per_sec": cfg.host_images_per_sec,
+    }
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
-    if used and cfg.mode == "sync":
+    if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
+        used = {k: v for k, v in used.items() if k == "host_images_per_sec"}
+    if used:
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
@@ -309,6 +321,7 @@ _MEASURED_TEXT = {
     "overlap": lambda v: f"overlap {v:.2f}",
     "step_overhead": lambda v: f"DDP's cost per step {1e3 * v:.1f} ms",
     "bucket_overhead": lambda v: f"cost per bucket {1e6 * v:.0f} us",
+    "host_images_per_sec": lambda v: f"input pipeline {v:,.0f} images/s per host",
 }
 
 
@@ -318,6 +331,7 @@ _ASSUMED_TEXT = {
     "step_overhead": "no per-step cost",
     "efficiency": "line rate",
     "ps_efficiency": "servers at line rate",
+    "host_images_per_sec": "no input-pipeline limit",
 }
 
 

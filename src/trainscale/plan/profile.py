@@ -30,11 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainscale.compression import CompressionStats, Exchange, create_compressor
-from trainscale.config import Section, option
+from trainscale.config import DataConfig, Section, option, same_option
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, check_output, dumps
 from trainscale.models import MODELS, create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
+from trainscale.plan.inputs import check_input_data, measure_input
 from trainscale.plan.methods import MethodSpec, parse_spec
 from trainscale.plan.overlap import (
     OverlapMeasurement,
@@ -89,6 +90,13 @@ class ProfileConfig(Section):
         "this process over 127.0.0.1) and what DDP costs per step; the plan uses both (CPU only for now)",
     )
     warmup: int = option(3, "untimed steps first (allocation, DDP's bucket rebuild, caches)")
+    input_data: str | None = option(
+        None,
+        "also time your dataset's input pipeline alone (package.module:function returning torch Datasets), read "
+        "by --loader-workers DataLoader processes as training reads it; the plan caps each host at it",
+    )
+    data_dir: str | None = same_option(DataConfig, "data_dir")
+    loader_workers: int = same_option(DataConfig, "loader_workers")
     out: str = option("profile.json", "where to write the profile (JSON)")
 
 
@@ -161,6 +169,10 @@ class Profile:
     overlap: float | None = None
     step_overhead: float | None = None
     bucket_overhead: float | None = None  # what a collective costs beyond its bytes (seconds)
+    # --input-data: images/s one training process's loader delivered, with how many workers, on how many cores
+    input_images_per_sec: float | None = None
+    input_workers: int | None = None
+    input_cores: float | None = None
     overlap_seconds: dict[str, float] = field(default_factory=dict)  # the measurement behind ``overlap``
 
     @property
@@ -329,6 +341,7 @@ def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
         raise ConfigError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.cpus is not None and not 0.01 <= cfg.cpus <= (os.cpu_count() or 1):
         raise ConfigError(f"--cpus must be between 0.01 and this machine's {os.cpu_count()} CPUs, got {cfg.cpus}")
+    check_input_data(cfg.input_data, cfg.loader_workers)
     return [parse_spec(text) for text in cfg.compress]
 
 
@@ -611,7 +624,20 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         overlap_seconds=dataclasses.asdict(steps.overlap) if steps.overlap else {},
         step_overhead=max(0.0, statistics.median(steps.plain)) if steps.plain else None,
         bucket_overhead=steps.collective,
+        **_input_fields(cfg),
     )
+
+
+def _input_fields(cfg: ProfileConfig) -> dict[str, Any]:
+    if cfg.input_data is None:
+        return {}
+    from trainscale.data.download import ENV_VAR
+    from trainscale.runtime.cpus import cpu_count
+
+    cores = cfg.cpus or cpu_count()  # under --cpus, the loader's processes share that quota
+    data_dir = cfg.data_dir or os.environ.get(ENV_VAR) or None  # as training finds it
+    rate = measure_input(cfg.input_data, data_dir, cfg.loader_workers, cfg.batch_size, cfg.repeats, cores)
+    return {"input_images_per_sec": rate.images_per_sec, "input_workers": rate.workers, "input_cores": rate.cores}
 
 
 @contextlib.contextmanager
