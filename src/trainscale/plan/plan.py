@@ -299,7 +299,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if cfg.mode not in ("ps-sync", "async"):
         assumed = [k for k in assumed if k != "ps_efficiency"]
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
-        assumed = [k for k in assumed if k not in ("overlap", "bucket_overhead", "step_overhead")]
+        assumed = [k for k in assumed if k not in SYNC_ONLY]
+        measured = {k: v for k, v in measured.items() if k not in SYNC_ONLY}
     unknown = (cluster.system if cluster is not None else System()).assumed
     flags = {
         "overlap": cfg.overlap,
@@ -308,14 +309,14 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         "host_images_per_sec": cfg.host_images_per_sec,
     }
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
-    if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
-        used = {k: v for k, v in used.items() if k == "host_images_per_sec"}
     if used:
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin
 
+
+SYNC_ONLY = ("overlap", "bucket_overhead", "step_overhead")  # what only the synchronous all-reduce pays
 
 _MEASURED_TEXT = {
     "overlap": lambda v: f"overlap {v:.2f}",
