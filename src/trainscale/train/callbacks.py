@@ -19,7 +19,7 @@ class Writes(enum.Enum):
 
     NOT_NOW = "not now"
     ALONE = "alone"  # the folder's only writer
-    SHARED = "shared"  # one of several that take turns (the one elected now): re-read the rows written so far first
+    SHARED = "shared"  # one of several that take turns (the one elected now; their writers are ``shared``)
 
 
 class Callbacks:
@@ -32,8 +32,9 @@ class Callbacks:
 
     def writes_run_folder(self) -> Writes:
         """Whether this process writes the run folder at this epoch's end. A mode whose writer may change during
-        the run (it died; another process holds a writer too) says ``SHARED`` in the process elected now, which
-        re-reads the rows another one may have written."""
+        the run (it died; another process holds a writer too) says ``SHARED`` in the process elected now and
+        ``NOT_NOW`` in the others, whose writers keep the row (``results.RunWriter``, ``shared``: it owns what a
+        turn writes)."""
         return Writes.ALONE
 
     def before_train_epoch(self, epoch: int) -> None:

@@ -183,15 +183,24 @@ class Trainer:
             self.summary_base[K.warmup_seconds] = self.warm_up()
         for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
             row = self.run_epoch(epoch)
-            writes = self.callbacks.writes_run_folder()
-            if self.writer is not None and writes is not Writes.NOT_NOW:
-                if writes is Writes.SHARED:
-                    self.writer.restore_history(epoch)
-                self.writer.add_epoch(row)
-                self.writer.write_summary(self.summary())
-                self._checkpoint()
+            self._record(row)
             barrier()
         return self.summary()
+
+    def _record(self, row: dict[str, Any]) -> None:
+        """The epoch's row, the summary and the checkpoint into the run folder where this process writes it now;
+        where another was elected (its writer and this one take turns), the row is kept by this one's writer, in
+        case the one elected dies before writing it."""
+        if self.writer is None:
+            return
+        writes = self.callbacks.writes_run_folder()
+        assert writes is not Writes.SHARED or self.writer.shared, "a mode that writes in turns needs shared writers"
+        if writes is Writes.NOT_NOW:
+            self.writer.keep_epoch(row)
+            return
+        self.writer.add_epoch(row)
+        self.writer.write_summary(self.summary())
+        self._checkpoint()
 
     def start_line(self) -> str:
         """What the run is before its first epoch: the run folder, device(s), world size and recipe."""
