@@ -152,6 +152,13 @@ class RunWriter:
         self.history = [r for r in self.history if r[K.epoch] != row[K.epoch]] + [row]
         return row
 
+    def adopt(self, rows: list[dict[str, Any]]) -> None:
+        """The rows a peer knows, taken as this process heals from it (theirs win over its own): a shared
+        writer restarted into a running job can then write an epoch that only the peer had kept."""
+        known = {r[K.epoch]: r for r in self.history}
+        known.update({r[K.epoch]: dict(r) for r in rows})
+        self.history = [known[e] for e in sorted(known)]
+
     def add_epoch(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
         """Append one epoch's row, merged from its producers' parts (``record.merge``); returns the row.
 

@@ -33,7 +33,7 @@ class Replica(LocalMode):
 
     def before_fit(self, snapshot, restore):
         if self.peer is not None:
-            restore(self.peer.snapshot())
+            restore(self.peer.heal_state())
 
     def load_state_dict(self, state):
         if self.meanwhile is not None:
@@ -74,6 +74,18 @@ def test_an_epoch_whose_writer_died_before_writing_it_is_written_by_the_next(tmp
     replica(out, 1, Replica([True]), 0, monkeypatch=monkeypatch).fit()  # epoch 2 ends, it dies before writing
     replica(out, 3, Replica([False, False, True]), 1, monkeypatch=monkeypatch).fit()
     assert epochs_on_disk(out) == [1, 2, 3]
+
+
+def test_a_writer_killed_before_writing_and_elected_again_after_its_restart_writes_the_epoch(tmp_path, monkeypatch):
+    """As above, but the restarted replica 0 heals from replica 1 in epoch 3 and is elected for it: the row only
+    replica 1 kept comes with the state it heals from."""
+    out = tmp_path / "run"
+    replica(out, 1, Replica([True]), 0, monkeypatch=monkeypatch).fit()  # epoch 2 ends, it dies before writing
+    survivor = replica(out, 2, Replica([False, False]), 1, monkeypatch=monkeypatch)
+    survivor.fit()
+    replica(out, 3, Replica([True], peer=survivor), 0, 1, monkeypatch).fit()
+    assert epochs_on_disk(out) == [1, 2, 3]
+    assert read_history(out)[1] == survivor.writer.history[1]
 
 
 def row(epoch, acc=0.5):

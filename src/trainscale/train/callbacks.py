@@ -27,8 +27,8 @@ class Callbacks:
 
     def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
         """Once, before the first epoch, with functions that take and restore the trainer's whole state
-        (model, optimizer, scaler, run state, the mode's own): a mode that copies live state between workers
-        (e.g. to heal a restarted one) keeps them."""
+        (model, optimizer, scaler, run state, the mode's own, the run's rows it knows): a mode that copies live
+        state between workers (e.g. to heal a restarted one) keeps them."""
 
     def writes_run_folder(self) -> Writes:
         """Whether this process writes the run folder at this epoch's end. A mode whose writer may change during

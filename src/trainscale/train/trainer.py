@@ -139,6 +139,18 @@ class Trainer:
         if self.ema is not None and "ema" in snapshot:
             self.ema.load_state_dict(snapshot["ema"])
 
+    def heal_state(self) -> dict[str, Any]:
+        """What a peer healing from this process copies: the training state (``snapshot``) and the run's rows
+        this process knows (``RunWriter.history``, its own rows of epochs another wrote among them), so that the
+        healed one, elected later, writes an epoch whose elected writer died before writing it."""
+        return {**self.snapshot(), "rows": list(self.writer.history) if self.writer is not None else []}
+
+    def heal_from(self, state: dict[str, Any]) -> None:
+        """Take a peer's ``heal_state``."""
+        self.restore(state)
+        if self.writer is not None:
+            self.writer.adopt(state.get("rows") or [])
+
     def _shared_checkpoint(self) -> dict[str, Any]:
         """The main process reads the checkpoint and sends it to every rank, so all resume from the same
         state even when only node 0 has the run folder (an error there is raised on every rank)."""
@@ -157,7 +169,7 @@ class Trainer:
         return value
 
     def fit(self) -> dict[str, Any]:
-        self.callbacks.before_fit(self.snapshot, self.restore)
+        self.callbacks.before_fit(self.heal_state, self.heal_from)
         if is_main_process() and self.state.next_epoch < self.cfg.optim.epochs:
             log.info("%s", self.start_line())
         choice = choose_step(
