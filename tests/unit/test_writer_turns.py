@@ -41,9 +41,9 @@ class Replica(LocalMode):
             then()
 
 
-def replica(out, epochs, mode, index, restarts=0, monkeypatch=None):
-    if monkeypatch is not None:
-        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restarts))
+def replica(out, epochs, mode, index, monkeypatch, restarts=0):
+    """Replica ``index``'s trainer for ``epochs`` epochs (``restarts``: how often its agent restarted it)."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restarts))
     cfg = build_config(SMALL, {"epochs": epochs, "out": str(out)})
     return build_trainer(cfg, torch.device("cpu"), mode, Job(replica=index, replicas=2, restarts=restarts))
 
@@ -57,9 +57,9 @@ def test_a_restarted_replica_resuming_from_an_older_checkpoint_keeps_the_rows_wr
     2 while the restarted replica 0 was loading the epoch-1 checkpoint; it then healed from the survivor and was
     elected for epoch 3. Epoch 2's row must survive the restart (it was lost: [1, 3])."""
     out = tmp_path / "run"
-    replica(out, 1, Replica([True]), 0, monkeypatch=monkeypatch).fit()  # wrote epoch 1, then killed
-    survivor = replica(out, 2, Replica([False, True]), 1, monkeypatch=monkeypatch)
-    restarted = replica(out, 3, Replica([True], peer=survivor, meanwhile=survivor.fit), 0, 1, monkeypatch)
+    replica(out, 1, Replica([True]), 0, monkeypatch).fit()  # wrote epoch 1, then killed
+    survivor = replica(out, 2, Replica([False, True]), 1, monkeypatch)
+    restarted = replica(out, 3, Replica([True], peer=survivor, meanwhile=survivor.fit), 0, monkeypatch, 1)
     assert epochs_on_disk(out) == [1, 2]
     restarted.fit()
     assert epochs_on_disk(out) == [1, 2, 3]
@@ -71,8 +71,8 @@ def test_an_epoch_whose_writer_died_before_writing_it_is_written_by_the_next(tmp
     """Replica 0 was elected for epoch 2 and killed before its row was written; replica 1, which finished epoch 2
     too, is elected for epoch 3: it writes epoch 2 from its own row, before its own epoch 3."""
     out = tmp_path / "run"
-    replica(out, 1, Replica([True]), 0, monkeypatch=monkeypatch).fit()  # epoch 2 ends, it dies before writing
-    replica(out, 3, Replica([False, False, True]), 1, monkeypatch=monkeypatch).fit()
+    replica(out, 1, Replica([True]), 0, monkeypatch).fit()  # epoch 2 ends, it dies before writing
+    replica(out, 3, Replica([False, False, True]), 1, monkeypatch).fit()
     assert epochs_on_disk(out) == [1, 2, 3]
 
 
@@ -80,10 +80,10 @@ def test_a_writer_killed_before_writing_and_elected_again_after_its_restart_writ
     """As above, but the restarted replica 0 heals from replica 1 in epoch 3 and is elected for it: the row only
     replica 1 kept comes with the state it heals from."""
     out = tmp_path / "run"
-    replica(out, 1, Replica([True]), 0, monkeypatch=monkeypatch).fit()  # epoch 2 ends, it dies before writing
-    survivor = replica(out, 2, Replica([False, False]), 1, monkeypatch=monkeypatch)
+    replica(out, 1, Replica([True]), 0, monkeypatch).fit()  # epoch 2 ends, it dies before writing
+    survivor = replica(out, 2, Replica([False, False]), 1, monkeypatch)
     survivor.fit()
-    replica(out, 3, Replica([True], peer=survivor), 0, 1, monkeypatch).fit()
+    replica(out, 3, Replica([True], peer=survivor), 0, monkeypatch, 1).fit()
     assert epochs_on_disk(out) == [1, 2, 3]
     assert read_history(out)[1] == survivor.writer.history[1]
 
