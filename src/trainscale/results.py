@@ -61,15 +61,20 @@ LOCK_FILE = ".lock"  # see lock_run_folder; a folder holding only this is a new 
 
 
 class RunWriter:
-    """Writes one run folder; only the main process owns one."""
+    """Writes one run folder; only the main process owns one, or, where the folder is written in turns, each
+    process that may be elected to write it (``shared``)."""
 
-    def __init__(self, out: Path, clean: bool = True, tensorboard: bool = False) -> None:
+    def __init__(self, out: Path, clean: bool = True, tensorboard: bool = False, shared: bool = False) -> None:
         """``clean``: remove the debris of writes killed mid-way (see io.atomic_write_bytes); not where
         another process may be writing the folder now (a fault-tolerant job's replicas). ``tensorboard``: also
-        write the step and epoch figures as TensorBoard events (the package must be installed)."""
+        write the step and epoch figures as TensorBoard events (the package must be installed). ``shared``: one
+        of several processes that write the folder in turns, the one elected at an epoch's end writing it (a
+        fault-tolerant job's replicas, a parameter-server job's node-0 workers); any of them may die at any
+        moment and another take over, so the rows are kept as described at ``add_epoch``."""
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.history: list[dict[str, Any]] = []
+        self.shared = shared
+        self.history: list[dict[str, Any]] = []  # the rows as this process knows them (shared: its own too)
         self.tensorboard = tensorboard
         self._events: Any = None  # torch's SummaryWriter, made on first use
         self._purge_step: int | None = None
@@ -131,21 +136,59 @@ class RunWriter:
         atomic_write_text(self.out / "config.json", dumps(config))
 
     def restore_history(self, last_epoch: int) -> None:
-        """On resume keep the epochs the checkpoint covers and drop any written after it."""
-        rows = read_history(self.out)
-        self.history = [r for r in rows if r[K.epoch] <= last_epoch]
-        self._write_history()
+        """On resume keep the epochs the checkpoint covers and drop any written after it. A shared writer drops
+        them from what it knows only, never from the folder: it may be a replica restarted into a running job,
+        whose checkpoint is older than rows the live writers wrote since (rewriting the folder here dropped a row
+        written as it resumed). Rows after its checkpoint that are stale (the whole job restarted) are replaced by
+        the turns that write those epochs again (``add_epoch``)."""
+        self.history = [r for r in read_history(self.out) if r[K.epoch] <= last_epoch]
+        if not self.shared:
+            self._write_history()
+
+    def keep_epoch(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
+        """An epoch's row that another process writes (it was elected): a shared writer keeps it, to write it
+        at its own next turn should the one elected have died before its row was written; returns the row."""
+        row = clean(merge(*parts, file=METRICS))
+        self.history = [r for r in self.history if r[K.epoch] != row[K.epoch]] + [row]
+        return row
+
+    def adopt(self, rows: list[dict[str, Any]]) -> None:
+        """The rows a peer knows, taken as this process heals from it (theirs win over its own): a shared
+        writer restarted into a running job can then write an epoch that only the peer had kept."""
+        known = {r[K.epoch]: r for r in self.history}
+        known.update({r[K.epoch]: dict(r) for r in rows})
+        self.history = [known[e] for e in sorted(known)]
 
     def add_epoch(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one epoch's row, merged from its producers' parts (``record.merge``); returns the row."""
+        """Append one epoch's row, merged from its producers' parts (``record.merge``); returns the row.
+
+        A shared writer's turn: the epochs before this one as the folder has them now (written by whichever
+        process was elected then), any that it lacks from this writer's own rows (``keep_epoch``: the one elected
+        died before writing it), then this row; nothing after it (rows from before the whole job restarted from
+        an older checkpoint, epochs it trains again). So each epoch is there once, in order, whoever wrote it."""
         row = clean(merge(*parts, file=METRICS))
-        self.history.append(row)
+        if self.shared:
+            added = self._take_turn(row)
+        else:
+            self.history.append(row)
+            added = [row]
         self._write_history()
-        for key in (K.train_loss, K.train_acc, K.test_loss, K.test_acc, K.lr, K.samples_per_sec):
-            self._scalar(f"epoch/{key}", row.get(key), row[K.epoch])
+        for new in added:
+            for key in (K.train_loss, K.train_acc, K.test_loss, K.test_acc, K.lr, K.samples_per_sec):
+                self._scalar(f"epoch/{key}", new.get(key), new[K.epoch])
         if self._events is not None:
             self._events.flush()
         return row
+
+    def _take_turn(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """``history`` as a shared writer's turn writes it (see ``add_epoch``); returns the rows it adds to
+        the folder's."""
+        epoch = row[K.epoch]
+        written = {r[K.epoch]: r for r in read_history(self.out) if r[K.epoch] < epoch}
+        missing = [r for r in self.history if r[K.epoch] < epoch and r[K.epoch] not in written]
+        rows = {**written, **{r[K.epoch]: r for r in missing}}
+        self.history = [rows[e] for e in sorted(rows)] + [row]
+        return missing + [row]
 
     def _write_history(self) -> None:
         lines = "".join(dumps(r, indent=None) for r in self.history)

@@ -38,7 +38,7 @@ class Mode(Callbacks):
     sections: ClassVar[tuple[type[Section], ...]] = ()  # the sections it takes beyond the core ones
     uses_servers: ClassVar[bool] = False  # parameter-server shards beside the workers
     job: Job = Job()  # this process's place in the job (``create_mode`` sets the entry's)
-    standby_writer: bool = False  # this process holds a writer even when it is not main, to take over writing
+    standby_writer: bool = False  # this process holds a writer, shared with others that take turns writing
 
     def __init__(self, name: str = "local", cfg: CoreConfig | None = None) -> None:
         self.name = name

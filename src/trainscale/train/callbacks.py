@@ -19,7 +19,7 @@ class Writes(enum.Enum):
 
     NOT_NOW = "not now"
     ALONE = "alone"  # the folder's only writer
-    SHARED = "shared"  # one of several that take turns (the one elected now): re-read the rows written so far first
+    SHARED = "shared"  # one of several that take turns (the one elected now; their writers are ``shared``)
 
 
 class Callbacks:
@@ -27,13 +27,14 @@ class Callbacks:
 
     def before_fit(self, snapshot: Callable[[], dict[str, Any]], restore: Callable[[dict[str, Any]], None]) -> None:
         """Once, before the first epoch, with functions that take and restore the trainer's whole state
-        (model, optimizer, scaler, run state, the mode's own): a mode that copies live state between workers
-        (e.g. to heal a restarted one) keeps them."""
+        (model, optimizer, scaler, run state, the mode's own, the run's rows it knows): a mode that copies live
+        state between workers (e.g. to heal a restarted one) keeps them."""
 
     def writes_run_folder(self) -> Writes:
         """Whether this process writes the run folder at this epoch's end. A mode whose writer may change during
-        the run (it died; another process holds a writer too) says ``SHARED`` in the process elected now, which
-        re-reads the rows another one may have written."""
+        the run (it died; another process holds a writer too) says ``SHARED`` in the process elected now and
+        ``NOT_NOW`` in the others, whose writers keep the row (``results.RunWriter``, ``shared``: it owns what a
+        turn writes)."""
         return Writes.ALONE
 
     def before_train_epoch(self, epoch: int) -> None:

@@ -301,10 +301,11 @@ def wants_resume(cfg: CoreConfig, out: Path | None, restarted: bool) -> bool:
 
 
 def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -> tuple[RunWriter | None, bool]:
-    """(the run folder on the main process, and on a ``standby`` one that may take over writing it; whether to
-    resume); see ``check_run_folder``. The checks that need only the config come first (see also
-    ``results.lock_run_folder``, which removes a folder it made that a failed check left empty). ``job``: this
-    process's place in the job (whether it creates the folder, which launchers hold its lock)."""
+    """(the run folder on the main process, and on a ``standby`` one that may take over writing it: processes
+    that write it in turns hold ``shared`` writers; whether to resume); see ``check_run_folder``. The checks that
+    need only the config come first (see also ``results.lock_run_folder``, which removes a folder it made that a
+    failed check left empty). ``job``: this process's place in the job (whether it creates the folder, which
+    launchers hold its lock)."""
     check_model_input(cfg)
     main = is_main_process()
     out = resolve_out(cfg) if main or standby else None
@@ -320,7 +321,7 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -
         log.warning(
             "--resume: %s has no checkpoint (the run stopped before its first one); starting from the beginning", out
         )
-    return RunWriter(out, clean=first_writer, tensorboard=cfg.run.tensorboard), resume
+    return RunWriter(out, clean=first_writer, tensorboard=cfg.run.tensorboard, shared=standby), resume
 
 
 def summary_base(

@@ -139,6 +139,18 @@ class Trainer:
         if self.ema is not None and "ema" in snapshot:
             self.ema.load_state_dict(snapshot["ema"])
 
+    def heal_state(self) -> dict[str, Any]:
+        """What a peer healing from this process copies: the training state (``snapshot``) and the run's rows
+        this process knows (``RunWriter.history``, its own rows of epochs another wrote among them), so that the
+        healed one, elected later, writes an epoch whose elected writer died before writing it."""
+        return {**self.snapshot(), "rows": list(self.writer.history) if self.writer is not None else []}
+
+    def heal_from(self, state: dict[str, Any]) -> None:
+        """Take a peer's ``heal_state``."""
+        self.restore(state)
+        if self.writer is not None:
+            self.writer.adopt(state.get("rows") or [])
+
     def _shared_checkpoint(self) -> dict[str, Any]:
         """The main process reads the checkpoint and sends it to every rank, so all resume from the same
         state even when only node 0 has the run folder (an error there is raised on every rank)."""
@@ -157,7 +169,7 @@ class Trainer:
         return value
 
     def fit(self) -> dict[str, Any]:
-        self.callbacks.before_fit(self.snapshot, self.restore)
+        self.callbacks.before_fit(self.heal_state, self.heal_from)
         if is_main_process() and self.state.next_epoch < self.cfg.optim.epochs:
             log.info("%s", self.start_line())
         choice = choose_step(
@@ -183,15 +195,24 @@ class Trainer:
             self.summary_base[K.warmup_seconds] = self.warm_up()
         for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
             row = self.run_epoch(epoch)
-            writes = self.callbacks.writes_run_folder()
-            if self.writer is not None and writes is not Writes.NOT_NOW:
-                if writes is Writes.SHARED:
-                    self.writer.restore_history(epoch)
-                self.writer.add_epoch(row)
-                self.writer.write_summary(self.summary())
-                self._checkpoint()
+            self._record(row)
             barrier()
         return self.summary()
+
+    def _record(self, row: dict[str, Any]) -> None:
+        """The epoch's row, the summary and the checkpoint into the run folder where this process writes it now;
+        where another was elected (its writer and this one take turns), the row is kept by this one's writer, in
+        case the one elected dies before writing it."""
+        if self.writer is None:
+            return
+        writes = self.callbacks.writes_run_folder()
+        assert writes is not Writes.SHARED or self.writer.shared, "a mode that writes in turns needs shared writers"
+        if writes is Writes.NOT_NOW:
+            self.writer.keep_epoch(row)
+            return
+        self.writer.add_epoch(row)
+        self.writer.write_summary(self.summary())
+        self._checkpoint()
 
     def start_line(self) -> str:
         """What the run is before its first epoch: the run folder, device(s), world size and recipe."""

@@ -19,8 +19,11 @@ if the Manager commits the step. A member that dies or hangs makes the step's al
 applied anywhere (one step lost), the next quorum goes on without it, and when its agent has restarted it, it
 heals by copying a live member's whole state (model, optimizer, run state, data position) before its first step.
 
-The run folder: every replica holds a writer, and at each epoch's end the quorum's first member writes
-(re-reading the rows written so far), so the record goes on when the replica that was writing dies.
+The run folder: every replica holds a writer (``results.RunWriter``, shared), and at each epoch's end the
+quorum's first member writes, re-reading the rows written so far, while the others keep the row; so the record
+goes on when the replica that was writing dies, with each epoch once: one elected that died before writing its
+row has it written by the next (the rows a replica kept travel with the state a restarted one heals from), and a
+restarted replica never rewrites the rows at resume (its checkpoint may be older than what the live ones wrote).
 
 Samples (what the README promises): every replica walks the same per-epoch permutation; the job's data
 position counts the per-worker batches of committed steps, and a step with n members trains on the next

@@ -40,6 +40,7 @@ class Replicated(Mode):
     """Sync mode (``inner``) as this process's torchft replica; see the module docstring."""
 
     distributed = True
+    standby_writer = True  # every replica holds a writer: the one elected at an epoch's end writes
 
     def __init__(self, inner: SyncMode, cfg: Any, job: Job) -> None:
         self.inner = inner
