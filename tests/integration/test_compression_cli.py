@@ -13,9 +13,10 @@ from tests.integration.cli import assert_one_line_error, run_cli
 # family share its payload and exchange (all-gather, error feedback): Random-k's and Threshold's selections, QSGD's
 # levels and Threshold's varying payload size (its exchange path) are covered by tests/unit/test_compression_props.py
 # and, over a real 2-process gloo group in both granularities, by tests/dist/test_compression_ddp.py.
+# Epochs: TernGrad learns in one (0.39, 0.39, 0.41 with seeds 0-2), Top-k at 1% needs two (0.31, 0.28 after one).
 SEED_METHODS = [
-    ("topk", ("--ratio", "0.01"), 30.0),
-    ("terngrad", (), 10.0),
+    ("topk", ("--ratio", "0.01"), 30.0, 2),
+    ("terngrad", (), 10.0, 1),
 ]
 SYN = (
     "--model",
@@ -37,8 +38,8 @@ SYN = (
 @pytest.mark.dist
 @pytest.mark.realdata
 @pytest.mark.slow
-@pytest.mark.parametrize("method, flags, min_ratio", SEED_METHODS, ids=[m[0] for m in SEED_METHODS])
-def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir, method, flags, min_ratio):
+@pytest.mark.parametrize("method, flags, min_ratio, epochs", SEED_METHODS, ids=[m[0] for m in SEED_METHODS])
+def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir, method, flags, min_ratio, epochs):
     out = tmp_path / method
     proc = run_cli(
         "train",
@@ -53,7 +54,7 @@ def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir
         "--test-subset",
         "1000",
         "--epochs",
-        "2",
+        str(epochs),
         "--batch-size",
         "200",
         "--lr",
@@ -86,7 +87,7 @@ def test_seed_method_with_error_feedback_learns_real_cifar(tmp_path, cifar10_dir
     assert summary["compression_ratio"] >= min_ratio, summary
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["bytes_sent_per_step"] < r["dense_bytes_per_step"] for r in rows)
-    assert all(r["encode_ms_per_step"] >= 0 and r["decode_ms_per_step"] >= 0 for r in rows)
+    assert len(rows) == epochs and all(r["encode_ms_per_step"] >= 0 and r["decode_ms_per_step"] >= 0 for r in rows)
 
 
 # Entire model in seed 004's own spelling (--compress entiremodel --method TopK -K 0.01).
