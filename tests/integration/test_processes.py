@@ -98,24 +98,22 @@ def running_job(
 
 
 @pytest.mark.dist
-def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
-    with running_job(tmp_path, tmp_path / "run") as (proc, workers):
-        assert len(workers) >= 2, workers
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert wait_until(lambda: not any(map(alive, workers)), 5), [p for p in workers if alive(p)]
-
-
-@pytest.mark.dist
-def test_a_second_job_on_a_folder_in_use_is_refused_in_one_line(tmp_path):
+def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    """One running job for both (each was a job of its own, 4.5 s of the suite more): a second job on its folder,
+    plain or resuming, is one line naming it and leaves it running; then SIGKILL to its launcher takes its
+    workers with it."""
     out = tmp_path / "run"
-    with running_job(tmp_path, out) as (first, _):
+    with running_job(tmp_path, out) as (first, workers):
         in_use = f"--out {out} is in use by another trainscale job (pid {first.pid})"
         assert_one_line_error(run_cli("train", *LONG, "--out", out, timeout=120), in_use)  # the lock
         assert_one_line_error(
             run_cli("train", *LONG, "--workers", "2", "--resume", "--out", out, timeout=120), in_use
         )  # the launcher's checks
         assert first.poll() is None
+        assert len(workers) >= 2, workers
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        assert wait_until(lambda: not any(map(alive, workers)), 5), [p for p in workers if alive(p)]
 
 
 @pytest.mark.dist

@@ -31,6 +31,8 @@ SYN = (
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
+    """Kept short: 2 epochs of 3,400 images (17 steps of 200), 1,000 test images: 0.436, 0.453 and 0.453 with
+    seeds 0-2 against the bar 0.35 (5,000 images: 0.52, 6 s more)."""
     out = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -41,7 +43,7 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
         "--data-dir",
         cifar10_dir,
         "--train-subset",
-        "5000",
+        "3400",
         "--test-subset",
         "1000",
         "--epochs",
@@ -75,7 +77,7 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2]
     assert all(r["world_size"] == 2 and r["bytes_sent_per_step"] == summary["bytes_sent_per_step"] for r in rows)
-    assert rows[0]["train_samples"] == 5000  # the two shards cover the subset once per epoch
+    assert rows[0]["train_samples"] == 3400  # the two shards cover the subset once per epoch
     assert "test acc" in proc.stdout and "MiB handed to" in proc.stdout and "per worker per step" in proc.stdout
 
 

@@ -12,9 +12,10 @@ from trainscale.results import EPOCH_FIELDS, SUMMARY_FIELDS
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
-    """The airbench94 recipe learns (kept cheap: 5,000 images, 2 epochs at batch 250, 1,000 test images; measured
-    0.54 after the first epoch), and the run records the reference's timer scope beside the trainer's, with the
-    6-view evaluation at the end."""
+    """The airbench94 recipe learns (kept cheap: 2,500 images, 2 epochs at batch 250, 500 test images; measured
+    0.58, 0.58 and 0.61 at the end with seeds 0-2, 0.50 after the first epoch; 5,000 and 1,000 gave 0.72 in 13 s
+    more), and the run records the reference's timer scope beside the trainer's, with the 6-view evaluation at the
+    end."""
     out = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -25,9 +26,9 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
         "--data-dir",
         cifar10_dir,
         "--train-subset",
-        "5000",
+        "2500",
         "--test-subset",
-        "1000",
+        "500",
         "--epochs",
         "2",
         "--batch-size",
