@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m trainscale train --config configs/demo.toml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # ruff (lint and format check) and mypy over the tree; settings in pyproject.toml. `make format` applies ruff's fixes.
-LINTED := src tests benchmarks
+LINTED := src tests tests/dist benchmarks  # tests/dist named: ruff skips folders called dist by default
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)

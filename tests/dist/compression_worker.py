@@ -48,8 +48,15 @@ DETERMINISTIC = ("none", "fp16", "bf16", "randomk", "topk", "threshold", "signsg
 def tiny_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-        nn.Flatten(), nn.Linear(256, 32), nn.ReLU(), nn.Linear(32, 10))
+        nn.Conv2d(3, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(256, 32),
+        nn.ReLU(),
+        nn.Linear(32, 10),
+    )
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,8 +80,14 @@ def train_ddp(method: str, granularity: str, bucket_cap_mb: float | None, **kwar
     model = tiny_model()
     extra = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb else ddp_kwargs_for(granularity, model)
     ddp = DDP(model, **extra)
-    state = CompressionHookState(create_compressor(method, **PARAMS.get(method, {})), granularity, model=ddp,
-                                 error_feedback=True, dense_below=0, **kwargs)
+    state = CompressionHookState(
+        create_compressor(method, **PARAMS.get(method, {})),
+        granularity,
+        model=ddp,
+        error_feedback=True,
+        dense_below=0,
+        **kwargs,
+    )
     ddp.register_comm_hook(state, compression_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     finite, losses = True, []
@@ -88,15 +101,22 @@ def train_ddp(method: str, granularity: str, bucket_cap_mb: float | None, **kwar
         last = grads_of(ddp)
         opt.step()
     summary = state.stats.summary()
-    return {"finite": finite and all(math.isfinite(v) for v in losses), "losses": losses,
-            "params_identical": same_on_all_ranks([p.detach() for p in model.parameters()]),
-            "grads_identical": same_on_all_ranks(last), "stats": summary,
-            "bytes_sent": state.stats.bytes_sent, "dense_bytes": state.stats.dense_bytes,
-            "dense_steps": state.stats.dense_steps, "buckets_last_step": state.buckets_last_step}
+    return {
+        "finite": finite and all(math.isfinite(v) for v in losses),
+        "losses": losses,
+        "params_identical": same_on_all_ranks([p.detach() for p in model.parameters()]),
+        "grads_identical": same_on_all_ranks(last),
+        "stats": summary,
+        "bytes_sent": state.stats.bytes_sent,
+        "dense_bytes": state.stats.dense_bytes,
+        "dense_steps": state.stats.dense_steps,
+        "buckets_last_step": state.buckets_last_step,
+    }
 
 
-def path_grads(method: str | None, granularity: str, wrap: str, bucket_cap_mb: float | None = 0.01
-               ) -> list[list[torch.Tensor]]:
+def path_grads(
+    method: str | None, granularity: str, wrap: str, bucket_cap_mb: float | None = 0.01
+) -> list[list[torch.Tensor]]:
     """Gradients of two SGD steps through one path: ``wrap`` is "ddp" (the hook, or DDP's own
     all-reduce when ``method`` is None) or "manual" (``make_reducer`` on the unwrapped model).
     DDP rebuilds its buckets after step 0, so step 1 runs with several small buckets."""
@@ -104,14 +124,20 @@ def path_grads(method: str | None, granularity: str, wrap: str, bucket_cap_mb: f
     if wrap == "ddp":
         net = DDP(model, bucket_cap_mb=bucket_cap_mb) if bucket_cap_mb else DDP(model)
         if method is not None:
-            state = CompressionHookState(create_compressor(method, **PARAMS.get(method, {})), granularity,
-                                         model=net, error_feedback=True, dense_below=0)
+            state = CompressionHookState(
+                create_compressor(method, **PARAMS.get(method, {})),
+                granularity,
+                model=net,
+                error_feedback=True,
+                dense_below=0,
+            )
             net.register_comm_hook(state, compression_hook)
         reducer = None
     else:
         net = model
-        reducer = make_reducer(model, method or "none", granularity, error_feedback=True, dense_below=0,
-                               **PARAMS.get(method, {}))
+        reducer = make_reducer(
+            model, method or "none", granularity, error_feedback=True, dense_below=0, **PARAMS.get(method, {})
+        )
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     out = []
     for step in range(2):
@@ -140,8 +166,9 @@ def run_case(method: str, granularity: str, reference: list[list[torch.Tensor]])
     return result
 
 
-def reference_topk_ef(grads: list[torch.Tensor], residuals: list[torch.Tensor], ratio: float,
-                      dense_below: int = 0) -> list[torch.Tensor]:
+def reference_topk_ef(
+    grads: list[torch.Tensor], residuals: list[torch.Tensor], ratio: float, dense_below: int = 0
+) -> list[torch.Tensor]:
     """Layerwise Top-k with error feedback from its definition: each rank sends the top
     max(1, ceil(n * ratio)) of gradient + residual per tensor, keeps the rest; the step is the mean.
     ``dense_below``: 1-D tensors and those under that many elements are averaged whole, with no residual."""
@@ -169,8 +196,9 @@ def topk_layerwise_against_reference(dense_below: int = 0) -> dict[str, Any]:
     ratio = PARAMS["topk"]["ratio"]
     hooked, plain = tiny_model(), tiny_model()
     ddp = DDP(hooked, bucket_cap_mb=0.01)
-    state = CompressionHookState(create_compressor("topk", ratio=ratio), "layerwise", model=ddp,
-                                 error_feedback=True, dense_below=dense_below)
+    state = CompressionHookState(
+        create_compressor("topk", ratio=ratio), "layerwise", model=ddp, error_feedback=True, dense_below=dense_below
+    )
     ddp.register_comm_hook(state, compression_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4) for m in (ddp, plain)]
     residuals = [torch.zeros_like(p) for p in plain.parameters()]
@@ -190,20 +218,24 @@ def topk_layerwise_against_reference(dense_below: int = 0) -> dict[str, Any]:
 
 
 def run_extra_cases() -> dict[str, Any]:
-    out: dict[str, Any] = {"topk_reference/layerwise": topk_layerwise_against_reference(),
-                           "topk_reference/dense_small": topk_layerwise_against_reference(DEFAULT_DENSE_BELOW)}
+    out: dict[str, Any] = {
+        "topk_reference/layerwise": topk_layerwise_against_reference(),
+        "topk_reference/dense_small": topk_layerwise_against_reference(DEFAULT_DENSE_BELOW),
+    }
     # every |g| below the threshold: nothing is selected, nothing may hang, the step is zero
     for granularity in ("layerwise", "entire"):
         model = tiny_model()
         ddp = DDP(model)
-        state = CompressionHookState(create_compressor("threshold", threshold=1e9), granularity, model=ddp,
-                                     dense_below=0)  # every tensor through the threshold: nothing passes
+        state = CompressionHookState(
+            create_compressor("threshold", threshold=1e9), granularity, model=ddp, dense_below=0
+        )  # every tensor through the threshold: nothing passes
         ddp.register_comm_hook(state, compression_hook)
         x, y = batch(0, dist.get_rank())
         F.cross_entropy(ddp(x), y).backward()
         out[f"threshold_empty/{granularity}"] = {
             "all_zero": all(bool((p.grad == 0).all()) for p in ddp.parameters()),
-            "density": state.stats.summary()["density"]}
+            "density": state.stats.summary()["density"],
+        }
     warm = train_ddp("topk", "layerwise", None, warmup_steps=1)
     out["topk_warmup"] = {"dense_steps": warm["dense_steps"], "params_identical": warm["params_identical"]}
     return out

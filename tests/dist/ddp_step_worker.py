@@ -34,8 +34,14 @@ MICRO = 4
 def tiny_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(128, 32),
-        nn.ReLU(), nn.Linear(32, 10))
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(128, 32),
+        nn.ReLU(),
+        nn.Linear(32, 10),
+    )
 
 
 def hooked(model: nn.Module, hook: str, **ddp: Any) -> tuple[DDP, Any]:
@@ -62,8 +68,12 @@ def one_step(hook: str, accumulate: int) -> dict[str, Any]:
         compute_gradients(ddp, images, labels, optimizer, scaler, precision, accumulate=accumulate)
         apply_gradients(optimizer, scaler)
     stats = state.stats
-    return {"params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
-            "bytes": stats.bytes_sent, "calls": stats.calls, "steps": stats.steps}
+    return {
+        "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+        "bytes": stats.bytes_sent,
+        "calls": stats.calls,
+        "steps": stats.steps,
+    }
 
 
 def three_steps(hook: str, compiled: bool) -> dict[str, Any]:
@@ -83,8 +93,12 @@ def three_steps(hook: str, compiled: bool) -> dict[str, Any]:
             compute_gradients(ddp, images, labels, optimizer, scaler, precision)
             apply_gradients(optimizer, scaler)
     stats = state.stats
-    return {"params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
-            "bytes": stats.bytes_sent, "calls": stats.calls, "steps": stats.steps}
+    return {
+        "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+        "bytes": stats.bytes_sent,
+        "calls": stats.calls,
+        "steps": stats.steps,
+    }
 
 
 def main() -> None:

@@ -15,8 +15,20 @@ from tests.integration.cli import run_cli
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 
-SMALL = dict(model="mlp", dataset="synthetic", train_subset=512, test_subset=128, epochs=3, batch_size=64,
-             lr=0.05, crop_padding=0, flip=False, seed=3, progress=False, threads=1)
+SMALL = dict(
+    model="mlp",
+    dataset="synthetic",
+    train_subset=512,
+    test_subset=128,
+    epochs=3,
+    batch_size=64,
+    lr=0.05,
+    crop_padding=0,
+    flip=False,
+    seed=3,
+    progress=False,
+    threads=1,
+)
 
 
 def flags(settings: dict) -> list[str]:
@@ -30,21 +42,41 @@ def flags(settings: dict) -> list[str]:
 @pytest.mark.dist
 def test_a_raising_worker_stops_the_job_with_its_error(tmp_path):
     start = time.monotonic()
-    proc = run_cli("train", *flags(SMALL), "--workers", "2", "--out", tmp_path / "run", timeout=120,
-                   env={"TRAINSCALE_FAULT": "raise:rank=1:epoch=1:step=2"})
+    proc = run_cli(
+        "train",
+        *flags(SMALL),
+        "--workers",
+        "2",
+        "--out",
+        tmp_path / "run",
+        timeout=120,
+        env={"TRAINSCALE_FAULT": "raise:rank=1:epoch=1:step=2"},
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainscale train: error: worker rank 1 (local rank 1) failed: RuntimeError: "
-                           "TRAINSCALE_FAULT: injected failure in rank 1 at epoch 1 step 2"), last
+    assert last.startswith(
+        "trainscale train: error: worker rank 1 (local rank 1) failed: RuntimeError: "
+        "TRAINSCALE_FAULT: injected failure in rank 1 at epoch 1 step 2"
+    ), last
     assert elapsed < 60, elapsed
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 @pytest.mark.dist
 def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
-    proc = run_cli("train", *flags(SMALL), "--workers", "2", "--max-restarts", "1", "--out", tmp_path / "run",
-                   timeout=300, env={"TRAINSCALE_FAULT": "kill:rank=1:epoch=2:step=1"})
+    proc = run_cli(
+        "train",
+        *flags(SMALL),
+        "--workers",
+        "2",
+        "--max-restarts",
+        "1",
+        "--out",
+        tmp_path / "run",
+        timeout=300,
+        env={"TRAINSCALE_FAULT": "kill:rank=1:epoch=2:step=1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SIGKILL" in proc.stderr or "exitcode: -9" in proc.stderr  # the kill really happened
     assert "resumed from" in proc.stderr
@@ -64,10 +96,29 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
 def test_under_an_external_torchrun_workers_join_and_survive_a_restart(tmp_path):
     """`torchrun ... -m trainscale train` just joins (no second launcher), and a restart by torchrun's own
     agent (which keeps its store across attempts) resumes too."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "1", "-m", "trainscale", "train", *flags(SMALL), "--out", str(tmp_path / "run")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TRAINSCALE_FAULT": "kill:rank=1:epoch=2:step=1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "-m",
+        "trainscale",
+        "train",
+        *flags(SMALL),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRAINSCALE_FAULT": "kill:rank=1:epoch=2:step=1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[-1]["world_size"] == 2

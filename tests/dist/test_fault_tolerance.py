@@ -14,8 +14,12 @@ from trainscale.app.run import run_training
 from trainscale.runtime import ft
 from trainscale.runtime.ft import read_events
 
-pytestmark = [pytest.mark.dist, pytest.mark.skipif(not __import__("trainscale.runtime.ft", fromlist=["x"])
-                                                   .torchft_available(), reason="torchft is not installed")]
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(
+        not __import__("trainscale.runtime.ft", fromlist=["x"]).torchft_available(), reason="torchft is not installed"
+    ),
+]
 
 # 2 replicas x 32 images per step: the same 64 images per step as one process with batch 64.
 FT = ["--workers", "2", "--fault-tolerance", "--batch-per-worker", "32"]
@@ -53,8 +57,20 @@ def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
     (compressor state put back) and the restarted replica heals with the shared state (Q). The dense path's
     faults are the hang test's and the fault-free test's. 240 steps: the restarted replica was back in the quorum at
     step 95 of 192 (4 s after the kill, a loaded 2-core machine), so the job outlasts its restart 2.5 times."""
-    out, summary = ft_run(tmp_path, "kill", "--compress", "powersgd", "--powersgd-rank", "2",
-                          "--inject-fault", "kill:1@6", "--ft-timeout", "5", epochs=3, subset=5120)
+    out, summary = ft_run(
+        tmp_path,
+        "kill",
+        "--compress",
+        "powersgd",
+        "--powersgd-rank",
+        "2",
+        "--inject-fault",
+        "kill:1@6",
+        "--ft-timeout",
+        "5",
+        epochs=3,
+        subset=5120,
+    )
     (fault,) = summary["faults"]
     assert (fault["kind"], fault["rank"], fault["step"]) == ("kill", 1, 6)
     assert fault["steps_lost"] <= 1 and fault["detection_seconds"] < 2
@@ -66,8 +82,7 @@ def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
 
 
 def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
-    out, summary = ft_run(tmp_path, "hang", "--inject-fault", "hang:0@6", "--ft-timeout", "2",
-                          epochs=4, subset=8192)
+    out, summary = ft_run(tmp_path, "hang", "--inject-fault", "hang:0@6", "--ft-timeout", "2", epochs=4, subset=8192)
     (fault,) = summary["faults"]
     assert fault["kind"] == "hang" and fault["steps_lost"] <= 1
     assert fault["detection_seconds"] < 2 + 1.5  # the all-reduce's timeout, and a margin for a loaded machine
@@ -79,9 +94,25 @@ def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
     """DiLoCo with Top-k rounds (local SGD is the same code with outer lr 1): killed as the round at step 8 starts,
     the survivor's round fails and is taken again at the next step with whoever is left (its local steps kept), the
     replica heals mid-round and the replicas end equal."""
-    out, summary = ft_run(tmp_path, "diloco", "--mode", "diloco", "--sync-every", "4", "--compress", "topk",
-                          "--ratio", "0.05", "--error-feedback", "--inject-fault", "kill:1@8", "--ft-timeout", "5",
-                          epochs=3, subset=8192)
+    out, summary = ft_run(
+        tmp_path,
+        "diloco",
+        "--mode",
+        "diloco",
+        "--sync-every",
+        "4",
+        "--compress",
+        "topk",
+        "--ratio",
+        "0.05",
+        "--error-feedback",
+        "--inject-fault",
+        "kill:1@8",
+        "--ft-timeout",
+        "5",
+        epochs=3,
+        subset=8192,
+    )
     (fault,) = summary["faults"]
     assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
     assert summary["replicas_equal"] is True and summary["replicas_finished"] == 2 and summary["world_size"] == 2

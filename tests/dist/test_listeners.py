@@ -21,8 +21,23 @@ import pytest
 
 from trainscale.runtime.network import free_port, interface_of, listening_socket, local_address_toward
 
-SMALL = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "2048", "--test-subset", "256",
-         "--epochs", "3", "--batch-size", "64", "--no-progress", "--threads", "1")
+SMALL = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "2048",
+    "--test-subset",
+    "256",
+    "--epochs",
+    "3",
+    "--batch-size",
+    "64",
+    "--no-progress",
+    "--threads",
+    "1",
+)
 LISTEN = "0A"
 
 
@@ -41,7 +56,7 @@ def _listening_inodes(pid: int) -> dict[str, str]:
             hex_addr = fields[1].split(":")[0]
             raw = bytes.fromhex(hex_addr)
             # /proc prints each 32-bit word in host (little-endian) order
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+            packed = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
             found[fields[9]] = str(ipaddress.ip_address(packed))
     return found
 
@@ -88,9 +103,13 @@ def listeners_while_running(proc: subprocess.Popen, timeout: float = 240) -> dic
 
 
 def run_job(*args: str, prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, dict[str, str], str]:
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "trainscale", "train", *SMALL, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "trainscale", "train", *SMALL, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         seen = listeners_while_running(proc)
         output = proc.communicate(timeout=60)[0]
@@ -148,12 +167,31 @@ def two_hosts():
 def test_two_machine_job_listens_on_the_given_address_only(tmp_path: Path, two_hosts: tuple[str, str]) -> None:
     endpoint = f"{ADDRESSES[0]}:{free_port()}"
     common = ("--nnodes", "2", "--rdzv-endpoint", endpoint, "--workers", "1", "--rdzv-timeout", "120")
-    node1 = subprocess.Popen(["ip", "netns", "exec", two_hosts[1], sys.executable, "-m", "trainscale", "train",
-                              *SMALL, *common, "--node-rank", "1", "--out", str(tmp_path / "node1")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node1 = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            two_hosts[1],
+            sys.executable,
+            "-m",
+            "trainscale",
+            "train",
+            *SMALL,
+            *common,
+            "--node-rank",
+            "1",
+            "--out",
+            str(tmp_path / "node1"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        proc, seen, output = run_job(*common, "--node-rank", "0", "--out", str(tmp_path / "run"),
-                                     prefix=("ip", "netns", "exec", two_hosts[0]))
+        proc, seen, output = run_job(
+            *common, "--node-rank", "0", "--out", str(tmp_path / "run"), prefix=("ip", "netns", "exec", two_hosts[0])
+        )
         node1_output = node1.communicate(timeout=120)[0]
     finally:
         if node1.poll() is None:

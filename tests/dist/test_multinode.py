@@ -13,15 +13,49 @@ import pytest
 
 from trainscale.runtime.network import free_port
 
-SMALL = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
-         "--epochs", "2", "--batch-size", "64", "--no-progress", "--threads", "1")  # two "nodes", one CPU
+SMALL = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "512",
+    "--test-subset",
+    "128",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "64",
+    "--no-progress",
+    "--threads",
+    "1",
+)  # two "nodes", one CPU
 
 
 def start_node(rank: int, endpoint: str, out, *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "trainscale", "train", *SMALL, "--nnodes", "2", "--node-rank", str(rank),
-            "--rdzv-endpoint", endpoint, "--workers", "1", "--rdzv-timeout", "120", "--out", str(out), *extra]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "trainscale",
+        "train",
+        *SMALL,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--rdzv-endpoint",
+        endpoint,
+        "--workers",
+        "1",
+        "--rdzv-timeout",
+        "120",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 @pytest.mark.dist

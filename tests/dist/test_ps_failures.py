@@ -14,8 +14,23 @@ import pytest
 
 from tests.integration.cli import run_cli
 
-SYN = ("--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset", "128",
-       "--batch-size", "64", "--no-progress", "--workers", "2", "--servers", "2")
+SYN = (
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--train-subset",
+    "512",
+    "--test-subset",
+    "128",
+    "--batch-size",
+    "64",
+    "--no-progress",
+    "--workers",
+    "2",
+    "--servers",
+    "2",
+)
 
 
 def rows(out):
@@ -27,8 +42,21 @@ def test_a_killed_main_worker_is_taken_over_and_its_batches_go_to_the_others(tmp
     """Worker 0 evaluates and writes the run folder: killed at its step 4, worker 1 trains the rest of its shard,
     takes over at the epoch's end, and the run folder holds every epoch."""
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--mode", "async", "--staleness", "0", "--epochs", "2",
-                   "--inject-fault", "kill:0@4", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "async",
+        "--staleness",
+        "0",
+        "--epochs",
+        "2",
+        "--inject-fault",
+        "kill:0@4",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "worker 0: its training process" in proc.stderr and "was killed by signal SIGKILL" in proc.stderr
     assert "worker 1 takes over evaluating and writing the run folder" in proc.stderr
@@ -54,17 +82,46 @@ def test_killed_and_hung_workers_are_dropped_and_no_batch_is_skipped(tmp_path, m
     drop each (the hung one after --heartbeat-timeout), its supervisor kills the hung one, and worker 0 trains what
     they left. ma averages every 4 steps: a worker killed at step 6 loses 2 local steps (trained again by others)."""
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "576", "--test-subset",
-                   "64", "--batch-per-worker", "16", "--no-progress", "--workers", "3", "--servers", "1",
-                   "--mode", mode, "--epochs", "2", "--inject-fault", "kill:1@6,hang:2@17", "--heartbeat-timeout",
-                   "2", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--train-subset",
+        "576",
+        "--test-subset",
+        "64",
+        "--batch-per-worker",
+        "16",
+        "--no-progress",
+        "--workers",
+        "3",
+        "--servers",
+        "1",
+        "--mode",
+        mode,
+        "--epochs",
+        "2",
+        "--inject-fault",
+        "kill:1@6,hang:2@17",
+        "--heartbeat-timeout",
+        "2",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "has been stopped for" in proc.stderr  # the supervisor's watchdog
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dead_workers"] == [1, 2]
     kill, hang = summary["faults"]
-    assert (kill["kind"], kill["steps_lost"], hang["kind"], hang["steps_lost"]) == \
-        ("kill", 2 if mode == "ma" else 1, "hang", 1)
+    assert (kill["kind"], kill["steps_lost"], hang["kind"], hang["steps_lost"]) == (
+        "kill",
+        2 if mode == "ma" else 1,
+        "hang",
+        1,
+    )
     assert kill["detection_seconds"] < 5 and 2 <= hang["detection_seconds"] < 8
     assert kill["handed_over"] and hang["handed_over"]
     assert [r["batches_committed"] for r in rows(out)] == [36, 36]  # 3 shards of 12 batches, every epoch
@@ -75,8 +132,19 @@ def test_killed_and_hung_workers_are_dropped_and_no_batch_is_skipped(tmp_path, m
 @pytest.mark.dist
 def test_a_dead_server_ends_the_job_with_a_clear_error(tmp_path):
     start = time.monotonic()
-    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "2", "--inject-fault", "kill:s1@5",
-                   "--out", tmp_path / "run", timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "async",
+        "--epochs",
+        "2",
+        "--inject-fault",
+        "kill:s1@5",
+        "--out",
+        tmp_path / "run",
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     # The error is the CLI's last word; Python's resource tracker may still warn after it about the
     # semaphores the killed server could not release, so look for the line rather than take the last one.
@@ -88,13 +156,26 @@ def test_a_dead_server_ends_the_job_with_a_clear_error(tmp_path):
 
 @pytest.mark.dist
 def test_a_killed_server_restarts_with_the_job_under_max_restarts(tmp_path):
-    """Shard 1 dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to each shard): the job restarts, the servers
-    load the state of epoch 1's checkpoint, the workers reconnect to them and the run finishes; worker 1, killed in
-    epoch 1, is back in the restarted job and not killed again. The fault record counts the shard's updates since
-    the checkpoint as lost."""
+    """Shard 1 dies at its 24th push, in epoch 2 (16 batches an epoch, each pushed to each shard): the job restarts,
+    the servers load the state of epoch 1's checkpoint, the workers reconnect to them and the run finishes; worker 1,
+    killed in epoch 1, is back in the restarted job and not killed again. The fault record counts the shard's updates
+    since the checkpoint as lost."""
     out = tmp_path / "run"
-    proc = run_cli("train", *SYN, "--mode", "async", "--epochs", "3", "--max-restarts", "1",
-                   "--inject-fault", "kill:1@2,kill:s1@24", "--out", out, timeout=300)
+    proc = run_cli(
+        "train",
+        *SYN,
+        "--mode",
+        "async",
+        "--epochs",
+        "3",
+        "--max-restarts",
+        "1",
+        "--inject-fault",
+        "kill:1@2,kill:s1@24",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # the lost server is one warning per worker
     worker, server = json.loads((out / "summary.json").read_text())["faults"]

@@ -37,9 +37,9 @@ def _server(port: int, index: int, servers: int) -> None:
 
 
 def _worker(port: int, servers: int, job: str, queue) -> None:
-    from trainscale.runtime.process_group import rpc_session
     from trainscale.modes.ps.client import RpcCollectives, ShardClient
     from trainscale.modes.ps.mode import installed_collectives
+    from trainscale.runtime.process_group import rpc_session
 
     _env(port, 0, 1 + servers)
     with rpc_session("worker0", 0, 1 + servers, 60.0):
@@ -47,8 +47,9 @@ def _worker(port: int, servers: int, job: str, queue) -> None:
             if job == "sgd":
                 queue.put(_compare_with_local(ShardClient(0, servers, numel=_numel(), timeout_s=60.0)))
             else:  # the same server processes, used as 1, 2 and 3 shards
-                queue.put({n: _round_trip(ShardClient(0, n, numel=_numel(), timeout_s=60.0))
-                           for n in range(1, servers + 1)})
+                queue.put(
+                    {n: _round_trip(ShardClient(0, n, numel=_numel(), timeout_s=60.0)) for n in range(1, servers + 1)}
+                )
             ShardClient(0, servers, numel=_numel(), timeout_s=60.0).leave()
 
 
@@ -96,14 +97,22 @@ def _round_trip(client) -> dict[str, bool]:
     client.initialize(sent, Rule("async", momentum=0.9))
     back = client.pull(wait=False)
     state = client.fetch_state()
-    changed = [{"params": s["params"] + 1, "version": 7 + i, "momentum": torch.full_like(s["params"], 0.5)}
-               for i, s in enumerate(state)]
+    changed = [
+        {"params": s["params"] + 1, "version": 7 + i, "momentum": torch.full_like(s["params"], 0.5)}
+        for i, s in enumerate(state)
+    ]
     client.restore(changed)
     again = client.fetch_state()
-    return {"params": torch.equal(back, sent),
-            "bounds": [s["params"].numel() for s in state] == [b - a for a, b in client.bounds],
-            "state": all(torch.equal(a["params"], b["params"]) and torch.equal(a["momentum"], b["momentum"])
-                         and a["version"] == b["version"] for a, b in zip(changed, again))}
+    return {
+        "params": torch.equal(back, sent),
+        "bounds": [s["params"].numel() for s in state] == [b - a for a, b in client.bounds],
+        "state": all(
+            torch.equal(a["params"], b["params"])
+            and torch.equal(a["momentum"], b["momentum"])
+            and a["version"] == b["version"]
+            for a, b in zip(changed, again)
+        ),
+    }
 
 
 def _run(servers: int, job: str):

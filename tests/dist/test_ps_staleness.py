@@ -13,10 +13,34 @@ K = 1
 @pytest.mark.dist
 def test_bounded_staleness_holds_with_a_slowed_worker(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--model", "mlp", "--dataset", "synthetic", "--train-subset", "512", "--test-subset",
-                   "128", "--batch-size", "64", "--epochs", "2", "--no-progress", "--mode", "async",
-                   "--staleness", str(K), "--workers", "2", "--servers", "2", "--out", out, timeout=300,
-                   env={"TRAINSCALE_PS_SLOW": "worker=1:seconds=0.15"})
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--train-subset",
+        "512",
+        "--test-subset",
+        "128",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--mode",
+        "async",
+        "--staleness",
+        str(K),
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--out",
+        out,
+        timeout=300,
+        env={"TRAINSCALE_PS_SLOW": "worker=1:seconds=0.15"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     for row in rows:

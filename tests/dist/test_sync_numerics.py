@@ -7,15 +7,29 @@ import pytest
 import torch
 
 from tests.integration.cli import run_cli
-from trainscale.models import create_model
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
+from trainscale.models import create_model
 
 # 512 samples, global batch 64: 8 steps per epoch, 3 epochs. Augmentation off so both runs see the
 # same pixels; rank r's half-batch is perm[r::2] of the single process's batch.
-COMMON = dict(model="mlp", dataset="synthetic", train_subset=512, test_subset=128, epochs=3, batch_size=64,
-              lr=0.05, momentum=0.9, weight_decay=5e-4, crop_padding=0, flip=False, precision="fp32", seed=7,
-              progress=False, threads=1)
+COMMON = dict(
+    model="mlp",
+    dataset="synthetic",
+    train_subset=512,
+    test_subset=128,
+    epochs=3,
+    batch_size=64,
+    lr=0.05,
+    momentum=0.9,
+    weight_decay=5e-4,
+    crop_padding=0,
+    flip=False,
+    precision="fp32",
+    seed=7,
+    progress=False,
+    threads=1,
+)
 
 
 def as_flags(settings: dict) -> list[str]:
@@ -33,8 +47,17 @@ def weights(out):
 @pytest.mark.dist
 def test_two_workers_match_one_process(tmp_path):
     run_training(build_config(COMMON, {"out": str(tmp_path / "one")}))
-    proc = run_cli("train", *as_flags(COMMON), "--workers", "2", "--out", tmp_path / "two",
-                   "--baseline", tmp_path / "one", timeout=300)
+    proc = run_cli(
+        "train",
+        *as_flags(COMMON),
+        "--workers",
+        "2",
+        "--out",
+        tmp_path / "two",
+        "--baseline",
+        tmp_path / "one",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
