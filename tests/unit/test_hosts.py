@@ -98,3 +98,26 @@ def test_a_binary_or_missing_hosts_file_is_one_error(tmp_path):
     for path in (tmp_path / "bin", tmp_path / "missing", tmp_path):
         with pytest.raises(ConfigError, match="--hosts"):
             parse_hosts(path)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"model": "airbench", "dataset": "synthetic", "label_smoothing": 0.0},  # a default the recipe would fill
+        {"model": "resnet20", "epochs": 3, "milestones": [2], "mode": "sync", "workers": 2},
+        {"model": "airbench94", "compress": "topk", "ratio": 0.01, "error_feedback": True, "verify": False},
+    ],
+)
+def test_an_emulated_clusters_nodes_resolve_exactly_the_launchers_run(given):
+    """Each node of ``--cluster`` re-reads its flags: they must give the same run, a value equal to a field's
+    default included (the recipe fills what is absent: an explicit label smoothing of 0 came back as 0.2)."""
+    from trainscale.app.cluster_launch import resolved_flags
+    from trainscale.cli import build_parser
+
+    cfg = build_config({**given, "cluster": "c1"})
+    argv = node_commands(cfg, resolved_flags(cfg), [Host("10.0.0.1")])[0][1]
+    parsed = vars(build_parser().parse_args(argv[1:]))
+    node = build_config({k: v for k, v in parsed.items() if k != "command"})
+    mine, theirs = cfg.to_dict(), node.to_dict()
+    node_only = ("cluster", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+    assert {k: theirs[k] for k in mine if k not in node_only} == {k: mine[k] for k in mine if k not in node_only}

@@ -71,12 +71,11 @@ def facts(record: dict[str, Any], threads: int, cpus: float | None) -> dict[str,
 
 
 def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
-    """Every setting that differs from its default, as flags: a node must not read ``--config`` again, where
-    ``cluster`` (or a bench's ``cluster_hosts``) would send it back here."""
-    defaults = TrainConfig().to_dict()
-    return {
-        k: v for k, v in cfg.to_dict().items() if v is not None and v != defaults[k] and k not in ("config", "cluster")
-    }
+    """Every resolved setting, as flags, so that each node resolves exactly this run: a setting left out because
+    it equals the field's default would be filled again by the recipe (an explicit ``label_smoothing = 0.0`` came
+    back as the airbench recipe's 0.2). A node must not read ``--config`` again, where ``cluster`` (or a bench's
+    ``cluster_hosts``) would send it back here."""
+    return {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("config", "cluster")}
 
 
 def cluster_main(cfg: TrainConfig) -> int:
