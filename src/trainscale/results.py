@@ -145,6 +145,16 @@ class RunWriter:
         if not self.shared:
             self._write_history()
 
+    def take_written(self, epoch: int) -> bool:
+        """A shared writer elected for an epoch it trained none of (restarted, it healed from a peer just as the
+        epoch ended): if the folder has that epoch's row, written by one that trained it, take the rows up to it as
+        they are there instead of writing its own, and say so; False if there is none."""
+        written = [r for r in read_history(self.out) if r[K.epoch] <= epoch]
+        if epoch not in {r[K.epoch] for r in written}:
+            return False
+        self.history = written
+        return True
+
     def keep_epoch(self, *parts: Mapping[str, Any]) -> dict[str, Any]:
         """An epoch's row that another process writes (it was elected): a shared writer keeps it, to write it
         at its own next turn should the one elected have died before its row was written; returns the row."""

@@ -128,3 +128,20 @@ def test_a_job_restarted_from_an_older_checkpoint_replaces_the_epochs_it_trains_
     assert [(r["epoch"], r["test_acc"]) for r in read_history(tmp_path)] == [(1, 0.1), (2, 0.2)]
     again.add_epoch(row(3, 0.3))
     assert [(r["epoch"], r["test_acc"]) for r in read_history(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_a_replica_that_healed_as_the_epoch_ended_keeps_the_row_of_the_one_that_trained_it(tmp_path, monkeypatch):
+    """Replica 0 was killed in epoch 2; the survivor trained and wrote it. Restarted from epoch 1's checkpoint,
+    replica 0 healed just as epoch 2 ended, so it trained none of it, and was elected: its row (a training loss of
+    0, an epoch of microseconds) must not replace the survivor's. One that trained steps of the epoch writes."""
+    out = tmp_path / "run"
+    replica(out, 1, Replica([True]), 0, monkeypatch).fit()
+    survivor = replica(out, 2, Replica([False, True]), 1, monkeypatch)
+    survivor.fit()
+    restarted = replica(out, 2, Replica([True, True]), 0, monkeypatch, 1)
+    restarted.trained_steps = 0
+    restarted._record({**survivor.writer.history[1], "train_loss": 0.0, "epoch_seconds": 5e-5})
+    assert read_history(out) == survivor.writer.history[:2]
+    restarted.trained_steps = 1
+    restarted._record({**survivor.writer.history[1], "train_loss": 0.0})
+    assert epochs_on_disk(out) == [1, 2] and read_history(out)[1]["train_loss"] == 0.0

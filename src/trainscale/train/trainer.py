@@ -97,6 +97,7 @@ class Trainer:
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
     step_fn: StepFn | None = field(default=None, init=False)  # a compiled step (train.step), else the eager one
+    trained_steps: int = field(default=0, init=False)  # this process's steps in the last epoch it ran
 
     def __post_init__(self) -> None:
         """``model`` is the bare module (checkpoints, evaluation); ``train_model`` is what the mode
@@ -210,7 +211,9 @@ class Trainer:
         if writes is Writes.NOT_NOW:
             self.writer.keep_epoch(row)
             return
-        self.writer.add_epoch(row)
+        healed_as_it_ended = writes is Writes.SHARED and self.trained_steps == 0  # trained none of the epoch
+        if not (healed_as_it_ended and self.writer.take_written(row[K.epoch])):  # else the trainers' row stands
+            self.writer.add_epoch(row)
         self.writer.write_summary(self.summary())
         self._checkpoint()
 
@@ -316,6 +319,7 @@ class Trainer:
                 train.skipped_steps,
             )
         self.callbacks.after_train_epoch(self.model)
+        self.trained_steps = train.steps
         train.samples = self.callbacks.epoch_samples(train.samples)
         last = epoch + 1 == self.cfg.optim.epochs
         translate = self.cfg.optim.tta_translate if last else 0
