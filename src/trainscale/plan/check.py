@@ -108,12 +108,7 @@ def check_run(
         return None
     if not setting.spec.dense and setting.spec.text not in profile.compressors:
         return None
-    if profile.overlap is not None:  # measured on the machine the run ran on: the plan uses it
-        setting = replace(setting, overlap=profile.overlap)
-    if profile.step_overhead is not None:
-        setting = replace(setting, step_overhead=profile.step_overhead)
-    if profile.bucket_overhead is not None:
-        setting = replace(setting, bucket_overhead=profile.bucket_overhead)
+    setting = replace(setting, **profile.measured_costs())  # measured on the machine the run ran on: used
     return Check(
         name,
         setting,

@@ -227,13 +227,8 @@ def measured_on_device(cfg: PlanConfig, profile: Profile, device: str | None, pe
     taken on (not when another device's step time or published figure replaces it)."""
     if device is not None or cfg.step_time is not None or cfg.device_step_ms is not None:
         return {}
-    pairs = (
-        ("overlap", profile.overlap),
-        ("step_overhead", profile.step_overhead),
-        ("bucket_overhead", profile.bucket_overhead),
-        ("host_images_per_sec", host_input_rate(profile, per_host)),
-    )
-    return {k: v for k, v in pairs if v is not None}
+    rate = host_input_rate(profile, per_host)
+    return {**profile.measured_costs(), **({"host_images_per_sec": rate} if rate is not None else {})}
 
 
 def host_input_rate(profile: Profile, per_host: int) -> float | None:

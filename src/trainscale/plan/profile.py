@@ -181,6 +181,12 @@ class Profile:
         forward, backward, optimizer."""
         return self.data.median + self.forward.median + self.backward.median + self.optimizer.median
 
+    def measured_costs(self) -> dict[str, Any]:
+        """What this profile measured of a synchronous step's communication (``overlap``, ``step_overhead``,
+        ``bucket_overhead``), by the Setting fields it fills; what it did not measure is absent."""
+        costs = {"overlap": self.overlap, "step_overhead": self.step_overhead, "bucket_overhead": self.bucket_overhead}
+        return {k: v for k, v in costs.items() if v is not None}
+
     @property
     def on_cpu(self) -> bool:
         """Measured on a CPU (whose cores the step's compute already fills), not an accelerator."""
