@@ -14,19 +14,28 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainscale.app.config import build_config
+from trainscale.app.run import build_trainer
 from trainscale.config import CoreConfig
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
 from trainscale.models.airbench import airbench94
+from trainscale.modes.base import LocalMode
+from trainscale.results import read_history
+from trainscale.runtime.job import Job
 from trainscale.train import loop
-from trainscale.train.checks import validate_engine
+from trainscale.train import trainer as trainer_module
+from trainscale.train.checks import check_step
 from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
-from trainscale.train.step import choose_step, compiled_step, create_state
+from trainscale.train.step import StepChoice, choose_step, compiled_step, create_state
 from trainscale.train.trainer import eval_batch_sizes, optimizer_state, restore_optimizer_state
 
 CPU = torch.device("cpu")
+SMALL_RUN = dict(
+    model="mlp", dataset="synthetic", train_subset=128, test_subset=64, batch_size=64, epochs=2, progress=False
+)
 STEPS = 12  # a guard read at step 10 and after step 12
 
 
@@ -96,7 +105,8 @@ def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() 
 def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
     cuda = torch.device("cuda")
     assert choose_step("auto", CPU, "bf16", "none", "stop").kind == "eager"
-    assert choose_step("auto", cuda, "bf16", "none", "stop").kind == "eager"  # until measured there
+    assert choose_step("auto", cuda, "bf16", "none", "stop").kind == "graphed"
+    assert choose_step("auto", cuda, "bf16", "none", "stop", user_model=True).kind == "eager"
     assert choose_step("graphed", cuda, "bf16", "none", "stop").kind == "graphed"
     assert choose_step("auto", cuda, "fp16", "none", "stop").kind == "eager"
     assert "DDP" in choose_step("auto", cuda, "bf16", "ddp", "stop").reason
@@ -233,12 +243,24 @@ def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one(optimizer: str) -> None
 def test_a_compiled_step_that_cannot_run_is_refused_before_training(settings: dict[str, Any], why: str) -> None:
     cfg = CoreConfig.from_flat({"train_step": "compiled", **settings})
     with pytest.raises(ConfigError, match=f"--train-step .*{why}"):
-        validate_engine(cfg)
-    validate_engine(CoreConfig.from_flat({**settings, "train_step": "eager"}))
+        check_step(cfg)
+    check_step(CoreConfig.from_flat({**settings, "train_step": "eager"}))
 
 
 def test_a_compiled_step_under_ddp_passes_the_checks() -> None:
-    validate_engine(CoreConfig.from_flat({"train_step": "compiled", "workers": 2, "mode": "sync"}))
+    check_step(CoreConfig.from_flat({"train_step": "compiled", "workers": 2, "mode": "sync"}))
+
+
+@pytest.mark.parametrize("step", ["compiled", "graphed"])
+def test_a_compiled_step_is_checked_against_the_mode_the_run_resolves_to(step: str) -> None:
+    """``--mode auto`` (the default) is a single local process here, which may compile its step (a check of the
+    unresolved ``auto`` once refused every compiled step as "a mode that exchanges"); with parameter servers it
+    is asynchronous and refused."""
+    device = {"device": "cuda"} if step == "graphed" else {}
+    if step == "compiled" or torch.cuda.is_available():
+        assert build_config({"train_step": step, **device}).run.train_step == step
+    with pytest.raises(ConfigError, match="the mode exchanges inside the step"):
+        build_config({"train_step": "compiled", "servers": 1, "workers": 2})
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "sgd"])
@@ -272,3 +294,33 @@ def test_the_compiled_step_compiles_once_not_every_step() -> None:
     for _ in epochs(model, opt, step_fn):
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] > 0 and graphs[1] == graphs[0]
+
+
+def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_path: Any, monkeypatch: Any) -> None:
+    """A step ``--train-step auto`` compiled that breaks in the warm-up (here after moving every weight, as a capture
+    failing half-way might) leaves nothing of itself: the run trains with the eager step exactly as an eager run of
+    the same seed does, and summary.json says why."""
+
+    def broken(model: torch.nn.Module, *args: Any) -> Any:
+        def step(images: torch.Tensor, labels: torch.Tensor) -> Any:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+            raise RuntimeError("cannot capture this graph")
+
+        return step
+
+    def run(out: Any) -> tuple[dict[str, Any], list[float]]:
+        cfg = build_config(SMALL_RUN, {"out": str(out)})
+        summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
+        return summary, [row["train_loss"] for row in read_history(out)]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module, "choose_step", lambda *a, **k: StepChoice("compiled", "auto: one process"))
+        patched.setattr(trainer_module, "compiled_step", broken)
+        summary, losses = run(tmp_path / "fell-back")
+    eager_summary, eager_losses = run(tmp_path / "eager")
+    assert summary["train_step"] == "eager"
+    assert summary["train_step_reason"].startswith("auto: the compiled step failed in the warm-up (RuntimeError")
+    assert losses == eager_losses
+    assert summary["final_test_acc"] == eager_summary["final_test_acc"]

@@ -33,7 +33,7 @@ from trainscale.recipes import get_recipe
 from trainscale.record import RUN_TOML
 from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
-from trainscale.train.checks import validate_engine
+from trainscale.train.checks import check_step, validate_engine
 from trainscale.train.optim import optimizer_info
 
 log = logging.getLogger("trainscale")
@@ -246,6 +246,7 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     if cfg.launch.cluster is not None:
         validate_name(cfg.launch.cluster)
     cfg = resolve_parallel(cfg)
+    check_step(cfg)
     validate_mode(cfg)
     validate_nonfinite(cfg)
     validate_optimizer(cfg)

@@ -237,12 +237,16 @@ class DeviceBatches:
         if aug is not None and aug.cutout > 0:
             cy, cx = A.cutout_params(count, out_side or h, out_side or w, gen)
 
-        labels = self._labels.index_select(0, indices.to(self.device))
+        # the epoch's draws go to the device once, before its first step (a copy from pageable memory can make
+        # the host wait for the device)
+        indices = indices.to(self.device)
+        oy, ox, flips, cy, cx = (None if t is None else t.to(self.device) for t in (oy, ox, flips, cy, cx))
+        labels = self._labels.index_select(0, indices)
         per_image = self._images[0].numel()
         chunk = max(1, AUGMENT_CHUNK_BYTES // max(1, per_image) // self.batch_size) * self.batch_size
         for start in range(0, count, chunk):
             stop = min(count, start + chunk)
-            idx = indices[start:stop].to(self.device)
+            idx = indices[start:stop]
             if crop:
                 assert oy is not None and ox is not None
                 x = A.crop_windows(self._images, idx, size, oy[start:stop], ox[start:stop])

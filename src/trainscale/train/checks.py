@@ -6,6 +6,8 @@ later, in ``setup``; the launcher's and the modes' settings are checked by their
 
 from __future__ import annotations
 
+import torch
+
 import trainscale.train.optimizers  # noqa: F401  (registers sgd and muon)
 from trainscale.config import CoreConfig
 from trainscale.data import DATASETS
@@ -20,7 +22,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 def validate_engine(cfg: CoreConfig) -> None:
     """Ranges and names of the engine's settings."""
-    _check_step(cfg)
     require(cfg.optim.epochs > 0, f"--epochs must be a positive integer, got {cfg.optim.epochs}")
     require(cfg.optim.batch_size > 0, f"--batch-size must be a positive integer, got {cfg.optim.batch_size}")
     require(
@@ -96,14 +97,18 @@ def _check_names(cfg: CoreConfig) -> None:
     SCHEDULES.get(cfg.optim.schedule)
 
 
-def _check_step(cfg: CoreConfig) -> None:
-    """What ``train.step.choose_step`` refuses, where the settings alone tell (before any worker starts)."""
+def check_step(cfg: CoreConfig) -> None:
+    """What ``train.step.choose_step`` refuses, where the settings alone tell (before any worker starts); the
+    mode resolved first (``auto`` is ``local`` or ``sync`` by then, or a parameter-server mode)."""
     step = cfg.run.train_step
     if step in ("auto", "eager"):
         return
     several = (cfg.launch.processes() or 1) > 1
     wrapping = "mode" if cfg.run.mode not in ("local", "sync") else "ddp" if several else "none"
-    device = "cpu" if cfg.run.device == "cpu" else "cuda"
+    device = cfg.run.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cpu" if device == "cpu" else "cuda"
     o = cfg.optim
     blocked = step_blockers(step, wrapping, device, cfg.run.precision, o.nonfinite, o.accumulate, o.clip_grad_norm)
     require(not blocked, refusal(step, blocked))

@@ -192,6 +192,15 @@ class MuonWithSGD(torch.optim.Optimizer):
         buffers = [self._buffer_view(p) for p in params]
         self._muon_for(params, views).step(views, grads, buffers, g["lr"], g["momentum"], nesterov=True)
 
+    def prepare(self) -> None:
+        """Plan (and compile where asked) the batched Muon of the filters that have gradients now, before a
+        compiled step first runs: planning checks the filters' memory layout, which a compiled step cannot trace
+        without splitting its graph there."""
+        for g in self.param_groups:
+            params = [p for p in g["params"] if p.grad is not None]
+            if g["muon"] and params:
+                self._muon_for(params, [matrix(p, p) for p in params])
+
     def _muon_for(self, params: list[torch.Tensor], views: list[torch.Tensor]) -> BatchedMuon:
         """The batched Muon for these filters' shapes (planned, and compiled where asked, once)."""
         key = tuple(tuple(v.shape) for v in views)

@@ -18,6 +18,7 @@ from trainscale.data import Batches
 from trainscale.errors import ConfigError
 from trainscale.recipes import get_recipe
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
+from trainscale.registry import is_import_path
 from trainscale.results import RunWriter
 from trainscale.runtime import (
     all_reduce_max,
@@ -43,7 +44,7 @@ from trainscale.train.loop import (
     views_per_image,
 )
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
-from trainscale.train.step import StepFn, choose_step, compiled_step
+from trainscale.train.step import StepFn, choose_step, compiled_step, float_lrs
 from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
@@ -181,6 +182,7 @@ class Trainer:
             self.cfg.optim.nonfinite,
             self.cfg.optim.accumulate,
             self.cfg.optim.clip_grad_norm,
+            user_model=is_import_path(self.cfg.data.model),
         )
         self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
         if choice.kind != "eager":
@@ -193,7 +195,7 @@ class Trainer:
             )
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
-            self.summary_base[K.warmup_seconds] = self.warm_up()
+            self.summary_base[K.warmup_seconds] = self._warm_up_or_fall_back(choice.reason.startswith("auto"))
         for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
             row = self.run_epoch(epoch)
             self._record(row)
@@ -228,6 +230,23 @@ class Trainer:
             f"{devices}, world size {world}, mode {base.get(K.mode)}, recipe {self.cfg.optim.recipe or 'none'}"
         )
 
+    def _warm_up_or_fall_back(self, auto: bool) -> float:
+        """The warm-up; where ``--train-step auto`` chose a compiled step that fails to compile or capture there,
+        the eager step instead (said in the log and in summary.json's ``train_step_reason``)."""
+        try:
+            return self.warm_up()
+        except Exception as exc:  # torch.compile's and CUDA graphs' failures have no common type
+            if self.step_fn is None or not auto:
+                raise
+            why = (
+                f"auto: the {self.summary_base[K.train_step]} step failed in the warm-up ({type(exc).__name__}: {exc})"
+            )
+            log.warning("%s; training with the eager step", why.splitlines()[0])
+            self.step_fn = None
+            float_lrs(self.optimizer)
+            self.summary_base.update({K.train_step: "eager", K.train_step_reason: why.splitlines()[0]})
+            return self.warm_up()
+
     def warm_up(self) -> float:
         """``torch.compile`` compiles on first use (CUDA graphs record on the first replays), and on a GPU the
         first passes also pick cuDNN's algorithms and create the cuBLAS handles; do that here, before any timer,
@@ -244,6 +263,26 @@ class Trainer:
         layout = torch.channels_last if self.cfg.run.channels_last else torch.contiguous_format
         images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
+        try:
+            self._warm_train(images, labels)
+            self.model.eval()
+            with torch.no_grad(), self.precision.autocast():
+                for n in eval_batch_sizes(self.test_batches):
+                    x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
+                    predict(self.model, x, self.cfg.optim.tta)
+                    predict_selective(
+                        self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate, self.cfg.optim.tta_select
+                    )
+        finally:  # also when a step fails (a compiled one that cannot compile, say): nothing of it stays
+            self.model.zero_grad(set_to_none=self.step_fn is None)  # a compiled step keeps its gradient tensors
+            self.model.train()
+            self.model.load_state_dict(saved)
+            restore_optimizer_state(self.optimizer, state)
+            set_rng_state(rng)
+        synchronize(device)
+        return time.perf_counter() - started
+
+    def _warm_train(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.model.train()
         if self.step_fn is not None:
             self._warm_steps(self.step_fn, images, labels)
@@ -253,20 +292,6 @@ class Trainer:
             with self.precision.autocast():
                 loss = nn.functional.cross_entropy(self.model(images).float(), labels)
             loss.backward()
-        self.model.zero_grad(set_to_none=True)
-        self.model.eval()
-        with torch.no_grad(), self.precision.autocast():
-            for n in eval_batch_sizes(self.test_batches):
-                x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
-                predict(self.model, x, self.cfg.optim.tta)
-                predict_selective(
-                    self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate, self.cfg.optim.tta_select
-                )
-        self.model.load_state_dict(saved)
-        restore_optimizer_state(self.optimizer, state)
-        set_rng_state(rng)
-        synchronize(device)
-        return time.perf_counter() - started
 
     def _eager_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         """The eager step as the loop takes it, optimizer included: Muon compiles its iteration on first use."""
