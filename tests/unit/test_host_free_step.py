@@ -324,3 +324,17 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
     assert summary["train_step_reason"].startswith("auto: the compiled step failed in the warm-up (RuntimeError")
     assert losses == eager_losses
     assert summary["final_test_acc"] == eager_summary["final_test_acc"]
+
+
+def test_a_warmed_up_run_trains_exactly_as_one_that_was_not(tmp_path: Any) -> None:
+    """The warm-up (training steps, the evaluation's shapes, an epoch's on-device augmentation) runs on a GPU before
+    the timers; nothing of it may reach the run: weights, optimizer state, random generators and data order."""
+    histories = []
+    for warm in (True, False):
+        cfg = build_config(SMALL_RUN, {"out": str(tmp_path / str(warm)), "model": "airbench", "train_subset": 256})
+        trainer = build_trainer(cfg, CPU, LocalMode(), Job())
+        if warm:
+            trainer.warm_up()
+        trainer.fit()
+        histories.append([(row["train_loss"], row["test_acc"]) for row in read_history(tmp_path / str(warm))])
+    assert histories[0] == histories[1]

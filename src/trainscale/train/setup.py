@@ -137,15 +137,20 @@ def built_model(cfg: CoreConfig, num_classes: int, device: torch.device, train: 
     """The model (by name or import path, with its ``--model-arg``), seeded by ``cfg.run.seed``, on ``device`` in
     the configured memory format; a model registered with ``data_init_images=N`` is first initialised from N
     normalised training images. Also returns the seconds of that data-based init (device-synchronised; 0 without
-    one): airbench's timer covers the fit, not the model's construction, which it does before its timer."""
+    one): airbench's timer covers the fit, not the model's construction nor the loading of the images, which it
+    does before its timer; on a GPU the fit's kernels and libraries are first used on random images, as airbench's
+    warm-up run uses them before its timed runs."""
     torch.manual_seed(cfg.run.seed)
     model = usermodel.build(cfg, num_classes, usermodel.input_side(cfg, train)).to(device)
     images, seconds = model_info(cfg.data.model).data_init_images, 0.0
     if images:
         assert isinstance(model, DataInitModel)  # registered with data_init_images, so it defines data_init
+        batch = usermodel.data_init_images(train, images, device)
+        if device.type == "cuda":  # its result is replaced by the fit below
+            model.data_init(torch.randn(batch.shape, device=device, generator=torch.Generator(device).manual_seed(0)))
         synchronize(device)
         started = time.perf_counter()
-        model.data_init(usermodel.data_init_images(train, images, device))
+        model.data_init(batch)
         synchronize(device)
         seconds = time.perf_counter() - started
     if cfg.run.channels_last:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainscale.config import CoreConfig
-from trainscale.data import Batches
+from trainscale.data import Batches, DeviceBatches
 from trainscale.errors import ConfigError
 from trainscale.recipes import get_recipe
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
@@ -263,6 +263,8 @@ class Trainer:
         layout = torch.channels_last if self.cfg.run.channels_last else torch.contiguous_format
         images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
         labels = torch.zeros(batch, dtype=torch.int64, device=device)
+        if isinstance(self.train_batches, DeviceBatches):  # the on-device augmentation of an epoch, drawn again
+            next(iter(self.train_batches.epoch(self.state.next_epoch)), None)  # by the epoch (its own generators)
         try:
             self._warm_train(images, labels)
             self.model.eval()
