@@ -12,25 +12,9 @@ import time
 
 import pytest
 
-from tests.integration.cli import run_cli
+from tests.integration.cli import run_cli, small_run
 
-SYN = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "512",
-    "--test-subset",
-    "128",
-    "--batch-size",
-    "64",
-    "--no-progress",
-    "--workers",
-    "2",
-    "--servers",
-    "2",
-)
+SYN = (*small_run(train=512, test=128), "--workers", "2", "--servers", "2")
 
 
 def rows(out):

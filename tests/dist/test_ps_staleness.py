@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.integration.cli import run_cli
+from tests.integration.cli import run_cli, small_run
 
 K = 1
 
@@ -15,19 +15,9 @@ def test_bounded_staleness_holds_with_a_slowed_worker(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
         "train",
-        "--model",
-        "mlp",
-        "--dataset",
-        "synthetic",
-        "--train-subset",
-        "512",
-        "--test-subset",
-        "128",
-        "--batch-size",
-        "64",
+        *small_run(train=512, test=128),
         "--epochs",
         "2",
-        "--no-progress",
         "--mode",
         "async",
         "--staleness",

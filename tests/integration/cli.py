@@ -30,6 +30,16 @@ def run_cli(
         ) from None
 
 
+def small_run(train: int = 256, test: int = 64, batch: int = 64, model: str | None = "mlp") -> tuple[str, ...]:
+    """The flags of a small run on synthetic images (``model`` None: the default model), without a progress bar."""
+    named = ("--model", model) if model is not None else ()
+    return (
+        *named,
+        *("--dataset", "synthetic", "--train-subset", str(train), "--test-subset", str(test)),
+        *("--batch-size", str(batch), "--no-progress"),
+    )
+
+
 def _text(part: bytes | str | None) -> str:
     return part.decode(errors="replace") if isinstance(part, bytes) else part or ""
 

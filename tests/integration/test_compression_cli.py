@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, run_cli, small_run
 
 # One real-data run per family (compression/methods: one module per family), each about half a minute on 2 cores:
 # the sparsifiers' Top-k and the quantisers' TernGrad (the coarser of the two: 2 bits a value). The others of a
@@ -20,21 +20,7 @@ SEED_METHODS = [
     ("topk", ("--ratio", "0.01"), 30.0, 2, 3400),
     ("terngrad", (), 10.0, 1, 5000),
 ]
-SYN = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "256",
-    "--test-subset",
-    "64",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "64",
-    "--no-progress",
-)
+SYN = (*small_run(), "--epochs", "1")
 
 
 @pytest.mark.dist

@@ -9,21 +9,11 @@ import json
 import pytest
 import torch
 
-from tests.integration.cli import run_cli
+from tests.integration.cli import run_cli, small_run
 
 pytestmark = pytest.mark.gpu
 
-SYN = (
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "1024",
-    "--test-subset",
-    "256",
-    "--batch-size",
-    "128",
-    "--no-progress",
-)
+SYN = small_run(train=1024, test=256, batch=128, model=None)
 
 
 def summary_of(out) -> dict:

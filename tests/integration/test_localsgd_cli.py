@@ -11,30 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, run_cli, small_run
 
 pytestmark = pytest.mark.dist
 
 SYN = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "1024",
-    "--test-subset",
-    "128",
-    "--batch-size",
-    "128",
-    "--workers",
-    "2",
-    "--momentum",
-    "0.9",
-    "--weight-decay",
-    "5e-4",
-    "--lr",
-    "0.05",
-    "--no-progress",
+    *small_run(train=1024, test=128, batch=128),
+    *("--workers", "2", "--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.05"),
 )
 
 

@@ -14,26 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, run_cli, small_run
 from trainscale.bench.process import descendants
 
-LONG = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "512",
-    "--test-subset",
-    "128",
-    "--batch-size",
-    "64",
-    "--epochs",
-    "500",
-    "--no-progress",
-    "--threads",
-    "1",
-)
+LONG = (*small_run(train=512, test=128), "--epochs", "500", "--threads", "1")
 INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
 
 

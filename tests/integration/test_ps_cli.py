@@ -5,21 +5,9 @@ import json
 import pytest
 import torch
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, run_cli, small_run
 
-SYN = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "512",
-    "--test-subset",
-    "128",
-    "--batch-size",
-    "64",
-    "--no-progress",
-)
+SYN = small_run(train=512, test=128)
 PS_SUMMARY = (
     "mode",
     "servers",

@@ -7,24 +7,10 @@ import subprocess
 
 import pytest
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, run_cli, small_run
 from trainscale.runtime.network import free_port
 
-SYN = (
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--train-subset",
-    "256",
-    "--test-subset",
-    "64",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "64",
-    "--no-progress",
-)
+SYN = (*small_run(), "--epochs", "1")
 
 
 @pytest.mark.dist
