@@ -19,6 +19,7 @@ from trainscale.app.run import build_trainer
 from trainscale.config import CoreConfig
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
+from trainscale.models import MODELS, is_builtin_model
 from trainscale.models.airbench import airbench94
 from trainscale.modes.base import LocalMode
 from trainscale.results import read_history
@@ -338,3 +339,18 @@ def test_a_warmed_up_run_trains_exactly_as_one_that_was_not(tmp_path: Any) -> No
         trainer.fit()
         histories.append([(row["train_loss"], row["test_acc"]) for row in read_history(tmp_path / str(warm))])
     assert histories[0] == histories[1]
+
+
+def test_auto_compiles_only_the_models_of_trainscale() -> None:
+    """``--train-step auto`` compiles a model of trainscale's; one by import path, one a user's package registers
+    and an instance given to ``trainscale.fit`` (registered for the call from outside ``trainscale.models``) may
+    not trace, and stay eager."""
+    assert is_builtin_model("speedrun94") and is_builtin_model("resnet9")
+    assert not is_builtin_model("tests.userpkg.nets:small_cnn")
+    MODELS.register("users_net", input_size=32, description="a user's", recipe="defaults")(
+        lambda: torch.nn.Linear(2, 2)
+    )
+    try:
+        assert not is_builtin_model("users_net")
+    finally:
+        MODELS.remove("users_net")

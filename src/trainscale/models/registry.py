@@ -88,6 +88,14 @@ def register_model(
     )
 
 
+def is_builtin_model(name: str) -> bool:
+    """Whether ``name`` is one of trainscale's own models (not one by import path, registered by a user's package,
+    or an instance given to ``trainscale.fit``): their forward passes are known to compile."""
+    if is_import_path(name) or name not in MODELS:
+        return False
+    return MODELS.get(name).factory.__module__.startswith("trainscale.models.")
+
+
 def create_model(name: str, num_classes: int = 10, image_size: int | None = None, **kwargs: Any) -> nn.Module:
     """Build a model by name or import path, with ``kwargs`` (``--model-arg``); an unknown name raises ConfigError
     with a did-you-mean hint. ``num_classes`` and ``image_size`` go to the factory only where it takes them

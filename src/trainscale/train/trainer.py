@@ -16,9 +16,9 @@ from torch import nn
 from trainscale.config import CoreConfig
 from trainscale.data import Batches, DeviceBatches
 from trainscale.errors import ConfigError
+from trainscale.models import is_builtin_model
 from trainscale.recipes import get_recipe
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
-from trainscale.registry import is_import_path
 from trainscale.results import RunWriter
 from trainscale.runtime import (
     all_reduce_max,
@@ -182,7 +182,7 @@ class Trainer:
             self.cfg.optim.nonfinite,
             self.cfg.optim.accumulate,
             self.cfg.optim.clip_grad_norm,
-            user_model=is_import_path(self.cfg.data.model),
+            user_model=not is_builtin_model(self.cfg.data.model),
         )
         self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
         if choice.kind != "eager":
