@@ -35,8 +35,8 @@ def run(
     prec = Precision("bf16", CUDA)
     return [
         train_one_epoch(
-            model, data or batches(), opt, prec.grad_scaler(), prec, lambda t: 0.05 * (1 - t / 4), e, 0.2, False,
-            step_fn=step_fn,
+            model, batches() if data is None else data, opt, prec.grad_scaler(), prec, lambda t: 0.05 * (1 - t / 4),
+            e, 0.2, False, step_fn=step_fn,
         ).loss
         for e in range(epochs)
     ]  # fmt: skip

@@ -195,7 +195,7 @@ class Trainer:
             )
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
-            self.summary_base[K.warmup_seconds] = self._warm_up_or_fall_back(choice.reason.startswith("auto"))
+            self.summary_base[K.warmup_seconds] = self._warm_up_or_fall_back()
         for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
             row = self.run_epoch(epoch)
             self._record(row)
@@ -230,21 +230,20 @@ class Trainer:
             f"{devices}, world size {world}, mode {base.get(K.mode)}, recipe {self.cfg.optim.recipe or 'none'}"
         )
 
-    def _warm_up_or_fall_back(self, auto: bool) -> float:
+    def _warm_up_or_fall_back(self) -> float:
         """The warm-up; where ``--train-step auto`` chose a compiled step that fails to compile or capture there,
         the eager step instead (said in the log and in summary.json's ``train_step_reason``)."""
         try:
             return self.warm_up()
         except Exception as exc:  # torch.compile's and CUDA graphs' failures have no common type
-            if self.step_fn is None or not auto:
+            if self.step_fn is None or self.cfg.run.train_step != "auto":
                 raise
-            why = (
-                f"auto: the {self.summary_base[K.train_step]} step failed in the warm-up ({type(exc).__name__}: {exc})"
-            )
-            log.warning("%s; training with the eager step", why.splitlines()[0])
+            failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            why = f"auto: the {self.summary_base[K.train_step]} step failed in the warm-up ({failure})"
+            log.warning("%s; training with the eager step", why)
             self.step_fn = None
             float_lrs(self.optimizer)
-            self.summary_base.update({K.train_step: "eager", K.train_step_reason: why.splitlines()[0]})
+            self.summary_base.update({K.train_step: "eager", K.train_step_reason: why})
             return self.warm_up()
 
     def warm_up(self) -> float:
