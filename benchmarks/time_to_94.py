@@ -6,7 +6,7 @@ is the reference's timer scope (summary.json ``reference_scope``: the whitening 
 final 6-view test-time-augmented evaluation; not data loading, compile warm-up or the per-epoch evaluations), the
 one airbench94_muon reports (2.59 s on an A100, 94.01% mean of 200 runs); trainscale's own trainer scope (training
 steps only) is printed beside it. Runs go one after another (never two timings at once); a finished seed's folder
-is kept and reused, so an interrupted benchmark resumes.
+is kept and reused, so an interrupted benchmark resumes (the seed it stopped in runs again).
 
     .venv/bin/python benchmarks/time_to_94.py --runs 5 --out runs/time-to-94            # CPU, bf16
     .venv/bin/python benchmarks/time_to_94.py --runs 10 --device cuda --out runs/t94-gpu
@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,16 @@ GOALS = {
 
 
 def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, sets: list[str]) -> dict[str, Any]:
-    """One seed through the CLI, or its summary when ``out`` already holds the finished run."""
+    """One seed through the CLI, or its summary when ``out`` already holds the finished run. A run that was
+    interrupted is run again from its start (a timed run cannot continue in another process); its folder is
+    kept beside, renamed."""
     summary = out / "summary.json"
     if summary.exists() and json.loads(summary.read_text()).get(K.reference_scope):
         return json.loads(summary.read_text())
+    if out.exists():
+        aside = out.with_name(f"{out.name}.interrupted-{time.strftime('%Y%m%d-%H%M%S')}")
+        out.rename(aside)
+        print(f"seed {seed}: {out} holds an unfinished run, kept as {aside}; running the seed again", flush=True)
     extra = to_argv(dict(parse_set(item) for item in sets))
     cmd = [
         sys.executable,

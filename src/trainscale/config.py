@@ -280,6 +280,9 @@ class OptimConfig(Section):
         )
 
 
+COMPILE_MODES = ("default", "max-autotune")
+
+
 @dataclass
 class RunConfig(Section):
     TITLE: ClassVar[str] = "execution"
@@ -293,8 +296,15 @@ class RunConfig(Section):
         "auto",
         "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
         "graphs; also under DDP); graphed (compiled, replayed as CUDA graphs; one CUDA process); auto (default: "
-        "eager, until the captured step is measured to pay on a GPU)",
+        "graphed for one CUDA process with a model of trainscale's, else eager)",
         choices=("auto", "eager", "compiled", "graphed"),
+    )
+    compile_mode: str = option(
+        "default",
+        "torch.compile's mode for a compiled or graphed step and --compile: default, or max-autotune (times "
+        "several kernels for each convolution and matrix product in the warm-up: minutes on a machine's first "
+        "run, cached after)",
+        choices=COMPILE_MODES,
     )
     keep_memory: bool = option(
         True,

@@ -302,7 +302,7 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
     failing half-way might) leaves nothing of itself: the run trains with the eager step exactly as an eager run of
     the same seed does, and summary.json says why."""
 
-    def broken(model: torch.nn.Module, *args: Any) -> Any:
+    def broken(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         def step(images: torch.Tensor, labels: torch.Tensor) -> Any:
             with torch.no_grad():
                 for p in model.parameters():
@@ -354,3 +354,40 @@ def test_auto_compiles_only_the_models_of_trainscale() -> None:
         assert not is_builtin_model("users_net")
     finally:
         MODELS.remove("users_net")
+
+
+@pytest.mark.parametrize(
+    ("compile_mode", "graphed", "expected"),
+    [
+        ("default", False, None),
+        ("default", True, "reduce-overhead"),
+        ("max-autotune", False, "max-autotune-no-cudagraphs"),
+        ("max-autotune", True, "max-autotune"),
+    ],
+)
+def test_the_compile_mode_reaches_both_compiled_graphs(
+    compile_mode: str, graphed: bool, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--compile-mode`` picks torch.compile's mode for the forward+backward and the optimizer step alike, with
+    CUDA graphs only for a graphed step."""
+    modes: list[str | None] = []
+
+    def recording(fn: Any = None, *, mode: str | None = None, **kwargs: Any) -> Any:
+        modes.append(mode)
+        return fn if fn is not None else (lambda f: f)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    model, opt = tiny("sgd")
+    compiled_step(model, opt, Precision("fp32", CPU), 0.0, graphed=graphed, compile_mode=compile_mode)
+    assert modes == [expected, expected]
+
+
+def test_a_compile_mode_with_nothing_to_compile_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--compile-mode max-autotune applies to a compiled step or model"):
+        check_step(CoreConfig.from_flat({"train_step": "eager", "compile_mode": "max-autotune"}))
+    for settings in (
+        {"train_step": "eager", "compile": True},
+        {"train_step": "auto"},
+        {"train_step": "compiled", "mode": "local"},
+    ):
+        check_step(CoreConfig.from_flat({**settings, "compile_mode": "max-autotune"}))

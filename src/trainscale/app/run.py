@@ -47,6 +47,7 @@ from trainscale.train.setup import (
     steps_per_epoch,
     summary_base,
 )
+from trainscale.train.step import torch_mode
 from trainscale.train.steplog import StepLog
 from trainscale.train.usermodel import check_model_on_data, input_side
 from trainscale.train.utilisation import allowed_cores
@@ -140,7 +141,7 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     model, data_init_seconds = built_model(cfg, train.num_classes, device, train)  # in airbench's timer: the fit
     params = count_parameters(model)
     if cfg.run.compile:
-        model.compile()
+        model.compile(mode=torch_mode(cfg.run.compile_mode, graphed=False))
     schedule = create_schedule(cfg)
     built = build_optimizer(cfg, model, plan.lr)
     optimizer = mode.wrap_optimizer(built, model)  # PS modes: push/pull

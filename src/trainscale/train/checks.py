@@ -101,6 +101,11 @@ def check_step(cfg: CoreConfig) -> None:
     """What ``train.step.choose_step`` refuses, where the settings alone tell (before any worker starts); the
     mode resolved first (``auto`` is ``local`` or ``sync`` by then, or a parameter-server mode)."""
     step = cfg.run.train_step
+    require(
+        cfg.run.compile_mode == "default" or step != "eager" or cfg.run.compile,
+        f"--compile-mode {cfg.run.compile_mode} applies to a compiled step or model: add --train-step compiled, "
+        "graphed or auto, or --compile",
+    )
     if step in ("auto", "eager"):
         return
     several = (cfg.launch.processes() or 1) > 1

@@ -153,6 +153,15 @@ def create_grads(model: nn.Module) -> None:
             p.grad = torch.zeros_like(p)
 
 
+def torch_mode(compile_mode: str, graphed: bool) -> str | None:
+    """``torch.compile``'s mode for ``--compile-mode`` (``config.COMPILE_MODES``): with CUDA graphs for a graphed
+    step, without them for a compiled one and for ``--compile`` (whose eager loop keeps the outputs past the next
+    call, which a replayed graph would overwrite)."""
+    if compile_mode == "max-autotune":
+        return "max-autotune" if graphed else "max-autotune-no-cudagraphs"
+    return "reduce-overhead" if graphed else None
+
+
 def compiled_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -160,11 +169,13 @@ def compiled_step(
     label_smoothing: float,
     graphed: bool,
     backend: str = "inductor",
+    compile_mode: str = "default",
 ) -> StepFn:
     """A step function (images, labels) -> (logits, loss) whose forward+backward and optimizer step are compiled
     graphs (CUDA graphs with ``graphed``). The outputs are copies the caller may keep past the next step.
-    ``backend``: torch.compile's (tests use ``aot_eager``: the same graphs, without generating kernels)."""
-    mode = "reduce-overhead" if graphed else None
+    ``backend``: torch.compile's (tests use ``aot_eager``: the same graphs, without generating kernels);
+    ``compile_mode``: ``--compile-mode`` (``torch_mode``)."""
+    mode = torch_mode(compile_mode, graphed)
     # The optimizer step compiles one graph per parameter group and state (momentum buffers absent on the first
     # step, present after; the parameters that stop training after the first epochs): more than dynamo's default
     # of 8 per function for a model with several groups. The warm-up meets them all before any timer.

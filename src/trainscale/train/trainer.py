@@ -192,6 +192,7 @@ class Trainer:
                 self.precision,
                 self.cfg.optim.label_smoothing,
                 choice.kind == "graphed",
+                compile_mode=self.cfg.run.compile_mode,
             )
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward

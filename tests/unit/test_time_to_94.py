@@ -1,0 +1,54 @@
+"""``benchmarks/time_to_94.py``: a finished seed is reused, an interrupted one runs again from its start with its
+folder kept beside (a timed run cannot continue in another process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("time_to_94", Path(__file__).parents[2] / "benchmarks" / "time_to_94.py")
+assert SPEC is not None and SPEC.loader is not None
+t94 = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(t94)
+
+FINISHED = {"reference_scope": {"test_acc": 0.94, "seconds": 1.0}, "out": "x"}
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands run_seed launches; each 'run' writes a finished summary where --out points."""
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], check: bool) -> Any:
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)  # the CLI refuses a folder that holds a run: it must be gone by now
+        (out / "summary.json").write_text(json.dumps(FINISHED))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(t94.subprocess, "run", run)
+    return calls
+
+
+def test_a_finished_seed_is_reused(tmp_path: Path, launched: list[list[str]]) -> None:
+    out = tmp_path / "seed-0"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps(FINISHED))
+    assert t94.run_seed(out, "speedrun94", 0, "cpu", "bf16", []) == FINISHED
+    assert launched == []
+
+
+def test_an_interrupted_seed_runs_again_and_its_folder_is_kept(tmp_path: Path, launched: list[list[str]]) -> None:
+    out = tmp_path / "seed-3"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # started, never finished: no summary with a reference scope
+    (out / "summary.json").write_text(json.dumps({"epochs_completed": 2}))
+    assert t94.run_seed(out, "speedrun94", 3, "cpu", "bf16", ["epochs=2"]) == FINISHED
+    assert len(launched) == 1 and "--epochs" in launched[0]
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("seed-3.interrupted-")]
+    assert len(kept) == 1 and json.loads((kept[0] / "summary.json").read_text()) == {"epochs_completed": 2}
