@@ -7,6 +7,7 @@ the eager step's parameters; ``--train-step`` auto picks eager on a CPU, and the
 from __future__ import annotations
 
 import copy
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -391,3 +392,25 @@ def test_a_compile_mode_with_nothing_to_compile_is_refused() -> None:
         {"train_step": "compiled", "mode": "local"},
     ):
         check_step(CoreConfig.from_flat({**settings, "compile_mode": "max-autotune"}))
+
+
+def test_the_epochs_run_with_the_heap_frozen_and_hand_it_back(tmp_path: Any, monkeypatch: Any) -> None:
+    """What is alive before the first epoch (a compiled warm-up's graphs and guards) is out of the collector's
+    full passes while the epochs run, and back in them after, also when an epoch fails."""
+    seen: list[int] = []
+    real = trainer_module.train_one_epoch
+
+    def epoch(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "train_one_epoch", epoch)
+    cfg = build_config(SMALL_RUN, {"out": str(tmp_path / "run")})
+    build_trainer(cfg, CPU, LocalMode(), Job()).fit()
+    assert seen and all(n > 0 for n in seen)
+    assert gc.get_freeze_count() == 0
+
+    monkeypatch.setattr(trainer_module, "train_one_epoch", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path / "failed")}), CPU, LocalMode(), Job()).fit()
+    assert gc.get_freeze_count() == 0
