@@ -1,8 +1,8 @@
 """Where a training step's time goes: one steady epoch of a recipe under torch.profiler, through the trainer.
 
-The run is ``trainscale.fit`` of the recipe on synthetic images of CIFAR-10's shape (the path users run, its
-warm-up included); the trainer's epoch function is wrapped so that one epoch after the warm-up and the first
-epochs runs under the profiler. For that epoch it prints:
+The run is ``trainscale.fit`` of the recipe on synthetic images of CIFAR-10's shape, or on CIFAR-10 itself (the
+path users run, its warm-up included); the trainer's epoch function is wrapped so that one epoch after the warm-up
+and the first epochs runs under the profiler. For that epoch it prints:
 
 - its wall time under the profiler, the time the GPU was busy (the union of the kernels' intervals) and the
   fraction: near 1 the step is bound by the GPU's kernels, well below by the host;
@@ -16,6 +16,7 @@ The settings, environment and figures go to ``--out`` (JSON).
 
     python benchmarks/step_profile.py --device cuda                       # speedrun94, graphed step
     python benchmarks/step_profile.py --device cuda --compile-mode max-autotune
+    python benchmarks/step_profile.py --device cuda --dataset cifar10 --images 50000
     python benchmarks/step_profile.py --device cpu --train-step eager --images 3072 --batch-size 256
 """
 
@@ -48,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--train-step", default="graphed", choices=("eager", "compiled", "graphed"))
     p.add_argument("--compile-mode", default="default", choices=("default", "max-autotune"))
-    p.add_argument("--images", type=int, default=49152, help="synthetic training images (default: 32 x 1536)")
+    p.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (the real images)")
+    p.add_argument("--images", type=int, default=49152, help="training images (default: 32 x 1536)")
     p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--profile-epoch", type=int, default=3, help="1-based; after the first, which pays its own")
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         result = fit(
             args.recipe,
             recipe=args.recipe,
-            dataset="synthetic",
+            dataset=args.dataset,
             train_subset=args.images,
             test_subset=2000,
             epochs=args.epochs,

@@ -2,6 +2,8 @@
 record built from the replicas' events, and the one-line refusals before any replica starts."""
 
 import copy
+import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from trainscale.modes.fault_tolerance import (
     buckets,
     shared_compression_state,
 )
+from trainscale.runtime import faults
 from trainscale.runtime.faults import InjectedFault, parse_injected_fault
 
 
@@ -334,3 +337,26 @@ def test_a_failed_all_gather_aborts_the_step_not_the_run():
     assert all(torch.equal(slot, torch.ones(2)) for slot in out)  # a payload the decoder can read
     manager.fail = False
     QuorumTransport(manager).all_gather(out, torch.ones(2))  # errored: nothing is launched
+
+
+def test_a_fault_fires_once_when_two_threads_reach_it_together(monkeypatch):
+    """A server's RPC threads can pass its fault's push count together: the fault is logged and met once (it was
+    logged twice under load, and a test counting the firings saw two faults for one death)."""
+    kills, events = [], []
+
+    def slow_log(*args, **fields):
+        time.sleep(0.05)  # the window in which the other thread arrives
+        events.append(fields)
+
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: kills.append(sig))
+    monkeypatch.setattr(faults, "log_event", slow_log)
+    monkeypatch.setattr(faults, "_FIRED", set())
+    fault = faults.InjectedFault("kill", 1, 24, server=True)
+    threads = [threading.Thread(target=fault.fire, kwargs={"version": v}) for v in (24, 25)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(kills) == 1 and len(events) == 1
+    faults.InjectedFault("kill", 1, 30, server=True).fire()  # another fault still fires
+    assert len(kills) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -99,6 +100,10 @@ FAULT_FORMAT = "KIND:RANK@STEP (KIND kill, hang or link; RANK a worker, or sN fo
 DEFAULT_LINK_DOWN_S = 5.0
 
 
+_FIRING = threading.Lock()
+_FIRED: set[InjectedFault] = set()
+
+
 @dataclass(frozen=True)
 class InjectedFault:
     """``--inject-fault``: replica ``rank`` meets ``kind`` in the job's step ``step`` (1-based, counted in
@@ -120,7 +125,16 @@ class InjectedFault:
 
     def fire(self, link_down_s: float = 0.0, job: Job | None = None, **fields: Any) -> None:
         """Log the fault (with ``fields``) in the job's fault log, then meet it; a link is cut on ``job``'s
-        cluster, at its node (the emulated host this process runs on)."""
+        cluster, at its node (the emulated host this process runs on). Once per process: a server's RPC threads
+        may reach the same push count together, and the second must not log a second fault while the first is
+        killing the process."""
+        with _FIRING:
+            if self in _FIRED:
+                return
+            _FIRED.add(self)
+            self._meet(link_down_s, job, **fields)
+
+    def _meet(self, link_down_s: float, job: Job | None, **fields: Any) -> None:
         log.warning("--inject-fault %s fires", self.text)
         if self.kind == "link":
             job = job or Job()
