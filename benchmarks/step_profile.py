@@ -37,7 +37,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import trainscale.train.trainer as trainer
 from trainscale.bench.timing import save_result
+from trainscale.config import COMPILE_MODES
 from trainscale.train.environment import environment
+from trainscale.train.step import STEP_KINDS
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 REGION = "## Call CompiledFxGraph"  # inductor's record_function around one compiled graph's call
@@ -47,8 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="speedrun94")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--train-step", default="graphed", choices=("eager", "compiled", "graphed"))
-    p.add_argument("--compile-mode", default="default", choices=("default", "max-autotune"))
+    p.add_argument("--train-step", default="graphed", choices=[k for k in STEP_KINDS if k != "auto"])
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (the real images)")
     p.add_argument("--images", type=int, default=49152, help="training images (default: 32 x 1536)")
     p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
