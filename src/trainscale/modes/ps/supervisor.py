@@ -32,7 +32,9 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
+
+import torch
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.log import setup_logging
@@ -48,8 +50,8 @@ WATCH_INTERVAL_S = 0.2
 
 def _child_main(trainer: Callable[[], Result], conn: Connection, supervisor: int) -> None:
     """The training child: dies with its supervisor (SIGKILL, also if it died while this one started), and
-    silently when the agent stops the job (see ``runtime.orphans``). It starts no processes, but spawning
-    made spawn its default: locks made here (tqdm's) would be named semaphores that the supervisor's
+    silently when the agent stops the job (see ``runtime.orphans``). It starts no processes, but a spawned
+    child has spawn as its default: locks made here (tqdm's) would be named semaphores that the supervisor's
     resource tracker warns about when the child is stopped; fork's are unlinked at once."""
     die_quietly_on_stop()
     die_with_parent(signal.SIGKILL, supervisor)
@@ -69,10 +71,18 @@ def _child_main(trainer: Callable[[], Result], conn: Connection, supervisor: int
     conn.send(("ok", summary, history))
 
 
+def start_method() -> Literal["fork", "spawn"]:
+    """How the training child starts. Forked, it trains at once; spawned, it first imports torch and trainscale
+    again (about 2 s of CPU a worker, paid by every parameter-server run). Fork only where nothing in the
+    supervisor can leave the child an unusable device: Linux with a torch built without CUDA (a CUDA driver
+    initialised before a fork, by so little as asking whether a GPU is there, fails in the child)."""
+    return "fork" if sys.platform == "linux" and not torch.backends.cuda.is_built() else "spawn"
+
+
 def supervise(trainer: Callable[[], Result], worker: int, stopped_limit_s: float) -> Result:
-    """Run ``trainer`` (picklable: it crosses into a spawned process) as worker ``worker``'s training
+    """Run ``trainer`` (picklable: it may cross into a spawned process) as worker ``worker``'s training
     child; see the module docstring for the outcomes (``stopped_limit_s``: how long it may stay stopped)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork") if start_method() == "fork" else multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(trainer, sender, os.getpid()), name=f"trainscale-ps-worker{worker}")
     child.start()
