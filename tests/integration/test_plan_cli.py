@@ -118,10 +118,38 @@ def test_cluster_file_plan(main_cli, profile):
             ("--hosts", "2", "--bandwidth", "1gbit", "--mode", "localsgd", "--sync-every", "0"),
             "--sync-every must be >= 1",
         ),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--one-host-images-per-sec", "0"), "must be a positive number"),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--one-host-images-per-sec", "100", "--step-overhead", "2ms"),
+            "or --step-overhead, not both",
+        ),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--one-host-images-per-sec", "100", "--mode", "async"),
+            "cost per step (--mode sync), not --mode async",
+        ),
     ],
 )
 def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):
     assert_one_line_error(main_cli("plan", "--profile", profile, *args), fragment)
+
+
+def test_a_measured_host_sets_the_cost_per_step_of_every_host_count(main_cli, profile):
+    """The plan of one host reproduces the measured figure; the plan of four carries the same cost per step."""
+    args = ("--profile", profile, "--workers-per-host", "2", "--bandwidth", "1gbit", "--json")
+    free = json.loads(main_cli("plan", "--hosts", "1", *args).stdout)
+    measured = 0.8 * free["images_per_sec"]
+    fitted = main_cli("plan", "--hosts", "1", *args, "--one-host-images-per-sec", str(measured))
+    assert fitted.returncode == 0, fitted.stderr
+    assert json.loads(fitted.stdout)["images_per_sec"] == pytest.approx(measured, rel=1e-6)
+    four = [
+        json.loads(main_cli("plan", "--hosts", "4", *args, *extra).stdout)["step_seconds"]
+        for extra in ((), ("--one-host-images-per-sec", str(measured)))
+    ]
+    assert four[1] - four[0] == pytest.approx(
+        free["images_per_sec"] / measured * free["step_seconds"] - free["step_seconds"]
+    )
+    text = main_cli("plan", "--hosts", "4", *args[:-1], "--one-host-images-per-sec", str(measured)).stdout
+    assert "framework cost per step" in text and "fitted to your one host's" in text and "no per-step cost" not in text
 
 
 def test_missing_profile_is_one_line(main_cli, tmp_path):

@@ -21,7 +21,7 @@ from trainscale.plan.costs import (
     server_loads,
     tree,
 )
-from trainscale.plan.predict import PSLayout, Setting, predict
+from trainscale.plan.predict import PSLayout, Setting, fit_step_overhead, predict
 
 GB = 1e9
 FABRIC = Fabric(2, 4, Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
@@ -184,6 +184,9 @@ def test_published_validation_set_is_complete(monkeypatch):
     rates = {known[r.system]["nic"] for r in scored if r.hosts > 1}
     assert "100Gbps" in rates and "10Gbps" in rates
     assert any(r.source == "the MXNet distributed page" for r, _, _ in clusters)  # 1 Gbit Ethernet
+    # every multi-host all-reduce row has its table's one-host row of as many GPUs as a host has to plan from
+    measured_host = bench.from_one_host(rows, known)
+    assert len(measured_host) == sum(r.hosts > 1 and r.mode == "allreduce" for r in rows) > 100
 
 
 @pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])
@@ -203,3 +206,56 @@ def test_a_hosts_input_pipeline_caps_its_devices():
     capped = predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=400.0))
     assert capped.step_seconds == pytest.approx(0.64) and capped.images_per_sec == pytest.approx(400.0)
     assert predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=1e6)).step_seconds == free.step_seconds
+
+
+class TestFittedToOneHost:
+    """The framework's cost per step fitted to a throughput measured on one host (plan --one-host-images-per-sec)."""
+
+    def test_by_hand(self):
+        # make_profile: 0.3 s a step at batch 64; 4 workers on one host over a link too fast to matter plan
+        # 4 x 64 / 0.3 = 853 images/s; measured 640 images/s is a 0.4 s step: 0.1 s the framework's
+        profile = make_profile()
+        host = Setting(1, 4, None, Link(1e15))
+        assert fit_step_overhead(profile, host, 640.0) == pytest.approx(0.1, abs=1e-6)
+
+    def test_one_host_reproduces_the_measurement_and_the_cost_carries_to_more_hosts(self):
+        profile = make_profile()
+        cluster = Setting(4, 8, Link(GB / 8, 1e-5), Link(10 * GB, 1e-6), overlap=0.3)
+        one = dataclasses.replace(cluster, hosts=1)
+        measured = 0.7 * predict(profile, one).images_per_sec
+        cost = fit_step_overhead(profile, cluster, measured)
+        assert predict(profile, dataclasses.replace(one, step_overhead=cost)).images_per_sec == pytest.approx(measured)
+        plain, fitted = (predict(profile, dataclasses.replace(cluster, step_overhead=c)) for c in (0.0, cost))
+        assert fitted.step_seconds == pytest.approx(plain.step_seconds + cost)
+
+    def test_a_lower_measurement_is_a_larger_cost_and_one_at_or_above_the_plan_none(self):
+        profile = make_profile()
+        host = Setting(1, 4, None, Link(10 * GB, 1e-6))
+        planned = predict(profile, host).images_per_sec
+        costs = [fit_step_overhead(profile, host, f * planned) for f in (1.2, 1.0, 0.9, 0.5)]
+        assert costs[:2] == [0.0, 0.0] and 0 < costs[2] < costs[3]
+
+    def test_a_binding_input_pipeline_is_counted_before_the_cost(self):
+        # the host's pipeline caps the 4 workers at 400 images/s (0.64 s a step): a host measured at 500 leaves
+        # nothing to fit; one at 300 (0.853 s a step) leaves 0.853 - 0.3 s of framework cost
+        profile = make_profile()
+        host = Setting(1, 4, None, Link(1e15), host_images_per_sec=400.0)
+        assert fit_step_overhead(profile, host, 500.0) == 0.0
+        assert fit_step_overhead(profile, host, 300.0) == pytest.approx(4 * 64 / 300 - 0.3, abs=1e-6)
+
+    def test_only_the_synchronous_all_reduce_is_fitted(self):
+        with pytest.raises(ConfigError, match="not async"):
+            fit_step_overhead(make_profile(), Setting(1, 4, None, Link(GB), "async"), 100.0)
+
+
+def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():
+    from trainscale.plan.plan import PlanConfig, setting_from
+
+    profile = dataclasses.replace(make_profile(), overlap=0.5, step_overhead=0.004, overlap_seconds={"comm": 0.01})
+    cfg = PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit")
+    measured, origin = setting_from(cfg, profile)[0], setting_from(cfg, profile)[2]
+    assert measured.step_overhead == 0.004 and "DDP's cost per step 4.0 ms" in origin
+    host = predict(profile, dataclasses.replace(measured, hosts=1, step_overhead=0.0)).images_per_sec
+    fitted, _, origin = setting_from(dataclasses.replace(cfg, one_host_images_per_sec=0.5 * host), profile)
+    assert fitted.step_overhead > 0.1 and fitted.overlap == 0.5
+    assert "fitted to your one host's" in origin and "DDP's cost per step" not in origin

@@ -20,7 +20,7 @@ from trainscale.plan.describe import (
 )
 from trainscale.plan.inputs import InputRate
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.predict import MODES, PSLayout, Setting
+from trainscale.plan.predict import MODES, PSLayout, Setting, fit_step_overhead
 from trainscale.plan.profile import Profile, load_profile
 from trainscale.plan.synthetic import synthetic_profile
 
@@ -92,6 +92,12 @@ class PlanConfig(Section):
     )
     host_images_per_sec: float | None = option(
         None, "images/s one host's CPUs and input pipeline deliver at most (measure it; default: no limit)", above=0
+    )
+    one_host_images_per_sec: float | None = option(
+        None,
+        "images/s you measured on one host of the plan's workers per host (same model, batch and framework): the "
+        "plan fits the framework's cost per step to it and carries it to every host count",
+        above=0,
     )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
     compress: str = option("none", "the compressor, as profiled: METHOD[:key=value,...] (e.g. bf16)")
@@ -291,6 +297,10 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
         intra = parse_link(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth")
         setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
+    if cfg.one_host_images_per_sec is not None:
+        setting, note = fitted_to_one_host(cfg, profile, setting)
+        origin += note
+        assumed = [k for k in assumed if k != "step_overhead"]
     if cfg.mode not in ("ps-sync", "async"):
         assumed = [k for k in assumed if k != "ps_efficiency"]
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
@@ -299,7 +309,7 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     unknown = (cluster.system if cluster is not None else System()).assumed
     flags = {
         "overlap": cfg.overlap,
-        "step_overhead": cfg.step_overhead,
+        "step_overhead": cfg.step_overhead if cfg.one_host_images_per_sec is None else "fitted",
         "bucket_overhead": cfg.bucket_overhead,
         "host_images_per_sec": cfg.host_images_per_sec,
     }
@@ -309,6 +319,32 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin
+
+
+def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> tuple[Setting, str]:
+    """``setting`` with the framework's cost per step fitted to a throughput the user measured on one host
+    (``--one-host-images-per-sec``), and what the plan says of it."""
+    rate = cfg.one_host_images_per_sec
+    assert rate is not None  # called only when given
+    if cfg.step_overhead is not None:
+        raise ConfigError(
+            "give --one-host-images-per-sec (the cost per step is fitted to it) or --step-overhead, not both"
+        )
+    if cfg.mode != "sync":
+        raise ConfigError(
+            f"--one-host-images-per-sec calibrates the synchronous all-reduce's cost per step (--mode sync), "
+            f"not --mode {cfg.mode}"
+        )
+    overhead = fit_step_overhead(profile, setting, rate)
+    if overhead == 0.0:
+        return setting, (
+            f"; your one host's {rate:,.0f} images/s (--one-host-images-per-sec) is at or above this plan's: "
+            "no cost per step"
+        )
+    return replace(setting, step_overhead=overhead), (
+        f"; framework cost per step {1e3 * overhead:.1f} ms, fitted to your one host's {rate:,.0f} images/s "
+        f"(--one-host-images-per-sec)"
+    )
 
 
 SYNC_ONLY = ("overlap", "bucket_overhead", "step_overhead")  # what only the synchronous all-reduce pays

@@ -188,6 +188,21 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
     )
 
 
+def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: float) -> float:
+    """The framework cost per synchronised step that makes one host of ``setting`` train at ``host_images_per_sec``,
+    a throughput measured there: what the device's step, the links and the host's input pipeline leave unexplained
+    (0 when the plan is already at or below the measurement). The cost is paid once a step whatever the cluster,
+    so it carries over to the plan of many hosts."""
+    if setting.mode != "sync":
+        raise ConfigError(f"a one-host measurement calibrates the synchronous all-reduce (sync), not {setting.mode}")
+    host = replace(setting, hosts=1, step_overhead=0.0)
+    plain = predict(profile, host)
+    measured_step = plain.step_seconds * plain.images_per_sec / host_images_per_sec
+    if measured_step <= plain.step_seconds:
+        return 0.0
+    return measured_step - plain.compute_seconds - plain.comm_seconds
+
+
 def _collectives(profile: Profile, spec: MethodSpec, grad_scale: float = 1.0) -> list[tuple[str, float]]:
     if spec.dense:
         return [("all_reduce", float(profile.gradient_bytes) * grad_scale)]
