@@ -244,7 +244,7 @@ class TestFittedToOneHost:
         assert fit_step_overhead(profile, host, 300.0) == pytest.approx(4 * 64 / 300 - 0.3, abs=1e-6)
 
     def test_only_the_synchronous_all_reduce_is_fitted(self):
-        with pytest.raises(ConfigError, match="not async"):
+        with pytest.raises(ConfigError, match=r"cost per step \(--mode sync\), not --mode async"):
             fit_step_overhead(make_profile(), Setting(1, 4, None, Link(GB), "async"), 100.0)
 
 
@@ -253,7 +253,7 @@ def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():
 
     profile = dataclasses.replace(make_profile(), overlap=0.5, step_overhead=0.004, overlap_seconds={"comm": 0.01})
     cfg = PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit")
-    measured, origin = setting_from(cfg, profile)[0], setting_from(cfg, profile)[2]
+    measured, _, origin = setting_from(cfg, profile)
     assert measured.step_overhead == 0.004 and "DDP's cost per step 4.0 ms" in origin
     host = predict(profile, dataclasses.replace(measured, hosts=1, step_overhead=0.0)).images_per_sec
     fitted, _, origin = setting_from(dataclasses.replace(cfg, one_host_images_per_sec=0.5 * host), profile)

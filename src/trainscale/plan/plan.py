@@ -330,11 +330,6 @@ def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> t
         raise ConfigError(
             "give --one-host-images-per-sec (the cost per step is fitted to it) or --step-overhead, not both"
         )
-    if cfg.mode != "sync":
-        raise ConfigError(
-            f"--one-host-images-per-sec calibrates the synchronous all-reduce's cost per step (--mode sync), "
-            f"not --mode {cfg.mode}"
-        )
     overhead = fit_step_overhead(profile, setting, rate)
     if overhead == 0.0:
         return setting, (

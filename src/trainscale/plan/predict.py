@@ -194,7 +194,10 @@ def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: f
     (0 when the plan is already at or below the measurement). The cost is paid once a step whatever the cluster,
     so it carries over to the plan of many hosts."""
     if setting.mode != "sync":
-        raise ConfigError(f"a one-host measurement calibrates the synchronous all-reduce (sync), not {setting.mode}")
+        raise ConfigError(
+            f"--one-host-images-per-sec calibrates the synchronous all-reduce's cost per step (--mode sync), "
+            f"not --mode {setting.mode}"
+        )
     host = replace(setting, hosts=1, step_overhead=0.0)
     plain = predict(profile, host)
     measured_step = plain.step_seconds * plain.images_per_sec / host_images_per_sec
