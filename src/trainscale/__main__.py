@@ -1,5 +1,3 @@
-import sys
+from trainscale.cli import run
 
-from trainscale.cli import main
-
-sys.exit(main())
+run()

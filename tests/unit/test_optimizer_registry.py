@@ -141,6 +141,38 @@ def test_sgd_takes_no_optim_args():
         build_config({"model": "mlp", "optim_arg": ["dampening=0.1"]})
 
 
+@pytest.mark.parametrize("name", list_optimizers())
+@pytest.mark.parametrize(
+    "edges",
+    [
+        {"lr": 0.0, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0},
+        {"lr": 10.0, "momentum": 0.99, "nesterov": True, "weight_decay": 1.0, "head_lr_factor": 0.1},
+        {
+            "lr": 1e-6,
+            "momentum": 0.5,
+            "nesterov": False,
+            "no_decay_norm_bias": True,
+            "muon_lr": 0.0,
+            "muon_momentum": 0.0,
+        },
+    ],
+)
+def test_a_registered_optimizer_builds_for_every_setting_the_config_accepts(name, edges):
+    """The config checks a registered optimizer without building it (``check_optimizer`` builds only for
+    ``--optim-arg`` or an import path): every value of the flags it shares that the config accepts must build."""
+    cfg = build_config({"model": "airbench94", "optimizer": name, **edges})
+    build_optimizer(cfg, create_model("airbench94"), cfg.optim.lr)
+
+
+def test_checking_a_registered_optimizer_does_not_build_it(monkeypatch):
+    built = []
+    monkeypatch.setattr(torch.optim.Optimizer, "__init__", lambda self, *a, **k: built.append(a))
+    build_config({"model": "mlp", "optimizer": "adamw", "lr": 0.5})
+    assert not built
+    build_config({"model": "mlp", "optimizer": "adamw", "optim_arg": ["eps=1e-6"]})  # its own checks speak
+    assert len(built) == 1
+
+
 def test_optimizer_by_import_path():
     cfg = build_config({"model": "mlp", "optimizer": "torch.optim:ASGD", "optim_arg": ["lambd=0.001"]})
     opt = build_optimizer(cfg, create_model("mlp"), 0.1)

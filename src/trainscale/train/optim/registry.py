@@ -138,8 +138,14 @@ def create_optimizer(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.op
 
 
 def check_optimizer(cfg: OptimConfig) -> None:
-    """Build the optimizer on one small tensor: a bad name, key or value is one line before any data or worker
-    (the optimizer's own checks speak: ``Invalid beta parameter at index 0: 1.5``)."""
+    """A bad name, key or value is one line before any data or worker. The optimizer is built on one small
+    tensor (its own checks speak: ``Invalid beta parameter at index 0: 1.5``) only where something the config's
+    own checks do not cover is given: ``--optim-arg`` keywords, or an optimizer named by import path. A
+    registered optimizer with only the flags it shares (``--lr``, ``--momentum``...) needs no build, and the build
+    costs the launcher about a second (torch imports its compiler at the first optimizer)."""
+    optimizer_info(cfg.optimizer)
+    if not cfg.optim_arg and not is_import_path(cfg.optimizer):
+        return
     param = torch.nn.Parameter(torch.zeros(2, 2))
     groups = [{"params": [param], "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
     try:
