@@ -140,7 +140,12 @@ def test_a_measured_host_sets_the_cost_per_step_of_every_host_count(main_cli, pr
     measured = 0.8 * free["images_per_sec"]
     fitted = main_cli("plan", "--hosts", "1", *args, "--one-host-images-per-sec", str(measured))
     assert fitted.returncode == 0, fitted.stderr
-    assert json.loads(fitted.stdout)["images_per_sec"] == pytest.approx(measured, rel=1e-6)
+    fit = json.loads(fitted.stdout)
+    assert fit["images_per_sec"] == pytest.approx(measured, rel=1e-6)
+    assert fit["framework"]["one_host_images_per_sec"] == measured and free["framework"]["step_overhead_seconds"] == 0
+    assert fit["framework"]["step_overhead_seconds"] == pytest.approx(
+        free["images_per_sec"] / measured * free["step_seconds"] - free["step_seconds"]
+    )
     four = [
         json.loads(main_cli("plan", "--hosts", "4", *args, *extra).stdout)["step_seconds"]
         for extra in ((), ("--one-host-images-per-sec", str(measured)))

@@ -281,7 +281,12 @@ def run_plan(cfg: PlanConfig) -> int:
     if setting.spec.text != "none":
         profile.compressor(setting.spec)  # a compressor the profile did not time fails here
     prediction = predict(profile, setting)
-    result: dict[str, Any] = {**prediction.to_dict(), "setting": describe_setting(setting), "compute_from": origin}
+    result: dict[str, Any] = {
+        **prediction.to_dict(),
+        "setting": describe_setting(setting),
+        "compute_from": origin,
+        "framework": {**setting.framework_costs(), "one_host_images_per_sec": cfg.one_host_images_per_sec},
+    }
     if cfg.sweep:
         result["sweep"] = run_sweep(cfg, profile, setting)
     if cluster is not None and cluster.published:

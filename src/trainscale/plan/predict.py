@@ -108,6 +108,16 @@ class Setting:
     def workers(self) -> int:
         return self.hosts * self.per_host
 
+    def framework_costs(self) -> dict[str, Any]:
+        """What the plan charged beside the device's step and the wire, as numbers (``plan --json``'s
+        ``framework``): the overlap, the costs per step and per bucket (seconds), the host's input ceiling."""
+        return {
+            "overlap": self.overlap,
+            "step_overhead_seconds": self.step_overhead,
+            "bucket_overhead_seconds": self.bucket_overhead,
+            "host_images_per_sec": self.host_images_per_sec,
+        }
+
     @property
     def link(self) -> Link:
         """The ring's bottleneck: the slower of the links it crosses (one host: its devices' link)."""
