@@ -127,6 +127,29 @@ def test_cluster_file_plan(main_cli, profile):
             ("--hosts", "2", "--bandwidth", "1gbit", "--one-host-images-per-sec", "100", "--mode", "async"),
             "cost per step (--mode sync), not --mode async",
         ),
+        (("--hosts", "2", "--bandwidth", "1gbit", "--two-host-images-per-sec", "100"), "needs --one-host-images"),
+        (
+            (
+                "--hosts",
+                "2",
+                "--bandwidth",
+                "1gbit",
+                "--one-host-images-per-sec",
+                "9",
+                "--two-host-images-per-sec",
+                "-1",
+            ),
+            "--two-host-images-per-sec must be a positive number",
+        ),
+        (
+            ("--hosts", "4", "--bandwidth", "1gbit", "--efficiency", "0.5")
+            + ("--one-host-images-per-sec", "100", "--two-host-images-per-sec", "150"),
+            "or --efficiency, not both",
+        ),
+        (
+            ("--hosts", "1", "--one-host-images-per-sec", "100", "--two-host-images-per-sec", "150"),
+            "needs the link between hosts: give --bandwidth or --cluster",
+        ),
     ],
 )
 def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):
@@ -216,3 +239,21 @@ def test_plan_plot_that_is_not_a_file_is_refused_before_planning(profile, tmp_pa
     )
     assert_one_line_error(proc, f"--plot {plot} is a FIFO, not a regular file")
     assert stat.S_ISFIFO(os.lstat(plot).st_mode) and proc.stdout == ""
+
+
+def test_measured_one_and_two_hosts_set_the_link_of_every_host_count(main_cli, profile):
+    """Two hosts reproduce their measured figure; four run on the same fraction of the line rate, which the plan
+    says and ``--json`` gives as a rate."""
+    args = ("--profile", profile, "--workers-per-host", "2", "--bandwidth", "1gbit", "--json")
+    one = json.loads(main_cli("plan", "--hosts", "1", *args).stdout)["images_per_sec"]
+    two = json.loads(main_cli("plan", "--hosts", "2", *args, "--one-host-images-per-sec", str(one)).stdout)
+    measured = ("--one-host-images-per-sec", str(one), "--two-host-images-per-sec", str(0.8 * two["images_per_sec"]))
+    fitted = json.loads(main_cli("plan", "--hosts", "2", *args, *measured).stdout)
+    assert fitted["images_per_sec"] == pytest.approx(0.8 * two["images_per_sec"], rel=1e-6)
+    rate = fitted["framework"]["inter_bits_per_sec"]
+    assert 0 < rate < 1e9 and fitted["framework"]["two_host_images_per_sec"] == 0.8 * two["images_per_sec"]
+    efficiency = ("--one-host-images-per-sec", str(one), "--efficiency", str(rate / 1e9))
+    four = [json.loads(main_cli("plan", "--hosts", "4", *args, *extra).stdout) for extra in (measured, efficiency)]
+    assert four[0]["step_seconds"] == pytest.approx(four[1]["step_seconds"], rel=1e-6)
+    text = main_cli("plan", "--hosts", "4", *args[:-1], *measured).stdout
+    assert "of its line rate, fitted to your two hosts'" in text

@@ -21,7 +21,7 @@ from trainscale.plan.costs import (
     server_loads,
     tree,
 )
-from trainscale.plan.predict import PSLayout, Setting, fit_step_overhead, predict
+from trainscale.plan.predict import PSLayout, Setting, fit_link_efficiency, fit_step_overhead, predict
 
 GB = 1e9
 FABRIC = Fabric(2, 4, Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
@@ -185,8 +185,10 @@ def test_published_validation_set_is_complete(monkeypatch):
     assert "100Gbps" in rates and "10Gbps" in rates
     assert any(r.source == "the MXNet distributed page" for r, _, _ in clusters)  # 1 Gbit Ethernet
     # every multi-host all-reduce row has its table's one-host row of as many GPUs as a host has to plan from
-    measured_host = bench.from_one_host(rows, known)
+    measured_host = bench.from_measured_hosts(rows, known)
     assert len(measured_host) == sum(r.hosts > 1 and r.mode == "allreduce" for r in rows) > 100
+    measured_two = bench.from_measured_hosts(rows, known, 2)  # and the two-host row of every larger one
+    assert len(measured_two) == sum(r.hosts > 2 and r.mode == "allreduce" for r in rows) > 50
 
 
 @pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])
@@ -246,6 +248,70 @@ class TestFittedToOneHost:
     def test_only_the_synchronous_all_reduce_is_fitted(self):
         with pytest.raises(ConfigError, match=r"cost per step \(--mode sync\), not --mode async"):
             fit_step_overhead(make_profile(), Setting(1, 4, None, Link(GB), "async"), 100.0)
+
+
+class TestFittedToTwoHosts:
+    """The link's achieved fraction of its line rate fitted to a throughput measured on two hosts
+    (plan --two-host-images-per-sec)."""
+
+    def test_by_hand(self):
+        # two hosts of one worker, nothing hidden: the ring moves the gradients once, 0.1 s at line rate; measured
+        # 128 images in 0.7 s is 0.3 s of compute and 0.4 s on the wire: a quarter of the line rate
+        profile = make_profile()
+        line = Link(profile.gradient_bytes / 0.1)
+        two = Setting(2, 1, line, None, overlap=0.0)
+        assert predict(profile, two).step_seconds == pytest.approx(0.4)
+        assert fit_link_efficiency(profile, two, 128 / 0.7) == pytest.approx(0.25, rel=1e-9)
+
+    def test_two_hosts_reproduce_the_measurement_and_the_fraction_carries_to_more_hosts(self):
+        profile = make_profile()
+        cluster = Setting(8, 4, Link(GB / 8, 1e-5), Link(10 * GB, 1e-6), overlap=0.3, algorithm="auto")
+        two = dataclasses.replace(cluster, hosts=2)
+        measured = 0.6 * predict(profile, two).images_per_sec
+        fraction = fit_link_efficiency(profile, cluster, measured)
+        assert 0 < fraction < 1
+        assert predict(profile, dataclasses.replace(two, efficiency=fraction)).images_per_sec == pytest.approx(
+            measured, rel=1e-6
+        )
+        slower = Link(cluster.inter.bandwidth * fraction, cluster.inter.latency)
+        assert predict(profile, dataclasses.replace(cluster, efficiency=fraction)) == predict(
+            profile, dataclasses.replace(cluster, inter=slower)
+        )
+
+    def test_a_lower_measurement_is_a_slower_link_and_one_at_or_above_the_plan_line_rate(self):
+        profile = make_profile()
+        two = Setting(2, 4, Link(GB / 8, 1e-5), Link(10 * GB, 1e-6), overlap=0.0)
+        planned = predict(profile, two).images_per_sec
+        fractions = [fit_link_efficiency(profile, two, f * planned) for f in (1.3, 1.0, 0.9, 0.5)]
+        assert fractions[:2] == [1.0, 1.0] and 1 > fractions[2] > fractions[3] > 0
+
+    def test_a_gap_the_link_cannot_explain_and_other_modes_are_refused(self):
+        profile = make_profile()
+        two = Setting(2, 1, Link(1e15), None, overlap=0.0)  # the wire costs nothing even at 1e-4 of this rate
+        with pytest.raises(ConfigError, match="so the gap is not the link"):
+            fit_link_efficiency(profile, two, 10.0)
+        with pytest.raises(ConfigError, match=r"link between hosts \(--mode sync\), not --mode localsgd"):
+            fit_link_efficiency(profile, dataclasses.replace(two, mode="localsgd"), 100.0)
+
+    def test_a_fitted_efficiency_replaces_the_cluster_files_and_is_refused_beside_the_flag(self):
+        from trainscale.plan.plan import PlanConfig, setting_from
+
+        profile = make_profile()
+        cfg = PlanConfig(cluster="example-a100-ib", step_time="100ms", batch_size=64)
+        given, _, _ = setting_from(cfg, profile)
+        host = predict(profile, dataclasses.replace(given, hosts=1)).images_per_sec
+        two = predict(profile, dataclasses.replace(given, hosts=2, efficiency=1.0)).images_per_sec
+        fitted, _, origin = setting_from(
+            dataclasses.replace(cfg, one_host_images_per_sec=host, two_host_images_per_sec=0.5 * two), profile
+        )
+        assert fitted.efficiency < given.efficiency and "fitted to your two hosts' " in origin
+        with pytest.raises(ConfigError, match="or --efficiency, not both"):
+            setting_from(
+                dataclasses.replace(cfg, one_host_images_per_sec=host, two_host_images_per_sec=two, efficiency=0.5),
+                profile,
+            )
+        with pytest.raises(ConfigError, match="needs --one-host-images-per-sec"):
+            setting_from(dataclasses.replace(cfg, two_host_images_per_sec=two), profile)
 
 
 def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():

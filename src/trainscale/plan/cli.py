@@ -73,10 +73,22 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.1f}"
 
 
+def readable_rate(bits: float) -> str:
+    """bit/s as a person reads them: exact where the rate is a round number of a unit (``100mbit``), else three
+    significant digits (``34.8gbit``, as an efficiency below 1 leaves it)."""
+    exact = format_rate(int(bits))
+    if exact[-4] in "gmk":  # 100mbit, not 100000000bit
+        return exact
+    for unit, size in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= size:
+            return f"{bits / size:.3g}{unit}"
+    return f"{bits:.3g}bit"
+
+
 def describe_setting(s: Setting) -> str:
     link = s.link
     where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
-    rate = "no link" if s.workers == 1 else f"{format_rate(int(link.bandwidth * 8))} links"
+    rate = "no link" if s.workers == 1 else f"{readable_rate(link.bandwidth * 8)} links"
     if s.hosts > 1 and s.nics > 1:
         rate += f" ({s.nics} NICs per host)"
     if s.workers > 1 and s.mode == "sync" and s.algorithm != "ring":
@@ -285,7 +297,11 @@ def run_plan(cfg: PlanConfig) -> int:
         **prediction.to_dict(),
         "setting": describe_setting(setting),
         "compute_from": origin,
-        "framework": {**setting.framework_costs(), "one_host_images_per_sec": cfg.one_host_images_per_sec},
+        "framework": {
+            **setting.framework_costs(),
+            "one_host_images_per_sec": cfg.one_host_images_per_sec,
+            "two_host_images_per_sec": cfg.two_host_images_per_sec,
+        },
     }
     if cfg.sweep:
         result["sweep"] = run_sweep(cfg, profile, setting)

@@ -20,7 +20,7 @@ from trainscale.plan.describe import (
 )
 from trainscale.plan.inputs import InputRate
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.predict import MODES, PSLayout, Setting, fit_step_overhead
+from trainscale.plan.predict import MODES, PSLayout, Setting, fit_link_efficiency, fit_step_overhead
 from trainscale.plan.profile import Profile, load_profile
 from trainscale.plan.synthetic import synthetic_profile
 
@@ -97,6 +97,12 @@ class PlanConfig(Section):
         None,
         "images/s you measured on one host of the plan's workers per host (same model, batch and framework): the "
         "plan fits the framework's cost per step to it and carries it to every host count",
+        above=0,
+    )
+    two_host_images_per_sec: float | None = option(
+        None,
+        "and the images/s you measured on two such hosts: the plan fits the link's achieved fraction of its line "
+        "rate between hosts to it (with --one-host-images-per-sec)",
         above=0,
     )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
@@ -248,8 +254,6 @@ def host_input_rate(profile: Profile, per_host: int) -> float | None:
 def _setting(
     cfg: PlanConfig, hosts: int, per_host: int, inter: Link | None, intra: Link | None, system: System, scale: float
 ) -> Setting:
-    if inter is not None and system.efficiency < 1:
-        inter = Link(inter.bandwidth * system.efficiency, inter.latency)
     return Setting(
         hosts,
         per_host,
@@ -270,6 +274,7 @@ def _setting(
         system.step_overhead,
         PSLayout(system.placement, system.assignment, system.ps_efficiency),
         system.host_images_per_sec,
+        system.efficiency,
     )
 
 
@@ -301,6 +306,10 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         setting, note = fitted_to_one_host(cfg, profile, setting)
         origin += note
         assumed = [k for k in assumed if k != "step_overhead"]
+    if cfg.two_host_images_per_sec is not None:
+        setting, note = fitted_to_two_hosts(cfg, profile, setting)
+        origin += note
+        assumed = [k for k in assumed if k != "efficiency"]
     if cfg.mode not in ("ps-sync", "async"):
         assumed = [k for k in assumed if k != "ps_efficiency"]
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
@@ -339,6 +348,28 @@ def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> t
     return replace(setting, step_overhead=overhead), (
         f"; framework cost per step {1e3 * overhead:.1f} ms, fitted to your one host's {rate:,.0f} images/s "
         f"(--one-host-images-per-sec)"
+    )
+
+
+def fitted_to_two_hosts(cfg: PlanConfig, profile: Profile, setting: Setting) -> tuple[Setting, str]:
+    """``setting`` with the link between hosts at the fraction of its line rate fitted to a throughput the user
+    measured on two hosts (``--two-host-images-per-sec``, after the cost per step was fitted to one host), and
+    what the plan says of it. The fit replaces a cluster file's efficiency."""
+    rate = cfg.two_host_images_per_sec
+    assert rate is not None  # called only when given
+    if cfg.one_host_images_per_sec is None:
+        raise ConfigError(
+            "--two-host-images-per-sec needs --one-host-images-per-sec: the cost per step is fitted to one host "
+            "first, then the link between hosts to two"
+        )
+    if cfg.efficiency is not None:
+        raise ConfigError(
+            "give --two-host-images-per-sec (the link's efficiency is fitted to it) or --efficiency, not both"
+        )
+    fraction = fit_link_efficiency(profile, setting, rate)
+    return replace(setting, efficiency=fraction), (
+        f"; the link between hosts at {fraction:.1%} of its line rate, fitted to your two hosts' {rate:,.0f} "
+        "images/s (--two-host-images-per-sec)"
     )
 
 

@@ -85,6 +85,7 @@ class Setting:
     step_overhead: float = 0.0  # seconds the framework adds to every synchronised step
     ps: PSLayout = PSLayout()
     host_images_per_sec: float | None = None  # what a host's CPUs and input pipeline feed its devices at most
+    efficiency: float = 1.0  # the transport's achieved fraction of the line rate between hosts (``inter``)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -103,6 +104,8 @@ class Setting:
             raise ConfigError(f"--host-images-per-sec must be positive, got {self.host_images_per_sec}")
         if self.bucket_overhead < 0 or self.step_overhead < 0:
             raise ConfigError("framework overheads cannot be negative")
+        if not 0 < self.efficiency <= 1:
+            raise ConfigError(f"--efficiency is a fraction of line rate in (0, 1], got {self.efficiency}")
 
     @property
     def workers(self) -> int:
@@ -110,31 +113,40 @@ class Setting:
 
     def framework_costs(self) -> dict[str, Any]:
         """What the plan charged beside the device's step and the wire, as numbers (``plan --json``'s
-        ``framework``): the overlap, the costs per step and per bucket (seconds), the host's input ceiling."""
+        ``framework``): the overlap, the costs per step and per bucket (seconds), the host's input ceiling, and the
+        rate charged between hosts (bit/s: the line rate times the transport's efficiency)."""
         return {
             "overlap": self.overlap,
             "step_overhead_seconds": self.step_overhead,
             "bucket_overhead_seconds": self.bucket_overhead,
             "host_images_per_sec": self.host_images_per_sec,
+            "inter_bits_per_sec": None if self.network is None else self.network.bandwidth * 8,
         }
+
+    @property
+    def network(self) -> Link | None:
+        """The link between hosts as the transport drives it: ``inter``'s line rate times ``efficiency``."""
+        if self.inter is None or self.efficiency == 1:
+            return self.inter
+        return Link(self.inter.bandwidth * self.efficiency, self.inter.latency)
 
     @property
     def link(self) -> Link:
         """The ring's bottleneck: the slower of the links it crosses (one host: its devices' link)."""
         links = [
             lk
-            for lk in ((self.inter if self.hosts > 1 else None), (self.intra if self.per_host > 1 else None))
+            for lk in ((self.network if self.hosts > 1 else None), (self.intra if self.per_host > 1 else None))
             if lk is not None
         ]
         if not links:
-            return self.intra or self.inter or Link(math.inf)
+            return self.intra or self.network or Link(math.inf)
         return Link(min(lk.bandwidth for lk in links), max(lk.latency for lk in links))
 
     @property
     def fabric(self) -> Fabric:
         """The hosts, their devices' link and their NICs, for the all-reduce algorithms."""
-        intra = self.intra or self.inter or Link(math.inf)  # no link inside a host given: the hosts' (as before)
-        return Fabric(self.hosts, self.per_host, intra, self.inter or Link(math.inf), self.nics)
+        intra = self.intra or self.network or Link(math.inf)  # no link inside a host given: the hosts' (as before)
+        return Fabric(self.hosts, self.per_host, intra, self.network or Link(math.inf), self.nics)
 
     def with_workers(self, workers: int) -> Setting:
         """The same cluster shape grown or shrunk to ``workers`` (hosts filled one after another)."""
@@ -214,6 +226,40 @@ def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: f
     if measured_step <= plain.step_seconds:
         return 0.0
     return measured_step - plain.compute_seconds - plain.comm_seconds
+
+
+LOWEST_EFFICIENCY = 1e-4  # a link between hosts fitted slower than this is not the link: refused
+
+
+def fit_link_efficiency(profile: Profile, setting: Setting, two_host_images_per_sec: float) -> float:
+    """The fraction of the line rate between hosts (``setting.efficiency``) at which two hosts of ``setting``, its cost
+    per step included, train at ``two_host_images_per_sec``, a throughput measured there: what the transport, its
+    stack and the way the framework drives it really achieve (1 when the plan at line rate is already at or below
+    the measurement). A plan is never faster on a slower link, so the fraction is found by bisection."""
+    if setting.mode != "sync":
+        raise ConfigError(
+            f"--two-host-images-per-sec calibrates the synchronous all-reduce's link between hosts (--mode sync), "
+            f"not --mode {setting.mode}"
+        )
+    if setting.inter is None:
+        raise ConfigError("--two-host-images-per-sec needs the link between hosts: give --bandwidth or --cluster")
+
+    def rate(fraction: float) -> float:
+        return predict(profile, replace(setting, hosts=2, efficiency=fraction)).images_per_sec
+
+    if rate(1.0) <= two_host_images_per_sec:
+        return 1.0
+    if rate(LOWEST_EFFICIENCY) > two_host_images_per_sec:
+        raise ConfigError(
+            f"--two-host-images-per-sec {two_host_images_per_sec:g}: even at {LOWEST_EFFICIENCY:g} of the line rate "
+            f"between hosts the plan of two hosts trains faster ({rate(LOWEST_EFFICIENCY):,.0f} images/s), so the "
+            "gap is not the link; check that both figures are for the same model, batch and workers per host"
+        )
+    low, high = LOWEST_EFFICIENCY, 1.0
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if rate(middle) <= two_host_images_per_sec else (low, middle)
+    return math.sqrt(low * high)
 
 
 def _collectives(profile: Profile, spec: MethodSpec, grad_scale: float = 1.0) -> list[tuple[str, float]]:
@@ -298,7 +344,7 @@ def _transfer(nbytes: float, setting: Setting, profile: Profile | None = None) -
         if setting.hosts == 1:
             link = setting.intra or Link(math.inf)
             return parameter_server(nbytes, setting.workers, setting.servers, link, link)
-        return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.inter or Link(math.inf))
+        return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.network or Link(math.inf))
     if ps.assignment != "shard" and profile is not None and not profile.tensor_bytes:
         raise ConfigError(
             f"--ps-assignment {ps.assignment} places whole tensors, but this profile has no tensor sizes; "
