@@ -148,7 +148,7 @@ def test_cluster_file_plan(main_cli, profile):
         ),
         (
             ("--hosts", "1", "--one-host-images-per-sec", "100", "--two-host-images-per-sec", "150"),
-            "needs the link between hosts: give --bandwidth or --cluster",
+            "needs the link between hosts: give --bandwidth, or a cluster file with [link.inter]",
         ),
     ],
 )

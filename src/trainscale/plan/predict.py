@@ -242,7 +242,10 @@ def fit_link_efficiency(profile: Profile, setting: Setting, two_host_images_per_
             f"not --mode {setting.mode}"
         )
     if setting.inter is None:
-        raise ConfigError("--two-host-images-per-sec needs the link between hosts: give --bandwidth or --cluster")
+        raise ConfigError(
+            "--two-host-images-per-sec needs the link between hosts: give --bandwidth, or a cluster file with "
+            "[link.inter]"
+        )
 
     def rate(fraction: float) -> float:
         return predict(profile, replace(setting, hosts=2, efficiency=fraction)).images_per_sec
