@@ -2,9 +2,11 @@
 
 Both sides train the same model from the same weights on the same images with the same batch,
 precision and memory format; trainscale's side adds what it really does each step (on-device
-augmentation, per-step LR, on-device metrics). Timer scope: whole passes over the same images,
-device-synchronised, warm-up passes excluded, repeats interleaved. Also prints bf16+channels_last
-against fp32 for trainscale's loop.
+augmentation, per-step LR, on-device metrics) and takes the training step ``trainscale train`` takes
+there (``--train-step auto``: eager on a CPU, compiled and captured in CUDA graphs on one GPU; its
+compilation falls in the warm-up). Timer scope: whole passes over the same images, device-synchronised,
+warm-up passes excluded, repeats interleaved. Also prints bf16+channels_last against fp32 for
+trainscale's loop.
 
     python benchmarks/throughput.py --models resnet9 resnet32 --images 2048 --repeats 3
 """
@@ -26,6 +28,7 @@ from trainscale.models import create_model
 from trainscale.train.environment import environment
 from trainscale.train.loop import train_one_epoch
 from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.step import STEP_KINDS, StepChoice, choose_step, compiled_step
 
 
 def make_model(name: str, device: torch.device, channels_last: bool) -> torch.nn.Module:
@@ -50,13 +53,22 @@ def bare_loop(model, images: torch.Tensor, labels: torch.Tensor, batch: int, pre
     return run
 
 
-def trainscale_loop(model, batches: DeviceBatches, precision: Precision):
+def step_choice(setting: str, precision: Precision) -> StepChoice:
+    """The training step a one-process ``trainscale train`` of a built-in model takes with ``--train-step``."""
+    return choose_step(setting, precision.device, precision.name, "none", "stop")
+
+
+def trainscale_loop(model, batches: DeviceBatches, precision: Precision, step: str):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     scaler = precision.grad_scaler()
     counter = iter(range(10**9))
+    kind = step_choice(step, precision).kind
+    step_fn = None if kind == "eager" else compiled_step(model, opt, precision, 0.0, kind == "graphed")
 
     def run() -> None:
-        train_one_epoch(model, batches, opt, scaler, precision, lambda t: 0.01, next(counter), progress=False)
+        train_one_epoch(
+            model, batches, opt, scaler, precision, lambda t: 0.01, next(counter), progress=False, step_fn=step_fn
+        )
 
     return run
 
@@ -79,7 +91,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     model = make_model(name, device, channels_last=True)
     fns = {
         "bare": bare_loop(copy.deepcopy(model), x, y, args.batch, bf16),
-        "trainscale": trainscale_loop(copy.deepcopy(model), batches, bf16),
+        "trainscale": trainscale_loop(copy.deepcopy(model), batches, bf16, args.train_step),
         "trainscale_fp32": trainscale_loop(
             make_model(name, device, channels_last=False),
             DeviceBatches(
@@ -91,6 +103,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
                 channels_last=False,
             ),
             fp32,
+            args.train_step,
         ),
     }
     timings = time_interleaved(fns, args.repeats, args.warmup, device)
@@ -98,6 +111,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     paired = paired_ratios(timings["bare"], timings["trainscale"])
     return {
         "model": name,
+        "train_step": {p.name: step_choice(args.train_step, p).kind for p in (bf16, fp32)},
         "timings": timings,
         "images_per_pass": images,
         "img_per_s": {k: t.rate(images) for k, t in timings.items()},
@@ -117,6 +131,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--train-step", default="auto", choices=STEP_KINDS, help="trainscale's step, as trainscale train's flag"
+    )
     p.add_argument("--out", default=f"runs/bench/throughput-{time.strftime('%Y%m%d-%H%M%S')}.json")
     args = p.parse_args()
     device = resolve_device(args.device)
@@ -136,6 +153,7 @@ def main() -> None:
     print(
         f"timer scope: {args.repeats} interleaved passes of {args.images} images each side, {args.warmup} "
         f"warm-up pass(es) excluded, device-synchronised; {args.precision} + channels_last unless marked fp32; "
+        f"trainscale's step: {results[-1]['train_step'][args.precision]} ({args.train_step}); "
         "ratio = bare mean time / trainscale mean time (target >= 0.97), pairs = median of the per-repeat ratios"
     )
     save_result(Path(args.out), {"config": vars(args), "environment": environment(device), "results": results})
