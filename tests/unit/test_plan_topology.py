@@ -314,6 +314,22 @@ class TestFittedToTwoHosts:
             setting_from(dataclasses.replace(cfg, two_host_images_per_sec=two), profile)
 
 
+def test_a_bandwidth_sweep_and_the_crossovers_charge_the_transports_efficiency():
+    from trainscale.plan.methods import parse_spec
+    from trainscale.plan.plan import with_bandwidth
+    from trainscale.plan.predict import crossover
+
+    profile = make_profile()
+    half = Setting(4, 2, Link(GB, 1e-5), Link(10 * GB, 1e-6), efficiency=0.5, algorithm="ring")
+    swept = with_bandwidth(half, "4gbit")  # 0.5 GB/s of line rate, 0.25 GB/s as driven
+    assert predict(profile, swept) == predict(
+        profile, dataclasses.replace(swept, inter=Link(GB / 4, 1e-5), efficiency=1)
+    )
+    bf16 = dataclasses.replace(half, spec=parse_spec("bf16"))  # 2 ms to encode and decode: dense wins on fast links
+    full = crossover(profile, dataclasses.replace(bf16, efficiency=1.0), dataclasses.replace(half, efficiency=1.0))
+    assert full is not None and crossover(profile, bf16, half) == pytest.approx(2 * full, rel=1e-3)
+
+
 def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():
     from trainscale.plan.plan import PlanConfig, setting_from
 

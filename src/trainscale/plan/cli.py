@@ -188,6 +188,11 @@ def print_sweep(result: dict[str, Any], setting: Setting) -> None:
             ],
         )
     )
+    if setting.efficiency < 1 and (setting.hosts > 1 or setting.inter is not None):  # what with_bandwidth sweeps
+        print(
+            f"bandwidth: the line rate between hosts; the plan charges {setting.efficiency:.1%} of it (the "
+            "transport's efficiency), in the crossovers too"
+        )
     if result["crossover"]:
         print(f"\nbeats bf16 all-reduce below ({setting.mode}, {max(result['workers'])} workers):")
         print(format_table(result["crossover"], [("method", "method", str), ("below", "bandwidth", str)]))
