@@ -29,6 +29,11 @@ def main() -> None:
         "--run", action="append", help="OPTIMIZER:LR to compare (repeatable; default sgd:0.8 and lars:10)"
     )
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for both runs (a train flag's name)")
+    parser.add_argument(
+        "--decay-everything",
+        action="store_true",
+        help="weight decay (and LARS's trust ratio) on biases and norms too (default: exempt, as LARS users run it)",
+    )
     args = parser.parse_args()
     runs = [r.split(":") for r in (args.run or ["sgd:0.8", "lars:10"])]
     settings = {**COMMON, **dict(item.split("=", 1) for item in args.set)}
@@ -42,7 +47,7 @@ def main() -> None:
             "trainscale",
             "train",
             *flags,
-            "--no-decay-norm-bias",
+            *([] if args.decay_everything else ["--no-decay-norm-bias"]),
             "--no-progress",
             "--optimizer",
             name,

@@ -231,11 +231,11 @@ def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
     return images
 
 
-def cluster_results(gpu_overlap: float = GPU_OVERLAP) -> list[tuple[Row, float, float]]:
+def cluster_results(gpu_overlap: float = GPU_OVERLAP, say_skipped: bool = True) -> list[tuple[Row, float, float]]:
     """The published rows of the cluster files (``configs/clusters``: MXNet, ps-lite, Keras-MXNet and Multiverso
     pages), each calibrated on its device file's one-GPU figure from the same page and planned on the file's
     links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed), with the
-    overlap a GPU plan takes when the file gives none."""
+    overlap a GPU plan takes when the file gives none. ``say_skipped``: print the rows it cannot plan."""
     from trainscale.plan.describe import CHECKOUT_CONFIGS, load_cluster, load_device
 
     results = []
@@ -254,7 +254,8 @@ def cluster_results(gpu_overlap: float = GPU_OVERLAP) -> list[tuple[Row, float, 
             try:
                 step, _ = device.step_seconds(raw["model"], batch, str(raw.get("precision", "fp32")))
             except ConfigError:  # the page gives no one-GPU figure for this model: nothing to calibrate on
-                print(f"skipped (no one-GPU figure): {path.name}: {raw['model']} on {devices} GPUs")
+                if say_skipped:
+                    print(f"skipped (no one-GPU figure): {path.name}: {raw['model']} on {devices} GPUs")
                 continue
             sizes = tensors(raw["model"])
             profile = synthetic_profile(sum(sizes), step, batch, name=raw["model"])
@@ -359,7 +360,7 @@ def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
     for i in range(21):
         overlap = i / 20
         trial = {k: {**v, "overlap": overlap} if "nvlink" in v else v for k, v in known.items()}
-        results = planned_rows(rows, trial) + cluster_results(overlap)
+        results = planned_rows(rows, trial) + cluster_results(overlap, say_skipped=i == 0)
         held = [e for r, _, e in results if not calibrating(r)]
         others = [e for r, _, e in results if r.source != CALIBRATION[0] and r.mode in ("allreduce", "sync")]
         fitted = [e for _, _, e in planned_rows(fit, trial)]

@@ -72,6 +72,25 @@ def add_config_flags(
             )
 
 
+class Switch(argparse.BooleanOptionalAction):
+    """``--flag`` / ``--no-flag``, where the flag's own name may begin with ``no-`` (``--no-decay-norm-bias`` turns
+    the field on; argparse's own action reads every ``--no-`` spelling as off)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.positive = frozenset(option_strings)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string in self.option_strings:
+            setattr(namespace, self.dest, option_string in self.positive)
+
+
 PAIRS: dict[str, Any] = {"action": "extend", "nargs": "+", "metavar": "KEY=VALUE"}  # repeatable KEY=VALUE
 
 
@@ -115,7 +134,7 @@ def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:
     )
     base = inner[0]
     if base is bool:
-        return {"action": argparse.BooleanOptionalAction}
+        return {"action": Switch}
     if typing.get_origin(base) is list:
         item = typing.get_args(base)[0]
         if item is str:

@@ -344,6 +344,10 @@ class RunConfig(Section):
         "print the resolved config as JSON and exit without training or writing anything",
     )
 
+    def validate(self) -> None:
+        if self.out is not None and not self.out.strip():
+            raise ConfigError("--out is empty; give a folder, or leave --out out for runs/<model>-<dataset>-<time>")
+
 
 @dataclass
 class LaunchConfig(Section):

@@ -78,6 +78,32 @@ def test_cluster_file_plan(main_cli, profile):
 
 
 @pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (("--hosts", "2"), "2 host(s) x 2 worker(s)"),
+        (("--workers-per-host", "1"), "5 host(s) x 1 worker(s)"),
+        (("--bandwidth", "10gbit"), "10gbit links"),
+    ],
+)
+def test_a_flag_wins_over_the_cluster_file(main_cli, profile, flags, fragment):
+    proc = main_cli("plan", "--profile", profile, "--cluster", "pslite-gtx980", "--device-step-ms", "20", *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert fragment in proc.stdout
+
+
+def test_a_latency_flag_replaces_the_cluster_files_and_only_slows_the_step(main_cli, profile):
+    def step(*flags: str) -> float:
+        base = ("plan", "--profile", profile, "--cluster", "pslite-gtx980", "--device-step-ms", "20", "--json")
+        proc = main_cli(*base, *flags)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["step_seconds"]
+
+    file_only = step()
+    assert step("--latency", "0us") <= file_only < step("--latency", "10ms")
+    assert file_only < step("--intra-latency", "10ms") and file_only < step("--intra-bandwidth", "1mbit")
+
+
+@pytest.mark.parametrize(
     "args, fragment",
     [
         (("--cluster", "nope"), "unknown cluster 'nope'; known: "),
@@ -91,7 +117,7 @@ def test_cluster_file_plan(main_cli, profile):
             ),
             "--hosts 4 needs --bandwidth",
         ),
-        (("--cluster", "pslite-gtx980", "--hosts", "2"), "either --cluster or --hosts"),
+        (("--hosts", "1", "--latency", "1ms"), "--latency needs a link: give --bandwidth too"),
         (
             (
                 "--cluster",

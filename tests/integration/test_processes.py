@@ -22,7 +22,9 @@ INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
 
 
 def start(tmp_path: Path, *args: object) -> subprocess.Popen:
-    """`trainscale train ARGS` in a session of its own (like a terminal's job), output to files in tmp_path."""
+    """`trainscale train ARGS` in a session of its own (like a terminal's job), output to files in tmp_path, its
+    temporary files in tmp_path / "tmp"."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "trainscale", "train", *map(str, args)],
@@ -30,7 +32,7 @@ def start(tmp_path: Path, *args: object) -> subprocess.Popen:
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path / "tmp")},
         )
 
 
@@ -112,3 +114,5 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
         assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
         assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
+        left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+        assert not left  # torch's agent folders included; the compiler's cache is kept on purpose, one per user

@@ -82,6 +82,20 @@ def test_a_flag_the_method_does_not_take_is_refused_naming_the_flags_it_takes():
         build_config(BASE, {"mode": "async", "servers": 1, "compress": "qsgd", "ratio": 0.1})
 
 
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"compress": "topk", "method": "randomk"}, "--compress topk and --method randomk name two methods"),
+        ({"compress": "layerwise", "granularity": "entire"}, "--compress layerwise and --granularity entire disagree"),
+    ],
+)
+def test_two_flags_that_name_different_settings_are_refused(flags, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        build_config(BASE, {"workers": 2, **flags})
+    same = {"compress": "topk", "method": "topk"} if "method" in flags else {**flags, "granularity": "layerwise"}
+    build_config(BASE, {"workers": 2, **same})
+
+
 def test_powersgd_has_no_parameter_server_form_and_says_why():
     with pytest.raises(ConfigError, match="cannot compress parameter-server pushes: it exchanges between the workers"):
         build_config(BASE, {"mode": "async", "servers": 1, "compress": "powersgd"})

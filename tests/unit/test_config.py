@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from trainscale.app.config import FIELDS, TrainConfig, build_config, load_toml
@@ -27,6 +29,7 @@ def test_layers_merge_left_to_right():
         ({"dataset": "cifar11"}, "unknown dataset 'cifar11'"),
         ({"schedule": "stepp"}, "did you mean 'step'"),
         ({"milestones": [61, 41]}, "--milestones"),
+        ({"out": " "}, "--out is empty; give a folder"),
     ],
 )
 def test_bad_values_name_the_problem(bad, fragment):
@@ -53,6 +56,20 @@ def test_toml_unknown_key_names_file_and_line(tmp_path):
         load_toml(path)
 
 
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("epochs = 1\n[optim]\nepochs = 2\n", "'epochs' set twice (again in [optim])"),
+        ("batch-size = 1\nbatch_size = 2\n", "'batch_size' set twice (again at the top level)"),
+    ],
+)
+def test_toml_setting_given_twice_is_refused(tmp_path, text, fragment):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_toml(path)
+
+
 def test_toml_syntax_error_is_config_error(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("model = \n")
@@ -68,6 +85,21 @@ def test_every_field_has_a_cli_flag():
     assert set(FIELDS) <= dests
 
 
+def test_every_switch_turns_its_field_on_and_its_negation_turns_it_off():
+    """A switch's own name may begin with ``no-`` (``--no-decay-norm-bias``): it still turns its field on."""
+    from trainscale.app.config import TYPES
+    from trainscale.cli import build_parser
+    from trainscale.config import flag_name
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    switches = [name for name, kind in TYPES.items() if kind is bool]
+    assert "no_decay_norm_bias" in switches
+    for name in switches:
+        flag = flag_name(FIELDS[name])
+        assert getattr(train.parse_args([flag]), name) is True, flag
+        assert getattr(train.parse_args(["--no-" + flag[2:]]), name) is False, flag
+
+
 @pytest.mark.parametrize(
     "kw, workers, expected",
     [
@@ -79,6 +111,24 @@ def test_every_field_has_a_cli_flag():
 def test_batch_plan(kw, workers, expected):
     plan = BatchPlan.resolve(TrainConfig.flat(**kw), workers)
     assert (plan.per_worker, plan.global_batch) == expected
+
+
+def test_the_batch_given_last_wins_and_both_in_the_flags_are_refused(tmp_path):
+    from trainscale.app.cluster_launch import resolved_flags
+    from trainscale.app.config import resumed_settings, train_settings
+
+    assert build_config({"batch_per_worker": 32}, {"batch_size": 64}).optim.batch_per_worker is None
+    assert build_config({"batch_size": 64}, {"batch_per_worker": 32}).optim.batch_per_worker == 32
+    record = tmp_path / "run.toml"  # a run folder's record holds both; its batch per worker is what ran
+    record.write_text("batch_size = 512\nbatch_per_worker = 32\n")
+    assert train_settings({}, record).optim.batch_per_worker == 32
+    assert train_settings({"batch_size": 64}, record).optim.batch_per_worker is None
+    with pytest.raises(ConfigError, match="--batch-size 64 .* and --batch-per-worker 32 both set the batch"):
+        train_settings({"batch_size": 64, "batch_per_worker": 32})
+    (tmp_path / "config.json").write_text("{}")  # the flags a resumed or clustered run hands its nodes: one batch
+    assert resumed_settings({"resume": True, "out": str(tmp_path)}) == {"batch_per_worker": 32}
+    assert resolved_flags(build_config({"batch_per_worker": 32}))["batch_per_worker"] == 32
+    assert "batch_size" not in resolved_flags(build_config({"batch_per_worker": 32}))
 
 
 def test_linear_lr_scaling_rule():

@@ -181,6 +181,25 @@ def test_optimizer_by_import_path():
         build_config({"model": "mlp", "optimizer": "no_such_pkg:Opt"})
 
 
+def test_an_optimizer_by_import_path_takes_the_momentum_flags_its_signature_names():
+    cfg = build_config({"model": "mlp", "optimizer": "torch.optim:SGD", "momentum": 0.5, "nesterov": True})
+    group = build_optimizer(cfg, create_model("mlp"), 0.1).param_groups[0]
+    assert (group["momentum"], group["nesterov"]) == (0.5, True)
+    cfg = build_config({"model": "mlp", "optimizer": "torch.optim:Adam", "momentum": 0.5})  # Adam names neither
+    assert type(build_optimizer(cfg, create_model("mlp"), 0.1)) is torch.optim.Adam
+    with pytest.raises(ConfigError, match="torch.optim:SGD --optim-arg dampening=0.5: Nesterov momentum requires"):
+        build_config({"model": "mlp", "optimizer": "torch.optim:SGD", "nesterov": True, "optim_arg": ["dampening=0.5"]})
+
+
+def returns_none(groups, **_):
+    return None
+
+
+def test_an_optimizer_by_import_path_that_returns_no_optimizer_is_refused_before_the_run():
+    with pytest.raises(ConfigError, match="returned NoneType, not a torch.optim.Optimizer"):
+        build_config({"model": "mlp", "optimizer": f"{__name__}:returns_none"})
+
+
 def test_another_optimizer_brings_its_own_lr_and_decay():
     cfg = build_config({"model": "resnet20", "optimizer": "adamw"})  # the recipe's lr 0.1 is SGD's
     assert (cfg.optim.lr, cfg.optim.weight_decay) == (1e-3, 0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,35 @@ def test_system_table_and_nics(tmp_path):
     assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
     assert system.bucket_overhead == pytest.approx(1e-4)
     assert set(system.assumed) == {"step_overhead", "ps_efficiency", "host_images_per_sec"}
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"hosts": 3}, "3 hosts need a link between them: give --bandwidth"),
+        ({"workers_per_host": 2}, "2 workers per host need a link between them: give --intra-bandwidth"),
+        ({"intra_latency": "1ms"}, "--intra-latency needs a link: give --intra-bandwidth too"),
+    ],
+)
+def test_a_flag_beside_a_cluster_file_without_that_link_is_refused(tmp_path, flags, fragment):
+    from trainscale.plan.plan import PlanConfig, layout_of
+
+    text = CLUSTER.replace("hosts = 5\n", "hosts = 1\n").replace("devices_per_host = 2\n", "devices_per_host = 1\n")
+    text = text.split("[link.inter]")[0]  # neither link: one host of one device
+    cluster = load_cluster(str(write(tmp_path, text)))
+    assert layout_of(PlanConfig(cluster="f"), cluster) == (1, 1, None, None)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        layout_of(PlanConfig(cluster="f", **flags), cluster)
+
+
+def test_flags_replace_the_cluster_files_layout_and_links():
+    from trainscale.plan.plan import PlanConfig, layout_of
+
+    cluster = load_cluster("pslite-gtx980")
+    assert layout_of(PlanConfig(cluster="pslite-gtx980"), cluster) == (5, 2, cluster.inter, cluster.intra)
+    hosts, per_host, inter, intra = layout_of(
+        PlanConfig(cluster="pslite-gtx980", hosts=2, workers_per_host=4, latency="1ms", intra_bandwidth="8gbit"),
+        cluster,
+    )
+    assert (hosts, per_host) == (2, 4)
+    assert inter == parse_link("1gbit", "1ms") and intra == parse_link("8gbit")

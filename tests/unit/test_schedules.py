@@ -1,7 +1,7 @@
 import pytest
 
 from trainscale.app.config import TrainConfig
-from trainscale.train.schedules import create_schedule, list_schedules
+from trainscale.train.schedules import create_schedule, list_schedules, never_steps
 
 
 def lr(cfg: TrainConfig, t: float) -> float:
@@ -50,3 +50,12 @@ def test_every_schedule_is_bounded(name):
     cfg = TrainConfig.flat(schedule=name, lr=0.5, epochs=7)
     values = [lr(cfg, e / 10) for e in range(71)]
     assert all(0 <= v <= 0.5 + 1e-12 for v in values)
+
+
+def test_a_run_whose_every_step_has_lr_0_is_found():
+    one_cycle = create_schedule(TrainConfig.flat(schedule="onecycle", epochs=1))
+    assert never_steps(one_cycle, epochs=1, steps_per_epoch=1)  # its one step sits at the start, lr 0
+    assert not never_steps(one_cycle, epochs=1, steps_per_epoch=4)
+    assert not never_steps(
+        create_schedule(TrainConfig.flat(schedule="constant", epochs=1)), epochs=1, steps_per_epoch=1
+    )

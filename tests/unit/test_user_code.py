@@ -239,6 +239,16 @@ def test_channel_stats_of_a_constant_channel_do_not_divide_by_zero() -> None:
 # ------------------------------------------------------------------------------- model against the data
 
 
+def frozen(num_classes: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, num_classes)).requires_grad_(False)
+
+
+def test_a_model_with_nothing_to_train_is_refused_before_training() -> None:
+    train, _ = load_user_data(TENSORS)
+    with pytest.raises(ConfigError, match=f"^model {HERE}:frozen has no trainable parameters"):
+        check_model_on_data(build_config({"model": f"{HERE}:frozen", "dataset": TENSORS}), train)
+
+
 def test_the_model_is_checked_against_the_data_before_training() -> None:
     train, _ = load_user_data(TENSORS)
     check_model_on_data(build_config({"model": TINY, "dataset": TENSORS}), train)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from trainscale.app.config import TrainConfig
+from trainscale.app.config import TrainConfig, one_batch
 from trainscale.app.hosts import Host, node_commands
 from trainscale.app.preflight import preflight
 from trainscale.io import read_json
@@ -75,7 +75,7 @@ def resolved_flags(cfg: TrainConfig) -> dict[str, Any]:
     it equals the field's default would be filled again by the recipe (an explicit ``label_smoothing = 0.0`` came
     back as the airbench recipe's 0.2). A node must not read ``--config`` again, where ``cluster`` (or a bench's
     ``cluster_hosts``) would send it back here."""
-    return {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("config", "cluster")}
+    return one_batch({k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("config", "cluster")})
 
 
 def cluster_main(cfg: TrainConfig) -> int:

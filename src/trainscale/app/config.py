@@ -113,14 +113,26 @@ def load_toml(path: str | Path) -> dict[str, Any]:
                     if line
                     else f"{path}: unknown key {key!r}"
                 )
-            values.update(_table(path, text, key, sections[name], value))
+            table = _table(path, text, key, sections[name], value)
+            _once(path, values, table, f"in [{key}]")
+            values.update(table)
             continue
         line = _line_of(text, key)
         where = f"{path}:{line}" if line else str(path)
         if name not in FIELDS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys are the `trainscale train` flags")
+        _once(path, values, {name: value}, "at the top level")
         values[name] = typed(name, value, f"{where}: key {key!r}")
     return values
+
+
+def _once(path: Path, values: Mapping[str, Any], new: Mapping[str, Any], where: str) -> None:
+    """A setting the file gives twice (at the top and in its table, or spelled with - and _) is refused."""
+    twice = sorted(set(values) & set(new))
+    if twice:
+        raise ConfigError(
+            f"{path}: {', '.join(repr(k) for k in twice)} set twice (again {where}); give each setting once"
+        )
 
 
 def located(
@@ -161,6 +173,11 @@ def train_settings(flags: Mapping[str, Any], config_file: str | Path | None = No
     """`trainscale train`'s config (the CLI's and ``trainscale.fit``'s): defaults, then with ``--resume`` the run
     folder's own settings (``resumed_settings``), then ``--config FILE``, then ``flags`` (the settings given)."""
     file_values = load_toml(config_file) if config_file else {}
+    require(
+        flags.get("batch_size") is None or flags.get("batch_per_worker") is None,
+        f"--batch-size {flags.get('batch_size')} (the global batch) and --batch-per-worker "
+        f"{flags.get('batch_per_worker')} both set the batch; give one of them",
+    )
     try:
         return build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
     except ConfigError as exc:
@@ -176,10 +193,18 @@ def resumed_settings(given: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     folder = Path(given["out"])
     if (folder / RUN_TOML).is_file():
-        return load_toml(folder / RUN_TOML)
+        return one_batch(load_toml(folder / RUN_TOML))
     if (folder / "config.json").is_file():
-        return read_run_config(folder / "config.json").to_dict()
+        return one_batch(read_run_config(folder / "config.json").to_dict())
     return {}
+
+
+def one_batch(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (a run's record: every field) with the batch said once, as flags must say it: a batch per
+    worker is what the run trained at, and the global ``batch_size`` beside it only its unused default."""
+    if settings.get("batch_per_worker") is None:
+        return dict(settings)
+    return {k: v for k, v in settings.items() if k != "batch_size"}
 
 
 def read_run_config(path: str | Path) -> TrainConfig:
@@ -228,12 +253,19 @@ def value_problem(value: Any) -> str | None:
     return None
 
 
+BATCH_SPELLINGS = (("batch_size", "batch_per_worker"), ("batch_per_worker", "batch_size"))
+
+
 def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """Merge layers left to right over the defaults (later wins) and the recipe (see ``with_recipe``), then
     validate."""
     merged: dict[str, Any] = {}
     for layer in layers:
-        merged.update({k: v for k, v in layer.items() if v is not None or k in ("out",)})
+        given = {k: v for k, v in layer.items() if v is not None or k in ("out",)}
+        for one, other in BATCH_SPELLINGS:
+            if one in given and other not in given:  # a later layer's batch replaces an earlier one's
+                merged.pop(other, None)
+        merged.update(given)
     unknown = sorted(set(merged) - set(FIELDS))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")

@@ -13,17 +13,20 @@ prints the table and summary from the run folder (``app.outcome``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -61,6 +64,15 @@ class LaunchPlan:
     run_id: str
     out: Path | None
     threads: int
+    logs: Path | None = None  # the agent's folder for the workers' error files (``agent_log_folder``)
+
+
+@contextlib.contextmanager
+def agent_log_folder() -> Iterator[Path]:
+    """Where torch's elastic agent keeps its workers' error files: a folder of this launcher's, removed with it
+    (left to itself, the agent makes one under the temporary folder per run and never removes it)."""
+    with tempfile.TemporaryDirectory(prefix="trainscale-agent-") as folder:
+        yield Path(folder)
 
 
 def launched_by_trainscale(job: Job) -> bool:
@@ -95,6 +107,7 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
         monitor_interval=MONITOR_INTERVAL_S,
         start_method="spawn",
         local_addr=bind_address(plan.endpoint, plan.is_host),
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.logs)) if plan.logs is not None else None,
     )
 
 
@@ -105,9 +118,9 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> i
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)
-    with fault_log_folder(cfg, plan.out) as fault_log:
+    with fault_log_folder(cfg, plan.out) as fault_log, agent_log_folder() as logs:
         os.environ.update(worker_env(cfg, plan.threads, fault_log))
-        return run_agents(cfg, flags, plan)
+        return run_agents(cfg, flags, dataclasses.replace(plan, logs=logs))
 
 
 def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int:
@@ -179,19 +192,20 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     )
     become_launcher()
     relabel(f"replica {job.replica} agent")
-    config = dataclasses.replace(
-        launch_config(cfg.replace(nnodes=1), plan),
-        nproc_per_node=1,
-        max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS,
-    )
-    try:
-        elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
-    except ChildFailedError as exc:
-        message, status = describe_failure(exc.failures)
-        print(f"trainscale train: error: replica {job.replica}: {message}", file=sys.stderr)
-        return status
-    except SignalException as exc:
-        return 128 + int(exc.sigval)
+    with agent_log_folder() as logs:
+        config = dataclasses.replace(
+            launch_config(cfg.replace(nnodes=1), dataclasses.replace(plan, logs=logs)),
+            nproc_per_node=1,
+            max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS,
+        )
+        try:
+            elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
+        except ChildFailedError as exc:
+            message, status = describe_failure(exc.failures)
+            print(f"trainscale train: error: replica {job.replica}: {message}", file=sys.stderr)
+            return status
+        except SignalException as exc:
+            return 128 + int(exc.sigval)
     return 0
 
 

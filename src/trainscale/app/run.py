@@ -37,7 +37,7 @@ from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_optimizer, built_model
 from trainscale.train.precision import Precision, resolve_device
-from trainscale.train.schedules import create_schedule
+from trainscale.train.schedules import create_schedule, never_steps
 from trainscale.train.setup import (
     augment_for,
     check_fits,
@@ -143,6 +143,13 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     if cfg.run.compile:
         model.compile(mode=torch_mode(cfg.run.compile_mode, graphed=False))
     schedule = create_schedule(cfg)
+    if is_main_process() and never_steps(schedule, cfg.optim.epochs, len(train_batches)):
+        log.warning(
+            "the %s schedule gives every one of this run's %d step(s) a learning rate of 0, so it learns nothing: "
+            "give it more steps (more --epochs, a smaller --batch-size) or another --schedule",
+            cfg.optim.schedule,
+            cfg.optim.epochs * len(train_batches),
+        )
     built = build_optimizer(cfg, model, plan.lr)
     optimizer = mode.wrap_optimizer(built, model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)

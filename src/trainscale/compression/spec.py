@@ -131,9 +131,13 @@ class CompressionSpec:
     @classmethod
     def from_config(cls, cfg: CompressionFlags, seed: int | None = None) -> CompressionSpec:
         """Resolve and check the compression flags; errors are one-line ConfigErrors naming the flag."""
-        method, granularity = split_compress_flag(cfg.compress)
-        method = canonical_method(cfg.method) if cfg.method else (method or DENSE)
-        granularity = canonical_granularity(cfg.granularity) if cfg.granularity else (granularity or "layerwise")
+        named, split = split_compress_flag(cfg.compress)
+        method = canonical_method(cfg.method) if cfg.method else (named or DENSE)
+        granularity = canonical_granularity(cfg.granularity) if cfg.granularity else (split or "layerwise")
+        if named not in (None, DENSE, method):
+            raise ConfigError(f"--compress {named} and --method {method} name two methods; give one of them")
+        if split not in (None, granularity):
+            raise ConfigError(f"--compress {cfg.compress} and --granularity {granularity} disagree; give one of them")
         accepted = compressor_params(method)
         given = {flag: getattr(cfg, flag) for flag in FLAG_PARAMS if getattr(cfg, flag) is not None}
         unused = [f"--{flag.replace('_', '-')}" for flag in given if FLAG_PARAMS[flag] not in accepted]

@@ -92,7 +92,7 @@ class Device:
             have = ", ".join(sorted({t.model for t in self.throughput})) or "none"
             raise ConfigError(
                 f"device {self.name} has no throughput for model {model} (it has: {have}); add a "
-                f"[[throughput]] to its file or plan with this machine's profile (no --device)"
+                f"[[throughput]] row to its file, or give {model}'s step time on it (--device-step-ms MS)"
             )
         same = [t for t in figures if t.precision == precision]
         if not same:

@@ -36,11 +36,20 @@ class PlanConfig(Section):
     )
     model: str | None = option(None, "the model the plan is for; refused if the profile measured another")
     cluster: str | None = option(None, "a cluster file: a name in configs/clusters (e.g. pslite-gtx980) or a path")
-    hosts: int | None = option(None, "hosts, without --cluster", at_least=1, at_most=MAX_COUNT)
-    workers_per_host: int = option(1, "workers (devices) per host, without --cluster", at_least=1, at_most=MAX_COUNT)
-    bandwidth: str | None = option(None, "link rate between hosts: 100mbit, 1gbit, 25Gbps (b: bits), 12GB/s (B: bytes)")
-    latency: str = option("0us", "one-way latency per message between hosts: 50us, 1ms")
-    intra_bandwidth: str = option("10000gbit", "link rate between the workers of one host (default: no limit)")
+    hosts: int | None = option(None, "hosts (default: the cluster file's)", at_least=1, at_most=MAX_COUNT)
+    workers_per_host: int | None = option(
+        None, "workers (devices) per host (default: the cluster file's, or 1)", at_least=1, at_most=MAX_COUNT
+    )
+    bandwidth: str | None = option(
+        None,
+        "link rate between hosts: 100mbit, 1gbit, 25Gbps (b: bits), 12GB/s (B: bytes) (default: the cluster file's)",
+    )
+    latency: str | None = option(
+        None, "one-way latency per message between hosts: 50us, 1ms (default: the cluster file's, or 0us)"
+    )
+    intra_bandwidth: str | None = option(
+        None, "link rate between the workers of one host (default: the cluster file's, or no limit)"
+    )
     device: str | None = option(None, "plan for this device (configs/devices) instead of this machine's profile")
     device_step_ms: float | None = option(
         None, "or give the target device's step time in ms at the profile's batch", above=0
@@ -57,7 +66,9 @@ class PlanConfig(Section):
     bucket_mb: float = option(25.0, "--params: DDP's gradient bucket size in MiB (bucket_cap_mb)", above=0)
     grad_dtype: str = option("fp32", "dtype of the gradients sent: fp32, bf16 or fp16", choices=tuple(GRAD_DTYPES))
     accumulate: int = option(1, "micro-steps per optimizer step (one communication per N)", at_least=1)
-    intra_latency: str = option("0us", "latency per message between the workers of one host")
+    intra_latency: str | None = option(
+        None, "latency per message between the workers of one host (default: the cluster file's, or 0us)"
+    )
     nics: int | None = option(None, "network interfaces per host (default: the cluster file's, or 1)", at_least=1)
     efficiency: float | None = option(
         None, "the transport's achieved fraction of line rate (default: the cluster file's, or 1)", above=0, at_most=1
@@ -281,27 +292,14 @@ def _setting(
 def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpec | None, str]:
     """The Setting a plan describes, the cluster file it came from (if any), and where compute comes from
     (with the system values the plan assumed rather than was given)."""
-    if cfg.cluster and (cfg.hosts is not None or cfg.bandwidth is not None):
-        raise ConfigError("give either --cluster or --hosts with --bandwidth, not both")
     cluster = load_cluster(cfg.cluster) if cfg.cluster else None
-    if cluster is None:
-        if cfg.hosts is None:
-            raise ConfigError(
-                "give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)"
-            )
-        if cfg.hosts > 1 and cfg.bandwidth is None:
-            raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
+    hosts, per_host, inter, intra = layout_of(cfg, cluster)
     device = cfg.device or (cluster.device if cluster else None)
     scale, origin = compute_scale(cfg, profile, device)
     on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
-    measured = measured_on_device(cfg, profile, device, cluster.devices_per_host if cluster else cfg.workers_per_host)
+    measured = measured_on_device(cfg, profile, device, per_host)
     system, assumed = system_of(cfg, cluster, on_gpu, measured)
-    if cluster is not None:
-        setting = _setting(cfg, cluster.hosts, cluster.devices_per_host, cluster.inter, cluster.intra, system, scale)
-    else:
-        inter = parse_link(cfg.bandwidth, cfg.latency) if cfg.bandwidth else None
-        intra = parse_link(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth")
-        setting = _setting(cfg, cfg.hosts or 1, cfg.workers_per_host, inter, intra, system, scale)
+    setting = _setting(cfg, hosts, per_host, inter, intra, system, scale)
     if cfg.one_host_images_per_sec is not None:
         setting, note = fitted_to_one_host(cfg, profile, setting)
         origin += note
@@ -328,6 +326,49 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if on_gpu and assumed:
         origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
     return setting, cluster, origin
+
+
+def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, Link | None, Link | None]:
+    """Hosts, workers per host and the links between and inside hosts: the cluster file's, each replaced by its
+    flag where one is given (a flag's link replaces the file's whole link, its socket hop included)."""
+    if cluster is None:
+        if cfg.hosts is None:
+            raise ConfigError(
+                "give --cluster NAME, or --hosts N with --bandwidth RATE (e.g. --hosts 4 --bandwidth 1gbit)"
+            )
+        if cfg.hosts > 1 and cfg.bandwidth is None:
+            raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
+    hosts = cfg.hosts or (cluster.hosts if cluster else 1)
+    per_host = cfg.workers_per_host or (cluster.devices_per_host if cluster else 1)
+    inter = _link_of(cfg.bandwidth, cfg.latency, "--bandwidth", cluster.inter if cluster else None)
+    inside = cluster.intra if cluster else parse_link(NO_LIMIT)
+    intra = _link_of(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth", inside)
+    if hosts > 1 and inter is None:
+        raise ConfigError(
+            f"{hosts} hosts need a link between them: give --bandwidth (e.g. 25gbit), or a cluster file with a "
+            "[link.inter]"
+        )
+    if per_host > 1 and intra is None:
+        raise ConfigError(
+            f"{per_host} workers per host need a link between them: give --intra-bandwidth (e.g. 300GB/s), or a "
+            "cluster file with a [link.intra]"
+        )
+    return hosts, per_host, inter, intra
+
+
+NO_LIMIT = "10000gbit"  # the link inside a host when none is given: far beyond any device's need
+
+
+def _link_of(bandwidth: str | None, latency: str | None, flag: str, base: Link | None) -> Link | None:
+    """``base`` with the rate and latency the flags give (``flag`` names the rate's flag in errors)."""
+    where = flag.replace("bandwidth", "latency")
+    if bandwidth is not None:
+        return parse_link(bandwidth, latency or "0us", flag)
+    if latency is None:
+        return base
+    if base is None:
+        raise ConfigError(f"{where} needs a link: give {flag} too")
+    return replace(base, latency=parse_latency(latency, where))
 
 
 def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> tuple[Setting, str]:

@@ -25,6 +25,14 @@ def create_schedule(cfg: CoreConfig) -> Schedule:
     return lambda t: shape(t) * min(1.0, t / warmup)
 
 
+def never_steps(schedule: Schedule, epochs: int, steps_per_epoch: int) -> bool:
+    """Whether ``schedule`` gives every step of the run a learning rate of 0 (one-cycle over a single step
+    does): such a run trains nothing. At most ~100,000 steps are looked at, spread over the run."""
+    total = epochs * steps_per_epoch
+    stride = max(1, total // 100_000)
+    return all(schedule(i / steps_per_epoch) == 0 for i in range(0, total, stride))
+
+
 def list_schedules() -> list[str]:
     return SCHEDULES.names()
 

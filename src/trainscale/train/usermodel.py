@@ -74,6 +74,11 @@ def check_model_on_data(cfg: CoreConfig, train: UserSplit, uses_servers: bool = 
     try:
         with torch.device("meta"), torch.no_grad():
             model = build(cfg, train.num_classes, side)  # its own errors are their own lines
+            if not any(p.requires_grad for p in model.parameters()):
+                raise ConfigError(
+                    f"model {cfg.data.model} has no trainable parameters, so there is nothing to train; return a "
+                    "module with parameters that require gradients"
+                )
             out = model(torch.empty(shape))
     except NotImplementedError:  # an operation without a meta kernel: the first step will tell
         return

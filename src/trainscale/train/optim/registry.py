@@ -9,7 +9,8 @@ trainscale flag owns (``--lr``, ``--weight-decay``, ``--momentum``, ``--nesterov
 learning rate to Adam (``app.config.with_recipe``).
 
 An import path names a ``torch.optim.Optimizer`` subclass or a function of the groups, called as
-``target(groups, **optim_args)``; its keywords are its signature's.
+``target(groups, **optim_args)``, with ``momentum=`` and ``nesterov=`` (``--momentum``, ``--nesterov``) where its
+signature names them; its other keywords are its signature's.
 """
 
 from __future__ import annotations
@@ -74,9 +75,20 @@ def optimizer_info(name: str) -> OptimizerInfo:
     if is_import_path(name):
         target = import_object(name)
         keys = keywords_of(target) if isinstance(target, type) else _function_keywords(target)
-        return OptimizerInfo(name, lambda groups, cfg, args: target(groups, **args), keys)
+        return OptimizerInfo(name, _imported_factory(target), keys)
     entry = OPTIMIZERS.get(name)
     return OptimizerInfo(name, entry.factory, entry.meta["accepts"], entry.meta["defaults"])
+
+
+def _imported_factory(target: Any) -> Factory:
+    """``target(groups, **args)`` plus the flags it shares with SGD that its signature names (``--momentum``,
+    ``--nesterov``), so a run records what it trained with."""
+    shared = [n for n in ("momentum", "nesterov") if n in inspect.signature(target).parameters]
+
+    def build(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
+        return target(groups, **{n: getattr(cfg, n) for n in shared}, **args)
+
+    return build
 
 
 def _function_keywords(target: Any) -> tuple[str, ...]:
@@ -134,7 +146,13 @@ def parse_value(text: str) -> Any:
 def create_optimizer(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer ``cfg.optimizer`` names over ``groups``, with ``cfg.optim_arg``'s keywords."""
     info = optimizer_info(cfg.optimizer)
-    return info.factory(groups, cfg, parse_optim_args(cfg.optim_arg, info))
+    optimizer = info.factory(groups, cfg, parse_optim_args(cfg.optim_arg, info))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"--optimizer {cfg.optimizer} returned {type(optimizer).__name__}, not a torch.optim.Optimizer; "
+            "return an optimizer over the parameter groups it is given"
+        )
+    return optimizer
 
 
 def check_optimizer(cfg: OptimConfig) -> None:
@@ -155,7 +173,12 @@ def check_optimizer(cfg: OptimConfig) -> None:
     except (ValueError, TypeError, RuntimeError) as exc:
         args = " ".join(f"--optim-arg {a}" for a in cfg.optim_arg)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--optimizer {cfg.optimizer} {args}: {reason}".replace("  ", " ")) from None
+        hint = (
+            "; check each value's type (several numbers are written 0.9,0.999)"
+            if cfg.optim_arg and isinstance(exc, TypeError)
+            else ""
+        )
+        raise ConfigError(f"--optimizer {cfg.optimizer} {args}: {reason}{hint}".replace("  ", " ")) from None
 
 
 def list_optimizers() -> list[str]:
