@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainscale.errors import ConfigError
@@ -77,8 +79,23 @@ def worker_config(args: argparse.Namespace) -> TrainConfig:
     dataset that does not import in this process is one line naming the worker, from the launcher."""
     from trainscale.runtime.worker_errors import recorded
 
-    config: TrainConfig = recorded(train_config)(args)
+    with notes_said_by_launcher(this_job()):
+        config: TrainConfig = recorded(train_config)(args)
     return config
+
+
+@contextlib.contextmanager
+def notes_said_by_launcher(job: Job) -> Iterator[None]:
+    """The settings' notes (``INFO``: a batch cut to fit the subset...) once per job: trainscale's launcher said
+    them, so its workers, resolving the same settings, keep them to themselves; warnings still speak."""
+    logger = logging.getLogger("trainscale")
+    level = logger.level
+    if job.by_trainscale:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def train(args: argparse.Namespace) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +23,9 @@ LONG = (*small_run(train=512, test=128), "--epochs", "500", "--threads", "1")
 INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
 
 
-def start(tmp_path: Path, *args: object) -> subprocess.Popen:
+def start(tmp_path: Path, *args: object, temp: Path | None = None) -> subprocess.Popen:
     """`trainscale train ARGS` in a session of its own (like a terminal's job), output to files in tmp_path, its
-    temporary files in tmp_path / "tmp"."""
-    (tmp_path / "tmp").mkdir(exist_ok=True)
+    temporary files in ``temp`` (if given)."""
     with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "trainscale", "train", *map(str, args)],
@@ -32,8 +33,18 @@ def start(tmp_path: Path, *args: object) -> subprocess.Popen:
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path / "tmp")},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": str(temp)} if temp else {})},
         )
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A temporary folder with a path short enough for the Unix sockets made in it (pytest's tmp_path is not)."""
+    folder = Path(tempfile.mkdtemp(prefix="tsp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_until(done: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None) -> bool:
@@ -70,11 +81,11 @@ def kill_leftovers(proc: subprocess.Popen, pids: list[int]) -> None:
 
 @contextlib.contextmanager
 def running_job(
-    tmp_path: Path, out: Path, *args: str, until: str = "config.json"
+    tmp_path: Path, out: Path, *args: str, until: str = "config.json", temp: Path | None = None
 ) -> Iterator[tuple[subprocess.Popen, list[int]]]:
     """A 2-worker job on ``out``, once it has written ``until``: (launcher, its processes); whatever of it
     is still alive afterwards is killed, also when the test fails."""
-    proc = start(tmp_path, *LONG, "--workers", "2", *args, "--out", out)
+    proc = start(tmp_path, *LONG, "--workers", "2", *args, "--out", out, temp=temp)
     pids: list[int] = []
     try:
         pids = wait_running(proc, out / until, tmp_path)
@@ -103,10 +114,18 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launc
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("mode", [("--mode", "sync"), ("--mode", "async", "--servers", "1")], ids=["sync", "async"])
-def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ("--mode", "sync"),
+        ("--mode", "async", "--servers", "1"),
+        ("--model", "tests.userpkg.nets:tiny", "--dataset", "tests.userpkg.data:datasets", "--loader-workers", "1"),
+    ],
+    ids=["sync", "async", "loader-workers"],
+)
+def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
     out = tmp_path / "run"
-    with running_job(tmp_path, out, *mode, until="metrics.jsonl") as (proc, tree):
+    with running_job(tmp_path, out, *mode, until="metrics.jsonl", temp=short_temp) as (proc, tree):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         assert proc.wait(timeout=60) == 130
         stderr = (tmp_path / "stderr").read_text()
@@ -114,5 +133,5 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, mode):
         assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
         assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
-        left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+        left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
         assert not left  # torch's agent folders included; the compiler's cache is kept on purpose, one per user

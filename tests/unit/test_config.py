@@ -203,3 +203,17 @@ def test_a_mode_takes_only_the_sections_it_declares():
         build_config({"workers": 2, "mode": "sync", "sync_every": 4})
     with pytest.raises(ConfigError, match="--fault-tolerance is for --mode diloco, localsgd, sync, not --mode async"):
         build_config({"workers": 2, "servers": 1, "fault_tolerance": True})
+
+
+def test_a_worker_started_by_trainscale_keeps_the_settings_notes_its_launcher_said(caplog):
+    import logging
+
+    from trainscale.commands import notes_said_by_launcher
+    from trainscale.runtime.job import Job
+
+    settings = {"model": "mlp", "dataset": "synthetic", "train_subset": 256}  # the default batch is cut: a note
+    for job, said in ((Job(), True), (Job(launched=True, launcher_pid=1), False)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trainscale"), notes_said_by_launcher(job):
+            build_config(settings)
+        assert any("larger than --train-subset" in r.message for r in caplog.records) is said

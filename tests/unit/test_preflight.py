@@ -87,3 +87,25 @@ def test_a_cluster_dry_run_checks_the_mode_against_the_clusters_hosts(
     line = refusal(lambda: dry_run(cfg))
     assert "there are only 2 replicas" in line
     assert refusal(lambda: cluster_main(cfg)) == line
+
+
+def test_a_jobs_temporary_files_go_to_a_folder_of_the_launcher_that_goes_with_it(monkeypatch, tmp_path):
+    import os
+    import tempfile
+
+    from trainscale.app.launch import SOCKET_FOLDER_MAX, job_temp_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with job_temp_folder() as folder:
+        assert os.environ["TMPDIR"] == str(folder) and folder.parent == Path("/tmp")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/torchinductor_")  # not in the job's folder
+        (folder / "left-by-a-worker").write_text("x")
+    assert not folder.exists() and os.environ["TMPDIR"] == "/tmp" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    deep = tmp_path / ("d" * SOCKET_FOLDER_MAX)  # too deep for the Unix sockets made in it: left as it was
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with job_temp_folder() as folder:
+        assert os.environ["TMPDIR"] == str(deep) and folder.parent == deep

@@ -17,13 +17,24 @@ def cfg(tmp_path, **kw):
     return build_config({"model": "mlp", "out": str(tmp_path / "run"), **kw})
 
 
-@pytest.mark.parametrize("existing", ["summary.json", "metrics.jsonl", "config.json", "checkpoint.pt"])
+@pytest.mark.parametrize("existing", ["summary.json", "metrics.jsonl", "checkpoint.pt"])
 def test_an_existing_run_is_never_overwritten_even_without_a_checkpoint(tmp_path, existing):
     out = tmp_path / "run"
     out.mkdir()
     (out / existing).write_text("{}")
+    (out / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
         check_run_folder(out, resume=False)
+
+
+def test_a_run_that_stopped_before_its_first_epoch_is_kept_and_the_error_says_to_delete_it(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "run.toml").write_text("")
+    with pytest.raises(ConfigError, match="stopped before its first epoch ended .* delete that folder"):
+        check_run_folder(out, resume=False)
+    assert (out / "config.json").exists()
 
 
 def test_a_folder_that_is_not_a_run_or_is_a_file_is_refused(tmp_path):

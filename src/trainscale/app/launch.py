@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import getpass
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -64,15 +66,52 @@ class LaunchPlan:
     run_id: str
     out: Path | None
     threads: int
-    logs: Path | None = None  # the agent's folder for the workers' error files (``agent_log_folder``)
+    logs: Path | None = None  # the agent's folder for the workers' error files (``job_temp_folder``)
 
 
 @contextlib.contextmanager
-def agent_log_folder() -> Iterator[Path]:
-    """Where torch's elastic agent keeps its workers' error files: a folder of this launcher's, removed with it
-    (left to itself, the agent makes one under the temporary folder per run and never removes it)."""
-    with tempfile.TemporaryDirectory(prefix="trainscale-agent-") as folder:
-        yield Path(folder)
+def job_temp_folder() -> Iterator[Path]:
+    """A folder of this launcher's, removed with it, for what a job would otherwise leave in the temporary folder:
+    torch's elastic agent keeps its workers' error files in a folder it never removes (here: ``agent/``), and a
+    worker stopped by a signal ends without Python's clean-up (``runtime.orphans``), so its own temporary files
+    (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR,
+    unless its path is too long for the Unix sockets made in it (then they keep the usual one). torch's compiler
+    cache keeps its usual place, so compiled kernels are still reused across runs."""
+    with tempfile.TemporaryDirectory(prefix="ts") as folder:
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()
+        short = len(folder) <= SOCKET_FOLDER_MAX
+        with environ({"TMPDIR": folder, "TORCHINDUCTOR_CACHE_DIR": cache} if short else {}):
+            yield Path(folder)
+
+
+# A Unix socket's path holds at most 107 bytes; multiprocessing puts its sockets 33 bytes deep into TMPDIR
+# (pymp-XXXXXXXX/listener-XXXXXXXX), so a longer TMPDIR would make DataLoader workers fail.
+SOCKET_FOLDER_MAX = 107 - 34
+
+
+def inductor_cache_dir() -> str:
+    """Where torch's compiler keeps its cache when no variable says: ``torchinductor_<user>`` in the temporary
+    folder (torch's default, worked out here without importing the compiler)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment (so in every process it starts) while the block runs."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def launched_by_trainscale(job: Job) -> bool:
@@ -118,9 +157,9 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> i
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)
-    with fault_log_folder(cfg, plan.out) as fault_log, agent_log_folder() as logs:
+    with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp:
         os.environ.update(worker_env(cfg, plan.threads, fault_log))
-        return run_agents(cfg, flags, dataclasses.replace(plan, logs=logs))
+        return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"))
 
 
 def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int:
@@ -192,9 +231,9 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
     )
     become_launcher()
     relabel(f"replica {job.replica} agent")
-    with agent_log_folder() as logs:
+    with job_temp_folder() as temp:
         config = dataclasses.replace(
-            launch_config(cfg.replace(nnodes=1), dataclasses.replace(plan, logs=logs)),
+            launch_config(cfg.replace(nnodes=1), dataclasses.replace(plan, logs=temp / "agent")),
             nproc_per_node=1,
             max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS,
         )

@@ -232,6 +232,11 @@ def check_run_folder(
     (check_folder_writable if probe else check_folder_permissions)(out, "--out")
     if not resume:
         if any((out / name).exists() for name in RUN_FILES):
+            if not any((out / name).exists() for name in RUN_FILES if name != "config.json"):
+                raise ConfigError(
+                    f"--out {out} holds a run that stopped before its first epoch ended (its settings, no checkpoint "
+                    "or results); delete that folder to start there again, or choose another --out"
+                )
             raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
         if out.is_dir() and any(p.name not in (*LAUNCHER_FILES, LOCK_FILE, ft.EVENTS_FILE) for p in out.iterdir()):
             raise ConfigError(
