@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.runtime.job import Job, installed, this_job
 
 if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for the commands that train
@@ -101,6 +101,21 @@ def notes_said_by_launcher(job: Job) -> Iterator[None]:
 def train(args: argparse.Namespace) -> int:
     """One command for every scale: a local run; the parent of a sync job (starts the workers through
     torch's elastic agent); a worker (under that agent or an external torchrun); --hosts; or --cluster."""
+    job = this_job()
+    if not job.by_trainscale:
+        return train_as(args)
+    try:
+        return train_as(args)
+    except Exception as exc:  # in the agent's error file: trainscale's launcher prints it once, for the job
+        from trainscale.runtime.worker_errors import was_recorded
+
+        if not was_recorded(exc):
+            raise
+        return 2 if isinstance(exc, TrainscaleError) else 1
+
+
+def train_as(args: argparse.Namespace) -> int:
+    """``train`` in whichever role this process has (see ``train``)."""
     from trainscale.modes import mode_class
     from trainscale.runtime.process_group import launched_by_torchrun
 

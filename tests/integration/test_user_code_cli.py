@@ -68,6 +68,17 @@ def test_a_model_that_does_not_import_on_a_worker_is_one_line_naming_the_worker(
     assert "cannot import module 'tests.userpkg.broken_on_workers' (ImportError: No module named 'fancy_lay" in last
 
 
+def test_a_bug_in_the_users_model_on_the_workers_is_one_traceback_and_one_line(tmp_path: Path) -> None:
+    flags = ("--model", "tests.userpkg.nets:explodes", "--dataset", TENSORS, "--epochs", "1", "--workers", "2")
+    proc = run_cli("train", *flags, "--no-progress", "--out", tmp_path / "run", cwd=ROOT, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback (most recent call last)") == 1, proc.stderr  # the root cause's, once
+    assert 'tests/userpkg/nets.py", line' in proc.stderr and "RuntimeError: my layer exploded" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainscale train: error: worker rank ") and "my layer exploded" in last, last
+    assert "exitcode" not in proc.stderr  # torch's agent's own notices of the stop are left out
+
+
 @pytest.mark.cluster
 def test_user_model_and_data_train_on_two_emulated_hosts(
     cluster_names: Callable[[], str],  # noqa: F811

@@ -49,3 +49,25 @@ def test_success_returns_the_value_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
     assert recorded(lambda x: x * 2)(21) == 42
     assert os.listdir(tmp_path) == []
+
+
+def bad_input() -> None:
+    from trainscale.errors import ConfigError
+
+    raise ConfigError("--lr must be positive")
+
+
+def test_the_launcher_prints_the_root_causes_traceback_once_and_only_for_an_unexpected_error(tmp_path, monkeypatch):
+    from trainscale.app.failures import root_traceback
+    from trainscale.runtime.worker_errors import was_recorded
+
+    for name, fn in (("bug", boom), ("input", bad_input)):
+        path = tmp_path / f"{name}.json"
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+        with pytest.raises(Exception) as caught:
+            recorded(fn)()
+        assert was_recorded(caught.value)  # so the worker itself stays quiet about it
+    trace = root_traceback({1: agent_view(tmp_path / "bug.json")})
+    assert trace.startswith("Traceback (most recent call last):") and trace.endswith("ValueError: boom at step 3")
+    assert root_traceback({1: agent_view(tmp_path / "input.json")}) == ""  # bad input: its one line says it all
+    assert not was_recorded(ValueError("never raised under an agent"))

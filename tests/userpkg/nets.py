@@ -26,6 +26,20 @@ def not_a_module() -> int:
     return 3
 
 
+class Exploding(nn.Sequential):
+    """``tiny``, whose forward fails in training on real tensors: a bug in the user's code that the checks on
+    PyTorch's meta device cannot see."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.device.type != "meta":
+            raise RuntimeError("my layer exploded")
+        return super().forward(x)
+
+
+def explodes(num_classes: int) -> nn.Module:
+    return Exploding(*tiny(num_classes))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: attention, then an MLP of 4x the width, each with a residual."""
 

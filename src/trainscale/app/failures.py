@@ -37,6 +37,16 @@ def recorded_message(failure: ProcessFailure) -> str:
     return "" if message.startswith("To enable traceback") else message.strip()
 
 
+def root_traceback(failures: dict[int, ProcessFailure]) -> str:
+    """The traceback the root-cause rank recorded, where its failure was an unexpected error (a bug, in trainscale
+    or in the user's code); "" for bad input, which its one line says in full, and for a rank that recorded none."""
+    failure = failures[root_cause(failures)]
+    extra = recorded_field(failure, "extraInfo")
+    if recorded_kind(failure) != "error" or not isinstance(extra, dict):
+        return ""
+    return str(extra.get("py_callstack") or "").rstrip()
+
+
 def failure_text(failure: ProcessFailure) -> str:
     """One line for a failed worker: its exception, the signal that killed it, or its exit code."""
     message = recorded_message(failure)

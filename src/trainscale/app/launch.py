@@ -34,7 +34,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
-from trainscale.app.failures import describe_failure, write_node_report
+from trainscale.app.failures import describe_failure, root_traceback, write_node_report
 from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults
 from trainscale.app.outcome import report
 from trainscale.app.preflight import preflight
@@ -170,7 +170,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
         if status == 0:
             report(cfg, plan.out)
         return status
-    become_launcher()  # the workers die with this process, quietly (runtime.orphans)
+    become_launcher(cfg.launch.max_restarts > 0)  # the workers die with this process, quietly (runtime.orphans)
     relabel(f"node {cfg.launch.node_rank} launcher")
     servers = f" and {cfg.ps.servers} parameter server(s)" if cfg.ps.servers else ""
     log.info(
@@ -191,7 +191,11 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     except ChildFailedError as exc:
         message, status = describe_failure(exc.failures, cfg.launch.workers if cfg.ps.servers else None)
         write_node_report(exc.failures, message, status, this_job().node_report)
-        print(f"trainscale train: error: {message}", file=sys.stderr)
+        trace = root_traceback(exc.failures)  # the workers leave it to this process (``worker_errors``)
+        print(
+            f"{trace}\ntrainscale train: error: {message}" if trace else f"trainscale train: error: {message}",
+            file=sys.stderr,
+        )
         return status
     except RendezvousError as exc:
         print(
@@ -229,7 +233,7 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
         Path(cfg.run.out),
         threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
     )
-    become_launcher()
+    become_launcher(restarts=True)
     relabel(f"replica {job.replica} agent")
     with job_temp_folder() as temp:
         config = dataclasses.replace(

@@ -39,30 +39,31 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 DEATH_SIGNAL_NOTICE = "Received %s death signal, shutting down workers"  # their templates in torch 2.13
 CLOSING_SIGNAL_NOTICE = "Sending process %s closing signal %s"
+FAILED_NOTICE = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
 
 
-def become_launcher() -> None:
+def become_launcher(restarts: bool = False) -> None:
     """In the launcher, before the agent starts workers: they inherit its pid through the environment, and
-    the agent's notices about stopping them on a signal are left out (the launcher says so in one line)."""
+    the agent's notices about stopping them are left out (the launcher says so in one line; see
+    ``AgentStopNotices`` for ``restarts``)."""
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
-    notices = AgentStopNotices()
+    notices = AgentStopNotices(restarts)
     for name in AGENT_LOGGERS:
         logging.getLogger(name).addFilter(notices)
 
 
 class AgentStopNotices(logging.Filter):
-    """Drops torch's agent's warnings "Received SIGINT death signal, shutting down workers" and the
-    "Sending process N closing signal" that follow it; those after a worker failed stay."""
+    """Drops torch's agent's notices of how it stops a job: "Received SIGINT death signal, shutting down
+    workers", "Sending process N closing signal" and, in a job that restarts no worker (``restarts`` False),
+    "failed (exitcode: 1) local_rank: ..." (the launcher says in one line why the job stopped, naming the failed
+    rank and the ones stopped after it; in a job that restarts workers, that notice is the news of a restart)."""
 
-    def __init__(self) -> None:
+    def __init__(self, restarts: bool = False) -> None:
         super().__init__()
-        self.stopping = False
+        self.dropped = (DEATH_SIGNAL_NOTICE, CLOSING_SIGNAL_NOTICE, *(() if restarts else (FAILED_NOTICE,)))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == DEATH_SIGNAL_NOTICE:
-            self.stopping = True
-            return False
-        return not (self.stopping and record.msg == CLOSING_SIGNAL_NOTICE)
+        return record.msg not in self.dropped
 
 
 def end_with_launcher(launcher: int | None) -> None:

@@ -15,6 +15,7 @@ a failed job from its consequences without matching message text: ``user`` (bad 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import traceback
@@ -70,6 +71,16 @@ class AtomicErrorHandler(ErrorHandler):
             }
         }
         atomic_write_text(Path(path), json.dumps(data))
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(e, RECORDED, True)
+
+
+RECORDED = "_trainscale_recorded"  # set on an exception once its error file is written
+
+
+def was_recorded(exc: BaseException) -> bool:
+    """Whether ``exc`` is in the agent's error file already (so the launcher can report it)."""
+    return bool(getattr(exc, RECORDED, False))
 
 
 def recorded(fn: Callable[..., T]) -> Callable[..., Any]:
