@@ -316,4 +316,6 @@ def test_flags_replace_the_cluster_files_layout_and_links():
         cluster,
     )
     assert (hosts, per_host) == (2, 4)
-    assert inter == parse_link("1gbit", "1ms") and intra == parse_link("8gbit")
+    assert inter == parse_link("1gbit", "1ms") and intra == parse_link("8gbit", "10us")
+    _, _, inter, _ = layout_of(PlanConfig(cluster="pslite-gtx980", bandwidth="10gbit"), cluster)
+    assert inter == parse_link("10gbit", "50us")  # a rate alone keeps the file's latency

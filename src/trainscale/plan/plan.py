@@ -360,10 +360,12 @@ NO_LIMIT = "10000gbit"  # the link inside a host when none is given: far beyond 
 
 
 def _link_of(bandwidth: str | None, latency: str | None, flag: str, base: Link | None) -> Link | None:
-    """``base`` with the rate and latency the flags give (``flag`` names the rate's flag in errors)."""
+    """``base`` with the rate and latency the flags give (``flag`` names the rate's flag in errors); a rate given
+    alone keeps the base's latency."""
     where = flag.replace("bandwidth", "latency")
     if bandwidth is not None:
-        return parse_link(bandwidth, latency or "0us", flag)
+        link = parse_link(bandwidth, latency or "0us", flag)
+        return replace(link, latency=base.latency) if latency is None and base is not None else link
     if latency is None:
         return base
     if base is None:
