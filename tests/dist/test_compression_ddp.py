@@ -34,6 +34,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         "--nproc-per-node",
         "2",
         "--standalone",
+        "--log-dir",  # torch's agent folder here, not left in /tmp
+        str(out / "agent"),
         str(WORKER),
         "--out",
         str(out),

@@ -105,6 +105,8 @@ def test_under_an_external_torchrun_workers_join_and_survive_a_restart(tmp_path)
         "2",
         "--max-restarts",
         "1",
+        "--log-dir",  # torch's agent folder here, not left in /tmp
+        str(tmp_path / "agent"),
         "-m",
         "trainscale",
         "train",

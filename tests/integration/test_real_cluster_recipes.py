@@ -110,6 +110,8 @@ def test_torchrun_on_every_node(cluster: str, tmp_path: Path) -> None:
                 "c10d",
                 "--rdzv-endpoint",
                 f"{net.address(0)}:29400",
+                "--log-dir",  # torch's agent folder here, not left in /tmp
+                str(tmp_path / f"agent{i}"),
                 "-m",
                 "trainscale",
                 "train",
