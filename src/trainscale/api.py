@@ -49,14 +49,26 @@ def fit(model: nn.Module | str | None = None, *, config: str | Path | None = Non
     as a keyword with underscores (``epochs=2``, ``workers=2``, ``compress="topk"``, ``out="runs/a"``,
     ``resume=True``). Raises ``ConfigError`` (or ``DataError``) with the CLI's one line for a bad setting,
     ``TrainingFailed`` when a launched job fails."""
+    from trainscale.app.config import as_settings
     from trainscale.log import setup_logging
     from trainscale.runtime.job import Job, installed
 
     setup_logging()
-    with _environ_kept(), installed(Job.from_environ(os.environ)) as job, _as_registered(model, settings) as named:
+    settings = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in as_settings(settings).items()}
+    config = str(config) if isinstance(config, os.PathLike) else config
+    with (
+        _environ_kept(),
+        _torch_state_kept(),
+        installed(Job.from_environ(os.environ)) as job,
+        _as_registered(model, settings) as named,
+    ):
         flags = {**settings, **({"model": named} if named else {})}
         if isinstance(model, nn.Module):
-            return _fit_here(flags, config, job, instance=True)
+            was_training = model.training
+            try:
+                return _fit_here(flags, config, job, instance=True)
+            finally:
+                model.train(was_training)  # the last evaluation leaves it in eval mode
         return _fit(flags, config, job)
 
 
@@ -70,6 +82,22 @@ def _environ_kept() -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _torch_state_kept() -> Iterator[None]:
+    """torch's process-wide settings as the caller left them: a run seeds the random generator (``--seed``), sets
+    the thread count (``--threads``) and, on CUDA, cuDNN's autotuner; the caller's own experiment goes on after."""
+    rng, threads, benchmark = torch.get_rng_state(), torch.get_num_threads(), torch.backends.cudnn.benchmark
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(rng)
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = benchmark
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResult:
@@ -98,6 +126,8 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
         from trainscale.app.launch import launch
 
         status = launch(cfg, flags, job)
+    if status == 130:  # Ctrl-C: the workers are stopped; the caller gets what Ctrl-C gives in Python
+        raise KeyboardInterrupt
     if status != 0:
         raise TrainingFailed(f"the training job failed (exit status {status}); its error is printed above")
     return _read_result(out)
@@ -145,7 +175,7 @@ def _as_registered(model: nn.Module | str | None, settings: dict[str, Any]) -> I
     name = type(model).__name__
     while name in MODELS:
         name += "_"
-    size = settings.get("image_size") or 32
+    size = settings.get("image_size")  # None: the data's own size, as for a factory by import path
     MODELS.register(
         name,
         input_size=size,
@@ -160,20 +190,32 @@ def _as_registered(model: nn.Module | str | None, settings: dict[str, Any]) -> I
         MODELS.remove(name)
 
 
-def _instance_factory(model: nn.Module, size: int) -> Any:
-    """A factory that returns ``model`` itself once its output is checked against the data's classes (a shape
-    check on the meta device gets a copy there)."""
+def _instance_factory(model: nn.Module, size: int | None) -> Any:
+    """A factory that returns ``model`` itself once it is checked against the data: parameters to train, images of
+    the size it is fed (``image_size``, from the data or ``size``), one score per class (a shape check on the meta
+    device gets a copy there)."""
 
-    def factory(num_classes: int = 10, **_: Any) -> nn.Module:
+    def factory(num_classes: int = 10, image_size: int | None = None) -> nn.Module:  # no --model-arg: it is built
         if torch.get_default_device().type == "meta":
             return copy.deepcopy(model).to("meta")
-        param = next(model.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
+        name = type(model).__name__
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(f"model {name} has no trainable parameters, so there is nothing to train")
+        side = image_size or size or 32
+        param = next(model.parameters())
         was_training = model.training
         model.eval()
-        with torch.no_grad():
-            logits = model(torch.zeros(2, 3, size, size, device=device))
-        model.train(was_training)
+        try:
+            with torch.no_grad():
+                logits = model(torch.zeros(2, 3, side, side, device=param.device))
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"model {name} cannot take 3x{side}x{side} images ({type(exc).__name__}: {reason}); change the "
+                "model, or give image_size= the size it takes"
+            ) from None
+        finally:
+            model.train(was_training)
         if tuple(logits.shape) != (2, num_classes):
             raise ConfigError(
                 f"model {type(model).__name__} gives outputs of shape {tuple(logits.shape)} for 2 images; the data "

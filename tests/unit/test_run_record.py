@@ -156,6 +156,43 @@ def test_fit_refuses_an_instance_on_several_workers_and_a_wrong_head(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_fit_feeds_an_instance_the_datas_size_and_says_what_it_cannot_take(tmp_path):
+    import trainscale
+
+    small = "tests.userpkg.data:tensors"  # 16x16 images, 4 classes
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 4))
+    result = trainscale.fit(net, dataset=small, epochs=1, progress=False, out=tmp_path / "r")  # a Path, as given
+    assert result.summary["image_size"] == 16 and net.training  # the caller's mode back after the evaluation
+    wide = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, 10))
+    with pytest.raises(ConfigError, match=r"^model Sequential cannot take 3x32x32 images \(RuntimeError: mat1"):
+        trainscale.fit(wide, dataset="synthetic", train_subset=64, out=str(tmp_path / "w"))
+    with pytest.raises(ConfigError, match="^model Flatten has no trainable parameters"):
+        trainscale.fit(torch.nn.Flatten(), dataset="synthetic", train_subset=64, out=str(tmp_path / "f"))
+    with pytest.raises(ConfigError, match="--model-arg width: model Sequential takes no argument 'width'"):
+        trainscale.fit(net, dataset=small, model_args=["width=4"], dry_run=True)
+
+
+def test_fit_takes_every_flag_spelling_and_keeps_the_callers_torch_state(tmp_path, monkeypatch):
+    import trainscale
+    from tests.userpkg.nets import tiny
+
+    monkeypatch.setattr(sys.modules["__main__"], "build", tiny, raising=False)  # a factory in the user's script
+
+    torch.manual_seed(123)
+    expected, threads = torch.rand(1), torch.get_num_threads()
+    torch.manual_seed(123)
+    result = trainscale.fit("mlp", dataset="synthetic", train_subset=64, threads=1, dry_run=True, model_arg=[])
+    assert result.summary["model_args"] == []
+    trainscale.fit("mlp", dataset="synthetic", train_subset=64, epochs=1, threads=1, out=str(tmp_path / "r"))
+    assert torch.equal(torch.rand(1), expected) and torch.get_num_threads() == threads
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\): batchsize \(did you mean batch_size\?\)"):
+        trainscale.fit("mlp", batchsize=32, dry_run=True)
+    with pytest.raises(ConfigError, match="gpus and devices are the same setting"):
+        trainscale.fit("mlp", gpus="0", devices="1", dry_run=True)
+    with pytest.raises(ConfigError, match="other processes of this job cannot import your script's build"):
+        trainscale.fit("__main__:build", workers=2, dry_run=True)
+
+
 @pytest.mark.parametrize(
     ("settings", "tty", "expected"),
     [

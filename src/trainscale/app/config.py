@@ -12,6 +12,7 @@ are read from the registry on each use).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import logging
 import os
@@ -256,6 +257,36 @@ def value_problem(value: Any) -> str | None:
 BATCH_SPELLINGS = (("batch_size", "batch_per_worker"), ("batch_per_worker", "batch_size"))
 
 
+def flag_spellings() -> dict[str, str]:
+    """Every spelling of every flag with underscores (``gpus``, ``model_arg``), to the setting it sets."""
+    return {
+        spelling.lstrip("-").replace("-", "_"): key
+        for key, f in FIELDS.items()
+        for spelling in (flag_name(f), *f.metadata.get("aliases", ()))
+        if spelling.startswith("--")
+    }
+
+
+def as_settings(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """Keywords named as the flags are (``gpus=``, ``model_arg=``) under their settings' names; a setting given
+    under two of its spellings is refused."""
+    spelled = flag_spellings()
+    settings: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in keywords.items():
+        name = key if key in FIELDS else spelled.get(key, key)
+        if name in settings:
+            raise ConfigError(f"{given_as[name]} and {key} are the same setting; give it once")
+        settings[name], given_as[name] = value, key
+    return settings
+
+
+def _with_hint(name: str) -> str:
+    """An unknown setting's name with the nearest setting's name."""
+    meant = next(iter(difflib.get_close_matches(name, list(FIELDS), n=1, cutoff=0.7)), None)
+    return f"{name} (did you mean {meant}?)" if meant else name
+
+
 def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """Merge layers left to right over the defaults (later wins) and the recipe (see ``with_recipe``), then
     validate."""
@@ -268,7 +299,7 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
         merged.update(given)
     unknown = sorted(set(merged) - set(FIELDS))
     if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        raise ConfigError(f"unknown setting(s): {', '.join(map(_with_hint, unknown))}")
     merged = {k: typed(k, v, f"setting '{k}' ({flag_name(FIELDS[k])})") for k, v in merged.items()}
     cfg = TrainConfig.from_flat(with_recipe(merged))
     validate_engine(cfg)
@@ -280,6 +311,7 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     cfg = resolve_parallel(cfg)
     check_step(cfg)
     validate_mode(cfg)
+    validate_script_code(cfg)
     validate_nonfinite(cfg)
     validate_optimizer(cfg)
     validate_tensorboard(cfg)
@@ -449,6 +481,19 @@ def resolve_parallel(cfg: TrainConfig) -> TrainConfig:
             f"--mode local trains in one process but {what} asks for several; use --mode sync (or leave --mode out)"
         )
     return cfg.replace(workers=workers, mode=mode)
+
+
+def validate_script_code(cfg: TrainConfig) -> None:
+    """A model or dataset from the running script (``__main__:build``) exists only in this process: the workers of
+    a job of several processes import it by its path and find another ``__main__``, theirs."""
+    several = mode_class(cfg.run.mode).distributed or cfg.launch.cluster is not None or cfg.launch.hosts is not None
+    for flag, path in (("--model", cfg.data.model), ("--dataset", cfg.data.dataset)):
+        module, _, attr = path.partition(":")
+        require(
+            not (several and module == "__main__"),
+            f"{flag} {path}: the other processes of this job cannot import your script's {attr}; move it into a "
+            f"module of its own (my_pkg/code.py) and give my_pkg.code:{attr}",
+        )
 
 
 def validate_mode(cfg: TrainConfig) -> None:

@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,6 +101,26 @@ def inductor_cache_dir() -> str:
 
 
 @contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """This process's signal handlers as they were: torch's agent installs its own for SIGINT, SIGTERM, SIGHUP and
+    SIGQUIT and leaves them, so a caller that goes on (``trainscale.fit`` in a notebook) would no longer get a
+    KeyboardInterrupt on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
 def environ(values: dict[str, str]) -> Iterator[None]:
     """``values`` in this process's environment (so in every process it starts) while the block runs."""
     before = {k: os.environ.get(k) for k in values}
@@ -157,7 +178,7 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> i
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job)
     plan = prepare(cfg)
-    with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp:
+    with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
         os.environ.update(worker_env(cfg, plan.threads, fault_log))
         return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"))
 
