@@ -105,11 +105,16 @@ def bound_problem(
         fits = not isinstance(value, float) or abs(value) <= FLOAT32_MAX
         return None if fits else f"within float32's range (magnitude at most {FLOAT32_MAX:.4g}: tensors hold it so)"
     words = [
-        "a positive number" if sign == ">" and bound == 0 else f"{sign} {bound:g}"
+        "a positive number" if sign == ">" and bound == 0 else f"{sign} {_bound_text(bound)}"
         for bound, sign, _ in limits
         if bound is not None
     ]
     return " and ".join(words)
+
+
+def _bound_text(bound: float) -> str:
+    """A bound as a person writes it: 1048576 rather than 1.04858e+06, 0.5 as 0.5."""
+    return f"{int(bound)}" if float(bound).is_integer() and abs(bound) < 1e15 else f"{bound:g}"
 
 
 class Section:

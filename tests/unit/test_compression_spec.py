@@ -285,3 +285,18 @@ def test_the_planner_counts_the_same_bytes_as_the_run():
 def test_dense_below_is_refused_for_parameter_server_pushes():
     with pytest.raises(ConfigError, match="--dense-below is for the collectives of sync, localsgd and diloco"):
         build_config(BASE, {"mode": "async", "servers": 1, "workers": 2, "compress": "topk", "dense_below": 64})
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("topk:ratio=0.01,ratio=0.5", "ratio given twice; give it once"),
+        (":ratio=0.1", "no method before the ':'"),
+        ("topk:ratio=abc", "(ratio must be a number)"),
+        ("topk:ratio", "'ratio' is not key=value"),
+        ("nope:ratio=0.1", "unknown method 'nope'"),
+    ],
+)
+def test_a_bad_compressor_text_is_one_line_saying_what_is_wrong(text, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        parse_spec(text)

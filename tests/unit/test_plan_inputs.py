@@ -7,6 +7,7 @@ import dataclasses
 import multiprocessing
 
 import pytest
+import torch
 
 from tests.unit.test_plan import make_profile
 from trainscale.errors import ConfigError
@@ -94,6 +95,25 @@ def test_profile_refuses_a_built_in_dataset_before_measuring(main_cli, tmp_path)
     result = main_cli("profile", "--model", "mlp", "--input-data", "cifar10", "--out", tmp_path / "p.json")
     assert result.returncode == 2 and "give your dataset's import path" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "model, fragment",
+    [
+        ("tests.unit.test_user_code:frozen", "has no trainable parameters"),
+        ("tests.userpkg.nets:not_a_module", "not_a_module returned int"),
+        ("tests.unit.test_plan_inputs:too_wide", "cannot take the 3x32x32 images of the profile's synthetic batch"),
+        ("mlp --input-data tests.userpkg.data:datasets", "--input-data times the loader over --repeats batches"),
+    ],
+)
+def test_profile_refuses_a_model_it_cannot_time_before_measuring(main_cli, tmp_path, model, fragment):
+    result = main_cli("profile", "--model", *model.split(), "--repeats", "1", "--out", tmp_path / "p.json")
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
+def too_wide(num_classes: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, num_classes))
 
 
 def test_profile_records_the_pipeline_and_the_plan_says_when_it_binds(tmp_path, capsys):

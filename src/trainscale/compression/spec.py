@@ -173,17 +173,23 @@ class CompressionSpec:
     @classmethod
     def parse(cls, text: str) -> CompressionSpec:
         """``topk:ratio=0.01[,granularity=entire]``; a bad method, key or value is a one-line ConfigError."""
-        name, _, rest = text.strip().partition(":")
+        name, colon, rest = text.strip().partition(":")
+        if colon and not name:
+            raise ConfigError(f"--compress {text!r}: no method before the ':'; give METHOD:key=value (topk:ratio=0.01)")
         method = canonical_method(name or DENSE)
         if method not in list_compressors():
             raise ConfigError(f"--compress {text!r}: unknown method {name!r}; known: {', '.join(list_compressors())}")
         params: dict[str, Any] = {}
         granularity = "layerwise"
         dense_below: int | None = None
+        seen: set[str] = set()
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq:
                 raise ConfigError(f"--compress {text!r}: {item!r} is not key=value (e.g. topk:ratio=0.01)")
+            if key in seen:
+                raise ConfigError(f"--compress {text!r}: {key} given twice; give it once")
+            seen.add(key)
             if key == "dense_below":
                 if not value.isdigit():
                     raise ConfigError(f"--compress {text!r}: dense_below is a number of elements (0: none dense)")
@@ -207,7 +213,9 @@ class CompressionSpec:
         try:
             spec.compressor()
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"--compress {text!r}: {exc}") from None
+            words = [k for k, v in params.items() if isinstance(v, str)]
+            hint = f" ({', '.join(words)} must be a number)" if words else ""
+            raise ConfigError(f"--compress {text!r}: {exc}{hint}") from None
         return spec
 
 

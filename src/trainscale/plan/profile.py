@@ -48,6 +48,7 @@ from trainscale.plan.overlap import (
 )
 from trainscale.registry import is_import_path, parse_args
 from trainscale.train.precision import Precision, peak_memory_mb, resolve_device, synchronize
+from trainscale.train.usermodel import check_model_takes
 
 FORMAT = "trainscale-profile/1"
 LATE_EPOCH = 10**6  # past every compressor's warm-up (DGC's density ramp)
@@ -348,6 +349,19 @@ def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
     if cfg.cpus is not None and not 0.01 <= cfg.cpus <= (os.cpu_count() or 1):
         raise ConfigError(f"--cpus must be between 0.01 and this machine's {os.cpu_count()} CPUs, got {cfg.cpus}")
     check_input_data(cfg.input_data, cfg.loader_workers)
+    if cfg.input_data and cfg.repeats < 2:
+        raise ConfigError(
+            f"--input-data times the loader over --repeats batches, at least 2; got --repeats {cfg.repeats}"
+        )
+    side = model_info(cfg.model).input_size or 32
+    check_model_takes(
+        cfg.model,
+        lambda: create_model(cfg.model, **{"num_classes": 10, **parse_args(cfg.model_args)}),
+        (2, 3, side, side),
+        10,
+        "the profile's synthetic batch",
+        "profile a model that takes them",
+    )
     return [parse_spec(text) for text in cfg.compress]
 
 

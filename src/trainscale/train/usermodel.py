@@ -11,6 +11,7 @@ other's in-memory shards).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,14 +70,30 @@ def check_model_on_data(cfg: CoreConfig, train: UserSplit, uses_servers: bool = 
     if not user_code(cfg) and not cfg.data.model_args:
         return
     side = input_side(cfg, train)
-    channels = train.image_shape[0]
-    shape = (2, channels, side, side)
+    check_model_takes(
+        cfg.data.model,
+        lambda: build(cfg, train.num_classes, side),
+        (2, train.image_shape[0], side, side),
+        train.num_classes,
+        cfg.data.dataset,
+        "change the model or --image-size",
+    )
+
+
+def check_model_takes(
+    name: str, make: Callable[[], torch.nn.Module], shape: tuple[int, ...], classes: int, data: str, fix: str
+) -> None:
+    """The model ``make`` builds (on the meta device: shapes only, no memory or compute) has parameters to train,
+    takes a batch of ``shape`` from ``data`` (``fix``: what to change when it cannot) and returns at least
+    ``classes`` scores per image: each problem is one ConfigError, before any data is loaded or worker started,
+    not a traceback in the first step."""
+    images = f"the {'x'.join(map(str, shape[1:]))} images of {data}"
     try:
         with torch.device("meta"), torch.no_grad():
-            model = build(cfg, train.num_classes, side)  # its own errors are their own lines
+            model = make()  # its own errors are their own lines
             if not any(p.requires_grad for p in model.parameters()):
                 raise ConfigError(
-                    f"model {cfg.data.model} has no trainable parameters, so there is nothing to train; return a "
+                    f"model {name} has no trainable parameters, so there is nothing to train; return a "
                     "module with parameters that require gradients"
                 )
             out = model(torch.empty(shape))
@@ -86,21 +103,17 @@ def check_model_on_data(cfg: CoreConfig, train: UserSplit, uses_servers: bool = 
         raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"model {cfg.data.model} cannot take the {channels}x{side}x{side} images of {cfg.data.dataset} "
-            f"({type(exc).__name__}: {reason}); change the model or --image-size"
-        ) from None
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        raise ConfigError(f"model {name} cannot take {images} ({type(exc).__name__}: {reason}); {fix}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != shape[0]:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(
-            f"model {cfg.data.model} must return one row of class scores per image (batch x classes); for "
-            f"2 images it returned {got}"
+            f"model {name} must return one row of class scores per image (batch x classes); for "
+            f"{shape[0]} images it returned {got}"
         )
-    if out.shape[1] < train.num_classes:
+    if out.shape[1] < classes:
         raise ConfigError(
-            f"model {cfg.data.model} returns {out.shape[1]} class scores but {cfg.data.dataset} has "
-            f"{train.num_classes} classes; size its last layer by num_classes (a parameter of that name is "
-            "passed the data's count)"
+            f"model {name} returns {out.shape[1]} class scores but {data} has {classes} classes; size its last "
+            "layer by num_classes (a parameter of that name is passed the data's count)"
         )
 
 
