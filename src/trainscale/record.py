@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from trainscale.io import atomic_write_text
+
 log = logging.getLogger("trainscale.record")
 
 SUMMARY = "summary.json"
@@ -424,14 +426,33 @@ def rewrite_readme(text: str) -> str:
     return f"{head}{begin}\n\n{readme_block()}\n{end}{rest.split(end, 1)[1]}"
 
 
-def main(argv: list[str]) -> None:
+USAGE = (
+    "usage: python -m trainscale.record [PAGE]\n"
+    "prints the tables of the run folder's files (keys, types, units); with PAGE, a Markdown page holding the\n"
+    f"markers {README_MARKERS[0]} and {README_MARKERS[1]}, rewrites the tables between them in place"
+)
+
+
+def main(argv: list[str]) -> int:
     """``python -m trainscale.record``: print the tables; with a path, rewrite that page's block in place."""
     if not argv:
         print(readme_block(), end="")
-        return
+        return 0
+    if argv[0] in ("-h", "--help") or len(argv) > 1:
+        print(USAGE, file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
+        return 0 if argv[0] in ("-h", "--help") else 2
     path = Path(argv[0])
-    path.write_text(rewrite_readme(path.read_text()))
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        print(f"python -m trainscale.record: error: {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if not all(marker in text for marker in README_MARKERS):
+        print(f"python -m trainscale.record: error: {path} holds no {README_MARKERS[0]} ... block", file=sys.stderr)
+        return 2
+    atomic_write_text(path, rewrite_readme(text))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

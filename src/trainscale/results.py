@@ -56,6 +56,13 @@ LAUNCHER_FILES = ("bench.json", RUN_TOML, "train.log", "error.txt")
 # Settings about how this process was started, not what the run is: run.toml leaves them out (a run it re-creates
 # starts fresh; ``--resume`` is given on the command line).
 NOT_IN_RUN_TOML = ("resume", "dry_run")
+PATH_SETTINGS = ("data_dir", "out", "hosts", "baseline")  # recorded absolute: run.toml is read from anywhere
+
+
+def _absolute(key: str, value: Any) -> Any:
+    return str(Path(value).expanduser().absolute()) if key in PATH_SETTINGS and isinstance(value, str) else value
+
+
 TENSORBOARD_DIR = "tensorboard"
 LOCK_FILE = ".lock"  # see lock_run_folder; a folder holding only this is a new run's folder too
 
@@ -86,7 +93,7 @@ class RunWriter:
         """``run.toml``: every setting of ``cfg`` (``NOT_IN_RUN_TOML`` aside), one ``[section]`` table per config
         section, so `trainscale train --config` re-creates ``cfg`` exactly (a None is a default: left out)."""
         tables = {
-            name: {k: v for k, v in section.to_dict().items() if k not in NOT_IN_RUN_TOML}
+            name: {k: _absolute(k, v) for k, v in section.to_dict().items() if k not in NOT_IN_RUN_TOML}
             for name, section in cfg.sections()
         }
         head = "# this run's settings: `trainscale train --config THIS_FILE --out NEW_DIR` trains it again\n"

@@ -158,6 +158,8 @@ def test_a_trainscale_that_adds_a_flag_keeps_the_run_ids(tmp_path):
         ('name = "x"\n[[rows]]\nworkers = 3\nbatch_size = 100\n', 4, "not divisible by 3 workers"),
         ('name = "x"\n[scale.quick]\nrows = ["nope"]\n', 3, "no row has short_name 'nope'"),
         ('[base]\nmodel = "mlp"\n', None, "the grid needs a 'name'"),
+        ('name = "x"\n[base]\nbatch-size = 64\nbatch_size = 32\n', 3, "'batch_size' is given twice in this table"),
+        ('name = "x"\n[axes]\nbatch-size = [64]\nbatch_size = [32]\n', 3, "'batch_size' is given twice"),
         ('name = "x"\n[[rows]]\nshort_name = "a"\n[[rows]]\nshort_name = "b"\n', None, "have the same settings"),
     ],
 )

@@ -19,7 +19,7 @@ from trainscale.app.config import TrainConfig, build_config
 from trainscale.bench.expand import plan_runs
 from trainscale.bench.grid import GridError, load_grid
 from trainscale.bench.runfolder import RunFolderError, State, folder_state, to_toml, write_run_files
-from trainscale.bench.runner import BenchOptions, run_grid
+from trainscale.bench.runner import BenchOptions, check_same_plan, plan, run_grid
 
 # Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
 # (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
@@ -110,6 +110,8 @@ def test_results_folder_of_other_settings_is_refused_unless_update(tmp_path, fak
     changed = options(tmp_path, fake, "[0.1, 0.2]")
     with pytest.raises(GridError, match="planned from other settings .*1 new.*--update"):
         run_grid(changed)
+    with pytest.raises(GridError, match="planned from other settings"):
+        check_same_plan(changed, *plan(changed))  # what `bench --dry-run` says too
     assert len(calls(tmp_path)) == 1
     changed.update = True
     assert [r.status for r in run_grid(changed)] == ["skipped", "ok"]
@@ -168,6 +170,16 @@ def test_checkpointed_unfinished_run_is_resumed(tmp_path, fake):
     assert folder_state(folder, spec) is State.RESUME
     run_grid(opts)
     assert json.loads((folder / "summary.json").read_text())["resumed"] is True
+
+
+@pytest.mark.parametrize("held", ["summary.json", "notes.txt"])
+def test_a_results_folder_that_is_no_benchs_is_refused_before_anything_runs(tmp_path, fake, held):
+    opts = options(tmp_path, fake, "[0.1]")
+    opts.out.mkdir(parents=True)
+    (opts.out / held).write_text("{}")  # a `trainscale train` run, or a user's file
+    with pytest.raises(GridError, match=f"holds {held} and is no trainscale bench folder"):
+        plan(opts)  # the dry run's check too
+    assert sorted(p.name for p in opts.out.iterdir()) == [held]
 
 
 def test_foreign_folder_is_refused(tmp_path, fake):

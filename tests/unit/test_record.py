@@ -239,3 +239,14 @@ def test_the_settings_a_run_resolves_by_default_are_recorded():
     )
     localsgd = PeriodicMode("localsgd", build_config(flags, {"mode": "localsgd"})).describe()
     assert localsgd[K.outer_warmup_rounds] is None and problems(localsgd, SUMMARY) == []
+
+
+def test_the_record_command_says_its_usage_and_refuses_a_page_without_its_block(tmp_path, capsys):
+    from trainscale.record import main
+
+    assert main(["--help"]) == 0 and "usage: python -m trainscale.record [PAGE]" in capsys.readouterr().out
+    page = tmp_path / "page.md"
+    page.write_text("no block here\n")
+    assert main([str(page)]) == 2 and page.read_text() == "no block here\n"
+    assert main([str(tmp_path / "missing.md")]) == 2
+    assert capsys.readouterr().err.count("python -m trainscale.record: error: ") == 2

@@ -21,7 +21,7 @@ from trainscale.bench.runfolder import write_run_files
 from trainscale.bench.runner import BenchOptions, write_grid_json
 from trainscale.errors import ConfigError
 from trainscale.report.aggregate import Stat
-from trainscale.report.build import write_report
+from trainscale.report.build import MANIFEST, write_report
 
 CPU = {
     "torch": "2.13.0+cpu",
@@ -354,12 +354,28 @@ def test_report_refuses_to_write_into_a_folder_that_is_not_a_report(scaling_runs
     target = tmp_path / "precious"
     target.mkdir()
     (target / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not a trainscale report folder"):
+    with pytest.raises(ConfigError, match="holds notes.txt, which no trainscale report wrote"):
         write_report([scaling_runs], target)
-    write_report([scaling_runs], tmp_path / "report")
-    (tmp_path / "report" / "stale_plot.png").write_bytes(b"old")
-    write_report([scaling_runs], tmp_path / "report")  # a previous report is replaced, stale plots too
-    assert not (tmp_path / "report" / "stale_plot.png").exists()
+    (target / "notes.txt").unlink()
+    (target / "results.md").write_text("my own results")  # a user's file of a report's name: still not a report
+    (target / "architecture.png").write_bytes(b"mine")
+    with pytest.raises(ConfigError, match="holds architecture.png, which no trainscale report wrote"):
+        write_report([scaling_runs], target)
+    assert (target / "results.md").read_text() == "my own results"
+    out = tmp_path / "report"
+    write_report([scaling_runs], out)
+    (out / "accuracy_bytes-env2.png").write_bytes(b"a plot the previous report drew and the next one does not")
+    manifest = json.loads((out / MANIFEST).read_text())
+    (out / MANIFEST).write_text(json.dumps([*manifest, "accuracy_bytes-env2.png"]))
+    (out / "my_notes.md").write_text("keep me")
+    write_report([scaling_runs], out)  # a previous report is replaced, its stale plots too; the user's file stays
+    assert not (out / "accuracy_bytes-env2.png").exists() and (out / "my_notes.md").read_text() == "keep me"
+    (out / MANIFEST).unlink()
+    (out / "my_notes.md").unlink()
+    write_report([scaling_runs], out)  # a report written before reports listed their files: replaced too
+    (target / "architecture.png").unlink()
+    with pytest.raises(ConfigError, match="holds files, which no trainscale report wrote"):
+        write_report([scaling_runs], target)  # results.md alone is no report
 
 
 def test_no_runs_is_an_error(tmp_path):

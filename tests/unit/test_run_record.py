@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch
 from trainscale.app.config import build_config, train_settings
 from trainscale.errors import ConfigError
 from trainscale.record import RUN_TOML, STEPS, StepK, step_keys
-from trainscale.results import RunWriter
+from trainscale.results import PATH_SETTINGS, RunWriter
 from trainscale.train.setup import check_resume_matches
 from trainscale.train.steplog import StepLog
 
@@ -46,10 +47,12 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("settings", CONFIGS, ids=range(len(CONFIGS)))
-def test_run_toml_recreates_the_config_exactly(tmp_path, settings):
+def test_run_toml_recreates_the_config_exactly(tmp_path, settings, monkeypatch):
     cfg = build_config(settings)
     RunWriter(tmp_path).write_run_toml(cfg)
-    assert train_settings({}, tmp_path / RUN_TOML) == cfg  # `trainscale train --config DIR/run.toml`
+    paths = {k: str(Path(v).absolute()) for k, v in cfg.to_dict().items() if k in PATH_SETTINGS and isinstance(v, str)}
+    monkeypatch.chdir(tmp_path)  # read from another folder: its paths still name the run's folders
+    assert train_settings({}, tmp_path / RUN_TOML) == cfg.replace(**paths)  # `trainscale train --config DIR/run.toml`
 
 
 def test_resume_takes_the_run_folders_settings_and_compares_only_those_given(tmp_path):

@@ -86,7 +86,7 @@ def _seconds(text: str) -> float:
 def bench_command(args: argparse.Namespace) -> int:
     """0 when every run finished, 1 when some failed (they are recorded and the grid went on)."""
     from trainscale.bench.grid import parse_sets
-    from trainscale.bench.runner import BenchOptions, plan, run_grid
+    from trainscale.bench.runner import BenchOptions, check_same_plan, plan, run_grid
     from trainscale.io import check_folder_writable
 
     check_folder_writable(args.out, "--out")  # a file or an unwritable place: one line before any run
@@ -101,7 +101,9 @@ def bench_command(args: argparse.Namespace) -> int:
         allow_ssh=args.allow_ssh,
     )
     if args.dry_run:
-        print_plan(options, *plan(options))
+        grid, specs = plan(options)
+        check_same_plan(options, grid, specs)
+        print_plan(options, grid, specs)
         return 0
     results = run_stoppable(run_grid, options)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "skipped", "failed", "timeout")}

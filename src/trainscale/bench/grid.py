@@ -235,6 +235,7 @@ def _axes(grid: Grid, table: Any, prefix: str) -> dict[str, list[Any]]:
     axes: dict[str, list[Any]] = {}
     for key, values in table.items():
         name = _train_key(grid, key, f"{prefix}.{key}")
+        _once(grid, axes, name, f"{prefix}.{key}")
         if not isinstance(values, list):
             raise grid.error(f"{prefix}.{key}", f"axis '{key}' must be a list of values, got {values!r}")
         if not values:
@@ -249,9 +250,16 @@ def _train_keys(grid: Grid, table: dict[str, Any], prefix: str, extra: tuple[str
     values: dict[str, Any] = {}
     for key, value in table.items():
         name = _train_key(grid, key, f"{prefix}.{key}", extra)
+        _once(grid, values, name, f"{prefix}.{key}")
         check_type(grid, name, value, f"{prefix}.{key}")
         values[name] = value
     return values
+
+
+def _once(grid: Grid, given: dict[str, Any], name: str, path: str) -> None:
+    """A setting a table gives twice (``batch-size`` and ``batch_size``) is refused: one value would be lost."""
+    if name in given:
+        raise grid.error(path, f"'{name}' is given twice in this table (with - and with _); keep one")
 
 
 def _train_key(grid: Grid, key: str, path: str, extra: tuple[str, ...] = ()) -> str:

@@ -70,10 +70,30 @@ class BenchOptions:
 
 
 def plan(options: BenchOptions) -> tuple[Grid, list[RunSpec]]:
-    """Parse and validate the grid: every error is raised here, before anything is written."""
+    """Parse and validate the grid and its results folder: every error is raised here, before anything is
+    written."""
     sets = overrides(options)
     grid = load_grid(options.grid)
+    check_results_folder(options.out)
     return grid, plan_runs(grid, effective_scale(options, grid), sets, allow_ssh=options.allow_ssh)
+
+
+def check_results_folder(out: Path) -> None:
+    """A bench writes into a new or empty folder or a bench's own (its ``grid.json``), never beside a user's files or
+    a run of `trainscale train`, whose results a report of the folder would then leave out."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise GridError(f"--out {out} is a file; give a folder for the grid's results")
+    if (out / "grid.json").is_file():
+        return
+    own = {(BENCH_LOCK, False), ("runs", True)}  # a bench's lock, and its runs' folders (each checked on its own)
+    other = sorted(p.name for p in out.iterdir() if (p.name, p.is_dir()) not in own)
+    if other:
+        raise GridError(
+            f"--out {out} holds {other[0]} and is no trainscale bench folder (it has no grid.json); choose a new or "
+            "empty folder"
+        )
 
 
 def overrides(options: BenchOptions) -> dict[str, Any]:
@@ -248,11 +268,14 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+BENCH_LOCK = ".lock"
+
+
 @contextlib.contextmanager
 def _locked(out: Path) -> Iterator[None]:
     """One bench at a time per results folder (a second one would run the same runs twice)."""
     out.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(open_regular(out / ".lock", os.O_WRONLY | os.O_CREAT, follow=False), "w") as handle:
+    with os.fdopen(open_regular(out / BENCH_LOCK, os.O_WRONLY | os.O_CREAT, follow=False), "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -265,12 +288,10 @@ def _locked(out: Path) -> Iterator[None]:
 def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
     """Record what DIR holds; refuse a DIR planned from other settings unless ``--update``."""
     path = options.out / "grid.json"
-    old = read_json(path) if path.exists() else None
+    old = check_same_plan(options, grid, specs)
     planned = [s.record() for s in specs]
     scale = effective_scale(options, grid)
     sets = overrides(options)
-    if old is not None and not options.update:
-        _check_same_plan(path, old, grid, scale, sets, [s.run_id for s in specs])
     sessions = (old or {}).get("sessions", []) + [{"started": _now(), "environment": bench_environment()}]
     record = {
         "name": grid.name,
@@ -286,6 +307,17 @@ def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> 
         "sessions": sessions,
     }
     atomic_write_text(path, dumps(record))
+
+
+def check_same_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> dict[str, Any] | None:
+    """The folder's ``grid.json`` (None: a new folder), refused when it was planned from other settings unless
+    ``--update`` (a dry run says so too, before anything runs)."""
+    path = options.out / "grid.json"
+    old = read_json(path) if path.exists() else None
+    if old is not None and not options.update:
+        scale, sets = effective_scale(options, grid), overrides(options)
+        _check_same_plan(path, old, grid, scale, sets, [s.run_id for s in specs])
+    return old
 
 
 def _check_same_plan(

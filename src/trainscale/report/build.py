@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, check_folder_writable, check_output
+from trainscale.io import atomic_write_text, check_folder_writable, check_output, dumps, read_json
 from trainscale.record import K
 from trainscale.report.aggregate import Partition, partitions
 from trainscale.report.collect import Collection, RunRecord, collect
@@ -63,19 +64,44 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
     atomic_write_text(out / "results.md", render_markdown(report))
     atomic_write_text(out / "index.html", render_html(report))
     report.files = [out / name for name in OUTPUTS] + [p for s in report.sections for p in s.plots.values()]
+    atomic_write_text(out / MANIFEST, dumps(sorted(f.name for f in report.files)))
     log.info("report of %d run(s) in %d environment(s) written to %s", len(collection.records), len(parts), out)
     return report
 
 
+MANIFEST = ".trainscale-report.json"  # the names of the files a report wrote: only those are replaced
+# What a report draws, for a report folder written before the manifest: its plots, one set per environment.
+REPORT_PLOT = re.compile(
+    r"(accuracy_epoch|accuracy_time|accuracy_time_networks|accuracy_bsp_async|accuracy_bytes|throughput_workers"
+    r"|training_curves|planned_measured)(-env\d+)?\.png"
+)
+
+
 def _prepare_out(out: Path) -> None:
-    """A new folder or a previous report, and one that can be written (checked before anything is replaced)."""
-    if out.is_dir() and any(out.iterdir()) and not (out / "results.md").exists():
-        raise ConfigError(f"--out {out} exists and is not a trainscale report folder; choose a new folder")
+    """A new folder or a previous report's, and one that can be written (checked before anything is replaced);
+    of a previous report only the files it wrote go, so what a user put beside them stays."""
     check_folder_writable(out, "--out")
-    out.mkdir(parents=True, exist_ok=True)
-    for old in [*(out / n for n in OUTPUTS), *out.glob("*.png")]:
+    for old in _previous_report(out):
         check_output(old, "--out")  # only files are replaced or removed, never a device, FIFO or folder
         old.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _previous_report(out: Path) -> list[Path]:
+    """The files of the report in ``out`` (none for a new or empty folder); a folder that holds anything else
+    and no report's list of its files is refused."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return []
+    if (out / MANIFEST).is_file():
+        names = read_json(out / MANIFEST)
+        listed = [n for n in names if isinstance(n, str) and Path(n).name == n] if isinstance(names, list) else []
+        return [out / n for n in (*listed, *OUTPUTS, MANIFEST)]
+    other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not REPORT_PLOT.fullmatch(p.name))
+    if other or not all((out / n).is_file() for n in OUTPUTS):
+        raise ConfigError(
+            f"--out {out} holds {other[0] if other else 'files'}, which no trainscale report wrote; choose a new folder"
+        )
+    return [p for p in out.iterdir() if p.name in OUTPUTS or REPORT_PLOT.fullmatch(p.name)]
 
 
 def _intro(dirs: list[Path], collection: Collection) -> list[str]:
