@@ -103,6 +103,10 @@ def test_failure_is_recorded_and_the_grid_goes_on_then_rerun_skips_finished(tmp_
     assert [r.status for r in second] == ["skipped", "failed", "skipped"]  # in plan order
     assert calls(tmp_path).count(failed.run_id) == 2  # only the failed run ran again
     assert len(calls(tmp_path)) == 4
+    log = (opts.out / "runs" / failed.run_id / "train.log").read_text()
+    assert log.count("--- attempt of ") == 2 and log.count("--lr 0.5 is cursed") == 2  # the first attempt's kept
+    error_txt = (opts.out / "runs" / failed.run_id / "error.txt").read_text()
+    assert error_txt.count("--lr 0.5 is cursed") == 2  # the error line and the last attempt's tail, once each
 
 
 def test_results_folder_of_other_settings_is_refused_unless_update(tmp_path, fake):

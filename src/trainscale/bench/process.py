@@ -29,9 +29,10 @@ POLL_SECONDS = 1.0
 
 
 def start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The child writes stdout and stderr to ``log_path``; ``start_new_session`` gives it its own group, and it
-    gets SIGTERM when this process dies."""
-    with open_output(log_path) as out:
+    """The child writes stdout and stderr to ``log_path``, after what earlier attempts wrote there (an interrupted
+    or failed attempt's output is kept); ``start_new_session`` gives it its own group, and it gets SIGTERM when
+    this process dies."""
+    with open_output(log_path, append=True) as out:
         return subprocess.Popen(
             cmd,
             stdout=out,

@@ -7,7 +7,8 @@ Layout of DIR::
                     session with its environment
     grid.jsonl      the ledger: one line per run attempt (ok / failed / timeout / skipped, seconds, error)
     runs/<run-id>/  a normal `trainscale train` run folder, plus bench.json (the marker), run.toml (the
-                    generated config), train.log (the child's output) and error.txt when it failed
+                    generated config), train.log (every attempt's output, each after a line naming it) and
+                    error.txt when the last attempt failed
 
 Each run is ``python -m trainscale train --config runs/<id>/run.toml --out runs/<id>`` in its own process
 group. Finished runs are skipped, a checkpointed unfinished run is resumed, a failed run is recorded and
@@ -23,6 +24,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -38,7 +40,7 @@ from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 from trainscale.cluster.bench import cluster_for
-from trainscale.io import append_jsonl, atomic_write_text, dumps, open_regular, read_json
+from trainscale.io import append_jsonl, atomic_write_text, dumps, open_output, open_regular, read_json
 from trainscale.record import SUMMARY, K
 
 log = logging.getLogger("trainscale.bench")
@@ -197,6 +199,9 @@ def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: tqdm | None
     (folder / ERROR).unlink(missing_ok=True)
     cmd = [options.python, "-m", "trainscale", "train", "--config", str(config), "--out", str(folder)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open_output(folder / LOG, append=True) as log_file:
+        log_file.write(f"--- attempt of {_now()}: {shlex.join(cmd)}\n".encode())
+    offset = (folder / LOG).stat().st_size  # this attempt's output starts here
     start = time.monotonic()
     proc = process.start(cmd, folder / LOG, env)
     try:
@@ -206,7 +211,7 @@ def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: tqdm | None
         raise
     if timed_out:
         process.stop(proc)
-    return _result(spec, folder, proc.returncode, time.monotonic() - start, timed_out, options.timeout)
+    return _result(spec, folder, proc.returncode, time.monotonic() - start, timed_out, options.timeout, offset)
 
 
 def _show_epoch(bar: tqdm | None, spec: RunSpec, folder: Path) -> None:
@@ -220,12 +225,18 @@ def _show_epoch(bar: tqdm | None, spec: RunSpec, folder: Path) -> None:
 
 
 def _result(
-    spec: RunSpec, folder: Path, code: int | None, seconds: float, timed_out: bool, timeout: float | None
+    spec: RunSpec,
+    folder: Path,
+    code: int | None,
+    seconds: float,
+    timed_out: bool,
+    timeout: float | None,
+    offset: int = 0,
 ) -> RunResult:
     complete = _completed(folder) == spec.config["epochs"]
     if not timed_out and code == 0 and complete:
         return RunResult(spec.run_id, spec.name, "ok", seconds, code)
-    tail = _tail(folder / LOG)
+    tail = _tail(folder / LOG, offset)
     if timed_out:
         error = f"stopped after the --timeout of {timeout:g} s"
     elif code == 0:
@@ -245,9 +256,12 @@ def _completed(folder: Path) -> int | None:
         return None
 
 
-def _tail(path: Path) -> list[str]:
+def _tail(path: Path, offset: int = 0) -> list[str]:
+    """The last lines the attempt that began at byte ``offset`` of the log wrote."""
     try:
-        return path.read_text(errors="replace").splitlines()[-ERROR_TAIL_LINES:]
+        with path.open("rb") as log_file:
+            log_file.seek(offset)
+            return log_file.read().decode(errors="replace").splitlines()[-ERROR_TAIL_LINES:]
     except OSError:
         return []
 
