@@ -56,6 +56,11 @@ def fit(model: nn.Module | str | None = None, *, config: str | Path | None = Non
     setup_logging()
     settings = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in as_settings(settings).items()}
     config = str(config) if isinstance(config, os.PathLike) else config
+    if config is not None and not isinstance(config, str):
+        raise ConfigError(
+            f"config= takes the path of a TOML file (a run folder's run.toml), not a {type(config).__name__}; "
+            "give settings as keywords: fit(model, epochs=2, ...)"
+        )
     with (
         _environ_kept(),
         _torch_state_kept(),

@@ -190,6 +190,8 @@ def test_fit_takes_every_flag_spelling_and_keeps_the_callers_torch_state(tmp_pat
     assert torch.equal(torch.rand(1), expected) and torch.get_num_threads() == threads
     with pytest.raises(ConfigError, match=r"unknown setting\(s\): batchsize \(did you mean batch_size\?\)"):
         trainscale.fit("mlp", batchsize=32, dry_run=True)
+    with pytest.raises(ConfigError, match="config= takes the path of a TOML file .*, not a dict"):
+        trainscale.fit("mlp", config={"epochs": 2})
     with pytest.raises(ConfigError, match="gpus and devices are the same setting"):
         trainscale.fit("mlp", gpus="0", devices="1", dry_run=True)
     with pytest.raises(ConfigError, match="other processes of this job cannot import your script's build"):
