@@ -186,6 +186,16 @@ def test_a_results_folder_that_is_no_benchs_is_refused_before_anything_runs(tmp_
     assert sorted(p.name for p in opts.out.iterdir()) == [held]
 
 
+def test_a_folder_another_bench_is_using_is_refused_and_a_finished_bench_leaves_no_lock(tmp_path, fake):
+    from trainscale.results import lock_run_folder
+
+    opts = options(tmp_path, fake, "[0.1]")
+    with lock_run_folder(opts.out), pytest.raises(GridError, match="is in use by another trainscale job"):
+        plan(opts)  # the dry run says so too
+    run_grid(opts)
+    assert not (opts.out / ".lock").exists()
+
+
 def test_foreign_folder_is_refused(tmp_path, fake):
     opts = options(tmp_path, fake, "[0.1]")
     (spec,) = plan_runs(load_grid(opts.grid), None)

@@ -18,9 +18,7 @@ runs (``--update`` re-uses the runs whose settings still match).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import fcntl
 import json
 import logging
 import os
@@ -28,7 +26,6 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +37,9 @@ from trainscale.bench.expand import RunSpec, plan_runs
 from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_text
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 from trainscale.cluster.bench import cluster_for
-from trainscale.io import append_jsonl, atomic_write_text, dumps, open_output, open_regular, read_json
+from trainscale.io import append_jsonl, atomic_write_text, dumps, open_output, read_json
 from trainscale.record import SUMMARY, K
+from trainscale.results import LOCK_FILE, in_use_message, lock_holder, lock_run_folder
 
 log = logging.getLogger("trainscale.bench")
 
@@ -87,9 +85,12 @@ def check_results_folder(out: Path) -> None:
         return
     if not out.is_dir():
         raise GridError(f"--out {out} is a file; give a folder for the grid's results")
+    holder = lock_holder(out)
+    if holder is not None:
+        raise GridError(in_use_message(out, holder))
     if (out / "grid.json").is_file():
         return
-    own = {(BENCH_LOCK, False), ("runs", True)}  # a bench's lock, and its runs' folders (each checked on its own)
+    own = {(LOCK_FILE, False), ("runs", True)}  # a bench's lock, and its runs' folders (each checked on its own)
     other = sorted(p.name for p in out.iterdir() if (p.name, p.is_dir()) not in own)
     if other:
         raise GridError(
@@ -133,7 +134,7 @@ def run_grid(options: BenchOptions) -> list[RunResult]:
     """Run every planned run not yet finished; returns one result per planned run, in plan order."""
     grid, specs = plan(options)
     runs_dir = options.out / "runs"
-    with _locked(options.out):
+    with lock_run_folder(options.out):  # one bench at a time per folder: a second would run the runs twice
         states = {s.run_id: folder_state(runs_dir / s.run_id, s) for s in specs}  # raises on any mismatch
         write_grid_json(options, grid, specs)
         results = [_skipped(s) for s in specs if states[s.run_id] is State.DONE]
@@ -280,23 +281,6 @@ def append_ledger(out: Path, result: RunResult) -> None:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-BENCH_LOCK = ".lock"
-
-
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """One bench at a time per results folder (a second one would run the same runs twice)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(open_regular(out / BENCH_LOCK, os.O_WRONLY | os.O_CREAT, follow=False), "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GridError(
-                f"{out} is in use by another `trainscale bench`; wait for it or use another --out"
-            ) from None
-        yield
 
 
 def write_grid_json(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:
