@@ -1,11 +1,14 @@
 """Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to; ``main_cli``: the CLI in
-this process. Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device."""
+this process; ``short_temp``: a TMPDIR for processes a test may kill. Tests marked ``gpu`` are skipped, with the
+reason, where torch sees no CUDA device."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
 
@@ -31,6 +34,17 @@ def cifar10_dir() -> Path:
     if not path.exists():
         pytest.fail(f"TRAINSCALE_DATA={value} does not exist")
     return path
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A TMPDIR for the processes a test starts and may kill by SIGKILL (which leaves their temporary folders):
+    removed afterwards, with a path short enough for the Unix sockets made in it (pytest's tmp_path is not)."""
+    folder = Path(tempfile.mkdtemp(prefix="tsp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

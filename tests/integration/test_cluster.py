@@ -621,14 +621,17 @@ def processes_of(folder: Path) -> list[int]:
     return [pid for pid in pids if net._alive(pid)]
 
 
-def start_bench(grid: Path, out: Path, log: Path, until: Callable[[], bool]) -> subprocess.Popen:
-    """`trainscale bench` in the background, once ``until()`` holds."""
+def start_bench(
+    grid: Path, out: Path, log: Path, until: Callable[[], bool], temp: Path | None = None
+) -> subprocess.Popen:
+    """`trainscale bench` in the background (its processes' temporary files in ``temp``), once ``until()`` holds."""
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainscale", "bench", str(grid), "--out", str(out)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             preexec_fn=default_sigint,
+            env={**os.environ, **({"TMPDIR": str(temp)} if temp else {})},
         )
     deadline = time.monotonic() + 180
     while not until():
@@ -642,6 +645,7 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(
     capsys: pytest.CaptureFixture,
     tmp_path: Path,
     main_cli: Callable[..., subprocess.CompletedProcess],
+    short_temp: Path,
 ) -> None:
     """Also: Ctrl-C in the middle stops the run and deletes the cluster; SIGKILL in the middle takes the run with
     the bench (the parent-death signal; before, the run went on alone), and the re-run replaces the leftover
@@ -661,7 +665,11 @@ def test_a_grid_with_cluster_keys_makes_each_cluster_once_and_deletes_it(
         assert not owners.lock_path(name).exists()
 
         bench = start_bench(
-            grid, out, tmp_path / "2.log", lambda: bool(set(node_processes(name)) & set(processes_of(out)))
+            grid,
+            out,
+            tmp_path / "2.log",
+            lambda: bool(set(node_processes(name)) & set(processes_of(out))),
+            short_temp,  # a killed run's launchers cannot remove their temporary folders: the fixture does
         )
         bench.kill()
         bench.wait()

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,16 +33,6 @@ def start(tmp_path: Path, *args: object, temp: Path | None = None) -> subprocess
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **({"TMPDIR": str(temp)} if temp else {})},
         )
-
-
-@pytest.fixture
-def short_temp() -> Iterator[Path]:
-    """A temporary folder with a path short enough for the Unix sockets made in it (pytest's tmp_path is not)."""
-    folder = Path(tempfile.mkdtemp(prefix="tsp"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_until(done: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None) -> bool:
@@ -95,12 +83,14 @@ def running_job(
 
 
 @pytest.mark.dist
-def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launcher_killed_by_sigkill(tmp_path):
+def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launcher_killed_by_sigkill(
+    tmp_path, short_temp
+):
     """One running job for both (each was a job of its own, 4.5 s of the suite more): a second job on its folder,
     plain or resuming, is one line naming it and leaves it running; then SIGKILL to its launcher takes its
-    workers with it."""
+    workers with it (and leaves its temporary folder, in ``short_temp``, which the fixture removes)."""
     out = tmp_path / "run"
-    with running_job(tmp_path, out) as (first, workers):
+    with running_job(tmp_path, out, temp=short_temp) as (first, workers):
         in_use = f"--out {out} is in use by another trainscale job (pid {first.pid})"
         assert_one_line_error(run_cli("train", *LONG, "--out", out, timeout=120), in_use)  # the lock
         assert_one_line_error(
