@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.runtime.job import Job
 
 INSTANCE_RECIPE = "cifar10-fast"  # a module instance's recipe (a model by import path gets "defaults")
 
@@ -51,7 +54,7 @@ def fit(model: nn.Module | str | None = None, *, config: str | Path | None = Non
     ``TrainingFailed`` when a launched job fails."""
     from trainscale.app.config import as_settings
     from trainscale.log import setup_logging
-    from trainscale.runtime.job import Job, installed
+    from trainscale.runtime.job import installed
 
     setup_logging()
     settings = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in as_settings(settings).items()}
@@ -123,19 +126,34 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
     out = resolve_out(cfg)  # fixed here, so the result is read from the folder the workers wrote
     flags = {**flags, "out": str(out), **({"config": str(config)} if config else {})}
     cfg = cfg.replace(out=str(out))
+    cause = ""
     if cfg.launch.cluster is not None:
         from trainscale.app.cluster_launch import cluster_main
 
         status = cluster_main(cfg)
     else:
-        from trainscale.app.launch import launch
-
-        status = launch(cfg, flags, job)
+        status, cause = _launched(cfg, flags, job)
     if status == 130:  # Ctrl-C: the workers are stopped; the caller gets what Ctrl-C gives in Python
         raise KeyboardInterrupt
     if status != 0:
-        raise TrainingFailed(f"the training job failed (exit status {status}); its error is printed above")
+        raise TrainingFailed(cause or f"the training job failed (exit status {status}); its error is printed above")
     return _read_result(out)
+
+
+def _launched(cfg: Any, flags: dict[str, Any], job: Job) -> tuple[int, str]:
+    """The job through the CLI's launcher, and the line naming its failure's root cause ("" when it succeeded or
+    recorded none): the launcher reports it to ``Job.node_report``, as a node of a cluster run does to its parent."""
+    from trainscale.app.launch import launch
+    from trainscale.io import read_json
+    from trainscale.runtime.job import installed
+
+    with tempfile.TemporaryDirectory(prefix="trainscale-fit-") as folder:
+        reporting = dataclasses.replace(job, node_report=Path(folder) / "failure.json")
+        with installed(reporting):
+            status = launch(cfg, flags, reporting)
+        report = Path(folder) / "failure.json"
+        cause = str(read_json(report).get("message", "")) if report.exists() else ""
+    return status, cause
 
 
 def _fit_here(flags: dict[str, Any], config: str | Path | None, job: Any, instance: bool = False) -> FitResult:

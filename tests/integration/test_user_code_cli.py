@@ -79,6 +79,17 @@ def test_a_bug_in_the_users_model_on_the_workers_is_one_traceback_and_one_line(t
     assert "exitcode" not in proc.stderr  # torch's agent's own notices of the stop are left out
 
 
+def test_fit_on_several_workers_raises_the_jobs_root_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainscale
+    from trainscale.api import TrainingFailed
+
+    monkeypatch.chdir(ROOT)  # the workers import tests.userpkg from here, as a user's script's folder
+    with pytest.raises(TrainingFailed, match=r"^worker rank \d \(local rank \d\) failed: RuntimeError: my layer"):
+        trainscale.fit(
+            "tests.userpkg.nets:explodes", dataset=TENSORS, epochs=1, workers=2, progress=False, out=tmp_path / "r"
+        )
+
+
 @pytest.mark.cluster
 def test_user_model_and_data_train_on_two_emulated_hosts(
     cluster_names: Callable[[], str],  # noqa: F811
