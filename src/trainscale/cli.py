@@ -18,7 +18,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from trainscale.config import CoreConfig, Section, field_types, flag_name
+from trainscale.config import CoreConfig, Section, field_types, spellings
 from trainscale.errors import TrainscaleError
 
 log = logging.getLogger("trainscale")
@@ -64,7 +64,7 @@ def add_config_flags(
         group = groups.get(kind.TITLE) or groups.setdefault(kind.TITLE, parser.add_argument_group(kind.TITLE))
         for f in dataclasses.fields(kind):  # type: ignore[arg-type]
             group.add_argument(
-                *_spellings(f),
+                *spellings(f),
                 dest=f.name,
                 default=argparse.SUPPRESS,
                 help=_help(f, from_recipe),
@@ -118,11 +118,6 @@ def _shown(value: Any) -> str:
 
 def _section_rank(section: type, order: Sequence[type]) -> int:
     return order.index(section) if section in order else len(order)
-
-
-def _spellings(f: dataclasses.Field) -> list[str]:
-    short = [f.metadata["short"]] if f.metadata.get("short") else []
-    return [*short, flag_name(f), *f.metadata.get("aliases", ())]
 
 
 def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:

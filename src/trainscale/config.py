@@ -84,6 +84,12 @@ def flag_name(field: dataclasses.Field) -> str:
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
 
+def spellings(field: dataclasses.Field) -> list[str]:
+    """Every spelling of a field's flag: its short one (``-K``), its long one, then its aliases (``--gpus``)."""
+    short = [field.metadata["short"]] if field.metadata.get("short") else []
+    return [*short, flag_name(field), *field.metadata.get("aliases", ())]
+
+
 FLOAT32_MAX = 3.4028234663852886e38  # a setting multiplies float32 tensors (lr, momentum...)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from trainscale.compression.config import CompressionConfig
 from trainscale.compression.setup import validate_compression
-from trainscale.config import CORE_SECTIONS, Section, coerce, field_types, flag_name
+from trainscale.config import CORE_SECTIONS, Section, coerce, field_types, flag_name, spellings
 from trainscale.errors import ConfigError, require
 from trainscale.io import read_json, read_toml
 from trainscale.models import model_info
@@ -262,7 +262,7 @@ def flag_spellings() -> dict[str, str]:
     return {
         spelling.lstrip("-").replace("-", "_"): key
         for key, f in FIELDS.items()
-        for spelling in (flag_name(f), *f.metadata.get("aliases", ()))
+        for spelling in spellings(f)
         if spelling.startswith("--")
     }
 
