@@ -124,14 +124,14 @@ def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
         choose_step("compiled", CPU, "fp32", "none", "skip")
 
 
-def epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, step_fn: Any) -> Iterator[float]:
+def epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, step_fn: Any) -> Iterator[tuple[float, float]]:
     prec = Precision("fp32", CPU)
     for epoch in range(2):
         stats = train_one_epoch(
             model, batches(32), opt, prec.grad_scaler(), prec, lambda t: 0.05 * (1 - t / 4), epoch, 0.2, False,
             step_fn=step_fn,
         )  # fmt: skip
-        yield stats.loss
+        yield stats.loss, stats.acc
 
 
 def tiny(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -155,7 +155,8 @@ def tiny(optimizer: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 @pytest.mark.slow
 def test_the_compiled_step_gives_the_eager_steps_parameters() -> None:
     """Two epochs (8 steps, a falling lr through the tensor lrs) eager and compiled from the same start, Muon on
-    the filter and Nesterov SGD on the rest. Through the ``aot_eager`` backend: the graphs the step is compiled
+    the filter and Nesterov SGD on the rest: the same parameters, losses and accuracies (the compiled step counts
+    the correct predictions inside its graph). Through the ``aot_eager`` backend: the graphs the step is compiled
     into (forward with its backward, the optimizer step reading the tensor lrs) without inductor's kernel
     generation, which takes minutes on a shared 2-core CPU (the batched Muon's inductor graph is compared in
     test_muon)."""

@@ -29,7 +29,7 @@ from trainscale.runtime.dist import any_rank
 from trainscale.train.ema import WeightAverage
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize
-from trainscale.train.step import StepFn
+from trainscale.train.step import StepFn, correct_count
 from trainscale.train.steplog import StepLog
 
 
@@ -57,9 +57,13 @@ class Accumulator:
         self.skipped = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
-        n = labels.numel()
+        self.add_counted(correct_count(logits, labels), loss, labels.numel())
+
+    def add_counted(self, correct: torch.Tensor, loss: torch.Tensor, n: int) -> None:
+        """A batch of ``n`` samples whose correct predictions were counted where its logits were made (a
+        compiled step counts them inside its graph)."""
         self.loss_sum.add_(loss.detach(), alpha=n)
-        self.correct.add_((logits.argmax(dim=1) == labels).sum())
+        self.correct.add_(correct)
         self.count += n
 
     def skip(self, n: int) -> None:
@@ -333,7 +337,7 @@ class EpochStep:
         """Step ``step`` at fractional epoch ``t``; returns its loss (on the device)."""
         set_lr(self.optimizer, self.lr_at(t), t)
         if self.step_fn is not None:
-            logits, loss = self.step_fn(images, labels)
+            correct, loss = self.step_fn(images, labels)
             admitted = self.guard.admit(step, loss, self.optimizer)  # the stop guard: always True
         else:
             logits, loss = compute_gradients(
@@ -349,12 +353,13 @@ class EpochStep:
             admitted = self.guard.admit(step, loss, self.optimizer)
             if admitted:
                 apply_gradients(self.optimizer, self.scaler, self.options.clip_grad_norm)
-        if admitted and self.options.ema is not None:
-            self.options.ema.update()
-        if admitted:
-            self.acc.add(logits, labels, loss)
-        else:
+                correct = correct_count(logits, labels)
+        if not admitted:
             self.acc.skip(labels.numel())
+            return loss
+        if self.options.ema is not None:
+            self.options.ema.update()
+        self.acc.add_counted(correct, loss, labels.numel())
         return loss
 
 

@@ -31,7 +31,7 @@ from trainscale.train.precision import Precision
 
 STEP_KINDS = ("auto", "eager", "compiled", "graphed")
 RECOMPILE_LIMIT = 64
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # -> (correct count, loss)
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,11 @@ def torch_mode(compile_mode: str, graphed: bool) -> str | None:
     return "reduce-overhead" if graphed else None
 
 
+def correct_count(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """How many of ``logits``' top classes are the ``labels`` (a 0-dim device tensor, no sync)."""
+    return (logits.argmax(dim=1) == labels).sum()
+
+
 def compiled_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -171,8 +176,9 @@ def compiled_step(
     backend: str = "inductor",
     compile_mode: str = "default",
 ) -> StepFn:
-    """A step function (images, labels) -> (logits, loss) whose forward+backward and optimizer step are compiled
-    graphs (CUDA graphs with ``graphed``). The outputs are copies the caller may keep past the next step.
+    """A step function (images, labels) -> (correct predictions, loss) whose forward+backward (the loss and the
+    count included) and optimizer step are compiled graphs (CUDA graphs with ``graphed``): outside them only a few
+    launches a step. The outputs are 0-dim copies the caller may keep past the next step.
     ``backend``: torch.compile's (tests use ``aot_eager``: the same graphs, without generating kernels);
     ``compile_mode``: ``--compile-mode`` (``torch_mode``)."""
     mode = torch_mode(compile_mode, graphed)
@@ -180,7 +186,14 @@ def compiled_step(
     # step, present after; the parameters that stop training after the first epochs): more than dynamo's default
     # of 8 per function for a model with several groups. The warm-up meets them all before any timer.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    forward = torch.compile(model, mode=mode, backend=backend)
+
+    def forward_loss(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with precision.autocast():
+            logits = model(images)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+        return correct_count(logits.detach(), labels), loss
+
+    forward = torch.compile(forward_loss, mode=mode, backend=backend)  # the loss and the count in the graphs
     tensor_lrs(optimizer, precision.device)
     create_grads(model)
     create_state(optimizer)
@@ -194,12 +207,10 @@ def compiled_step(
     def step(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if graphed:
             torch.compiler.cudagraph_mark_step_begin()
-        with precision.autocast():
-            logits = forward(images)
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+        correct, loss = forward(images, labels)
         optimizer.zero_grad(set_to_none=False)  # the same gradient tensors every step: the compiled update guards
         loss.backward()  # on them, and new ones each step made it recompile every step
         update()
-        return logits.detach().clone(), loss.detach().clone()
+        return correct.clone(), loss.detach().clone()
 
     return step
