@@ -16,6 +16,7 @@ The settings, environment and figures go to ``--out`` (JSON).
 
     python benchmarks/step_profile.py --device cuda                       # speedrun94, graphed step
     python benchmarks/step_profile.py --device cuda --compile-mode max-autotune
+    python benchmarks/step_profile.py --device cuda --train-step captured   # the whole step as one graph
     python benchmarks/step_profile.py --device cuda --dataset cifar10 --images 50000
     python benchmarks/step_profile.py --device cpu --train-step eager --images 3072 --batch-size 256
 """
@@ -113,6 +114,10 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
             regions[e.name] = regions.get(e.name, 0.0) + e.device_time_total / 1e3
     gpu_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
     named = {f"compiled graph {i + 1}": ms / steps for i, ms in enumerate(sorted(regions.values(), reverse=True))}
+    replays = [e for e in events if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch"]
+    if replays and not regions:  # a captured step calls no compiled graph after its capture: only replays
+        regions["replays"] = sum(e.device_time_total for e in replays) / 1e3
+        named = {"whole-step graph": regions["replays"] / steps}
     named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values())) / steps
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"

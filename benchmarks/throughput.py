@@ -28,7 +28,7 @@ from trainscale.models import create_model
 from trainscale.train.environment import environment
 from trainscale.train.loop import train_one_epoch
 from trainscale.train.precision import Precision, resolve_device
-from trainscale.train.step import STEP_KINDS, StepChoice, choose_step, compiled_step
+from trainscale.train.step import STEP_KINDS, StepChoice, choose_step, make_step
 
 
 def make_model(name: str, device: torch.device, channels_last: bool) -> torch.nn.Module:
@@ -63,7 +63,7 @@ def trainscale_loop(model, batches: DeviceBatches, precision: Precision, step: s
     scaler = precision.grad_scaler()
     counter = iter(range(10**9))
     kind = step_choice(step, precision).kind
-    step_fn = None if kind == "eager" else compiled_step(model, opt, precision, 0.0, kind == "graphed")
+    step_fn = None if kind == "eager" else make_step(kind, model, opt, precision, 0.0)
 
     def run() -> None:
         train_one_epoch(

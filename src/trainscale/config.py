@@ -306,13 +306,14 @@ class RunConfig(Section):
     train_step: str = option(
         "auto",
         "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
-        "graphs; also under DDP); graphed (compiled, replayed as CUDA graphs; one CUDA process); auto (default: "
-        "graphed for one CUDA process with a model of trainscale's, else eager)",
-        choices=("auto", "eager", "compiled", "graphed"),
+        "graphs; also under DDP); graphed (compiled, replayed as CUDA graphs; one CUDA process); captured "
+        "(compiled, the whole step captured as one CUDA graph; one CUDA process); auto (default: graphed for one "
+        "CUDA process with a model of trainscale's, else eager)",
+        choices=("auto", "eager", "compiled", "graphed", "captured"),
     )
     compile_mode: str = option(
         "default",
-        "torch.compile's mode for a compiled or graphed step and --compile: default, or max-autotune (times "
+        "torch.compile's mode for a compiled, graphed or captured step and --compile: default, or max-autotune (times "
         "several kernels for each convolution and matrix product in the warm-up: minutes on a machine's first "
         "run, cached after)",
         choices=COMPILE_MODES,

@@ -92,7 +92,9 @@ class K:
         "data_init_seconds", float, S, "the model's data-based init (the whitening fit), not its construction"
     )
     warmup_seconds = Key("warmup_seconds", float, S, "the compile/cuDNN warm-up before the timers start")
-    train_step = Key("train_step", str, "", "how the training step ran: eager, compiled or graphed (CUDA graphs)")
+    train_step = Key(
+        "train_step", str, "", "how the training step ran: eager, compiled, graphed or captured (CUDA graphs)"
+    )
     train_step_reason = Key("train_step_reason", str, "", "why that step: asked for, or what --train-step auto saw")
 
     # --- what the mode says about itself (Mode.describe)

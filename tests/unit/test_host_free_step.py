@@ -31,7 +31,15 @@ from trainscale.train.checks import check_step
 from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
-from trainscale.train.step import StepChoice, choose_step, compiled_step, create_state
+from trainscale.train.step import (
+    CAPTURE_WARM_STEPS,
+    CapturedStep,
+    StepChoice,
+    StepNotCaptured,
+    choose_step,
+    compiled_step,
+    create_state,
+)
 from trainscale.train.trainer import eval_batch_sizes, optimizer_state, restore_optimizer_state
 
 CPU = torch.device("cpu")
@@ -120,6 +128,11 @@ def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
         choose_step("compiled", cuda, "bf16", "mode", "stop")
     with pytest.raises(ConfigError, match="graphed .*CUDA graphs need a CUDA device"):
         choose_step("graphed", CPU, "fp32", "none", "stop")
+    assert choose_step("captured", cuda, "bf16", "none", "stop") == StepChoice("captured", "asked for")
+    with pytest.raises(ConfigError, match="captured .*CUDA graphs need a CUDA device"):
+        choose_step("captured", CPU, "bf16", "none", "stop")
+    with pytest.raises(ConfigError, match="captured .*cannot capture DDP's gradient hooks"):
+        choose_step("captured", cuda, "bf16", "ddp", "stop")
     with pytest.raises(ConfigError, match="--nonfinite skip"):
         choose_step("compiled", CPU, "fp32", "none", "skip")
 
@@ -169,6 +182,89 @@ def test_the_compiled_step_gives_the_eager_steps_parameters() -> None:
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
     for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def replaying(run: Any) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """A CPU stand-in for ``cuda_graph_capture`` that keeps a CUDA graph's contract: the warm steps run, the capture
+    itself runs nothing, and every replay runs the step on what its input tensors hold then, writing the same
+    output tensors."""
+    for _ in range(CAPTURE_WARM_STEPS):
+        last = run()
+    outputs = tuple(torch.empty_like(t) for t in last)
+
+    def replay() -> None:
+        for out, new in zip(outputs, run()):
+            out.copy_(new)
+
+    return replay, outputs
+
+
+def prime(
+    step: CapturedStep, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
+    """Capture ``step`` for batches shaped as ``x``, ``y`` as the trainer's warm-up does (on random images, then
+    weights and optimizer state put back in place), and seal it."""
+    saved, state = copy.deepcopy(model.state_dict()), optimizer_state(opt)
+    step(torch.randn_like(x), torch.zeros_like(y))
+    model.load_state_dict(saved)
+    restore_optimizer_state(opt, state)
+    model.zero_grad(set_to_none=False)
+    step.seal()
+
+
+@pytest.mark.slow
+def test_the_captured_step_gives_the_eager_steps_parameters() -> None:
+    """The whole-step capture (``--train-step captured``), primed as the trainer's warm-up primes it (a capture on
+    random images, then weights and optimizer state put back in place) and sealed, trains two epochs as the eager
+    step does: each replay reads the batch copied into its inputs and the lrs filled before it; and once sealed, a
+    change the warm-up did not capture (a parameter frozen) is refused, not captured on the run's data."""
+    eager_model, eager_opt = tiny("muon")
+    model, opt = tiny("muon")
+    inner = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    step = CapturedStep(inner, model, capture=replaying)
+    x, y = next(iter(batches(32).epoch(0)))
+    prime(step, model, opt, x, y)
+    compiled = list(epochs(model, opt, step))
+    eager = list(epochs(eager_model, eager_opt, None))
+    assert len(step.graphs) == 1
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    for a, b in zip(model.state_dict().values(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    next(model.parameters()).requires_grad_(False)
+    with pytest.raises(StepNotCaptured, match="the warm-up did not capture; use --train-step graphed"):
+        step(x, y)
+
+
+def small_airbench94(num_classes: int = 10) -> torch.nn.Module:
+    """airbench94 narrowed (its whitening bias still trains for the first 3 epochs only)."""
+    return airbench94(num_classes, widths=(8, 16, 16))
+
+
+@pytest.mark.slow
+def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the trainer, ``--train-step captured`` (captured on the CPU by ``replaying``, compiled by
+    ``aot_eager``): the warm-up captures both graphs the airbench94 net needs (its whitening bias freezes after 3
+    epochs), puts everything back and seals the step; the run's losses and accuracies are an eager run's."""
+    steps: list[CapturedStep] = []
+
+    def captured(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
+        inner = compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+        steps.append(CapturedStep(inner, model, capture=replaying))
+        return steps[-1]
+
+    def run(out: Any) -> tuple[dict[str, Any], list[tuple[float, float]]]:
+        settings = {"model": f"{__name__}:small_airbench94", "epochs": 4, "train_subset": 256}
+        summary = build_trainer(build_config(SMALL_RUN, {"out": str(out), **settings}), CPU, LocalMode(), Job()).fit()
+        return summary, [(row["train_loss"], row["test_acc"]) for row in read_history(out)]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module, "choose_step", lambda *a, **k: StepChoice("captured", "asked for"))
+        patched.setattr(trainer_module, "make_step", captured)
+        summary, rows = run(tmp_path / "captured")
+    _, eager_rows = run(tmp_path / "eager")
+    assert summary["train_step"] == "captured"
+    assert len(steps[0].graphs) == 2 and steps[0].sealed
+    torch.testing.assert_close(rows, eager_rows, rtol=1e-4, atol=1e-4)
 
 
 class Scripted(torch.nn.Module):
@@ -239,6 +335,8 @@ def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one(optimizer: str) -> None
         ({"workers": 2, "mode": "async"}, "the mode exchanges inside the step"),
         ({"workers": 2, "mode": "sync", "device": "cuda", "train_step": "graphed"}, "cannot capture DDP's"),
         ({"device": "cpu", "train_step": "graphed"}, "CUDA graphs need a CUDA device"),
+        ({"device": "cpu", "train_step": "captured"}, "CUDA graphs need a CUDA device"),
+        ({"workers": 2, "mode": "sync", "device": "cuda", "train_step": "captured"}, "cannot capture DDP's"),
         ({"accumulate": 2}, "--accumulate runs micro-batches outside"),
         ({"clip_grad_norm": 1.0}, "--clip-grad-norm is applied outside"),
     ],
@@ -304,7 +402,7 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
     failing half-way might) leaves nothing of itself: the run trains with the eager step exactly as an eager run of
     the same seed does, and summary.json says why."""
 
-    def broken(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def broken(kind: str, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         def step(images: torch.Tensor, labels: torch.Tensor) -> Any:
             with torch.no_grad():
                 for p in model.parameters():
@@ -320,7 +418,7 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
 
     with monkeypatch.context() as patched:
         patched.setattr(trainer_module, "choose_step", lambda *a, **k: StepChoice("compiled", "auto: one process"))
-        patched.setattr(trainer_module, "compiled_step", broken)
+        patched.setattr(trainer_module, "make_step", broken)
         summary, losses = run(tmp_path / "fell-back")
     eager_summary, eager_losses = run(tmp_path / "eager")
     assert summary["train_step"] == "eager"

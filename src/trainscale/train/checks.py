@@ -104,7 +104,7 @@ def check_step(cfg: CoreConfig) -> None:
     require(
         cfg.run.compile_mode == "default" or step != "eager" or cfg.run.compile,
         f"--compile-mode {cfg.run.compile_mode} applies to a compiled step or model: add --train-step compiled, "
-        "graphed or auto, or --compile",
+        "graphed, captured or auto, or --compile",
     )
     if step in ("auto", "eager"):
         return

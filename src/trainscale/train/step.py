@@ -25,18 +25,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.train.optimizers import MuonWithSGD
 from trainscale.train.precision import Precision
 
-STEP_KINDS = ("auto", "eager", "compiled", "graphed")
+STEP_KINDS = ("auto", "eager", "compiled", "graphed", "captured")
+GRAPH_KINDS = ("graphed", "captured")  # replayed as CUDA graphs: one CUDA process, no hooks inside the step
+CAPTURE_WARM_STEPS = 3  # before a whole-step capture: compile, cuDNN's choices, the allocator's pools
 RECOMPILE_LIMIT = 64
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # -> (correct count, loss)
 
 
 @dataclass(frozen=True)
 class StepChoice:
-    kind: str  # eager, compiled or graphed
+    kind: str  # one of STEP_KINDS but auto
     reason: str
 
 
@@ -52,13 +54,13 @@ def step_blockers(
     accumulate: int = 1,
     clip_grad_norm: float | None = None,
 ) -> list[str]:
-    """Why a ``compiled`` or ``graphed`` step cannot run with these settings (empty: it can). Under DDP the
-    forward is compiled through DDP (dynamo splits the graph at DDP's buckets; the gradient hooks, compressors
-    included, run as in an eager step); CUDA graphs cannot capture those hooks."""
+    """Why a ``compiled``, ``graphed`` or ``captured`` step cannot run with these settings (empty: it can). Under
+    DDP the forward is compiled through DDP (dynamo splits the graph at DDP's buckets; the gradient hooks,
+    compressors included, run as in an eager step); CUDA graphs cannot capture those hooks."""
     reasons = [
         (wrapping == "mode", "the mode exchanges inside the step (parameter server, averaging, fault tolerance)"),
-        (wrapping == "ddp" and kind == "graphed", "CUDA graphs cannot capture DDP's gradient hooks (use compiled)"),
-        (kind == "graphed" and device_type != "cuda", "CUDA graphs need a CUDA device"),
+        (wrapping == "ddp" and kind in GRAPH_KINDS, "CUDA graphs cannot capture DDP's gradient hooks (use compiled)"),
+        (kind in GRAPH_KINDS and device_type != "cuda", "CUDA graphs need a CUDA device"),
         (precision == "fp16", "fp16's grad scaler reads the device every step"),
         (nonfinite == "skip", "--nonfinite skip reads the device before every update"),
         (accumulate > 1, "--accumulate runs micro-batches outside the compiled graphs"),
@@ -214,3 +216,95 @@ def compiled_step(
         return correct.clone(), loss.detach().clone()
 
     return step
+
+
+Outputs = tuple[torch.Tensor, torch.Tensor]
+Capture = Callable[[Callable[[], Outputs]], tuple[Callable[[], None], Outputs]]
+
+
+def cuda_graph_capture(run: Callable[[], Outputs]) -> tuple[Callable[[], None], Outputs]:
+    """``run`` taken ``CAPTURE_WARM_STEPS`` times on a side stream (torch.compile compiles, cuDNN picks its kernels,
+    the allocator settles: none of that may happen inside a capture), then captured as one CUDA graph. Returns
+    the graph's replay and the tensors it writes its outputs into at every replay. The capture runs nothing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(CAPTURE_WARM_STEPS):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run()
+    return graph.replay, outputs
+
+
+@dataclass
+class Captured:
+    """One captured step: the tensors it reads its batch from and writes its outputs to, and its replay."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    replay: Callable[[], None]
+    outputs: Outputs
+
+
+class StepNotCaptured(TrainscaleError):
+    """A captured step met a batch shape or a set of trained parameters that the warm-up did not capture."""
+
+
+class CapturedStep:
+    """The whole training step (forward with the loss and the count of correct predictions, backward, the
+    optimizer step) captured as one CUDA graph and replayed with a single launch a step: the host's work per step
+    is two copies into the graph's input tensors and one replay, where a ``graphed`` step replays three graphs
+    behind torch.compile's guards and launches what lies between them. ``step``: a compiled step without CUDA
+    graphs (``compiled_step(graphed=False)``), whose learning rates are device tensors the loop fills before each
+    replay (a float would be baked into the graph).
+
+    A graph is captured for each batch shape and set of trained parameters (the whitening bias stops training after
+    the first epochs: another graph), when the warm-up first meets it; capturing runs the step a few times, so after
+    the warm-up (``seal``) meeting a new one is an error rather than extra steps on the run's data. The outputs
+    are the graph's own tensors, rewritten by the next replay: read them before it (the loop's sums do).
+    ``capture``: ``cuda_graph_capture``; tests give one that runs on a CPU."""
+
+    def __init__(self, step: StepFn, model: nn.Module, capture: Capture = cuda_graph_capture) -> None:
+        self.step, self.capture = step, capture
+        self.params = list(model.parameters())
+        self.graphs: dict[tuple[object, ...], Captured] = {}
+        self.sealed = False
+
+    def seal(self) -> None:
+        """The warm-up is over: every graph the run needs is captured."""
+        self.sealed = True
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> Outputs:
+        key = (tuple(images.shape), tuple(labels.shape), tuple(p.requires_grad for p in self.params))
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = self._capture(images, labels)
+        entry.images.copy_(images)
+        entry.labels.copy_(labels)
+        entry.replay()
+        return entry.outputs
+
+    def _capture(self, images: torch.Tensor, labels: torch.Tensor) -> Captured:
+        if self.sealed:
+            raise StepNotCaptured(
+                f"the captured step met a batch of {tuple(images.shape)} or a change in which parameters train "
+                "that the warm-up did not capture; use --train-step graphed"
+            )
+        static_images, static_labels = images.clone(), labels.clone()
+        replay, outputs = self.capture(lambda: self.step(static_images, static_labels))
+        return Captured(static_images, static_labels, replay, outputs)
+
+
+def make_step(
+    kind: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    label_smoothing: float,
+    compile_mode: str = "default",
+) -> StepFn:
+    """The step function of a ``compiled``, ``graphed`` or ``captured`` step (``choose_step``'s kind)."""
+    step = compiled_step(model, optimizer, precision, label_smoothing, kind == "graphed", compile_mode=compile_mode)
+    return CapturedStep(step, model) if kind == "captured" else step

@@ -46,7 +46,7 @@ from trainscale.train.loop import (
     views_per_image,
 )
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
-from trainscale.train.step import StepFn, choose_step, compiled_step, float_lrs
+from trainscale.train.step import CapturedStep, StepFn, choose_step, float_lrs, make_step
 from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
@@ -188,17 +188,19 @@ class Trainer:
         )
         self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
         if choice.kind != "eager":
-            self.step_fn = compiled_step(
+            self.step_fn = make_step(
+                choice.kind,
                 self.train_model or self.model,
                 self.optimizer,
                 self.precision,
                 self.cfg.optim.label_smoothing,
-                choice.kind == "graphed",
                 compile_mode=self.cfg.run.compile_mode,
             )
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base[K.warmup_seconds] = self._warm_up_or_fall_back()
+        if isinstance(self.step_fn, CapturedStep):
+            self.step_fn.seal()
         with heap_frozen():
             for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
                 row = self.run_epoch(epoch)
