@@ -221,7 +221,7 @@ def test_the_captured_step_gives_the_eager_steps_parameters() -> None:
     eager_model, eager_opt = tiny("muon")
     model, opt = tiny("muon")
     inner = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
-    step = CapturedStep(inner, model, capture=replaying)
+    step = CapturedStep(inner, model, opt, capture=replaying)
     x, y = next(iter(batches(32).epoch(0)))
     prime(step, model, opt, x, y)
     compiled = list(epochs(model, opt, step))
@@ -233,6 +233,15 @@ def test_the_captured_step_gives_the_eager_steps_parameters() -> None:
     next(model.parameters()).requires_grad_(False)
     with pytest.raises(StepNotCaptured, match="the warm-up did not capture; use --train-step graphed"):
         step(x, y)
+
+
+def test_a_captured_step_refuses_an_optimizer_that_keeps_its_state_on_the_host() -> None:
+    """LAMB counts its steps in a Python int: a captured graph would replay its first bias correction forever."""
+    model, opt = tiny("lamb")
+    inner = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    x, y = next(iter(batches(32).epoch(0)))
+    with pytest.raises(StepNotCaptured, match="keeps its step off the device.*use --train-step graphed"):
+        CapturedStep(inner, model, opt, capture=replaying)(x, y)
 
 
 def small_airbench94(num_classes: int = 10) -> torch.nn.Module:
@@ -249,7 +258,7 @@ def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any, monkeypatch: pytes
 
     def captured(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
         inner = compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
-        steps.append(CapturedStep(inner, model, capture=replaying))
+        steps.append(CapturedStep(inner, model, opt, capture=replaying))
         return steps[-1]
 
     def run(out: Any) -> tuple[dict[str, Any], list[tuple[float, float]]]:

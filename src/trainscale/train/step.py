@@ -266,8 +266,14 @@ class CapturedStep:
     are the graph's own tensors, rewritten by the next replay: read them before it (the loop's sums do).
     ``capture``: ``cuda_graph_capture``; tests give one that runs on a CPU."""
 
-    def __init__(self, step: StepFn, model: nn.Module, capture: Capture = cuda_graph_capture) -> None:
-        self.step, self.capture = step, capture
+    def __init__(
+        self,
+        step: StepFn,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        capture: Capture = cuda_graph_capture,
+    ) -> None:
+        self.step, self.optimizer, self.capture = step, optimizer, capture
         self.params = list(model.parameters())
         self.graphs: dict[tuple[object, ...], Captured] = {}
         self.sealed = False
@@ -294,7 +300,27 @@ class CapturedStep:
             )
         static_images, static_labels = images.clone(), labels.clone()
         replay, outputs = self.capture(lambda: self.step(static_images, static_labels))
+        frozen = host_state(self.optimizer, images.device)
+        if frozen:
+            raise StepNotCaptured(
+                f"the optimizer keeps its {', '.join(frozen)} off the device, where a captured step would freeze it "
+                "at its first value; use --train-step graphed"
+            )
         return Captured(static_images, static_labels, replay, outputs)
+
+
+def host_state(optimizer: torch.optim.Optimizer, device: torch.device) -> list[str]:
+    """The names of the optimizer's per-parameter state kept as host numbers or tensors off ``device`` (LAMB's
+    step count, say): a CUDA graph replays the value it saw when captured, so bias corrections and schedules
+    that read them would silently stop moving."""
+    return sorted(
+        {
+            name
+            for state in optimizer.state.values()
+            for name, value in state.items()
+            if not isinstance(value, torch.Tensor) or value.device != device
+        }
+    )
 
 
 def make_step(
@@ -307,4 +333,4 @@ def make_step(
 ) -> StepFn:
     """The step function of a ``compiled``, ``graphed`` or ``captured`` step (``choose_step``'s kind)."""
     step = compiled_step(model, optimizer, precision, label_smoothing, kind == "graphed", compile_mode=compile_mode)
-    return CapturedStep(step, model) if kind == "captured" else step
+    return CapturedStep(step, model, optimizer) if kind == "captured" else step
