@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainscale.app.config import build_config
+from trainscale.app.config import build_config, train_settings
 from trainscale.config import OptimConfig
 from trainscale.errors import ConfigError
 from trainscale.models import create_model
@@ -189,6 +189,32 @@ def test_an_optimizer_by_import_path_takes_the_momentum_flags_its_signature_name
     assert type(build_optimizer(cfg, create_model("mlp"), 0.1)) is torch.optim.Adam
     with pytest.raises(ConfigError, match="torch.optim:SGD --optim-arg dampening=0.5: Nesterov momentum requires"):
         build_config({"model": "mlp", "optimizer": "torch.optim:SGD", "nesterov": True, "optim_arg": ["dampening=0.5"]})
+
+
+@pytest.mark.parametrize(
+    "flags, note",
+    [
+        ({"optimizer": "adamw", "momentum": 0.8, "nesterov": True}, "--momentum and --nesterov do nothing with"),
+        ({"optimizer": "sgd", "muon_lr": 0.1}, "--muon-lr does nothing with --optimizer sgd"),
+        ({"optimizer": "lars", "nesterov": True}, "--nesterov does nothing with --optimizer lars"),
+        ({"optimizer": "torch.optim:Adam", "momentum": 0.5}, "--momentum does nothing with --optimizer torch"),
+        ({"schedule": "cosine", "milestones": [2.0], "gamma": 0.5}, "--milestones and --gamma do nothing with"),
+        ({"error_feedback": True}, "--error-feedback does nothing with --compress none"),
+        ({"optimizer": "sgd", "momentum": 0.8, "nesterov": True}, None),
+        ({"optimizer": "muon", "muon_lr": 0.1, "momentum": 0.8}, None),
+        ({"optimizer": "torch.optim:SGD", "momentum": 0.5}, None),
+        ({"schedule": "step", "milestones": [2.0]}, None),
+        ({"recipe": "airbench94", "optimizer": "adamw"}, None),  # the recipe's momentum is no setting the user gave
+    ],
+)  # fmt: skip
+def test_a_setting_given_that_the_run_never_reads_is_noted(flags, note, caplog):
+    """A flag the chosen optimizer, schedule or compression never reads is said, once, where it used to pass in
+    silence; only settings the user gave (not a recipe's) and not refused (a grid's cells share settings)."""
+    with caplog.at_level("INFO", logger="trainscale"):
+        train_settings({"model": "mlp", "dataset": "synthetic", **flags})
+    notes = [r.getMessage() for r in caplog.records if "nothing with" in r.getMessage()]
+    assert len(notes) == (note is not None)
+    assert note is None or notes[0].startswith(note)
 
 
 def returns_none(groups, **_):

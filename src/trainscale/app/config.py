@@ -35,7 +35,8 @@ from trainscale.record import RUN_TOML
 from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import check_step, validate_engine
-from trainscale.train.optim import optimizer_info
+from trainscale.train.optim import optimizer_info, unread_settings
+from trainscale.train.schedules import SCHEDULES
 
 log = logging.getLogger("trainscale")
 
@@ -180,9 +181,34 @@ def train_settings(flags: Mapping[str, Any], config_file: str | Path | None = No
         f"{flags.get('batch_per_worker')} both set the batch; give one of them",
     )
     try:
-        return build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
+        cfg = build_config(resumed_settings({**file_values, **flags}), file_values, dict(flags))
     except ConfigError as exc:
         raise (located(exc, config_file, file_values, flags) if config_file and file_values else exc) from None
+    for note in idle_settings(cfg, {*file_values, *(k for k, v in flags.items() if v is not None)}):
+        log.info("%s", note)
+    return cfg
+
+
+def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
+    """A note for each group of the settings ``given`` (on the command line or in the config file) that this run
+    never reads: a flag that silently does nothing reads as a result of it. Notes, not refusals: a grid's cells
+    share settings that only some of its optimizers or schedules read."""
+    groups: list[tuple[list[str], str]] = [
+        (unread_settings(cfg.optim.optimizer, given), f"--optimizer {cfg.optim.optimizer}"),
+        (_unread(given, SCHEDULES.get(cfg.optim.schedule).meta.get("reads", ()), ("milestones", "gamma")),
+         f"--schedule {cfg.optim.schedule} (only --schedule step reads them)"),
+        ([k for k in ("error_feedback", "compress_warmup_epochs") if k in given and cfg.compression.compress == "none"],
+         "--compress none (nothing is compressed)"),
+    ]  # fmt: skip
+    return [
+        f"{' and '.join(flag_name(FIELDS[k]) for k in idle)} {'does' if len(idle) == 1 else 'do'} nothing with {why}"
+        for idle, why in groups
+        if idle
+    ]
+
+
+def _unread(given: set[str], reads: tuple[str, ...], settings: tuple[str, ...]) -> list[str]:
+    return [k for k in settings if k in given and k not in reads]
 
 
 def resumed_settings(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -511,7 +537,7 @@ def validate_mode(cfg: TrainConfig) -> None:
     mode.validate(cfg)
     plan = validate_compression(cfg.compression, cfg.run.seed, cfg.optim.epochs)
     require(
-        not (plan.enabled or cfg.compression.error_feedback) or CompressionConfig in mode.sections,
+        not plan.enabled or CompressionConfig in mode.sections,
         f"--compress {plan.method} compresses the gradients workers exchange: it needs --workers N >= 2 "
         f"(sync mode), not --mode {cfg.run.mode}",
     )

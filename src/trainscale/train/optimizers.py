@@ -31,6 +31,7 @@ from torch.optim.sgd import sgd as sgd_update
 from trainscale.config import CoreConfig, OptimConfig
 from trainscale.train.muon import BatchedMuon, muon_plan
 from trainscale.train.optim import create_optimizer, register_optimizer
+from trainscale.train.optim.registry import OPTIMIZER_SETTINGS
 
 MUON_NS_STEPS = 3  # airbench94_muon's Newton-Schulz iterations (torch's default is 5)
 
@@ -44,12 +45,12 @@ def build_optimizer(cfg: CoreConfig, model: nn.Module, lr: float) -> torch.optim
     return optimizer
 
 
-@register_optimizer("sgd")
+@register_optimizer("sgd", reads=("momentum", "nesterov"))
 def sgd(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
 
 
-@register_optimizer("muon")
+@register_optimizer("muon", reads=OPTIMIZER_SETTINGS)
 def muon(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
     device = next(p.device for g in groups for p in g["params"])
     sgd_args = dict(momentum=cfg.momentum, nesterov=cfg.nesterov)

@@ -49,7 +49,7 @@ def constant(cfg: CoreConfig) -> Schedule:
     return lambda t: 1.0
 
 
-@SCHEDULES.register("step")
+@SCHEDULES.register("step", reads=("milestones", "gamma"))
 def step(cfg: CoreConfig) -> Schedule:
     """Multiply by ``gamma`` at each milestone. Milestones are 1-based epoch numbers as the seeds write
     them: the Multiverso benchmark's "0.01 from epoch 41" is ``milestones=[41, 61]``, i.e. 0-based epoch 40 onwards."""

@@ -8,6 +8,7 @@ from trainscale.train.optim.registry import (
     list_optimizers,
     optimizer_info,
     register_optimizer,
+    unread_settings,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "list_optimizers",
     "optimizer_info",
     "register_optimizer",
+    "unread_settings",
 ]

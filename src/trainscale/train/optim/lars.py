@@ -63,6 +63,6 @@ def trust_ratio(w: torch.Tensor, g: torch.Tensor, eta: float, decay: float, eps:
     return torch.where((w_norm > 0) & (g_norm > 0), ratio, torch.ones_like(ratio))
 
 
-@register_optimizer("lars", accepts=("eta", "eps"), lr=1.0, weight_decay=5e-4)
+@register_optimizer("lars", accepts=("eta", "eps"), reads=("momentum",), lr=1.0, weight_decay=5e-4)
 def lars(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
     return LARS(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **args)

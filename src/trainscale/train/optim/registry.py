@@ -45,17 +45,21 @@ class OptimizerInfo:
     factory: Factory
     accepts: tuple[str, ...] = ()  # its --optim-arg keywords
     defaults: Mapping[str, Any] = field(default_factory=dict)  # lr / weight_decay for a recipe made for another one
+    reads: tuple[str, ...] = ()  # the settings of OPTIMIZER_SETTINGS it reads
 
 
 OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
+OPTIMIZER_SETTINGS = ("momentum", "nesterov", "muon_lr", "muon_momentum", "muon_compile")  # read by some only
+SHARED_WITH_SGD = ("momentum", "nesterov")  # passed to an optimizer by import path whose signature names them
 
 
 def register_optimizer(
-    name: str, *, accepts: Iterable[str] | type | None = None, **defaults: Any
+    name: str, *, accepts: Iterable[str] | type | None = None, reads: Iterable[str] = (), **defaults: Any
 ) -> Callable[[Factory], Factory]:
-    """Register ``factory`` under ``name``; ``accepts``: its keyword names, or the class whose signature lists them."""
+    """Register ``factory`` under ``name``; ``accepts``: its keyword names, or the class whose signature lists them;
+    ``reads``: which of ``OPTIMIZER_SETTINGS`` it uses (a note says when one given does nothing)."""
     keys = keywords_of(accepts) if isinstance(accepts, type) else tuple(accepts or ())
-    return OPTIMIZERS.register(name, accepts=keys, defaults=dict(defaults))
+    return OPTIMIZERS.register(name, accepts=keys, defaults=dict(defaults), reads=tuple(reads))
 
 
 def keywords_of(cls: type) -> tuple[str, ...]:
@@ -75,15 +79,19 @@ def optimizer_info(name: str) -> OptimizerInfo:
     if is_import_path(name):
         target = import_object(name)
         keys = keywords_of(target) if isinstance(target, type) else _function_keywords(target)
-        return OptimizerInfo(name, _imported_factory(target), keys)
+        return OptimizerInfo(name, _imported_factory(target), keys, reads=_shared_with_sgd(target))
     entry = OPTIMIZERS.get(name)
-    return OptimizerInfo(name, entry.factory, entry.meta["accepts"], entry.meta["defaults"])
+    return OptimizerInfo(name, entry.factory, entry.meta["accepts"], entry.meta["defaults"], entry.meta["reads"])
+
+
+def _shared_with_sgd(target: Any) -> tuple[str, ...]:
+    return tuple(n for n in SHARED_WITH_SGD if n in inspect.signature(target).parameters)
 
 
 def _imported_factory(target: Any) -> Factory:
     """``target(groups, **args)`` plus the flags it shares with SGD that its signature names (``--momentum``,
     ``--nesterov``), so a run records what it trained with."""
-    shared = [n for n in ("momentum", "nesterov") if n in inspect.signature(target).parameters]
+    shared = _shared_with_sgd(target)
 
     def build(groups: list[dict[str, Any]], cfg: OptimConfig, args: dict[str, Any]) -> torch.optim.Optimizer:
         return target(groups, **{n: getattr(cfg, n) for n in shared}, **args)
@@ -183,3 +191,9 @@ def check_optimizer(cfg: OptimConfig) -> None:
 
 def list_optimizers() -> list[str]:
     return OPTIMIZERS.names()
+
+
+def unread_settings(name: str, given: Iterable[str]) -> list[str]:
+    """The settings of ``OPTIMIZER_SETTINGS`` among ``given`` that optimizer ``name`` never reads."""
+    reads, named = optimizer_info(name).reads, set(given)
+    return [k for k in OPTIMIZER_SETTINGS if k in named and k not in reads]
