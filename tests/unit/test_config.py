@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from trainscale.app.config import FIELDS, TrainConfig, build_config, load_toml
+from trainscale.app.config import FIELDS, TrainConfig, build_config, load_toml, train_settings
 from trainscale.errors import ConfigError
 from trainscale.train.setup import BatchPlan
 
@@ -167,6 +167,26 @@ def test_toml_section_table_errors_name_file_line_and_key(tmp_path, text, fragme
     path.write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         load_toml(path)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('model = "mlpp"\n', r"run.toml:1: key 'model': unknown model 'mlpp' \(did you mean 'mlp'\?\)"),
+        ('model = "mlp"\n[optim]\noptimizer = "adamx"\n', r"run.toml:3: key 'optimizer': unknown optimizer 'adamx'"),
+        ('model = "mlp"\nschedule = "cosin"\n', r"run.toml:2: key 'schedule': unknown schedule 'cosin'"),
+    ],
+)
+def test_an_unknown_name_in_a_toml_file_names_file_and_line(tmp_path, text, fragment):
+    """A registry's refusal (an unknown model, optimizer, schedule) of a value the file gave names the file's line,
+    as a refusal starting with the value's flag does."""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        train_settings({}, path)
+    path.write_text('model = "mlp"\nschedule = "cosine"\n')
+    with pytest.raises(ConfigError, match=r"^unknown schedule 'cosin2'"):  # the flag's value: no file line
+        train_settings({"schedule": "cosin2"}, path)
 
 
 def test_config_json_is_flat_and_reads_back(tmp_path):

@@ -382,6 +382,11 @@ def test_no_runs_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no runs found"):
         write_report([tmp_path / "empty"], tmp_path / "report")
+    started = tmp_path / "runs" / "first"
+    started.mkdir(parents=True)
+    (started / "run.toml").write_text('model = "mlp"\n')  # written at the start; summary.json after an epoch
+    with pytest.raises(ConfigError, match=f"has finished an epoch yet: {started} holds a run in progress"):
+        write_report([tmp_path / "runs"], tmp_path / "report")
 
 
 def test_stat_text_shows_spread_only_for_repeats():

@@ -145,12 +145,17 @@ def located(
     message = str(exc)
     match = re.match(r"(--[a-z0-9-]+)\b", message)
     name = next((f for f in FIELDS if match and flag_name(FIELDS[f]) == match.group(1)), None)
+    lookup = re.match(r"unknown ([a-z]+) '", message)  # a registry's: "unknown model 'mlpp' (did you mean...)"
+    if name is None and lookup and lookup.group(1) in FIELDS:
+        name, match = lookup.group(1), None
     if name is None or name not in from_file or name in from_flags:
         return exc
     text = Path(path).read_text()
     line = next((n for key in (name, name.replace("_", "-")) if (n := _line_of(text, key))), None)
     where = f"{path}:{line}" if line else str(path)
-    return type(exc)(f"{where}: key {name.replace('_', '-')!r}{message[match.end() :]}")  # type: ignore[union-attr]
+    if match is None:
+        return type(exc)(f"{where}: key {name!r}: {message}")
+    return type(exc)(f"{where}: key {name.replace('_', '-')!r}{message[match.end() :]}")
 
 
 def _table(path: Path, text: str, table: str, section: type[Section], raw: dict[str, Any]) -> dict[str, Any]:

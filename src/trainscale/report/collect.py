@@ -17,7 +17,7 @@ from typing import Any
 
 from trainscale.errors import ConfigError, DataError
 from trainscale.io import read_json, read_jsonl
-from trainscale.record import SUMMARY, K
+from trainscale.record import RUN_TOML, SUMMARY, K
 from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
@@ -73,8 +73,21 @@ def collect(dirs: list[Path]) -> Collection:
         records += [r for r in found if r.folder.resolve() not in seen]
         seen.update(r.folder.resolve() for r in found)
     if not records:
-        raise ConfigError(f"no runs found in {', '.join(map(str, dirs))} (no grid.json or summary.json)")
+        raise ConfigError(_nothing_to_report(dirs))
     return Collection(records, warnings)
+
+
+def _nothing_to_report(dirs: list[Path]) -> str:
+    """Why ``dirs`` hold no run to report: none at all, or runs that have not finished an epoch yet (their
+    ``run.toml`` is written at the start, ``summary.json`` after the first epoch)."""
+    started = sorted(p.parent for top in dirs for p in Path(top).rglob(RUN_TOML))
+    if not started:
+        return f"no runs found in {', '.join(map(str, dirs))} (no grid.json or summary.json)"
+    more = f" and {len(started) - 1} more" if len(started) > 1 else ""
+    return (
+        f"no run in {', '.join(map(str, dirs))} has finished an epoch yet: {started[0]}{more} holds a run in "
+        "progress or one stopped before its first epoch ended; report it once an epoch is done"
+    )
 
 
 def _walk(top: Path, warnings: list[str]) -> list[RunRecord]:
