@@ -202,6 +202,13 @@ def test_unknown_mode_names_file_line_and_a_suggestion(tmp_path, text, line):
     assert "sync" in message and "async" in message  # every mode this version has is listed
 
 
+def test_an_unknown_optimizer_on_an_axis_names_the_axis_line(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text('name = "x"\n[base]\nmodel = "mlp"\n[axes]\noptimizer = ["sgd", "adamx"]\n')
+    with pytest.raises(GridError, match=r"g.toml:5: unknown optimizer 'adamx' \(did you mean 'adam'\?\)"):
+        plan_runs(load_grid(path), None)
+
+
 def test_locator_maps_tables_rows_dotted_and_multiline_keys():
     text = textwrap.dedent("""
         name = "x"  # a comment with = sign

@@ -293,7 +293,7 @@ def _key_in_message(message: str, values: dict[str, Any]) -> str | None:
     for flag in re.findall(r"--([a-z][a-z0-9-]*)", message):
         if flag.replace("-", "_") in values:
             return flag.replace("-", "_")
-    for word in re.findall(r"\b(model|dataset|schedule|mode)\b", message):
+    for word in re.findall(r"\b(model|dataset|schedule|optimizer|recipe|mode)\b", message):
         if word in values:
             return word
     return None
