@@ -6,6 +6,7 @@ the eager step's parameters; ``--train-step`` auto picks eager on a CPU, and the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 from collections.abc import Iterator
@@ -244,13 +245,22 @@ def test_a_captured_step_refuses_an_optimizer_that_keeps_its_state_on_the_host()
         CapturedStep(inner, model, opt, capture=replaying)(x, y)
 
 
+@contextlib.contextmanager
+def step_chosen(choice: StepChoice, make: Any) -> Iterator[None]:
+    """The trainer choosing ``choice`` and building its step with ``make`` (``make_step``'s signature)."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(trainer_module, "choose_step", lambda *a, **k: choice)
+        patched.setattr(trainer_module, "make_step", make)
+        yield
+
+
 def small_airbench94(num_classes: int = 10) -> torch.nn.Module:
     """airbench94 narrowed (its whitening bias still trains for the first 3 epochs only)."""
     return airbench94(num_classes, widths=(8, 16, 16))
 
 
 @pytest.mark.slow
-def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any) -> None:
     """Through the trainer, ``--train-step captured`` (captured on the CPU by ``replaying``, compiled by
     ``aot_eager``): the warm-up captures both graphs the airbench94 net needs (its whitening bias freezes after 3
     epochs), puts everything back and seals the step; the run's losses and accuracies are an eager run's."""
@@ -266,9 +276,7 @@ def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any, monkeypatch: pytes
         summary = build_trainer(build_config(SMALL_RUN, {"out": str(out), **settings}), CPU, LocalMode(), Job()).fit()
         return summary, [(row["train_loss"], row["test_acc"]) for row in read_history(out)]
 
-    with monkeypatch.context() as patched:
-        patched.setattr(trainer_module, "choose_step", lambda *a, **k: StepChoice("captured", "asked for"))
-        patched.setattr(trainer_module, "make_step", captured)
+    with step_chosen(StepChoice("captured", "asked for"), captured):
         summary, rows = run(tmp_path / "captured")
     _, eager_rows = run(tmp_path / "eager")
     assert summary["train_step"] == "captured"
@@ -406,7 +414,7 @@ def test_the_compiled_step_compiles_once_not_every_step() -> None:
     assert graphs[0] > 0 and graphs[1] == graphs[0]
 
 
-def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_path: Any, monkeypatch: Any) -> None:
+def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_path: Any) -> None:
     """A step ``--train-step auto`` compiled that breaks in the warm-up (here after moving every weight, as a capture
     failing half-way might) leaves nothing of itself: the run trains with the eager step exactly as an eager run of
     the same seed does, and summary.json says why."""
@@ -425,9 +433,7 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
         summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
         return summary, [row["train_loss"] for row in read_history(out)]
 
-    with monkeypatch.context() as patched:
-        patched.setattr(trainer_module, "choose_step", lambda *a, **k: StepChoice("compiled", "auto: one process"))
-        patched.setattr(trainer_module, "make_step", broken)
+    with step_chosen(StepChoice("compiled", "auto: one process"), broken):
         summary, losses = run(tmp_path / "fell-back")
     eager_summary, eager_losses = run(tmp_path / "eager")
     assert summary["train_step"] == "eager"
