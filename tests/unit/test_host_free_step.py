@@ -321,10 +321,11 @@ def test_the_warm_up_meets_every_evaluation_batch_size() -> None:
     assert eval_batch_sizes(DeviceBatches(data, 2000, train=False, augment=None, device=CPU)) == [1200]
 
 
-@pytest.mark.parametrize("optimizer", ["muon", "lamb"])
+@pytest.mark.parametrize("optimizer", ["muon", "lamb", "nadam"])
 def test_the_warm_up_leaves_the_optimizer_as_a_fresh_one(optimizer: str) -> None:
     """After the warm-up's steps the state is put back (zeroed where it did not exist): the run's first step
-    equals a fresh optimizer's, Nesterov SGD and Muon alike, and LAMB, whose step count is a Python int."""
+    equals a fresh optimizer's, Nesterov SGD and Muon alike, LAMB, whose step count is a Python int, and NAdam,
+    whose running product starts at 1."""
     warmed, fresh = tiny(optimizer), tiny(optimizer)
     for (model, opt), warm in ((warmed, True), (fresh, False)):
         saved, state = copy.deepcopy(model.state_dict()), optimizer_state(opt)

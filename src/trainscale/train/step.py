@@ -233,7 +233,7 @@ def cuda_graph_capture(run: Callable[[], Outputs]) -> tuple[Callable[[], None], 
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):  # the stream warmed up: its cuBLAS workspace exists
         outputs = run()
     return graph.replay, outputs
 

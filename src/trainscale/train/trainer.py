@@ -312,10 +312,14 @@ class Trainer:
         self, step: Callable[[torch.Tensor, torch.Tensor], Any], images: torch.Tensor, labels: torch.Tensor
     ) -> None:
         """The step as the run meets it: with every parameter training, then, where the model trains some only
-        at first (``train_until``, frozen by ``freeze_finished``), without them (another graph when compiled)."""
+        at first (``train_until``, frozen by ``freeze_finished``), with each set of them frozen that the run meets
+        as their epochs end (another graph each when compiled)."""
         until = getattr(self.model, "train_until", {})
-        later = [p for n, p in self.model.named_parameters() if n in until and p.requires_grad]
-        for frozen in ([], later) if later else ([],):
+        named = dict(self.model.named_parameters())
+        names = [n for n in until if n in named and named[n].requires_grad]
+        later = [named[n] for n in names]
+        stages = [[named[n] for n in names if until[n] <= end] for end in sorted({until[n] for n in names})]
+        for frozen in ([], *stages):
             for p in frozen:
                 p.requires_grad_(False)
             for _ in range(WARM_STEPS):
@@ -569,10 +573,14 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any
     }
 
 
+STATE_STARTS = {"mu_product": 1.0}  # state torch creates at another value than zero (NAdam's running product)
+
+
 def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> None:
     """Put the state ``optimizer_state`` copied back, tensors in place (a captured step keeps reading them).
-    State created since is zeroed in place (an SGD or Muon momentum buffer at zero takes its first step exactly
-    as one not yet made), or dropped where it holds a counter off the device (LAMB's step): fresh again."""
+    State created since is set in place to where it starts (zero, or ``STATE_STARTS``: an SGD or Muon momentum
+    buffer at zero takes its first step exactly as one not yet made), or dropped where it holds a counter off
+    the device (LAMB's step): fresh again."""
     for p, st in optimizer.state.items():
         old = saved.get(id(p))
         if old is None and not all(isinstance(v, torch.Tensor) for v in st.values()):
@@ -581,7 +589,7 @@ def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, d
         for k, v in st.items():
             was = (old or {}).get(k)
             if isinstance(v, torch.Tensor):
-                v.copy_(was) if was is not None else v.zero_()
+                v.copy_(was) if was is not None else v.fill_(STATE_STARTS.get(k, 0.0))
             else:
                 st[k] = was
 
