@@ -35,7 +35,8 @@ from trainscale.record import RUN_TOML
 from trainscale.registry import format_args
 from trainscale.runtime.cluster import validate_name
 from trainscale.train.checks import check_step, validate_engine
-from trainscale.train.optim import optimizer_info, unread_settings
+from trainscale.train.optim import optimizer_info
+from trainscale.train.optim.registry import OPTIMIZER_SETTINGS
 from trainscale.train.schedules import SCHEDULES
 
 log = logging.getLogger("trainscale")
@@ -199,7 +200,8 @@ def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
     never reads: a flag that silently does nothing reads as a result of it. Notes, not refusals: a grid's cells
     share settings that only some of its optimizers or schedules read."""
     groups: list[tuple[list[str], str]] = [
-        (unread_settings(cfg.optim.optimizer, given), f"--optimizer {cfg.optim.optimizer}"),
+        (_unread(given, optimizer_info(cfg.optim.optimizer).reads, OPTIMIZER_SETTINGS),
+         f"--optimizer {cfg.optim.optimizer}"),
         (_unread(given, SCHEDULES.get(cfg.optim.schedule).meta.get("reads", ()), ("milestones", "gamma")),
          f"--schedule {cfg.optim.schedule} (only --schedule step reads them)"),
         ([k for k in ("error_feedback", "compress_warmup_epochs") if k in given and cfg.compression.compress == "none"],

@@ -8,7 +8,6 @@ from trainscale.train.optim.registry import (
     list_optimizers,
     optimizer_info,
     register_optimizer,
-    unread_settings,
 )
 
 __all__ = [
@@ -18,5 +17,4 @@ __all__ = [
     "list_optimizers",
     "optimizer_info",
     "register_optimizer",
-    "unread_settings",
 ]

@@ -191,9 +191,3 @@ def check_optimizer(cfg: OptimConfig) -> None:
 
 def list_optimizers() -> list[str]:
     return OPTIMIZERS.names()
-
-
-def unread_settings(name: str, given: Iterable[str]) -> list[str]:
-    """The settings of ``OPTIMIZER_SETTINGS`` among ``given`` that optimizer ``name`` never reads."""
-    reads, named = optimizer_info(name).reads, set(given)
-    return [k for k in OPTIMIZER_SETTINGS if k in named and k not in reads]
