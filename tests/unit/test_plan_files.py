@@ -319,3 +319,42 @@ def test_flags_replace_the_cluster_files_layout_and_links():
     assert inter == parse_link("1gbit", "1ms") and intra == parse_link("8gbit", "10us")
     _, _, inter, _ = layout_of(PlanConfig(cluster="pslite-gtx980", bandwidth="10gbit"), cluster)
     assert inter == parse_link("10gbit", "50us")  # a rate alone keeps the file's latency
+
+
+@pytest.mark.parametrize(
+    "old, new, fragment",
+    [
+        (
+            "devices_per_host = 2\n",
+            "device_per_host = 2\n",
+            r":17: key 'device_per_host' .*did you mean 'devices_per_h",
+        ),
+        ('topology = "switch"', 'topology = "nvswich"', r":19: key 'topology' is 'nvswich'; give one of switch"),
+        (
+            '[link.inter]\nbandwidth = "1gbit"',
+            '[link.inter]\nnic = 2\nbandwidth = "1gbit"',
+            r":22: \[link.inter\] key 'nic'",
+        ),
+        ("[link.inter]", "[link.intre]", r":21: \[link\] key 'intre' .*did you mean 'intra'"),
+        ("devices = 10", "device = 10", r":59: \[\[published\]\] #3 key 'device' .*did you mean 'devices'"),
+    ],
+)
+def test_a_misspelt_key_in_a_cluster_file_is_refused_not_dropped(tmp_path, old, new, fragment):
+    """A key the planner does not read would plan the default in silence (``device_per_host = 8``: 8 hosts of
+    one device); every table of the file is checked against what its reader takes."""
+    assert old in CLUSTER
+    path = write(tmp_path, CLUSTER.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=f"^{path}{fragment}"):
+        load_cluster(str(path))
+
+
+def test_a_misspelt_table_or_device_key_is_refused(tmp_path):
+    path = write(tmp_path, CLUSTER + "\n[sytem]\noverlap = 0.5\n")
+    with pytest.raises(ConfigError, match=r":103: key 'sytem' .*did you mean 'system'"):
+        load_cluster(str(path))
+    path = write(tmp_path, CLUSTER + "\n[system]\noverlapp = 0.5\n")
+    with pytest.raises(ConfigError, match=r":104: \[system\] key 'overlapp' .*did you mean 'overlap'"):
+        load_cluster(str(path))
+    path = write(tmp_path, DEVICE.replace("batch_size = 256", "batch = 256", 1))
+    with pytest.raises(ConfigError, match=r"\[\[throughput\]\] #1 key 'batch' .*did you mean 'batch_size'"):
+        load_device(str(path))

@@ -129,3 +129,25 @@ def test_the_check_of_a_run_uses_the_profiles_measurement():
     assert plain is not None and used is not None
     assert (used.setting.overlap, used.setting.step_overhead, used.setting.bucket_overhead) == (0.0, 0.003, 1e-4)
     assert used.predicted.step_seconds > plain.predicted.step_seconds
+
+
+@pytest.mark.parametrize(
+    "exposed, overlap, note",
+    [
+        (0.005, 1.0, "within the noise, so 1.00 is a bound"),
+        (0.05, 0.0, "compete for this machine's cores"),
+        (0.02, 0.5, ""),
+    ],
+)
+def test_an_overlap_clipped_to_its_range_says_it_is_a_bound(exposed, overlap, note):
+    """comm 30 ms, perfect overlap 10 ms: a lengthening outside [10, 30] ms is clipped, and the text says so."""
+    import dataclasses
+
+    from tests.unit.test_plan import make_profile
+    from trainscale.plan.cli import overlap_text
+
+    seconds = {"backward": 0.1, "exposed": exposed, "comm": 0.03, "schedule_bound": 0.01}
+    p = dataclasses.replace(make_profile(), overlap=overlap, overlap_seconds=seconds)
+    text = overlap_text(p)
+    assert f"overlap {overlap:.2f}" in text
+    assert (note in text) if note else "is a bound" not in text

@@ -5,6 +5,7 @@ link, more latency, less overlap or more overhead never makes a step faster)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -341,3 +342,69 @@ def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():
     fitted, _, origin = setting_from(dataclasses.replace(cfg, one_host_images_per_sec=0.5 * host), profile)
     assert fitted.step_overhead > 0.1 and fitted.overlap == 0.5
     assert "fitted to your one host's" in origin and "DDP's cost per step" not in origin
+
+
+def test_a_sweep_without_bandwidths_plans_at_the_plans_own_line_rate():
+    """Its rows are the plan's: the transport's efficiency charged once (a sweep once took the rate already
+    charged as its line rate, and charged it again)."""
+    from trainscale.plan.cli import run_sweep
+    from trainscale.plan.plan import PlanConfig, setting_from
+
+    profile = make_profile()
+    cfg = PlanConfig(hosts=2, workers_per_host=2, bandwidth="1gbit", efficiency=0.5, sweep=["workers=2,4"])
+    setting, _, _ = setting_from(cfg, profile)
+    rows = run_sweep(cfg, profile, setting)["rows"]
+    assert [(r["bandwidth"], r["workers"]) for r in rows] == [("1gbit", 2), ("1gbit", 4)]
+    assert rows[1]["images_per_sec"] == predict(profile, setting).images_per_sec
+
+
+@pytest.mark.parametrize(
+    "sweep, fragment",
+    [
+        (["workers=2,3"], "--sweep workers=3: hosts of 2 workers hold 1 to 2 workers or a multiple of 2"),
+        (["workers=2", "workers=4"], "--sweep workers= given twice"),
+        (["bandwidth=1gbit", "bandwidth=10gbit"], "--sweep bandwidth= given twice"),
+    ],
+)
+def test_a_sweep_cell_never_plans_another_count_than_its_row_says(sweep, fragment):
+    from trainscale.plan.cli import sweep_axes
+
+    with pytest.raises(ConfigError, match=fragment):
+        sweep_axes(sweep, Setting(2, 2, Link(GB), Link(10 * GB)))
+
+
+def test_the_time_hidden_under_backward_is_communication_only():
+    """The framework's cost per step is exposed, but it is not communication that failed to hide."""
+    profile = make_profile()
+    base = Setting(2, 2, Link(GB, 1e-5), Link(10 * GB, 1e-6), overlap=0.5)
+    hidden = [predict(profile, dataclasses.replace(base, step_overhead=s)).hidden_seconds for s in (0.0, 1e-3, 2e-3)]
+    assert hidden[0] > 0 and hidden == [hidden[0]] * 3
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"servers": 4}, "--servers is for --mode ps-sync or async, and this plan is --mode sync"),
+        ({"ps_assignment": "by_size", "mode": "localsgd"}, "--ps-assignment is for --mode ps-sync or async"),
+        ({"sync_every": 8, "mode": "async"}, "--sync-every is for --mode localsgd or diloco"),
+        ({"params": 10**6, "profile": "mine.json"}, "--params plans a model without a profile; drop --profile"),
+        ({"hosts": 1, "bandwidth": "1gbit"}, "--bandwidth 1gbit is the link between hosts, and this plan has one"),
+    ],
+)
+def test_a_flag_the_plan_would_not_read_is_refused(flags, fragment):
+    from trainscale.plan.cli import run_plan
+    from trainscale.plan.plan import PlanConfig
+
+    base = {"hosts": 2, "bandwidth": "1gbit", "params": 10**6, "step_time": "100ms", "batch_size": 64}
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        run_plan(PlanConfig(**{**base, **flags}))
+
+
+def test_a_sweep_past_one_host_takes_the_link_between_hosts():
+    from trainscale.plan.plan import PlanConfig, setting_from
+
+    cfg = PlanConfig(hosts=1, bandwidth="1gbit", params=10**6, step_time="100ms", batch_size=64, sweep=["workers=1,2"])
+    setting, _, origin = setting_from(cfg, make_profile())
+    assert setting.inter is not None and "between a host's workers" not in origin
+    many, _, origin = setting_from(PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit"), make_profile())
+    assert "no limit on the link between a host's workers" in origin

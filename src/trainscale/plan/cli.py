@@ -11,7 +11,7 @@ from trainscale.errors import ConfigError
 from trainscale.io import check_output, dumps, save_figure
 from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.plan import PlanConfig, check_profile_model, plan_profile, setting_from, with_bandwidth
+from trainscale.plan.plan import PlanConfig, check_profile_model, plan_profile, setting_from, swept_rate, with_bandwidth
 from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
 from trainscale.plan.profile import Profile, ProfileConfig, profile_command
 from trainscale.runtime.cluster import format_rate
@@ -65,8 +65,23 @@ def overlap_text(p: Profile) -> str:
     return (
         f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone (gloo, two ranks here), backward "
         f"{_ms(m['backward'])} ms; launched from backward they lengthen it by {_ms(m['exposed'])} ms (perfect "
-        f"overlap: {_ms(m['schedule_bound'])} ms, none: {_ms(m['comm'])} ms){cost}"
+        f"overlap: {_ms(m['schedule_bound'])} ms, none: {_ms(m['comm'])} ms){_clipped(p)}{cost}"
     )
+
+
+def _clipped(p: Profile) -> str:
+    """Where the measured lengthening fell outside [perfect overlap, none], the overlap is a bound, not a
+    measurement: said beside it."""
+    m = p.overlap_seconds
+    if p.overlap is None:
+        return ""
+    if m["exposed"] < m["schedule_bound"]:
+        return " [below what perfect overlap still exposes: within the noise, so 1.00 is a bound; take more --repeats]"
+    if m["exposed"] > m["comm"]:
+        return (
+            " [longer than the all-reduces alone: they and backward compete for this machine's cores; 0.00 is a bound]"
+        )
+    return ""
 
 
 def _ms(seconds: float) -> str:
@@ -125,39 +140,61 @@ def print_plan(profile: Profile, setting: Setting, p: Prediction, origin: str) -
     )
 
 
+_EXAMPLE = {"workers": "1,2,4,8", "bandwidth": "100mbit,1gbit"}
+
+
 def sweep_axes(items: list[str], setting: Setting) -> tuple[list[int], list[str]]:
+    """The worker counts and bandwidths of ``--sweep``, checked before any plan: each key once, worker counts
+    that fill whole hosts of the plan's shape (a sweep cell never plans another count than its row says)."""
     axes: dict[str, list[str]] = {}
     for item in items:
         key, eq, values = item.partition("=")
         if not eq or key not in ("workers", "bandwidth"):
             raise ConfigError(f"--sweep {item!r}: expected workers=1,2,4 or bandwidth=100mbit,1gbit")
+        if key in axes:
+            raise ConfigError(f"--sweep {key}= given twice; give one list, e.g. {key}=" + _EXAMPLE[key])
         axes[key] = [v.strip() for v in values.split(",") if v.strip()]
         if not axes[key]:
-            raise ConfigError(
-                f"--sweep {item!r}: give at least one value, e.g. {key}="
-                + ("1,2,4" if key == "workers" else "100mbit,1gbit")
-            )
+            raise ConfigError(f"--sweep {item!r}: give at least one value, e.g. {key}=" + _EXAMPLE[key])
     try:
         workers = [int(w) for w in axes.get("workers", [str(setting.workers)])]
     except ValueError:
         raise ConfigError(f"--sweep workers={','.join(axes['workers'])}: whole numbers, e.g. 1,2,4,8") from None
     if any(not 1 <= w <= MAX_COUNT for w in workers):
         raise ConfigError(f"--sweep workers: every count must be 1 to {MAX_COUNT}")
-    bandwidths = axes.get("bandwidth", [format_rate(int(setting.link.bandwidth * 8))])
+    uneven = [w for w in workers if w > setting.per_host and w % setting.per_host]
+    if uneven:
+        raise ConfigError(
+            f"--sweep workers={uneven[0]}: hosts of {setting.per_host} workers hold 1 to {setting.per_host} workers "
+            f"or a multiple of {setting.per_host}; sweep e.g. workers={_host_multiples(setting.per_host)}"
+        )
+    bandwidths = axes.get("bandwidth", [])
     for text in bandwidths:
         with_bandwidth(setting, text)  # a bad rate fails here, before any table
     return workers, bandwidths
 
 
+def _host_multiples(per_host: int) -> str:
+    return ",".join(str(n) for n in sorted({1, per_host, 2 * per_host, 4 * per_host}))
+
+
 def run_sweep(cfg: PlanConfig, profile: Profile, setting: Setting) -> dict[str, Any]:
+    """Every workers x bandwidth cell; without a bandwidth list, the plan's own links (labelled by their line
+    rate) in every row."""
     workers, bandwidths = sweep_axes(cfg.sweep, setting)
-    rows = []
-    for bw in bandwidths:
-        for w in workers:
-            s = with_bandwidth(setting, bw).with_workers(w)
-            rows.append({"bandwidth": bw, **predict(profile, s).to_dict()})
+    cells: list[tuple[str, Setting]] = [(bw, with_bandwidth(setting, bw)) for bw in bandwidths]
+    rows = [
+        {"bandwidth": label, **predict(profile, at.with_workers(w)).to_dict()}
+        for label, at in cells or [(swept_rate(setting), setting)]
+        for w in workers
+    ]
     crossovers = crossover_table(profile, setting.with_workers(max(workers)))
-    return {"rows": rows, "crossover": crossovers, "workers": workers, "bandwidths": bandwidths}
+    return {
+        "rows": rows,
+        "crossover": crossovers,
+        "workers": workers,
+        "bandwidths": bandwidths or [swept_rate(setting)],
+    }
 
 
 def crossover_table(profile: Profile, setting: Setting) -> list[dict[str, Any]]:
@@ -229,12 +266,14 @@ def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:
         plt.close(fig)
 
 
-def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list[dict[str, Any]]:
-    """The cluster page's published scaling figures for the profiled model, each beside the planner's."""
+def projection(profile: Profile, setting: Setting, cluster: ClusterSpec, given: bool) -> list[dict[str, Any]]:
+    """The cluster page's published scaling figures for the profiled model, each beside the planner's. The
+    device's step comes from where the plan's comes from: the step time the user gave (``given``), scaled to each
+    row's batch, else the cluster's device file."""
     rows = []
-    device = load_device(cluster.device) if cluster.device else None
+    device = load_device(cluster.device) if cluster.device and not given else None
     for row in cluster.published:
-        if row.get("model") != profile.model or device is None or row.get("mode") not in MODES:
+        if row.get("model") != profile.model or (device is None and not given) or row.get("mode") not in MODES:
             continue
         s = published_setting(profile, setting, row, device)
         predicted = predict(profile, s)
@@ -253,25 +292,30 @@ def projection(profile: Profile, setting: Setting, cluster: ClusterSpec) -> list
     return rows
 
 
-def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], device: Device) -> Setting:
-    """The Setting of one published row: its hosts and devices, its per-device batch on the cluster's device.
-    A row's ``workers_per_host`` (ps-lite: one process per machine driving its GPUs) makes each worker's
-    batch the sum of its devices' and its step the device's step at the per-device batch."""
+def published_setting(profile: Profile, setting: Setting, row: dict[str, Any], device: Device | None) -> Setting:
+    """The Setting of one published row: its hosts and devices, its per-device batch on the cluster's device
+    (None: the plan's own step, in proportion to the batch). A row's ``workers_per_host`` (ps-lite: one process
+    per machine driving its GPUs) makes each worker's batch the sum of its devices' and its step the device's
+    step at the per-device batch."""
     batch, devices, hosts = int(row["batch_size"]), int(row["devices"]), int(row.get("hosts", 1))
     per_host = int(row.get("workers_per_host", max(1, devices // hosts)))
-    seconds, _ = device.step_seconds(profile.model, batch, profile.precision)
+    if device is None:
+        scale = setting.compute_scale * batch / (setting.batch_size or profile.batch_size)
+    else:
+        scale = device.step_seconds(profile.model, batch, profile.precision)[0] / profile.compute_seconds
     return replace(
         setting,
         hosts=hosts,
         per_host=per_host,
         mode=str(row["mode"]),
-        compute_scale=seconds / profile.compute_seconds,
+        compute_scale=scale,
         batch_size=batch * devices // hosts // per_host,
     )
 
 
-def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
-    print(f"\n{cluster.name}: published against planned ({cluster.source})")
+def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec, given: bool) -> None:
+    compute = "the step time given, in proportion to each row's batch" if given else f"{cluster.device}'s figures"
+    print(f"\n{cluster.name}: published against planned ({cluster.source}); planned with {compute}")
     print(
         format_table(
             rows,
@@ -288,7 +332,13 @@ def print_projection(rows: list[dict[str, Any]], cluster: ClusterSpec) -> None:
     )
 
 
+def given_compute(cfg: PlanConfig) -> bool:
+    """The device's step is the user's (a step time, a device step, a parameter count's plan), not a file's."""
+    return cfg.params is not None or cfg.step_time is not None or cfg.device_step_ms is not None
+
+
 def run_plan(cfg: PlanConfig) -> int:
+    cfg.validate()
     if cfg.sweep:
         check_plot(Path(cfg.plot))
     profile = plan_profile(cfg)
@@ -311,7 +361,7 @@ def run_plan(cfg: PlanConfig) -> int:
     if cfg.sweep:
         result["sweep"] = run_sweep(cfg, profile, setting)
     if cluster is not None and cluster.published:
-        result["published"] = projection(profile, setting, cluster)
+        result["published"] = projection(profile, setting, cluster, given_compute(cfg))
     if cfg.json:
         print(dumps(result), end="")  # NaN/inf as null: the output stays JSON every reader parses
     else:
@@ -320,7 +370,7 @@ def run_plan(cfg: PlanConfig) -> int:
             print()
             print_sweep(result["sweep"], setting)
         if cluster is not None and result.get("published"):
-            print_projection(result["published"], cluster)
+            print_projection(result["published"], cluster, given_compute(cfg))
     if cfg.sweep:
         plot_sweep(result["sweep"], Path(cfg.plot), f"{profile.model}, {setting.mode}, {setting.spec.text}")
         if not cfg.json:

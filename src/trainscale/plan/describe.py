@@ -9,6 +9,7 @@ as a path first, then in ``./configs/<kind>/`` and in the checkout's ``configs/<
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -241,6 +242,9 @@ class _Table:
             if key is not None and re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
                 found = i + 1
                 break
+        if key is not None and found in (None, start or None):  # a key that is a table has a header of its own
+            inner = re.escape(f"{self.header.strip('[]')}.{key}" if self.header else key)
+            found = next((i + 1 for i, x in enumerate(lines) if re.match(rf"\s*\[\[?{inner}\]", x)), found)
         table = f" {self.header}" + (f" #{self.nth + 1}" if self.header.startswith("[[") else "") if self.header else ""
         return f"{self.path}{f':{found}' if found else ''}:{table}" + (f" key {key!r}" if key else "")
 
@@ -266,6 +270,16 @@ class _Table:
             raise ConfigError(f"{self.where(key)} must be at most {MAX_COUNT}, got {value}")
         return float(value) if kind is float else value
 
+    def only(self, known: tuple[str, ...]) -> _Table:
+        """This table, refused if it holds a key none of ``known``: a misspelt key (``device_per_host``) would
+        otherwise be dropped in silence and the plan made from the default."""
+        for key in self.raw:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known here: {', '.join(known)}"
+                raise ConfigError(f"{self.where(key)} is not one this table takes; {hint}")
+        return self
+
     def table(self, key: str, header: str) -> _Table | None:
         value = self.get(key, dict, None)
         return None if value is None else _Table(self.path, self.text, value, header)
@@ -283,6 +297,8 @@ def _read(path: Path, kind: str) -> _Table:
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEVICE_KEYS = ("name", "description", "source", "peak_tflops_fp32", "memory_gbytes", "throughput")
+THROUGHPUT_KEYS = ("model", "batch_size", "images_per_sec", "precision", "source")
 
 
 def _precision(row: _Table) -> str:
@@ -294,7 +310,7 @@ def _precision(row: _Table) -> str:
 
 def load_device(name: str) -> Device:
     path = find_file(name, "devices")
-    top = _read(path, "device file")
+    top = _read(path, "device file").only(DEVICE_KEYS)
     rows = [
         Throughput(
             t.get("model", str),
@@ -303,7 +319,7 @@ def load_device(name: str) -> Device:
             _precision(t),
             t.get("source", str),
         )
-        for t in top.tables("throughput")
+        for t in (row.only(THROUGHPUT_KEYS) for row in top.tables("throughput"))
     ]
     return Device(top.get("name", str, path.stem), top.get("description", str, ""), tuple(rows))
 
@@ -325,6 +341,7 @@ def _link(table: _Table | None) -> Link | None:
 
 PUBLISHED_NUMBERS = {"batch_size": int, "devices": int, "images_per_sec": float}  # required, > 0
 PUBLISHED_OPTIONAL = {"hosts": int, "workers_per_host": int, "global_batch_size": int, "seconds_per_epoch": float}
+PUBLISHED_KEYS = ("model", "mode", "source", *PUBLISHED_NUMBERS, *PUBLISHED_OPTIONAL, "utilisation")
 
 
 def _published(row: _Table) -> dict[str, Any]:
@@ -388,10 +405,44 @@ def _device_of(top: _Table, path: Path) -> str | None:
     return device
 
 
+CLUSTER_KEYS = ("name", "description", "source", "hosts", "devices_per_host", "device", "topology", "link", "system")
+CLUSTER_TABLES = {
+    "[link]": ("inter", "intra"),
+    "[link.inter]": ("bandwidth", "latency", "source", "nics", "transport", "efficiency"),
+    "[link.intra]": ("bandwidth", "latency", "source", "sockets", "socket_bandwidth", "socket_latency"),
+    "[system]": (
+        *("algorithm", "overlap", "bucket_overhead", "step_overhead", "ps_servers", "ps_placement"),
+        *("ps_assignment", "ps_efficiency", "host_images_per_sec", "source"),
+    ),
+}
+TOPOLOGIES = ("switch", "nvswitch", "nvlink", "pcie")  # a label for readers: the links' figures are what is planned
+
+
+def _check_keys(top: _Table, links: _Table) -> None:
+    """Every key of a cluster file is one the planner reads (or a label it checks): none dropped in silence."""
+    top.only((*CLUSTER_KEYS, "published"))
+    links.only(CLUSTER_TABLES["[link]"])
+    for header, known in CLUSTER_TABLES.items():
+        table = top.table("system", header) if header == "[system]" else None
+        if header.startswith("[link."):
+            table = links.table(header[6:-1], header)
+        if table is not None:
+            table.only(known)
+    for row in top.tables("published"):
+        row.only(PUBLISHED_KEYS)
+    topology = top.get("topology", str, None)
+    if topology is not None and topology not in TOPOLOGIES:
+        raise ConfigError(
+            f"{top.where('topology')} is {topology!r}; give one of {', '.join(TOPOLOGIES)} (a label: the plan's "
+            "costs come from [link.intra] and [link.inter])"
+        )
+
+
 def load_cluster(name: str) -> ClusterSpec:
     path = find_file(name, "clusters")
     top = _read(path, "cluster file")
     links = top.table("link", "[link]") or _Table(path, top.text, {}, "[link]")
+    _check_keys(top, links)
     device = _device_of(top, path)
     spec = ClusterSpec(
         top.get("name", str, path.stem),

@@ -3,6 +3,7 @@ they become a :class:`~trainscale.plan.predict.Setting`: a cluster file, or host
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -23,8 +24,12 @@ from trainscale.plan.methods import parse_spec
 from trainscale.plan.predict import MODES, PSLayout, Setting, fit_link_efficiency, fit_step_overhead
 from trainscale.plan.profile import Profile, load_profile
 from trainscale.plan.synthetic import synthetic_profile
+from trainscale.runtime.cluster import format_rate
 
 GRAD_DTYPES = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}  # bytes over fp32's
+PROFILE_DEFAULT = "profile.json"
+PS_MODES = ("ps-sync", "async")
+PERIODIC_MODES = ("localsgd", "diloco")
 
 
 @dataclass
@@ -32,7 +37,7 @@ class PlanConfig(Section):
     TITLE: ClassVar[str] = "plan"
 
     profile: str = option(
-        "profile.json", "a profile from trainscale profile (this machine's compute, buckets, coding times)"
+        PROFILE_DEFAULT, "a profile from trainscale profile (this machine's compute, buckets, coding times)"
     )
     model: str | None = option(None, "the model the plan is for; refused if the profile measured another")
     cluster: str | None = option(None, "a cluster file: a name in configs/clusters (e.g. pslite-gtx980) or a path")
@@ -81,12 +86,17 @@ class PlanConfig(Section):
     )
     overlap: float | None = option(
         None,
-        "fraction of in-flight communication that hides under backward (default: file's, or 1)",
+        "fraction of in-flight communication that hides under backward (default: the cluster file's; else the "
+        "profile's measurement for its own device, 0 for another device, as published NCCL runs show)",
         at_least=0,
         at_most=1,
     )
-    bucket_overhead: str | None = option(None, "framework cost per gradient bucket, e.g. 100us (default 0)")
-    step_overhead: str | None = option(None, "framework cost per synchronised step, e.g. 2ms (default 0)")
+    bucket_overhead: str | None = option(
+        None, "framework cost per gradient bucket, e.g. 100us (default: the file's, the profile's measurement, or 0)"
+    )
+    step_overhead: str | None = option(
+        None, "framework cost per synchronised step, e.g. 2ms (default: the file's, the profile's measurement, or 0)"
+    )
     ps_placement: str | None = option(
         None,
         "parameter servers beside the workers (colocated) or on hosts of their own (separate)",
@@ -129,6 +139,25 @@ class PlanConfig(Section):
     )
     plot: str = option("plan_sweep.png", "where --sweep draws scaling efficiency against workers")
     json: bool = option(False, "print the plan as one JSON object")
+
+    def validate(self) -> None:
+        """Flags the plan would not read where they were given: refused, not dropped."""
+        if self.params is not None and self.profile != PROFILE_DEFAULT:
+            raise ConfigError(f"--params plans a model without a profile; drop --profile {self.profile}, or --params")
+        idle = [
+            (flag, modes)
+            for flag, given, modes in (
+                ("--servers", self.servers != 1, PS_MODES),
+                ("--ps-placement", self.ps_placement is not None, PS_MODES),
+                ("--ps-assignment", self.ps_assignment is not None, PS_MODES),
+                ("--ps-efficiency", self.ps_efficiency is not None, PS_MODES),
+                ("--sync-every", self.sync_every != 1, PERIODIC_MODES),
+            )
+            if given and self.mode not in modes
+        ]
+        if idle:
+            flag, modes = idle[0]
+            raise ConfigError(f"{flag} is for --mode {' or '.join(modes)}, and this plan is --mode {self.mode}")
 
 
 def check_profile_model(cfg: PlanConfig, profile: Profile) -> None:
@@ -323,8 +352,11 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
     if used:
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
-    if on_gpu and assumed:
-        origin += f"; assumed (not given): {', '.join(_ASSUMED_TEXT[k] for k in assumed)}"
+    texts = [_ASSUMED_TEXT[k] for k in assumed] if on_gpu else []
+    if per_host > 1 and cfg.intra_bandwidth is None and (cluster is None or cluster.intra is None):
+        texts.append(f"no limit on the link between a host's workers ({NO_LIMIT}; give --intra-bandwidth)")
+    if texts:
+        origin += f"; assumed (not given): {', '.join(texts)}"
     return setting, cluster, origin
 
 
@@ -340,6 +372,11 @@ def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, L
             raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
     hosts = cfg.hosts or (cluster.hosts if cluster else 1)
     per_host = cfg.workers_per_host or (cluster.devices_per_host if cluster else 1)
+    if hosts == 1 and cfg.bandwidth is not None and not _sweeps_past(cfg, per_host):
+        raise ConfigError(
+            f"--bandwidth {cfg.bandwidth} is the link between hosts, and this plan has one host; give --hosts N, "
+            "--sweep workers=... past one host, or --intra-bandwidth for the link between its workers"
+        )
     inter = _link_of(cfg.bandwidth, cfg.latency, "--bandwidth", cluster.inter if cluster else None)
     inside = cluster.intra if cluster else parse_link(NO_LIMIT)
     intra = _link_of(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth", inside)
@@ -354,6 +391,13 @@ def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, L
             "cluster file with a [link.intra]"
         )
     return hosts, per_host, inter, intra
+
+
+def _sweeps_past(cfg: PlanConfig, per_host: int) -> bool:
+    """``--sweep workers=...`` reaches beyond one host of ``per_host`` workers (a count that is not a number is
+    the sweep's own error, later)."""
+    counts = [c for item in cfg.sweep if item.startswith("workers=") for c in item[8:].split(",")]
+    return any(c.strip().isdigit() and int(c) > per_host for c in counts)
 
 
 NO_LIMIT = "10000gbit"  # the link inside a host when none is given: far beyond any device's need
@@ -436,10 +480,23 @@ _ASSUMED_TEXT = {
 }
 
 
+def swept_rate(setting: Setting) -> str:
+    """The line rate :func:`with_bandwidth` replaces, as text ("unlimited" where none is given): what a sweep
+    without a bandwidth list plans at (the transport's efficiency is charged on it, once)."""
+    link = setting.inter if _sweeps_hosts(setting) else setting.intra
+    if link is None or math.isinf(link.bandwidth):
+        return "unlimited"
+    return format_rate(round(link.bandwidth * 8))
+
+
+def _sweeps_hosts(setting: Setting) -> bool:
+    return setting.hosts > 1 or setting.inter is not None
+
+
 def with_bandwidth(setting: Setting, text: str) -> Setting:
     """The setting with its slow link (between hosts; on one host, between devices) at ``text``."""
     link = parse_link(text, "0us", "--sweep bandwidth")
-    if setting.hosts > 1 or setting.inter is not None:
+    if _sweeps_hosts(setting):
         base = setting.inter or link
         return replace(setting, inter=replace(base, bandwidth=link.bandwidth))
     base = setting.intra or link

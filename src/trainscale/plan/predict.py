@@ -181,6 +181,7 @@ class _Step:
     encode: float = 0.0
     decode: float = 0.0
     link_bytes: float = 0.0
+    hidden: float | None = None  # of ``wire``, what runs under compute (None: wire - exposed)
 
 
 def predict(profile: Profile, setting: Setting) -> Prediction:
@@ -201,7 +202,7 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
         compute,
         part.exposed,
         part.wire,
-        max(0.0, part.wire - part.exposed),
+        max(0.0, part.wire - part.exposed) if part.hidden is None else part.hidden,
         part.encode,
         part.decode,
         images,
@@ -322,7 +323,9 @@ def _sync(profile: Profile, setting: Setting) -> _Step:
     # partial overlap: only a fraction of what hides under a perfect schedule really does (kernels and
     # collectives share the device); the rest of the in-flight time is exposed
     exposed = setting.overlap * exposed + (1.0 - setting.overlap) * max(exposed, encode + wire + decode)
-    return _Step(exposed + setting.step_overhead, wire, encode, decode, _link_bytes(collectives, setting.workers))
+    hidden = min(wire, max(0.0, encode + wire + decode - exposed))  # the step's own cost is not communication
+    link_bytes = _link_bytes(collectives, setting.workers)
+    return _Step(exposed + setting.step_overhead, wire, encode, decode, link_bytes, hidden)
 
 
 def _ps_bytes(profile: Profile, setting: Setting) -> tuple[float, float]:

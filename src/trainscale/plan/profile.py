@@ -65,7 +65,11 @@ class ProfileConfig(Section):
         [], "KEY=VALUE keyword argument for the model's function (repeatable)", flag="--model-arg", pairs=True
     )
     batch_size: int = option(128, "images per worker per step")
-    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (CUDA)", choices=("fp32", "bf16", "fp16"))
+    precision: str = option(
+        "fp32",
+        "fp32, bf16 (autocast), fp16 (CUDA) or auto (bf16 where the device computes it natively, else fp32)",
+        choices=("fp32", "bf16", "fp16", "auto"),
+    )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     channels_last: bool = option(True, "channels_last memory format, as training uses by default")
     threads: int | None = option(
@@ -213,7 +217,10 @@ def load_profile(path: str | Path) -> Profile:
     except FileNotFoundError:
         raise ConfigError(f"--profile {path}: no such file; make one with trainscale profile --out {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"--profile {path}: not JSON; make one with trainscale profile --out {path}") from None
+        hint = " (a TOML file: a cluster file goes to --cluster)" if Path(path).suffix == ".toml" else ""
+        raise ConfigError(
+            f"--profile {path}: not JSON{hint}; make a profile with trainscale profile --out profile.json"
+        ) from None
     except OSError as exc:  # a folder, a FIFO's error, no permission
         raise ConfigError(f"--profile {path}: cannot be read ({exc.strerror or exc}); give a profile file") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
@@ -625,7 +632,7 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
     return Profile(
         cfg.model,
         cfg.batch_size,
-        cfg.precision,
+        precision.name,
         device_name(device),
         torch.get_num_threads(),
         cfg.cpus,
