@@ -8,7 +8,7 @@ one airbench94_muon reports (2.59 s on an A100, 94.01% mean of 200 runs); trains
 steps only) is printed beside it. Runs go one after another (never two timings at once); a finished seed's folder
 is kept and reused, so an interrupted benchmark resumes (the seed it stopped in runs again).
 
-    .venv/bin/python benchmarks/time_to_94.py --runs 5 --out runs/time-to-94            # CPU, bf16
+    .venv/bin/python benchmarks/time_to_94.py --runs 5 --out runs/time-to-94            # CPU, bf16 where native (auto)
     .venv/bin/python benchmarks/time_to_94.py --runs 10 --device cuda --out runs/t94-gpu
     .venv/bin/python benchmarks/time_to_94.py --recipe cifar10-fast --runs 5 --device cuda --out runs/r9-gpu
     .venv/bin/python benchmarks/time_to_94.py --recipe speedrun94 --runs 25 --device cuda --out runs/sr94-gpu
@@ -126,7 +126,11 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=5, help="seeds 0..N-1 (default 5)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--precision", default="bf16", help="bf16 (default; autocast) or fp32")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="auto (default: bf16 where the device computes it natively, else fp32), bf16 (autocast) or fp32",
+    )
     parser.add_argument(
         "--set",
         dest="sets",
@@ -164,7 +168,7 @@ def main() -> int:
             **figures,
             "recipe": args.recipe,
             "device": args.device,
-            "precision": args.precision,
+            "precision": summary[K.precision],  # what ran: auto resolved for the device
             "sets": args.sets,
             "timer_scope": summary[K.reference_scope]["scope"],
             "environment": env,

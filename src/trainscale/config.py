@@ -299,7 +299,10 @@ class RunConfig(Section):
     TITLE: ClassVar[str] = "execution"
 
     precision: str = option(
-        "fp32", "fp32, bf16 (autocast) or fp16 (CUDA, with a grad scaler)", choices=("fp32", "bf16", "fp16")
+        "fp32",
+        "fp32, bf16 (autocast), fp16 (CUDA, with a grad scaler), or auto: bf16 where the device computes it natively "
+        "(a GPU with bf16, a CPU with AVX-512), else fp32",
+        choices=("fp32", "bf16", "fp16", "auto"),
     )
     channels_last: bool = option(True, "channels_last memory format (default on)")
     compile: bool = option(False, "torch.compile the model")

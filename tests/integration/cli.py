@@ -3,31 +3,39 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
+
+STOP_GRACE_S = 60.0
 
 
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """The finished process; a run past ``timeout`` fails the test with the tail of what it printed."""
+    """The finished process; a run past ``timeout`` fails the test with the tail of what it printed. That run is
+    stopped as a user's Ctrl-C stops it (SIGINT, so its own teardown runs: workers, namespaces, CPU groups),
+    killed only if it is still there after ``STOP_GRACE_S``: a SIGKILL would leave its workers training beside
+    the tests that follow."""
+    argv = [sys.executable, "-m", "trainscale", *map(str, args)]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "trainscale", *map(str, args)],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=full_env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        tails = [_text(part)[-4000:] for part in (exc.stdout, exc.stderr)]
-        raise AssertionError(
-            f"trainscale {' '.join(map(str, args))} ran past {timeout} s\n"
-            f"--- stdout\n{tails[0]}\n--- stderr\n{tails[1]}"
-        ) from None
+    with subprocess.Popen(argv, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True, env=full_env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise AssertionError(
+                f"trainscale {' '.join(map(str, args))} ran past {timeout} s\n"
+                f"--- stdout\n{_text(out)[-4000:]}\n--- stderr\n{_text(err)[-4000:]}"
+            ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def small_run(train: int = 256, test: int = 64, batch: int = 64, model: str | None = "mlp") -> tuple[str, ...]:

@@ -34,8 +34,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture
 def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]:
-    """Unique cluster names for this test (``t`` + 6 hex), each brought down afterwards whatever happened;
-    cluster state goes to a temporary folder."""
+    """Unique cluster names for this test (``t`` + 6 hex), each brought down afterwards whatever happened (what
+    still runs in it stopped first); cluster state goes to a temporary folder."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if os.geteuid() != 0 or missing:
         reason = f"needs root and iproute2's ip and tc (euid {os.geteuid()}, missing: {missing or 'none'})"
@@ -51,6 +51,7 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
 
     yield new
     for name in made:
+        net.stop_processes(net.processes_in(name))  # a failed run's workers, as `cluster down --force` stops them
         net.destroy(name)
         where_path(name).unlink(missing_ok=True)
         with contextlib.suppress(owners.ClusterBusy), owners.owned(name, wait_s=0):  # a killed owner's lock file
@@ -546,7 +547,7 @@ def test_fault_tolerance_across_hosts_survives_a_cut_link_and_a_kill(
         "--batch-per-worker",
         "64",
         "--precision",
-        "bf16",
+        "auto",
         "--no-progress",
         "--ft-timeout",
         "1.5",

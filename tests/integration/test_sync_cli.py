@@ -44,7 +44,7 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
         "--crop-padding",
         "2",
         "--precision",
-        "bf16",
+        "auto",
         "--workers",
         "2",
         "--out",

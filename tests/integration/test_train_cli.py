@@ -34,7 +34,7 @@ def test_real_cifar_subset_well_above_chance(tmp_path, cifar10_dir):
         "--batch-size",
         "250",
         "--precision",
-        "bf16",
+        "auto",
         "--target-acc",
         "0.4",
         "--out",

@@ -115,7 +115,7 @@ def test_a_run_says_what_it_is_before_its_first_epoch(tmp_path, capsys):
 @pytest.mark.parametrize(
     "toml, line",
     [
-        ('model = "mlp"\nprecision = "bf61"\n', ":2: key 'precision' must be one of fp32, bf16, fp16, got 'bf61'"),
+        ('model = "mlp"\nprecision = "bf61"\n', ":2: key 'precision' must be one of fp32, bf16, fp16, auto, got"),
         ('model = "mlp"\n[optim]\nlr = -1\n', ":3: key 'lr' must be >= 0"),
     ],
 )

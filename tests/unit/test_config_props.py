@@ -57,7 +57,7 @@ NAMES = {
     "dataset": ["synthetic", "cifar10", "cifar100", "imagefolder"],
     "mode": ["auto", *list_modes()],
     "device": ["cpu", "auto", "cuda", "cuda:3", "tpu"],
-    "precision": ["fp32", "bf16", "fp16"],
+    "precision": ["fp32", "bf16", "fp16", "auto"],
     "schedule": ["onecycle", "step", "cosine", "constant"],
     "nonfinite": ["stop", "skip"],
     "backend": ["auto", "gloo", "nccl"],

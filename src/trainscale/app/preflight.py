@@ -16,6 +16,7 @@ devices, data and run folder. Workers check again what they build (``app.run``),
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from trainscale.app.run import load_baseline
 from trainscale.cluster.command import check_cluster
 from trainscale.errors import ConfigError
 from trainscale.modes import mode_class
-from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.precision import Precision, resolve_device, slow_bf16_note
 from trainscale.train.setup import (
     BatchPlan,
     check_fits,
@@ -39,6 +40,8 @@ from trainscale.train.setup import (
     steps_per_epoch,
 )
 from trainscale.train.usermodel import check_model_on_data, user_code
+
+log = logging.getLogger("trainscale")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ def check_devices(cfg: TrainConfig) -> None:
             )
     device = torch.device("cuda") if cfg.launch.devices else resolve_device(cfg.run.device)
     Precision(cfg.run.precision, device)
+    slow = slow_bf16_note(cfg.run.precision, device)
+    if slow:
+        log.warning("%s", slow)  # once, before any worker starts
     if cfg.launch.backend == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; use gloo (the default) on the CPU")
     mode_class(cfg.run.mode).check_device(cfg, device)

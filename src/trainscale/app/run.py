@@ -36,7 +36,7 @@ from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_optimizer, built_model
-from trainscale.train.precision import Precision, resolve_device
+from trainscale.train.precision import Precision, resolve_device, resolve_precision
 from trainscale.train.schedules import create_schedule, never_steps
 from trainscale.train.setup import (
     augment_for,
@@ -85,6 +85,8 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
         return mode.supervise(functools.partial(run_training, cfg, TRAINER, job))
     device = mode.worker_device(resolve_device(cfg.run.device))
     mode.check_device(cfg, device)
+    if cfg.run.precision == "auto":  # resolved where the device is known: the run folder records what ran
+        cfg = cfg.replace(precision=resolve_precision("auto", device))
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     mode = with_fault_tolerance(mode, cfg, job)

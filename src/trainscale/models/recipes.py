@@ -3,7 +3,7 @@
 Settings use trainscale's conventions: the loss is the batch mean (a recipe written for a summed loss has its
 learning rate multiplied by its batch size and its weight decay divided by it), and BatchNorm momentum is PyTorch's.
 A recipe sets what its source states; anything else keeps trainscale's default. Precision is the machine's choice,
-not the recipe's (``--precision bf16`` on a CPU with bf16 units, on a GPU).
+not the recipe's (``--precision auto``: bf16 where the device computes it natively, fp32 elsewhere).
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ from trainscale.data import DATASETS
 from trainscale.errors import require
 from trainscale.models import MODELS
 from trainscale.train.optim import check_optimizer
+from trainscale.train.precision import PRECISION_CHOICES
 from trainscale.train.schedules import SCHEDULES
 from trainscale.train.step import refusal, step_blockers
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def validate_engine(cfg: CoreConfig) -> None:
@@ -34,8 +33,8 @@ def validate_engine(cfg: CoreConfig) -> None:
     require(cfg.optim.weight_decay >= 0, f"--weight-decay must be >= 0, got {cfg.optim.weight_decay}")
     require(0 <= cfg.optim.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {cfg.optim.label_smoothing}")
     require(
-        cfg.run.precision in PRECISIONS,
-        f"--precision must be one of {', '.join(PRECISIONS)}, got '{cfg.run.precision}'",
+        cfg.run.precision in PRECISION_CHOICES,
+        f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got '{cfg.run.precision}'",
     )
     require(
         cfg.optim.lr_scaling in ("none", "linear"),
