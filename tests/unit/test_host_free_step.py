@@ -22,7 +22,7 @@ from trainscale.config import CoreConfig
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import ConfigError
 from trainscale.models import MODELS, is_builtin_model
-from trainscale.models.airbench import airbench94
+from trainscale.models.airbench import AirbenchNet, airbench94
 from trainscale.modes.base import LocalMode
 from trainscale.results import read_history
 from trainscale.runtime.job import Job
@@ -254,6 +254,11 @@ def step_chosen(choice: StepChoice, make: Any) -> Iterator[None]:
         yield
 
 
+def bias_for_one_epoch(num_classes: int = 10) -> torch.nn.Module:
+    """A narrow airbench net whose whitening bias trains for the first epoch only."""
+    return AirbenchNet(num_classes, widths=(8, 16, 16), output_scale=None, bias_epochs=1.0)
+
+
 def small_airbench94(num_classes: int = 10) -> torch.nn.Module:
     """airbench94 narrowed (its whitening bias still trains for the first 3 epochs only)."""
     return airbench94(num_classes, widths=(8, 16, 16))
@@ -282,6 +287,26 @@ def test_a_captured_run_trains_as_an_eager_run(tmp_path: Any) -> None:
     assert summary["train_step"] == "captured"
     assert len(steps[0].graphs) == 2 and steps[0].sealed
     torch.testing.assert_close(rows, eager_rows, rtol=1e-4, atol=1e-4)
+
+
+def test_a_parameter_frozen_in_a_compiled_run_stays_where_an_eager_run_leaves_it(tmp_path: Any) -> None:
+    """airbench94's whitening bias freezes after epoch 1 here; LARS puts the lr before its momentum, so a compiled
+    step that kept the frozen bias's zeroed gradient went on stepping it on its momentum alone. Frozen, it has no
+    gradient in either step, and both runs leave it where its last trained step put it."""
+
+    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
+        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+
+    def bias_after(out: Any) -> torch.Tensor:
+        settings = {"model": f"{__name__}:bias_for_one_epoch", "epochs": 3, "train_subset": 128, "out": str(out)}
+        cfg = build_config(SMALL_RUN, {**settings, "optimizer": "lars", "lr": 0.5, "momentum": 0.9})
+        trainer = build_trainer(cfg, CPU, LocalMode(), Job())
+        trainer.fit()
+        return trainer.model.whiten.bias.detach().clone()
+
+    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+        frozen_compiled = bias_after(tmp_path / "compiled")
+    torch.testing.assert_close(frozen_compiled, bias_after(tmp_path / "eager"), rtol=1e-4, atol=1e-5)
 
 
 class Scripted(torch.nn.Module):

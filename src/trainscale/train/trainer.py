@@ -317,15 +317,15 @@ class Trainer:
         until = getattr(self.model, "train_until", {})
         named = dict(self.model.named_parameters())
         names = [n for n in until if n in named and named[n].requires_grad]
-        later = [named[n] for n in names]
+        kept = {named[n]: named[n].grad for n in names}  # a compiled step's gradient tensors, back after
         stages = [[named[n] for n in names if until[n] <= end] for end in sorted({until[n] for n in names})]
         for frozen in ([], *stages):
-            for p in frozen:
-                p.requires_grad_(False)
+            freeze(frozen)
             for _ in range(WARM_STEPS):
                 step(images, labels)
-        for p in later:
+        for p, grad in kept.items():
             p.requires_grad_(True)
+            p.grad = grad
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         reset_peak_memory(self.precision.device)
@@ -414,9 +414,7 @@ class Trainer:
         if is_distributed():
             return
         until = getattr(self.model, "train_until", {})
-        for name, param in self.model.named_parameters():
-            if name in until and epoch >= until[name]:
-                param.requires_grad_(False)
+        freeze([p for n, p in self.model.named_parameters() if n in until and epoch >= until[n]])
 
     def _account(self, epoch: int, train: PassStats, test: PassStats | None) -> None:
         slowest = float(all_reduce_max(torch.tensor([train.seconds], dtype=torch.float64)).item())
@@ -571,6 +569,15 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any
         id(p): {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in st.items()}
         for p, st in optimizer.state.items()
     }
+
+
+def freeze(params: list[nn.Parameter]) -> None:
+    """No gradient for ``params`` from now on, and none kept: an optimizer skips a parameter without one, as in an
+    eager step; a compiled step's zeroed gradient tensor would have it stepped on its momentum alone (LARS, whose
+    lr comes before its momentum, moved a frozen parameter that way)."""
+    for p in params:
+        p.requires_grad_(False)
+        p.grad = None
 
 
 STATE_STARTS = {"mu_product": 1.0}  # state torch creates at another value than zero (NAdam's running product)
