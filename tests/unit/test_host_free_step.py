@@ -245,6 +245,20 @@ def test_a_captured_step_refuses_an_optimizer_that_keeps_its_state_on_the_host()
         CapturedStep(inner, model, opt, capture=replaying)(x, y)
 
 
+def test_a_step_the_capture_refuses_is_one_line_that_names_the_way_out() -> None:
+    """A CUDA graph cannot capture a read back to the host (Adafactor's ``.item()`` inside its step): torch's
+    capture error becomes the step's own refusal, naming the step that runs it."""
+
+    def refusing(run: Any) -> Any:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore detail")
+
+    model, opt = tiny("sgd")
+    inner = compiled_step(model, opt, Precision("fp32", CPU), 0.2, graphed=False, backend="aot_eager")
+    x, y = next(iter(batches(32).epoch(0)))
+    with pytest.raises(StepNotCaptured, match=r"read back to the host.*when stream is capturing; use --train-step"):
+        CapturedStep(inner, model, opt, capture=refusing)(x, y)
+
+
 @contextlib.contextmanager
 def step_chosen(choice: StepChoice, make: Any) -> Iterator[None]:
     """The trainer choosing ``choice`` and building its step with ``make`` (``make_step``'s signature)."""

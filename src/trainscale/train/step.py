@@ -299,7 +299,16 @@ class CapturedStep:
                 "that the warm-up did not capture; use --train-step graphed"
             )
         static_images, static_labels = images.clone(), labels.clone()
-        replay, outputs = self.capture(lambda: self.step(static_images, static_labels))
+        try:
+            replay, outputs = self.capture(lambda: self.step(static_images, static_labels))
+        except RuntimeError as exc:  # torch.AcceleratorError too
+            if "captur" not in str(exc):
+                raise
+            first = str(exc).strip().splitlines()[0]
+            raise StepNotCaptured(
+                "the step does what a CUDA graph cannot hold (a value read back to the host inside it, as "
+                f"Adafactor's step does): {first}; use --train-step graphed"
+            ) from None
         frozen = host_state(self.optimizer, images.device)
         if frozen:
             raise StepNotCaptured(
