@@ -55,7 +55,7 @@ def test_seed_method_with_error_feedback_learns_real_cifar(
         "--crop-padding",
         "2",
         "--precision",
-        "bf16",
+        "auto",
         "--workers",
         "2",
         "--compress",
