@@ -408,3 +408,13 @@ def test_a_sweep_past_one_host_takes_the_link_between_hosts():
     assert setting.inter is not None and "between a host's workers" not in origin
     many, _, origin = setting_from(PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit"), make_profile())
     assert "no limit on the link between a host's workers" in origin
+
+
+def test_params_far_from_the_named_model_are_said_in_the_plan():
+    from trainscale.plan.plan import PlanConfig, compute_scale
+
+    given = {"params": 10**6, "step_time": "100ms", "batch_size": 64}
+    _, origin = compute_scale(PlanConfig(model="resnet50", **given), make_profile(), None)
+    assert "note: --model resnet50 has 23,520,842 parameters here" in origin
+    _, origin = compute_scale(PlanConfig(model="resnet9", **{**given, "params": 6_500_000}), make_profile(), None)
+    assert "note:" not in origin

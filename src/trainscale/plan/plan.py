@@ -7,8 +7,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+import torch
+
 from trainscale.config import Section, option
 from trainscale.errors import ConfigError
+from trainscale.models.registry import count_parameters, create_model, list_models
 from trainscale.plan.costs import ALGORITHMS, ASSIGNMENTS, Link
 from trainscale.plan.describe import (
     MAX_COUNT,
@@ -199,10 +202,24 @@ def _batch_scale(cfg: PlanConfig, profile: Profile) -> tuple[float, str]:
     )
 
 
+def _params_note(params: int, model: str | None) -> str:
+    """Where ``--model`` names a model of trainscale's whose size is far from ``--params`` (over 2x either way), a
+    word in the plan: the gradients planned are ``--params``'s, the name only labels them."""
+    if model is None or model not in list_models():
+        return ""
+    with torch.device("meta"):
+        own = count_parameters(create_model(model))
+    if own and 0.5 <= params / own <= 2:
+        return ""
+    return f"; note: --model {model} has {own:,} parameters here, the plan sends the gradients of --params {params:,}"
+
+
 def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tuple[float, str]:
     """Target device's step time over this machine's (1 when the plan is for this machine), and its origin."""
     if cfg.params is not None:
-        return 1.0, f"--step-time {cfg.step_time} at batch {cfg.batch_size} (given; backward 2/3 of it, assumed)"
+        return 1.0, f"--step-time {cfg.step_time} at batch {cfg.batch_size} (given; backward 2/3 of it, assumed)" + (
+            _params_note(cfg.params, cfg.model)
+        )
     batch = cfg.batch_size or profile.batch_size
     if cfg.step_time is not None and cfg.device_step_ms is not None:
         raise ConfigError("give --step-time or --device-step-ms, not both")
