@@ -388,7 +388,6 @@ def test_the_time_hidden_under_backward_is_communication_only():
         ({"ps_assignment": "by_size", "mode": "localsgd"}, "--ps-assignment is for --mode ps-sync or async"),
         ({"sync_every": 8, "mode": "async"}, "--sync-every is for --mode localsgd or diloco"),
         ({"params": 10**6, "profile": "mine.json"}, "--params plans a model without a profile; drop --profile"),
-        ({"hosts": 1, "bandwidth": "1gbit"}, "--bandwidth 1gbit is the link between hosts, and this plan has one"),
     ],
 )
 def test_a_flag_the_plan_would_not_read_is_refused(flags, fragment):
@@ -405,7 +404,9 @@ def test_a_sweep_past_one_host_takes_the_link_between_hosts():
 
     cfg = PlanConfig(hosts=1, bandwidth="1gbit", params=10**6, step_time="100ms", batch_size=64, sweep=["workers=1,2"])
     setting, _, origin = setting_from(cfg, make_profile())
-    assert setting.inter is not None and "between a host's workers" not in origin
+    assert setting.inter is not None and "between a host's workers" not in origin and "unused" not in origin
+    _, _, origin = setting_from(dataclasses.replace(cfg, sweep=[]), make_profile())
+    assert "--bandwidth 1gbit unused: one host" in origin
     many, _, origin = setting_from(PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit"), make_profile())
     assert "no limit on the link between a host's workers" in origin
 

@@ -369,6 +369,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
     if used:
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
+    if setting.hosts == 1 and cfg.bandwidth is not None and not _sweeps_past(cfg, per_host):
+        origin += f"; --bandwidth {cfg.bandwidth} unused: one host (it is the link between hosts)"
     texts = [_ASSUMED_TEXT[k] for k in assumed] if on_gpu else []
     if per_host > 1 and cfg.intra_bandwidth is None and (cluster is None or cluster.intra is None):
         texts.append(f"no limit on the link between a host's workers ({NO_LIMIT}; give --intra-bandwidth)")
@@ -389,11 +391,6 @@ def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, L
             raise ConfigError(f"--hosts {cfg.hosts} needs --bandwidth (the link rate between hosts, e.g. 1gbit)")
     hosts = cfg.hosts or (cluster.hosts if cluster else 1)
     per_host = cfg.workers_per_host or (cluster.devices_per_host if cluster else 1)
-    if hosts == 1 and cfg.bandwidth is not None and not _sweeps_past(cfg, per_host):
-        raise ConfigError(
-            f"--bandwidth {cfg.bandwidth} is the link between hosts, and this plan has one host; give --hosts N, "
-            "--sweep workers=... past one host, or --intra-bandwidth for the link between its workers"
-        )
     inter = _link_of(cfg.bandwidth, cfg.latency, "--bandwidth", cluster.inter if cluster else None)
     inside = cluster.intra if cluster else parse_link(NO_LIMIT)
     intra = _link_of(cfg.intra_bandwidth, cfg.intra_latency, "--intra-bandwidth", inside)

@@ -219,7 +219,7 @@ def load_profile(path: str | Path) -> Profile:
     except (json.JSONDecodeError, UnicodeDecodeError):
         hint = " (a TOML file: a cluster file goes to --cluster)" if Path(path).suffix == ".toml" else ""
         raise ConfigError(
-            f"--profile {path}: not JSON{hint}; make a profile with trainscale profile --out profile.json"
+            f"--profile {path}: not JSON{hint}; make one with trainscale profile --out profile.json"
         ) from None
     except OSError as exc:  # a folder, a FIFO's error, no permission
         raise ConfigError(f"--profile {path}: cannot be read ({exc.strerror or exc}); give a profile file") from None
