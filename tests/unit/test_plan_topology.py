@@ -347,13 +347,13 @@ def test_a_fitted_cost_replaces_the_profiles_measured_one_and_says_so():
 def test_a_sweep_without_bandwidths_plans_at_the_plans_own_line_rate():
     """Its rows are the plan's: the transport's efficiency charged once (a sweep once took the rate already
     charged as its line rate, and charged it again)."""
-    from trainscale.plan.cli import run_sweep
+    from trainscale.plan.cli import run_sweep, sweep_axes
     from trainscale.plan.plan import PlanConfig, setting_from
 
     profile = make_profile()
     cfg = PlanConfig(hosts=2, workers_per_host=2, bandwidth="1gbit", efficiency=0.5, sweep=["workers=2,4"])
     setting, _, _ = setting_from(cfg, profile)
-    rows = run_sweep(cfg, profile, setting)["rows"]
+    rows = run_sweep(profile, setting, *sweep_axes(cfg.sweep, setting))["rows"]
     assert [(r["bandwidth"], r["workers"]) for r in rows] == [("1gbit", 2), ("1gbit", 4)]
     assert rows[1]["images_per_sec"] == predict(profile, setting).images_per_sec
 
@@ -400,13 +400,13 @@ def test_a_flag_the_plan_would_not_read_is_refused(flags, fragment):
 
 
 def test_a_sweep_past_one_host_takes_the_link_between_hosts():
-    from trainscale.plan.plan import PlanConfig, setting_from
+    from trainscale.plan.plan import PlanConfig, setting_from, unused_bandwidth
 
     cfg = PlanConfig(hosts=1, bandwidth="1gbit", params=10**6, step_time="100ms", batch_size=64, sweep=["workers=1,2"])
     setting, _, origin = setting_from(cfg, make_profile())
-    assert setting.inter is not None and "between a host's workers" not in origin and "unused" not in origin
-    _, _, origin = setting_from(dataclasses.replace(cfg, sweep=[]), make_profile())
-    assert "--bandwidth 1gbit unused: one host" in origin
+    assert setting.inter is not None and "between a host's workers" not in origin
+    assert "unused" not in unused_bandwidth(cfg, setting, [1, 2])
+    assert "--bandwidth 1gbit unused: one host" in unused_bandwidth(cfg, setting, [1])
     many, _, origin = setting_from(PlanConfig(hosts=2, workers_per_host=4, bandwidth="1gbit"), make_profile())
     assert "no limit on the link between a host's workers" in origin
 

@@ -11,7 +11,15 @@ from trainscale.errors import ConfigError
 from trainscale.io import check_output, dumps, save_figure
 from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.plan import PlanConfig, check_profile_model, plan_profile, setting_from, swept_rate, with_bandwidth
+from trainscale.plan.plan import (
+    PlanConfig,
+    check_profile_model,
+    plan_profile,
+    setting_from,
+    swept_rate,
+    unused_bandwidth,
+    with_bandwidth,
+)
 from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
 from trainscale.plan.profile import Profile, ProfileConfig, profile_command
 from trainscale.runtime.cluster import format_rate
@@ -178,10 +186,9 @@ def _host_multiples(per_host: int) -> str:
     return ",".join(str(n) for n in sorted({1, per_host, 2 * per_host, 4 * per_host}))
 
 
-def run_sweep(cfg: PlanConfig, profile: Profile, setting: Setting) -> dict[str, Any]:
-    """Every workers x bandwidth cell; without a bandwidth list, the plan's own links (labelled by their line
-    rate) in every row."""
-    workers, bandwidths = sweep_axes(cfg.sweep, setting)
+def run_sweep(profile: Profile, setting: Setting, workers: list[int], bandwidths: list[str]) -> dict[str, Any]:
+    """Every workers x bandwidth cell (:func:`sweep_axes`); without a bandwidth list, the plan's own links
+    (labelled by their line rate) in every row."""
     cells: list[tuple[str, Setting]] = [(bw, with_bandwidth(setting, bw)) for bw in bandwidths]
     rows = [
         {"bandwidth": label, **predict(profile, at.with_workers(w)).to_dict()}
@@ -345,6 +352,8 @@ def run_plan(cfg: PlanConfig) -> int:
     if cfg.params is None:
         check_profile_model(cfg, profile)
     setting, cluster, origin = setting_from(cfg, profile)
+    axes = sweep_axes(cfg.sweep, setting) if cfg.sweep else None
+    origin += unused_bandwidth(cfg, setting, axes[0] if axes else [setting.workers])
     if setting.spec.text != "none":
         profile.compressor(setting.spec)  # a compressor the profile did not time fails here
     prediction = predict(profile, setting)
@@ -358,8 +367,8 @@ def run_plan(cfg: PlanConfig) -> int:
             "two_host_images_per_sec": cfg.two_host_images_per_sec,
         },
     }
-    if cfg.sweep:
-        result["sweep"] = run_sweep(cfg, profile, setting)
+    if axes:
+        result["sweep"] = run_sweep(profile, setting, *axes)
     if cluster is not None and cluster.published:
         result["published"] = projection(profile, setting, cluster, given_compute(cfg))
     if cfg.json:

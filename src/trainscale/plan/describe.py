@@ -405,7 +405,10 @@ def _device_of(top: _Table, path: Path) -> str | None:
     return device
 
 
-CLUSTER_KEYS = ("name", "description", "source", "hosts", "devices_per_host", "device", "topology", "link", "system")
+CLUSTER_KEYS = (
+    *("name", "description", "source", "hosts", "devices_per_host", "device", "topology", "link", "system"),
+    "published",
+)
 CLUSTER_TABLES = {
     "[link]": ("inter", "intra"),
     "[link.inter]": ("bandwidth", "latency", "source", "nics", "transport", "efficiency"),
@@ -420,14 +423,11 @@ TOPOLOGIES = ("switch", "nvswitch", "nvlink", "pcie")  # a label for readers: th
 
 def _check_keys(top: _Table, links: _Table) -> None:
     """Every key of a cluster file is one the planner reads (or a label it checks): none dropped in silence."""
-    top.only((*CLUSTER_KEYS, "published"))
-    links.only(CLUSTER_TABLES["[link]"])
-    for header, known in CLUSTER_TABLES.items():
-        table = top.table("system", header) if header == "[system]" else None
-        if header.startswith("[link."):
-            table = links.table(header[6:-1], header)
+    top.only(CLUSTER_KEYS)
+    tables = [links, links.table("inter", "[link.inter]"), links.table("intra", "[link.intra]")]
+    for table in [*tables, top.table("system", "[system]")]:
         if table is not None:
-            table.only(known)
+            table.only(CLUSTER_TABLES[table.header])
     for row in top.tables("published"):
         row.only(PUBLISHED_KEYS)
     topology = top.get("topology", str, None)

@@ -369,8 +369,6 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     used = {k: v for k, v in measured.items() if k in unknown and flags[k] is None}
     if used:
         origin += "; measured by trainscale profile: " + ", ".join(_MEASURED_TEXT[k](v) for k, v in used.items())
-    if setting.hosts == 1 and cfg.bandwidth is not None and not _sweeps_past(cfg, per_host):
-        origin += f"; --bandwidth {cfg.bandwidth} unused: one host (it is the link between hosts)"
     texts = [_ASSUMED_TEXT[k] for k in assumed] if on_gpu else []
     if per_host > 1 and cfg.intra_bandwidth is None and (cluster is None or cluster.intra is None):
         texts.append(f"no limit on the link between a host's workers ({NO_LIMIT}; give --intra-bandwidth)")
@@ -407,11 +405,12 @@ def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, L
     return hosts, per_host, inter, intra
 
 
-def _sweeps_past(cfg: PlanConfig, per_host: int) -> bool:
-    """``--sweep workers=...`` reaches beyond one host of ``per_host`` workers (a count that is not a number is
-    the sweep's own error, later)."""
-    counts = [c for item in cfg.sweep if item.startswith("workers=") for c in item[8:].split(",")]
-    return any(c.strip().isdigit() and int(c) > per_host for c in counts)
+def unused_bandwidth(cfg: PlanConfig, setting: Setting, workers: list[int]) -> str:
+    """A word in the plan where ``--bandwidth`` was given but no host count planned (the plan's, or a swept one of
+    ``workers``) has a second host to reach over it."""
+    if setting.hosts > 1 or cfg.bandwidth is None or max(workers) > setting.per_host:
+        return ""
+    return f"; --bandwidth {cfg.bandwidth} unused: one host (it is the link between hosts)"
 
 
 NO_LIMIT = "10000gbit"  # the link inside a host when none is given: far beyond any device's need
