@@ -6,9 +6,10 @@ and the first epochs runs under the profiler. For that epoch it prints:
 
 - its wall time under the profiler, the time the GPU was busy (the union of the kernels' intervals) and the
   fraction: near 1 the step is bound by the GPU's kernels, well below by the host;
-- GPU time per step in each compiled region and in the kernels launched one by one (the rest), and the host's
-  launches per step (kernels and graph replays): what a captured step has left outside its graphs;
-- the top kernels by GPU time.
+- GPU time per step in each compiled region (for ``--train-step captured``: the whole-step graph's replay with the
+  copies of the batch into it) and in the kernels launched one by one (the rest), and the host's launches per step
+  (kernels and graph replays): what a captured step has left outside its graphs;
+- the top kernels by GPU time, and the top host operations by their own CPU time (where a host-bound step goes).
 
 For every epoch, without the profiler: its seconds and the Python garbage collections during it (count, and the
 milliseconds of full ones), since a collection inside a timed epoch stalls the host that feeds the GPU.
@@ -34,16 +35,17 @@ from unittest import mock
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import trainscale.train.trainer as trainer
 from trainscale.bench.timing import save_result
 from trainscale.config import COMPILE_MODES
 from trainscale.train.environment import environment
-from trainscale.train.step import STEP_KINDS
+from trainscale.train.step import STEP_KINDS, CapturedStep
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 REGION = "## Call CompiledFxGraph"  # inductor's record_function around one compiled graph's call
+WHOLE_STEP = "whole-step graph"  # this benchmark's record_function around a captured step's copies and replay
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,18 +112,19 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
     busy = busy_seconds([(e.time_range.start, e.time_range.end) for e in kernels])
     regions: dict[str, float] = {}  # GPU ms of each compiled graph's calls, by the graph's name
     for e in events:
-        if e.device_type == DeviceType.CPU and e.name.startswith(REGION):
+        if e.device_type == DeviceType.CPU and (e.name.startswith(REGION) or e.name == WHOLE_STEP):
             regions[e.name] = regions.get(e.name, 0.0) + e.device_time_total / 1e3
     gpu_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    whole = regions.pop(WHOLE_STEP, None)
     named = {f"compiled graph {i + 1}": ms / steps for i, ms in enumerate(sorted(regions.values(), reverse=True))}
-    replays = [e for e in events if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch"]
-    if replays and not regions:  # a captured step calls no compiled graph after its capture: only replays
-        regions["replays"] = sum(e.device_time_total for e in replays) / 1e3
-        named = {"whole-step graph": regions["replays"] / steps}
+    if whole is not None:  # a captured step calls no compiled graph after its capture: one replay a step
+        named = {f"{WHOLE_STEP} (with the batch's copies into it)": whole / steps}
+        regions[WHOLE_STEP] = whole
     named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values())) / steps
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=top, max_name_column_width=60)
+    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
     return {
         "epoch_seconds_profiled": seconds,
         "gpu_busy_seconds": busy if cuda else None,
@@ -132,6 +135,7 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
         / 1e3
         / steps,
         "top_kernels": table,
+        "top_host_ops": host,
     }
 
 
@@ -155,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     from trainscale import fit
 
     sets = {"batch_size": args.batch_size} if args.batch_size else {}
-    with mock.patch.object(trainer, "train_one_epoch", epoch):
+    whole_step = CapturedStep.__call__
+
+    def marked(self: CapturedStep, images: torch.Tensor, labels: torch.Tensor) -> Any:
+        with record_function(WHOLE_STEP):
+            return whole_step(self, images, labels)
+
+    with mock.patch.object(trainer, "train_one_epoch", epoch), mock.patch.object(CapturedStep, "__call__", marked):
         result = fit(
             args.recipe,
             recipe=args.recipe,
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             test_subset=2000,
             epochs=args.epochs,
             device=args.device,
-            precision="bf16",
+            precision="auto",
             train_step=args.train_step,
             compile_mode=args.compile_mode,
             progress=False,
@@ -193,8 +203,10 @@ def report(
         print(f"  epoch {i}: {e['seconds']:.4f} s{' (profiled)' if e['profiled'] else ''}; gc: {gc_line}")
     if not found:
         return
-    print(found["top_kernels"])
     fraction = found["gpu_busy_fraction"]
+    print(found["top_kernels"])
+    if fraction is not None:  # on a CPU the kernels' table is the host's already
+        print(found["top_host_ops"])
     busy = f", GPU busy {found['gpu_busy_seconds']:.4f} s ({100 * fraction:.0f}%)" if fraction is not None else ""
     print(
         f"profiled epoch: {found['epoch_seconds_profiled']:.4f} s{busy}; per step: "

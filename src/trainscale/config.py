@@ -310,8 +310,8 @@ class RunConfig(Section):
         "auto",
         "how the training step runs: eager; compiled (forward, backward and optimizer step as torch.compile "
         "graphs; also under DDP); graphed (compiled, replayed as CUDA graphs; one CUDA process); captured "
-        "(compiled, the whole step captured as one CUDA graph; one CUDA process); auto (default: graphed for one "
-        "CUDA process with a model of trainscale's, else eager)",
+        "(compiled, the whole step captured as one CUDA graph; one CUDA process); auto (default: captured for one "
+        "CUDA process with a model of trainscale's, graphed then eager if it fails in the warm-up; else eager)",
         choices=("auto", "eager", "compiled", "graphed", "captured"),
     )
     compile_mode: str = option(

@@ -116,7 +116,7 @@ def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() 
 def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
     cuda = torch.device("cuda")
     assert choose_step("auto", CPU, "bf16", "none", "stop").kind == "eager"
-    assert choose_step("auto", cuda, "bf16", "none", "stop").kind == "graphed"
+    assert choose_step("auto", cuda, "bf16", "none", "stop").kind == "captured"
     assert choose_step("auto", cuda, "bf16", "none", "stop", user_model=True).kind == "eager"
     assert choose_step("graphed", cuda, "bf16", "none", "stop").kind == "graphed"
     assert choose_step("auto", cuda, "fp16", "none", "stop").kind == "eager"
@@ -454,17 +454,20 @@ def test_the_compiled_step_compiles_once_not_every_step() -> None:
     assert graphs[0] > 0 and graphs[1] == graphs[0]
 
 
-def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_path: Any) -> None:
-    """A step ``--train-step auto`` compiled that breaks in the warm-up (here after moving every weight, as a capture
-    failing half-way might) leaves nothing of itself: the run trains with the eager step exactly as an eager run of
-    the same seed does, and summary.json says why."""
+def test_auto_trains_eagerly_when_every_compiled_step_fails_in_the_warm_up(tmp_path: Any) -> None:
+    """Steps ``--train-step auto`` tries that break in the warm-up (here after moving every weight, as a capture
+    failing half-way might: the captured step, then the graphed one) leave nothing of themselves: the run trains
+    with the eager step exactly as an eager run of the same seed does, and summary.json says why."""
+    tried: list[str] = []
 
     def broken(kind: str, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        tried.append(kind)
+
         def step(images: torch.Tensor, labels: torch.Tensor) -> Any:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1.0)
-            raise RuntimeError("cannot capture this graph")
+            raise RuntimeError(f"cannot capture this graph ({kind})")
 
         return step
 
@@ -473,13 +476,42 @@ def test_auto_trains_eagerly_when_the_compiled_step_fails_in_the_warm_up(tmp_pat
         summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
         return summary, [row["train_loss"] for row in read_history(out)]
 
-    with step_chosen(StepChoice("compiled", "auto: one process"), broken):
+    with step_chosen(StepChoice("captured", "auto: one process"), broken):
         summary, losses = run(tmp_path / "fell-back")
     eager_summary, eager_losses = run(tmp_path / "eager")
+    assert tried == ["captured", "graphed"]
     assert summary["train_step"] == "eager"
-    assert summary["train_step_reason"].startswith("auto: the compiled step failed in the warm-up (RuntimeError")
+    assert summary["train_step_reason"] == (
+        "auto: the captured step failed in the warm-up (RuntimeError: cannot capture this graph (captured)); "
+        "the graphed step failed in the warm-up (RuntimeError: cannot capture this graph (graphed))"
+    )
     assert losses == eager_losses
     assert summary["final_test_acc"] == eager_summary["final_test_acc"]
+
+
+@pytest.mark.slow
+def test_auto_trains_with_the_graphed_step_where_the_optimizer_cannot_be_captured(tmp_path: Any) -> None:
+    """LAMB keeps its step count on the host, which a captured step would freeze: ``auto``'s captured step is
+    refused in the warm-up, and the run trains with the graphed one (on a CPU: captured by ``replaying``, the
+    graphed step compiled by ``aot_eager`` without CUDA graphs) as an eager run does."""
+
+    def steps(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
+        inner = compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+        return CapturedStep(inner, model, opt, capture=replaying) if kind == "captured" else inner
+
+    def run(out: Any) -> tuple[dict[str, Any], list[float]]:
+        cfg = build_config(SMALL_RUN, {"out": str(out), "optimizer": "lamb", "lr": 0.01})
+        summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
+        return summary, [row["train_loss"] for row in read_history(out)]
+
+    with step_chosen(StepChoice("captured", "auto: one process"), steps):
+        summary, losses = run(tmp_path / "graphed")
+    _, eager_losses = run(tmp_path / "eager")
+    assert summary["train_step"] == "graphed"
+    assert summary["train_step_reason"].startswith(
+        "auto: the captured step failed in the warm-up (StepNotCaptured: the optimizer keeps its step off the device"
+    )
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-4, atol=1e-5)
 
 
 def test_a_warmed_up_run_trains_exactly_as_one_that_was_not(tmp_path: Any) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from trainscale.config import CoreConfig
+from trainscale.train import muon as muon_module
 from trainscale.train.muon import NS_COEFFICIENTS, BatchedMuon, muon_plan, plan_buckets
 from trainscale.train.optimizers import MUON_NS_STEPS, MuonWithSGD, build_optimizer, matrix
 
@@ -120,6 +121,7 @@ def test_the_optimizer_of_optimizer_muon_matches_torch_optim_muon(channels_last:
     cfg.optim.optimizer, cfg.optim.muon_lr, cfg.optim.muon_momentum = "muon", 0.05, 0.6
     opt = build_optimizer(cfg, ours, lr=0.1)
     assert isinstance(opt, MuonWithSGD) and opt.muon_plan == ("shape", False)
+    opt.ns_dtype = torch.bfloat16  # torch's, also on a CPU whose own choice is fp32
     mine = [p for p in ours.parameters() if p.ndim == 4]
     filters = [p for p in ref.parameters() if p.ndim == 4]
     views = [nn.Parameter(matrix(p.detach(), p), requires_grad=False) for p in filters]
@@ -147,3 +149,19 @@ def test_auto_compiles_on_a_gpu_only_and_on_off_are_honoured() -> None:
     assert muon_plan("auto", gpu) == ("pad", True)
     assert muon_plan("on", cpu) == ("shape", True)
     assert muon_plan("off", gpu) == ("pad", False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_iteration_runs_in_bf16_only_where_the_device_computes_it_natively(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 as torch's where the device has it; fp32 on a CPU that emulates bf16 (40x slower there)."""
+    monkeypatch.setattr(muon_module, "native_bf16", lambda device: native)
+    model = Convs()
+    cfg = CoreConfig()
+    cfg.optim.optimizer, cfg.optim.muon_lr, cfg.optim.muon_momentum = "muon", 0.05, 0.6
+    opt = build_optimizer(cfg, model, lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert {m.ns_dtype for m in opt._muons.values()} == {torch.bfloat16 if native else torch.float32}

@@ -152,6 +152,7 @@ def test_muon_step_equals_torch_muon_on_the_flattened_filter(layout: torch.memor
         {"momentum": 0.9, "nesterov": True},
         normalise_filters=False,
     )
+    ours.ns_dtype = torch.bfloat16  # torch's, also on a CPU whose own choice is fp32
     theirs = torch.optim.Muon([reference], lr=0.1, momentum=0.6, nesterov=True, weight_decay=0.0, ns_steps=3)
     for _ in range(3):
         grad = torch.randn(8, 6, 3, 3)

@@ -1,11 +1,15 @@
-"""``benchmarks/step_profile.py``'s pure parts: the GPU's busy time is the union of its kernels' intervals."""
+"""``benchmarks/step_profile.py``'s pure parts: the GPU's busy time is the union of its kernels' intervals; a
+captured step's replay is attributed to its whole-step graph."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from torch.autograd import DeviceType
 
 SPEC = importlib.util.spec_from_file_location(
     "step_profile", Path(__file__).parents[2] / "benchmarks" / "step_profile.py"
@@ -24,3 +28,50 @@ def test_busy_time_counts_overlapping_kernels_once_and_gaps_not_at_all() -> None
 def test_the_profiled_epoch_must_be_one_the_run_has() -> None:
     with pytest.raises(SystemExit):
         step_profile.parse_args(["--epochs", "2", "--profile-epoch", "3"])
+
+
+class Span:
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+    def elapsed_us(self) -> float:
+        return self.end - self.start
+
+
+class Event:
+    def __init__(self, name: str, cuda: bool, start: float, end: float, device_us: float = 0.0) -> None:
+        self.name, self.time_range, self.device_time_total = name, Span(start, end), device_us
+        self.device_type = DeviceType.CUDA if cuda else DeviceType.CPU
+        self.self_cpu_time_total = 0.0 if cuda else end - start
+
+
+class Profile:
+    def __init__(self, events: list[Event]) -> None:
+        self._events = events
+
+    def events(self) -> list[Event]:
+        return self._events
+
+    def key_averages(self) -> Any:
+        return SimpleNamespace(table=lambda **_: "table")
+
+
+def test_a_captured_steps_replay_is_its_whole_step_graph_and_the_rest_is_outside() -> None:
+    """Two steps, each a marked replay whose kernels take 400 us, and one kernel of 100 us launched outside it."""
+    events = []
+    for step in range(2):
+        t = 1000.0 * step
+        events += [
+            Event(step_profile.WHOLE_STEP, False, t, t + 50, device_us=400),
+            Event("cudaGraphLaunch", False, t + 10, t + 20),
+            Event("graph kernel", True, t + 100, t + 500),
+            Event("cudaLaunchKernel", False, t + 600, t + 610),
+            Event("lone kernel", True, t + 700, t + 800),
+        ]
+    found = step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
+    assert found["gpu_ms_per_step"] == {
+        "whole-step graph (with the batch's copies into it)": pytest.approx(0.4),
+        "kernels outside the compiled graphs": pytest.approx(0.1),
+    }
+    assert found["host_launches_per_step"] == 2
+    assert found["gpu_busy_seconds"] == pytest.approx(1e-3)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim.sgd import sgd as sgd_update
 
 from trainscale.config import CoreConfig, OptimConfig
-from trainscale.train.muon import BatchedMuon, muon_plan
+from trainscale.train.muon import BatchedMuon, iteration_dtype, muon_plan
 from trainscale.train.optim import create_optimizer, register_optimizer
 from trainscale.train.optim.registry import OPTIMIZER_SETTINGS
 
@@ -155,7 +155,7 @@ class MuonWithSGD(torch.optim.Optimizer):
         super().__init__(list(groups), dict(muon=False, **sgd))
         self.normalise_filters = normalise_filters
         self.muon_plan = muon_plan
-        self.ns_dtype = torch.bfloat16  # Muon's iteration, as torch.optim.Muon's (fp32: exact comparisons)
+        self.ns_dtype: torch.dtype | None = None  # Muon's iteration; None: the device's (``iteration_dtype``)
         self._muons: dict[tuple[tuple[int, ...], ...], BatchedMuon] = {}
 
     @torch.no_grad()
@@ -210,9 +210,9 @@ class MuonWithSGD(torch.optim.Optimizer):
                 if view.data_ptr() != p.data_ptr():
                     raise ValueError(f"filter of shape {tuple(p.shape)} is neither contiguous nor channels_last")
             stacking, compiled = self.muon_plan
-            self._muons[key] = BatchedMuon(
-                list(key), MUON_NS_STEPS, stacking=stacking, compile=compiled, ns_dtype=self.ns_dtype
-            )
+            dtype = self.ns_dtype or iteration_dtype(params[0].device)
+            muon = BatchedMuon(list(key), MUON_NS_STEPS, stacking=stacking, compile=compiled, ns_dtype=dtype)
+            self._muons[key] = muon
         return self._muons[key]
 
     def _buffer_view(self, p: torch.Tensor) -> torch.Tensor:

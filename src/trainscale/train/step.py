@@ -8,9 +8,12 @@
   Shapes must be static: training drops its last partial batch (the loader's ``drop_last``), and the
   evaluation's shapes (its last partial batch included) are captured in the warm-up.
 
-``auto`` picks ``graphed`` for a single CUDA process in bf16 or fp32 whose steps never skip (``--nonfinite stop``)
-and whose model is trainscale's (measured to pay: docs/speed-record.md), and falls back to ``eager`` if compiling or
-capturing fails in the warm-up; ``eager`` everywhere else. ``compiled`` also runs under DDP (several workers of sync
+- ``captured``: ``compiled`` (without CUDA graphs of its own), the whole step captured as one CUDA graph.
+
+``auto`` picks ``captured`` for a single CUDA process in bf16 or fp32 whose steps never skip (``--nonfinite stop``)
+and whose model is trainscale's (measured to pay: docs/speed-record.md); if that fails in the warm-up (an optimizer
+that keeps state on the host, a read back inside the step), ``graphed``, then ``eager`` (``FALLBACK``);
+``eager`` everywhere else. ``compiled`` also runs under DDP (several workers of sync
 mode, compressed gradients included); a mode that exchanges inside the step (parameter server, local SGD/DiLoCo,
 fault tolerance) keeps the eager step, fp16's grad scaler reads the device every step, and ``--nonfinite skip`` must
 read it before each update. The choice and its reason go to summary.json (``train_step``, ``train_step_reason``).
@@ -31,6 +34,7 @@ from trainscale.train.precision import Precision
 
 STEP_KINDS = ("auto", "eager", "compiled", "graphed", "captured")
 GRAPH_KINDS = ("graphed", "captured")  # replayed as CUDA graphs: one CUDA process, no hooks inside the step
+FALLBACK = {"captured": "graphed", "graphed": "eager", "compiled": "eager"}  # auto's next try after a failed warm-up
 CAPTURE_WARM_STEPS = 3  # before a whole-step capture: compile, cuDNN's choices, the allocator's pools
 RECOMPILE_LIMIT = 64
 StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # -> (correct count, loss)
@@ -84,16 +88,16 @@ def choose_step(
     user_model: bool = False,
 ) -> StepChoice:
     """The step ``--train-step setting`` gives here; a setting that cannot run here is a ConfigError.
-    ``auto``: ``graphed`` for one CUDA process with a model of trainscale's (measured to pay on an H200: the
-    speedrun94 recipe's 8 epochs in 1.51 s of steps against 2.04 s eager); a model from outside trainscale
+    ``auto``: ``captured`` for one CUDA process with a model of trainscale's (measured to pay on an H100: the
+    speedrun94 recipe's 8 epochs in 1.57 s of steps, against 1.66 s graphed); a model from outside trainscale
     stays eager (torch.compile may not trace it), as does every setting ``step_blockers`` names."""
     if setting == "auto":
-        blocked = step_blockers("graphed", wrapping, device.type, precision, nonfinite, accumulate, clip_grad_norm)
+        blocked = step_blockers("captured", wrapping, device.type, precision, nonfinite, accumulate, clip_grad_norm)
         if blocked:
             return StepChoice("eager", "auto: " + "; ".join(blocked))
         if user_model:
-            return StepChoice("eager", "auto: a model from outside trainscale (ask for --train-step graphed)")
-        return StepChoice("graphed", "auto: one CUDA process")
+            return StepChoice("eager", "auto: a model from outside trainscale (ask for --train-step captured)")
+        return StepChoice("captured", "auto: one CUDA process")
     if setting != "eager":
         blocked = step_blockers(setting, wrapping, device.type, precision, nonfinite, accumulate, clip_grad_norm)
         if blocked:
@@ -141,7 +145,7 @@ def static_addresses(optimizer: torch.optim.Optimizer) -> None:
         tensors = [g["lr"]] if isinstance(g["lr"], torch.Tensor) else []
         for p in g["params"]:
             tensors += [p, *([p.grad] if p.grad is not None else [])]
-            tensors += [v for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+            tensors += [v for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
         for t in tensors:
             torch._dynamo.mark_static_address(t)
 

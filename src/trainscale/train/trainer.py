@@ -46,7 +46,7 @@ from trainscale.train.loop import (
     views_per_image,
 )
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
-from trainscale.train.step import CapturedStep, StepFn, choose_step, float_lrs, make_step
+from trainscale.train.step import FALLBACK, CapturedStep, StepFn, choose_step, float_lrs, make_step
 from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
@@ -186,16 +186,7 @@ class Trainer:
             self.cfg.optim.clip_grad_norm,
             user_model=not is_builtin_model(self.cfg.data.model),
         )
-        self.summary_base.update({K.train_step: choice.kind, K.train_step_reason: choice.reason})
-        if choice.kind != "eager":
-            self.step_fn = make_step(
-                choice.kind,
-                self.train_model or self.model,
-                self.optimizer,
-                self.precision,
-                self.cfg.optim.label_smoothing,
-                compile_mode=self.cfg.run.compile_mode,
-            )
+        self._use_step(choice.kind, choice.reason)
         warm = self.cfg.run.compile or self.precision.device.type == "cuda" or self.step_fn is not None
         if warm and self.train_model is self.model:  # a wrapper's (DDP's) hooks would see the backward
             self.summary_base[K.warmup_seconds] = self._warm_up_or_fall_back()
@@ -236,21 +227,39 @@ class Trainer:
             f"{devices}, world size {world}, mode {base.get(K.mode)}, recipe {self.cfg.optim.recipe or 'none'}"
         )
 
-    def _warm_up_or_fall_back(self) -> float:
-        """The warm-up; where ``--train-step auto`` chose a compiled step that fails to compile or capture there,
-        the eager step instead (said in the log and in summary.json's ``train_step_reason``)."""
-        try:
-            return self.warm_up()
-        except Exception as exc:  # torch.compile's and CUDA graphs' failures have no common type
-            if self.step_fn is None or self.cfg.run.train_step != "auto":
-                raise
-            failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            why = f"auto: the {self.summary_base[K.train_step]} step failed in the warm-up ({failure})"
-            log.warning("%s; training with the eager step", why)
+    def _use_step(self, kind: str, reason: str) -> None:
+        """Train with the ``kind`` step from now on (built here), recorded for summary.json with ``reason``."""
+        self.summary_base.update({K.train_step: kind, K.train_step_reason: reason})
+        if kind == "eager":
             self.step_fn = None
             float_lrs(self.optimizer)
-            self.summary_base.update({K.train_step: "eager", K.train_step_reason: why})
-            return self.warm_up()
+            return
+        self.step_fn = make_step(
+            kind,
+            self.train_model or self.model,
+            self.optimizer,
+            self.precision,
+            self.cfg.optim.label_smoothing,
+            compile_mode=self.cfg.run.compile_mode,
+        )
+
+    def _warm_up_or_fall_back(self) -> float:
+        """The warm-up; where ``--train-step auto`` chose a step that fails to compile or capture there, the next
+        one of ``FALLBACK`` (captured, then graphed, then eager), said in the log and in summary.json's
+        ``train_step_reason``. Each failed try leaves nothing behind (``warm_up`` puts everything back)."""
+        failures: list[str] = []
+        while True:
+            try:
+                return self.warm_up()
+            except Exception as exc:  # torch.compile's and CUDA graphs' failures have no common type
+                if self.step_fn is None or self.cfg.run.train_step != "auto":
+                    raise
+                kind = self.summary_base[K.train_step]
+                failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                failures.append(f"the {kind} step failed in the warm-up ({failure})")
+                why = "auto: " + "; ".join(failures)
+                log.warning("%s; training with the %s step", why, FALLBACK[kind])
+                self._use_step(FALLBACK[kind], why)
 
     def warm_up(self) -> float:
         """``torch.compile`` compiles on first use (CUDA graphs record on the first replays), and on a GPU the
@@ -589,12 +598,12 @@ def restore_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[int, d
     buffer at zero takes its first step exactly as one not yet made), or dropped where it holds a counter off
     the device (LAMB's step): fresh again."""
     for p, st in optimizer.state.items():
-        old = saved.get(id(p))
-        if old is None and not all(isinstance(v, torch.Tensor) for v in st.values()):
+        old = saved.get(id(p)) or {}  # none then, or an empty entry (a lookup in torch's defaultdict makes one)
+        if not old and not all(isinstance(v, torch.Tensor) for v in st.values()):
             st.clear()
             continue
         for k, v in st.items():
-            was = (old or {}).get(k)
+            was = old.get(k)
             if isinstance(v, torch.Tensor):
                 v.copy_(was) if was is not None else v.fill_(STATE_STARTS.get(k, 0.0))
             else:
