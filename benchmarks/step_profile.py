@@ -15,9 +15,9 @@ For every epoch, without the profiler: its seconds and the Python garbage collec
 milliseconds of full ones), since a collection inside a timed epoch stalls the host that feeds the GPU.
 The settings, environment and figures go to ``--out`` (JSON).
 
-    python benchmarks/step_profile.py --device cuda                       # speedrun94, graphed step
+    python benchmarks/step_profile.py --device cuda                       # speedrun94, the whole step captured
     python benchmarks/step_profile.py --device cuda --compile-mode max-autotune
-    python benchmarks/step_profile.py --device cuda --train-step captured   # the whole step as one graph
+    python benchmarks/step_profile.py --device cuda --train-step graphed    # three graphs a step
     python benchmarks/step_profile.py --device cuda --dataset cifar10 --images 50000
     python benchmarks/step_profile.py --device cpu --train-step eager --images 3072 --batch-size 256
 """
@@ -52,7 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="speedrun94")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--train-step", default="graphed", choices=[k for k in STEP_KINDS if k != "auto"])
+    p.add_argument(
+        "--train-step",
+        default="captured",
+        choices=[k for k in STEP_KINDS if k != "auto"],
+        help="default: captured, what trainscale train takes on one GPU (eager on a CPU)",
+    )
     p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (the real images)")
     p.add_argument("--images", type=int, default=49152, help="training images (default: 32 x 1536)")
