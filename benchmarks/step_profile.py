@@ -117,15 +117,14 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
     busy = busy_seconds([(e.time_range.start, e.time_range.end) for e in kernels])
     regions: dict[str, float] = {}  # GPU ms of each compiled graph's calls, by the graph's name
     for e in events:
-        if e.device_type == DeviceType.CPU and (e.name.startswith(REGION) or e.name == WHOLE_STEP):
+        if e.device_type == DeviceType.CPU and e.name.startswith(REGION):
             regions[e.name] = regions.get(e.name, 0.0) + e.device_time_total / 1e3
+    whole = [e.device_time_total / 1e3 for e in events if e.device_type == DeviceType.CPU and e.name == WHOLE_STEP]
     gpu_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
-    whole = regions.pop(WHOLE_STEP, None)
     named = {f"compiled graph {i + 1}": ms / steps for i, ms in enumerate(sorted(regions.values(), reverse=True))}
-    if whole is not None:  # a captured step calls no compiled graph after its capture: one replay a step
-        named = {f"{WHOLE_STEP} (with the batch's copies into it)": whole / steps}
-        regions[WHOLE_STEP] = whole
-    named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values())) / steps
+    if whole:  # a captured step calls no compiled graph after its capture: one replay a step
+        named = {f"{WHOLE_STEP} (with the batch's copies into it)": sum(whole) / steps}
+    named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values()) - sum(whole)) / steps
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=top, max_name_column_width=60)
