@@ -11,6 +11,10 @@ scored. Goal: mean absolute error <= 10% overall and in every regime, no point o
     python benchmarks/plan_published.py             # the table per source and regime, and the worst points
     python benchmarks/plan_published.py --rows      # and every row
 
+After the goal's verdict, the floor of any plan that is not told the framework: where tables of several frameworks
+(or one framework's options) share everything a plan is given, the least error a plan whose efficiency only grows with
+the one-GPU step can reach on them, and what that leaves as the least mean error of each regime.
+
 Its last lines plan the multi-host all-reduce rows again as a user who measured one host would
 (``trainscale plan --one-host-images-per-sec``): the framework's cost per step fitted to the same table's one-host
 row, then carried to the hosts; and the rows on more than two hosts as one who also measured two hosts would
@@ -25,7 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -301,6 +305,7 @@ def main() -> None:
                 f"{r.mode:22} {r.data:9} published {r.images_per_sec:8.1f} planned {planned:8.1f} {err:+.1%}"
             )
     report(results)
+    blind_floor(rows, Counter(r.regime for r, _, _ in results))
     one_gpu = {r: e for r, _, e in results}
     for label, measured in (("one host", measured_host), ("one and two hosts", measured_two)):
         errs = [e for _, _, e in measured]
@@ -349,6 +354,77 @@ def from_measured_hosts(
         planned = predict(profile, setting).images_per_sec
         results.append((r, planned, planned / r.images_per_sec - 1.0))
     return results
+
+
+def efficiency(row: Row, calibration: Row) -> float:
+    """The published scaling efficiency of ``row``: its images/s over its GPUs times one GPU's (its table's one-GPU
+    row, at the row's batch)."""
+    return row.images_per_sec / (row.gpus * calibration.images_per_sec * row.batch / calibration.batch)
+
+
+def monotone_floor(members: list[tuple[float, float]]) -> list[float]:
+    """The errors, row by row, of the best plan of rows of (one-GPU step, published efficiency) that share
+    everything else a plan is given, when a plan's efficiency may only grow with the step (the same traffic hides
+    behind more compute): the non-decreasing guess of least mean absolute relative error (L1 isotonic regression).
+    A best guess takes published values only, so a table over them, rows sorted by step, finds it exactly."""
+    order = sorted(range(len(members)), key=lambda i: members[i][0])
+    values = sorted({e for _, e in members})
+
+    def cost(i: int, v: int) -> float:
+        return abs(values[v] / members[i][1] - 1.0)
+
+    total = [cost(order[0], v) for v in range(len(values))]
+    back: list[list[int]] = []
+    for i in order[1:]:
+        low, at, picks = float("inf"), 0, []
+        for v in range(len(values)):  # the best guess of the rows before, at most values[v]
+            if total[v] < low:
+                low, at = total[v], v
+            picks.append(at)
+        back.append(picks)
+        total = [total[picks[v]] + cost(i, v) for v in range(len(values))]
+    v = min(range(len(values)), key=total.__getitem__)
+    errors = [0.0] * len(members)
+    for step in range(len(order) - 1, -1, -1):
+        errors[order[step]] = cost(order[step], v)
+        if step:
+            v = back[step - 1][v]
+    return errors
+
+
+def blind_groups(rows: list[Row]) -> dict[tuple[Any, ...], list[tuple[Row, float, float]]]:
+    """The multi-GPU rows that agree on everything a plan is given but the framework and its options (system,
+    model, precision, batch, GPUs, hosts, mode, data), each with its published scaling efficiency and its table's
+    one-GPU step (seconds): groups of at least two tables."""
+    singles = {r.calibration_key: r for r in rows if r.gpus == 1}
+    groups: dict[tuple[Any, ...], list[tuple[Row, float, float]]] = defaultdict(list)
+    for r in rows:
+        if r.gpus > 1:
+            one = singles[r.calibration_key]
+            key = (r.system, r.model, r.precision, r.batch, r.gpus, r.hosts, r.mode, r.data)
+            groups[key].append((r, efficiency(r, one), one.batch / one.images_per_sec))
+    return {k: v for k, v in groups.items() if len({r.calibration_key for r, _, _ in v}) > 1}
+
+
+def blind_floor(rows: list[Row], regimes: Counter[str]) -> None:
+    """The least error a plan that is not told the framework can reach, per regime (``regimes``: its scored rows):
+    where tables of several frameworks (or one framework's options) share everything a plan is given, one plan
+    serves them all, and a plan's efficiency may only grow with the one-GPU step by which they still differ (the
+    same traffic hides behind more compute). The best such plan (``monotone_floor``, an oracle that knows the
+    answers) errs this much on those rows, so the regime's mean error cannot fall below their sum over all its
+    rows, whatever the plan models."""
+    by: dict[str, list[float]] = defaultdict(list)
+    spread = 1.0
+    for members in blind_groups(rows).values():
+        for (r, _, _), err in zip(members, monotone_floor([(step, e) for _, e, step in members])):
+            by[r.regime].append(err)
+        spread = max(spread, max(e for _, e, _ in members) / min(e for _, e, _ in members))
+    for regime, errs in sorted(by.items()):
+        print(
+            f"{'floor of a plan blind to the framework: ' + regime:56} {len(errs):6d} {_mae(errs):7.1%}   "
+            f"(so at least {sum(errs) / regimes[regime]:.1%} over the regime's {regimes[regime]})"
+        )
+    print(f"{'':56} (the published efficiencies of one group differ up to {spread:.1f}x)")
 
 
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:

@@ -5,7 +5,13 @@ link, more latency, less overlap or more overhead never makes a step faster)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import itertools
+import random
 import re
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,18 +159,21 @@ def test_partial_overlap_by_hand():
     assert half.comm_seconds == pytest.approx(0.5 * 0.015 + 0.5 * 0.040 + 0.002)
 
 
-def test_published_validation_set_is_complete(monkeypatch):
-    """Every published row names where it is from and has a one-GPU figure of its own source to calibrate on."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``benchmarks/plan_published.py`` as a module."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_published.py"
     spec = importlib.util.spec_from_file_location("plan_published", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "plan_published", bench)  # dataclasses look their module up
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_published_validation_set_is_complete(published):
+    """Every published row names where it is from and has a one-GPU figure of its own source to calibrate on."""
+    bench = published
     rows = bench.load_rows()
     singles = {r.calibration_key for r in rows if r.gpus == 1}
     scored = [r for r in rows if r.gpus > 1]
@@ -190,6 +199,38 @@ def test_published_validation_set_is_complete(monkeypatch):
     assert len(measured_host) == sum(r.hosts > 1 and r.mode == "allreduce" for r in rows) > 100
     measured_two = bench.from_measured_hosts(rows, known, 2)  # and the two-host row of every larger one
     assert len(measured_two) == sum(r.hosts > 2 and r.mode == "allreduce" for r in rows) > 50
+
+
+def test_the_floor_of_a_framework_blind_plan_is_the_best_guess_that_grows_with_the_step(published):
+    """Rows a plan cannot tell apart but by their one-GPU step: a longer step may only scale better. Where the
+    published rows do so, a plan can follow them exactly; where the shorter step scales better, the best plan is
+    one guess for both, and the floor is its error; against brute force over every non-decreasing guess."""
+    floor = published.monotone_floor
+    assert floor([(1.0, 0.5), (2.0, 1.0)]) == [0.0, 0.0]
+    assert floor([(1.0, 1.0), (2.0, 0.5)]) == [0.5, 0.0]  # 0.5 for both: mean 0.25 (1.0 for both: 0.5)
+    assert floor([(2.0, 0.5), (1.0, 1.0)]) == [0.0, 0.5]  # the order given is kept
+    rng = random.Random(0)
+    for _ in range(200):
+        members = [(rng.random(), rng.uniform(0.2, 1.0)) for _ in range(rng.randint(1, 5))]
+        by_step = sorted(range(len(members)), key=lambda i: members[i][0])
+        values = sorted({e for _, e in members})
+        best = min(
+            sum(abs(g / members[i][1] - 1) for g, i in zip(guesses, by_step))
+            for guesses in itertools.combinations_with_replacement(values, len(members))
+        )
+        assert sum(floor(members)) == pytest.approx(best)
+
+
+def test_a_framework_blind_floor_groups_only_tables_a_plan_cannot_tell_apart(published):
+    """The groups hold rows of several tables that agree on system, model, precision, batch, GPUs, hosts, mode and
+    data, with each table's efficiency over its own one GPU."""
+    groups = published.blind_groups(published.load_rows())
+    assert sum(len(g) for g in groups.values()) > 200
+    for key, members in groups.items():
+        assert len({r.calibration_key for r, _, _ in members}) > 1
+        for r, eff, step in members:
+            assert (r.system, r.model, r.precision, r.batch, r.gpus, r.hosts, r.mode, r.data) == key
+            assert 0 < eff < 1.2 and step > 0
 
 
 @pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])
