@@ -394,14 +394,14 @@ def monotone_floor(members: list[tuple[float, float]]) -> list[float]:
 
 def blind_groups(rows: list[Row]) -> dict[tuple[Any, ...], list[tuple[Row, float, float]]]:
     """The multi-GPU rows that agree on everything a plan is given but the framework and its options (system,
-    model, precision, batch, GPUs, hosts, mode, data), each with its published scaling efficiency and its table's
-    one-GPU step (seconds): groups of at least two tables."""
+    model, precision, gradient bytes, batch, GPUs, hosts, mode, data), each with its published scaling efficiency
+    and its table's one-GPU step (seconds): groups of at least two tables."""
     singles = {r.calibration_key: r for r in rows if r.gpus == 1}
     groups: dict[tuple[Any, ...], list[tuple[Row, float, float]]] = defaultdict(list)
     for r in rows:
         if r.gpus > 1:
             one = singles[r.calibration_key]
-            key = (r.system, r.model, r.precision, r.batch, r.gpus, r.hosts, r.mode, r.data)
+            key = (r.system, r.model, r.precision, r.grad_bytes, r.batch, r.gpus, r.hosts, r.mode, r.data)
             groups[key].append((r, efficiency(r, one), one.batch / one.images_per_sec))
     return {k: v for k, v in groups.items() if len({r.calibration_key for r, _, _ in v}) > 1}
 
@@ -414,17 +414,24 @@ def blind_floor(rows: list[Row], regimes: Counter[str]) -> None:
     answers) errs this much on those rows, so the regime's mean error cannot fall below their sum over all its
     rows, whatever the plan models."""
     by: dict[str, list[float]] = defaultdict(list)
-    spread = 1.0
+    spread, against, pairs = 1.0, 0, 0
     for members in blind_groups(rows).values():
         for (r, _, _), err in zip(members, monotone_floor([(step, e) for _, e, step in members])):
             by[r.regime].append(err)
         spread = max(spread, max(e for _, e, _ in members) / min(e for _, e, _ in members))
+        for i, (_, eff_a, step_a) in enumerate(members):
+            for _, eff_b, step_b in members[i + 1 :]:
+                pairs += 1
+                against += step_a != step_b and (step_a < step_b) == (eff_a > eff_b)
     for regime, errs in sorted(by.items()):
         print(
             f"{'floor of a plan blind to the framework: ' + regime:56} {len(errs):6d} {_mae(errs):7.1%}   "
             f"(so at least {sum(errs) / regimes[regime]:.1%} over the regime's {regimes[regime]})"
         )
-    print(f"{'':56} (the published efficiencies of one group differ up to {spread:.1f}x)")
+    print(
+        f"{'':56} (one group's published efficiencies differ up to {spread:.1f}x; in {against} of {pairs} pairs the "
+        "table with the shorter one-GPU step scales better)"
+    )
 
 
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:

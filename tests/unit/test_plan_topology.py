@@ -222,14 +222,14 @@ def test_the_floor_of_a_framework_blind_plan_is_the_best_guess_that_grows_with_t
 
 
 def test_a_framework_blind_floor_groups_only_tables_a_plan_cannot_tell_apart(published):
-    """The groups hold rows of several tables that agree on system, model, precision, batch, GPUs, hosts, mode and
-    data, with each table's efficiency over its own one GPU."""
+    """The groups hold rows of several tables that agree on system, model, precision, gradient bytes, batch, GPUs,
+    hosts, mode and data, with each table's efficiency over its own one GPU."""
     groups = published.blind_groups(published.load_rows())
     assert sum(len(g) for g in groups.values()) > 200
     for key, members in groups.items():
         assert len({r.calibration_key for r, _, _ in members}) > 1
         for r, eff, step in members:
-            assert (r.system, r.model, r.precision, r.batch, r.gpus, r.hosts, r.mode, r.data) == key
+            assert (r.system, r.model, r.precision, r.grad_bytes, r.batch, r.gpus, r.hosts, r.mode, r.data) == key
             assert 0 < eff < 1.2 and step > 0
 
 
