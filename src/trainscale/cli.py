@@ -11,6 +11,7 @@ import difflib
 import errno
 import gc
 import logging
+import math
 import os
 import sys
 import types
@@ -36,6 +37,21 @@ def _ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def _integer(text: str) -> int:
+    """An integer flag's value, also in scientific notation where it is a whole number (``--params 25e6``)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number (e.g. 512, 25000000 or 25e6), got '{text}'")
+    return int(value)
 
 
 def _numbers(text: str) -> list[float | int]:
@@ -135,7 +151,7 @@ def _kind(hint: Any, choices: Sequence[str] | None) -> dict[str, Any]:
         if item is str:
             return {"nargs": "+", "action": "extend"}  # repeatable: --flag A --flag B is [A, B]
         return {"type": _numbers if item is float else _ints}
-    kind: dict[str, Any] = {"type": base} if base in (int, float) else {}
+    kind: dict[str, Any] = {"type": _integer if base is int else base} if base in (int, float) else {}
     return {**kind, "choices": list(choices)} if choices else kind
 
 

@@ -319,6 +319,54 @@ class TestWithoutProfile:
         assert run_plan(PlanConfig(**{**base, **extra})) == 0
         return json.loads(capsys.readouterr().out)
 
+    def test_a_parameter_count_may_be_written_in_scientific_notation(self, capsys):
+        from trainscale.cli import main
+
+        flags = [
+            "plan",
+            "--step-time",
+            "200ms",
+            "--batch-size",
+            "64",
+            "--hosts",
+            "4",
+            "--bandwidth",
+            "10gbit",
+            "--json",
+        ]
+        plans = []
+        for params in ("25000000", "25e6", "2.5e7", "25_000_000"):
+            assert main([*flags, "--params", params]) == 0
+            plans.append(json.loads(capsys.readouterr().out))
+        assert all(p == plans[0] for p in plans) and plans[0]["images_per_sec"] > 0
+        with pytest.raises(SystemExit) as exit_:
+            main([*flags, "--params", "2.5e-1"])
+        assert exit_.value.code == 2
+        assert "--params: expected a whole number (e.g. 512, 25000000 or 25e6), got '2.5e-1'" in capsys.readouterr().err
+
+    def test_a_parameter_server_plan_says_where_its_servers_are(self, capsys):
+        from trainscale.cli import main
+
+        flags = ["plan", "--params", "25e6", "--step-time", "100ms", "--batch-size", "32", "--mode", "ps-sync"]
+        said = {}
+        for name, extra in {
+            "one host": ["--hosts", "1", "--workers-per-host", "4", "--servers", "2"],
+            "colocated": ["--hosts", "2", "--bandwidth", "25gbit", "--servers", "2"],
+            "separate": ["--hosts", "2", "--bandwidth", "25gbit", "--ps-placement", "separate", "--servers", "3"],
+            "slower": ["--hosts", "2", "--bandwidth", "25gbit", "--ps-efficiency", "0.5"],
+        }.items():
+            assert main([*flags, *extra]) == 0
+            said[name] = capsys.readouterr().out.splitlines()[0]
+        assert said["one host"].endswith("; 2 server(s) on the host, the model sharded evenly")
+        assert said["colocated"].endswith(  # the count per host does not change what crosses the hosts' links
+            "; servers beside the workers on every host, the model sharded evenly (--servers 2 per host: the same "
+            "traffic between hosts)"
+        )
+        assert said["separate"].endswith("; 3 server host(s) of their own, the model sharded evenly")
+        assert said["slower"].endswith(
+            "; 1 server(s) beside the workers on every host, the model sharded evenly, at 50% of line rate"
+        )
+
     def test_params_plan_needs_a_step_time(self):
         from trainscale.plan.plan import PlanConfig, plan_profile
 

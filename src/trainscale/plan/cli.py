@@ -20,7 +20,7 @@ from trainscale.plan.plan import (
     unused_bandwidth,
     with_bandwidth,
 )
-from trainscale.plan.predict import MODES, Prediction, Setting, crossover, crossover_text, predict
+from trainscale.plan.predict import MODES, Prediction, PSLayout, Setting, crossover, crossover_text, predict
 from trainscale.plan.profile import Profile, ProfileConfig, profile_command
 from trainscale.runtime.cluster import format_rate
 
@@ -108,6 +108,27 @@ def readable_rate(bits: float) -> str:
     return f"{bits:.3g}bit"
 
 
+def describe_servers(s: Setting) -> str:
+    """Where a parameter-server plan puts its servers and the model's tensors, as the plan charges them."""
+    ps = s.ps
+    tensors = {
+        "shard": "the model sharded evenly",
+        "round_robin": "whole tensors round robin",
+        "by_size": "whole tensors by size",
+    }[ps.assignment]
+    rate = f", at {ps.efficiency:.0%} of line rate" if ps.efficiency < 1 else ""
+    if s.hosts == 1:
+        return f"{s.servers} server(s) on the host, {tensors}{rate}"
+    if ps.placement == "separate":
+        return f"{s.servers} server host(s) of their own, {tensors}{rate}"
+    if ps.total is not None:
+        return f"servers beside the workers on {min(ps.total, s.hosts)} of the hosts, {tensors}{rate}"
+    if ps == PSLayout():
+        ignored = f" (--servers {s.servers} per host: the same traffic between hosts)" if s.servers > 1 else ""
+        return f"servers beside the workers on every host, {tensors}{ignored}"
+    return f"{s.servers} server(s) beside the workers on every host, {tensors}{rate}"
+
+
 def describe_setting(s: Setting) -> str:
     link = s.link
     where = f"{s.hosts} host(s) x {s.per_host} worker(s)"
@@ -118,6 +139,7 @@ def describe_setting(s: Setting) -> str:
         rate += f", all-reduce {s.algorithm}"
     return (
         f"{where}, {rate}; mode {s.mode}, compress {s.spec.text}"
+        + (f"; {describe_servers(s)}" if s.mode in ("ps-sync", "async") and s.workers > 1 else "")
         + (f", sync every {s.sync_every}" if s.mode in ("localsgd", "diloco") else "")
         + (", 16-bit gradients" if s.grad_scale < 1 and s.spec.dense else "")
         + (f", {s.accumulate} micro-steps per optimizer step" if s.accumulate > 1 else "")
