@@ -40,7 +40,7 @@ import tomllib
 from trainscale.errors import ConfigError
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
-from trainscale.plan.plan import GPU_OVERLAP
+from trainscale.plan.plan import GPU_OVERLAP, GPU_STEP_SHARE
 from trainscale.plan.predict import PSLayout, Setting, fit_link_efficiency, fit_step_overhead, predict
 from trainscale.plan.profile import Profile
 from trainscale.plan.synthetic import synthetic_profile
@@ -201,6 +201,7 @@ def setting_for(row: Row, system: dict[str, Any]) -> tuple[Setting, int]:
             algorithm="auto",
             grad_scale=row.grad_bytes / 4,
             overlap=float(system.get("overlap", 1.0)),
+            step_share=float(system.get("step_share", 0.0)),
         ), row.batch
     if row.mode == "replicated":  # every GPU keeps a copy and sums the others' gradients over PCIe
         return Setting(1, per_host, None, pcie, "sync"), row.batch
@@ -235,7 +236,9 @@ def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
     return images
 
 
-def cluster_results(gpu_overlap: float = GPU_OVERLAP, say_skipped: bool = True) -> list[tuple[Row, float, float]]:
+def cluster_results(
+    gpu_overlap: float = GPU_OVERLAP, say_skipped: bool = True, gpu_share: float = GPU_STEP_SHARE
+) -> list[tuple[Row, float, float]]:
     """The published rows of the cluster files (``configs/clusters``: MXNet, ps-lite, Keras-MXNet and Multiverso
     pages), each calibrated on its device file's one-GPU figure from the same page and planned on the file's
     links, in the file's mode (one host: gradients reduced over the devices' link, as a ring: assumed), with the
@@ -265,7 +268,17 @@ def cluster_results(gpu_overlap: float = GPU_OVERLAP, say_skipped: bool = True) 
             profile = synthetic_profile(sum(sizes), step, batch, name=raw["model"])
             profile.tensor_bytes = [4 * n for n in sizes]
             overlap = gpu_overlap if "overlap" in cluster.system.assumed else cluster.system.overlap
-            setting = Setting(hosts, per_host, cluster.inter, cluster.intra, str(raw["mode"]), overlap=overlap)
+            share = gpu_share if "step_overhead" in cluster.system.assumed else 0.0
+            setting = Setting(
+                hosts,
+                per_host,
+                cluster.inter,
+                cluster.intra,
+                str(raw["mode"]),
+                overlap=overlap,
+                step_overhead=cluster.system.step_overhead,
+                step_share=share,
+            )
             worker_batch = batch * devices // (hosts * per_host)
             planned = predict(profile, setting).images_per_sec * worker_batch / batch
             row = Row(
@@ -348,7 +361,8 @@ def from_measured_hosts(
             continue
         setting, _ = setting_for(r, known[r.system])
         profile = profile_of(r, singles[r.calibration_key])
-        setting = replace(setting, step_overhead=fit_step_overhead(profile, setting, hosts[0].images_per_sec))
+        fitted = fit_step_overhead(profile, setting, hosts[0].images_per_sec)
+        setting = replace(setting, step_overhead=fitted, step_share=0.0)  # the measured cost replaces the assumed
         if measured == 2:
             setting = replace(setting, efficiency=fit_link_efficiency(profile, setting, hosts[1].images_per_sec))
         planned = predict(profile, setting).images_per_sec
@@ -435,21 +449,40 @@ def blind_floor(rows: list[Row], regimes: Counter[str]) -> None:
 
 
 def calibrate(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
-    """The overlap (0, 0.05, ..., 1) that plans the calibration tables best, and what it gives on the rest; and,
+    """The overlap (0, 0.05, ..., 1), then at the overlap found the framework's cost per step as a share of the
+    device's step (0, 0.01, ..., 0.1), that plan the calibration tables best, and what each gives on the rest; and,
     as a cross-check, the all-reduce rows of every other publisher (an independent fit, not used)."""
     fit = [r for r in rows if calibrating(r) or (r.gpus == 1 and r.series.startswith(CALIBRATION[1]))]
     print(f"calibrating the NCCL overlap on {sum(r.gpus > 1 for r in fit)} rows ({' / '.join(CALIBRATION)}):")
-    print(f"  {'':13} {'calibration':>12} {'held out':>9} {'other publishers all-reduce':>28}")
-    for i in range(21):
-        overlap = i / 20
-        trial = {k: {**v, "overlap": overlap} if "nvlink" in v else v for k, v in known.items()}
-        results = planned_rows(rows, trial) + cluster_results(overlap, say_skipped=i == 0)
-        held = [e for r, _, e in results if not calibrating(r)]
+    best = _scan(rows, known, fit, "overlap", [i / 20 for i in range(21)], {"step_share": 0.0})
+    print(f"then the cost per step, as a share of the device's step, at overlap {best:.2f}:")
+    _scan(rows, known, fit, "step_share", [i / 100 for i in range(11)], {"overlap": best})
+
+
+def _scan(
+    rows: list[Row],
+    known: dict[str, dict[str, Any]],
+    fit: list[Row],
+    name: str,
+    values: list[float],
+    held: dict[str, float],
+) -> float:
+    """One NCCL figure (``name``) tried at each of ``values`` with the others ``held``: the error on the
+    calibration tables (``fit``), on every other row and on the other publishers' all-reduce rows; returns the
+    value that fits the calibration tables best."""
+    print(f"  {'':16} {'calibration':>12} {'held out':>9} {'other publishers all-reduce':>28}")
+    scores = []
+    for value in values:
+        figures = {**held, name: value}
+        trial = {k: {**v, **figures} if "nvlink" in v else v for k, v in known.items()}
+        clusters = cluster_results(figures["overlap"], say_skipped=False, gpu_share=figures["step_share"])
+        results = planned_rows(rows, trial) + clusters
+        rest = [e for r, _, e in results if not calibrating(r)]
         others = [e for r, _, e in results if r.source != CALIBRATION[0] and r.mode in ("allreduce", "sync")]
-        fitted = [e for _, _, e in planned_rows(fit, trial)]
-        print(
-            f"  overlap {overlap:4.2f} {_mae(fitted):12.1%} {_mae(held):9.1%} {_mae(others):20.1%} ({len(others)} rows)"
-        )
+        fitted = _mae([e for _, _, e in planned_rows(fit, trial)])
+        scores.append((fitted, value))
+        print(f"  {name} {value:4.2f} {fitted:12.1%} {_mae(rest):9.1%} {_mae(others):20.1%} ({len(others)} rows)")
+    return min(scores)[1]
 
 
 def report(results: list[tuple[Row, float, float]]) -> None:
@@ -473,7 +506,7 @@ def report(results: list[tuple[Row, float, float]]) -> None:
     direction(results)
     ordering(results)
     held = [e for r, _, e in results if not calibrating(r)]
-    print(f"{'held out (all but the overlap calibration tables)':56} {len(held):6d} {_mae(held):7.1%}")
+    print(f"{'held out (all but the calibration tables)':56} {len(held):6d} {_mae(held):7.1%}")
     errs = [e for _, _, e in results]
     worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
     over = sum(e > 0 for e in errs) / len(errs)

@@ -203,7 +203,9 @@ def test_a_measured_host_sets_the_cost_per_step_of_every_host_count(main_cli, pr
         free["images_per_sec"] / measured * free["step_seconds"] - free["step_seconds"]
     )
     text = main_cli("plan", "--hosts", "4", *args[:-1], "--one-host-images-per-sec", str(measured)).stdout
-    assert "framework cost per step" in text and "fitted to your one host's" in text and "no per-step cost" not in text
+    assert (
+        "framework cost per step" in text and "fitted to your one host's" in text and "a per-step cost of" not in text
+    )
 
 
 def test_missing_profile_is_one_line(main_cli, tmp_path):

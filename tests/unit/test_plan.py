@@ -375,11 +375,24 @@ class TestWithoutProfile:
 
     def test_params_plan_by_hand(self, capsys):
         # 100 MB over 4 hosts at 10 Gbit/s: ring 1.5 x 100 MB / 1.25 GB/s = 120 ms; a GPU plan given no overlap
-        # takes none (what published NCCL runs show): all of it is exposed
+        # takes none (what published NCCL runs show): all of it is exposed, and given no cost per step it takes
+        # 3% of the device's step (6 ms), as published NCCL runs show too
         p = self._plan(capsys)
         assert p["compute_seconds"] == pytest.approx(0.2)
         assert p["wire_seconds"] == pytest.approx(0.12, rel=1e-6)
-        assert p["comm_seconds"] == pytest.approx(p["wire_seconds"])
+        assert p["comm_seconds"] == pytest.approx(p["wire_seconds"] + 0.006)
+        assert p["framework"]["step_overhead_share"] == 0.03 and p["framework"]["step_overhead_seconds"] == 0.0
+        given = self._plan(capsys, step_overhead="1ms")  # a cost given replaces the assumed share
+        assert given["comm_seconds"] == pytest.approx(p["wire_seconds"] + 0.001)
+        assert given["framework"]["step_overhead_share"] == 0.0
+
+    def test_the_assumed_cost_per_step_grows_with_the_device_step_and_is_not_charged_to_one_device(self, capsys):
+        slow, fast = self._plan(capsys), self._plan(capsys, step_time="100ms")
+        assert slow["comm_seconds"] - slow["wire_seconds"] == pytest.approx(
+            2 * (fast["comm_seconds"] - fast["wire_seconds"])
+        )
+        one = self._plan(capsys, hosts=1)
+        assert one["step_seconds"] == pytest.approx(one["compute_seconds"])
 
     def test_given_overlap_hides_what_the_schedule_allows(self, capsys):
         # with perfect overlap the last 25 MiB bucket, ready at the end of backward, is still exposed

@@ -254,6 +254,11 @@ def compute_scale(cfg: PlanConfig, profile: Profile, device: str | None) -> tupl
 # published NCCL runs (1-32 V100, NVLink inside hosts, InfiniBand between them) and held on every other published
 # framework: no overlap plans them best (benchmarks/plan_published.py --calibrate); perfect overlap over-predicts.
 GPU_OVERLAP = 0.0
+# And the framework's cost per synchronised step, as a share of the device's step, when nothing gives one (DDP's
+# bucket copies, NCCL's kernels beside backward's: a data-parallel step is a few percent slower than one device's
+# alone). Fitted on the same published NCCL runs as the overlap; the other publishers' all-reduce rows, fitted
+# alone, want a share of the step too (benchmarks/plan_published.py --calibrate).
+GPU_STEP_SHARE = 0.03
 
 
 def system_of(
@@ -346,6 +351,8 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     measured = measured_on_device(cfg, profile, device, per_host)
     system, assumed = system_of(cfg, cluster, on_gpu, measured)
     setting = _setting(cfg, hosts, per_host, inter, intra, system, scale)
+    if on_gpu and "step_overhead" in assumed:
+        setting = replace(setting, step_share=GPU_STEP_SHARE)
     if cfg.one_host_images_per_sec is not None:
         setting, note = fitted_to_one_host(cfg, profile, setting)
         origin += note
@@ -440,6 +447,7 @@ def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> t
             "give --one-host-images-per-sec (the cost per step is fitted to it) or --step-overhead, not both"
         )
     overhead = fit_step_overhead(profile, setting, rate)
+    setting = replace(setting, step_share=0.0)  # the measured cost replaces the assumed one
     if overhead == 0.0:
         return setting, (
             f"; your one host's {rate:,.0f} images/s (--one-host-images-per-sec) is at or above this plan's: "
@@ -486,7 +494,7 @@ _MEASURED_TEXT = {
 _ASSUMED_TEXT = {
     "overlap": "no overlap of communication with backward (as published NCCL runs show)",
     "bucket_overhead": "no per-bucket cost",
-    "step_overhead": "no per-step cost",
+    "step_overhead": f"a per-step cost of {GPU_STEP_SHARE:.0%} of the device's step (as published NCCL runs show)",
     "efficiency": "line rate",
     "ps_efficiency": "servers at line rate",
     "host_images_per_sec": "no input-pipeline limit",

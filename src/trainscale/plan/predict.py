@@ -86,6 +86,7 @@ class Setting:
     ps: PSLayout = PSLayout()
     host_images_per_sec: float | None = None  # what a host's CPUs and input pipeline feed its devices at most
     efficiency: float = 1.0  # the transport's achieved fraction of the line rate between hosts (``inter``)
+    step_share: float = 0.0  # the framework's cost per synchronised step as a share of one device's step
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -102,8 +103,8 @@ class Setting:
             raise ConfigError(f"--overlap is a fraction in [0, 1], got {self.overlap}")
         if self.host_images_per_sec is not None and not self.host_images_per_sec > 0:
             raise ConfigError(f"--host-images-per-sec must be positive, got {self.host_images_per_sec}")
-        if self.bucket_overhead < 0 or self.step_overhead < 0:
-            raise ConfigError("framework overheads cannot be negative")
+        if self.bucket_overhead < 0 or self.step_overhead < 0 or not 0 <= self.step_share < 1:
+            raise ConfigError("framework overheads cannot be negative (and a share of the step is below 1)")
         if not 0 < self.efficiency <= 1:
             raise ConfigError(f"--efficiency is a fraction of line rate in (0, 1], got {self.efficiency}")
 
@@ -118,6 +119,7 @@ class Setting:
         return {
             "overlap": self.overlap,
             "step_overhead_seconds": self.step_overhead,
+            "step_overhead_share": self.step_share,
             "bucket_overhead_seconds": self.bucket_overhead,
             "host_images_per_sec": self.host_images_per_sec,
             "inter_bits_per_sec": None if self.network is None else self.network.bandwidth * 8,
@@ -221,7 +223,7 @@ def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: f
             f"--one-host-images-per-sec calibrates the synchronous all-reduce's cost per step (--mode sync), "
             f"not --mode {setting.mode}"
         )
-    host = replace(setting, hosts=1, step_overhead=0.0)
+    host = replace(setting, hosts=1, step_overhead=0.0, step_share=0.0)
     plain = predict(profile, host)
     measured_step = plain.step_seconds * plain.images_per_sec / host_images_per_sec
     if measured_step <= plain.step_seconds:
@@ -325,7 +327,8 @@ def _sync(profile: Profile, setting: Setting) -> _Step:
     exposed = setting.overlap * exposed + (1.0 - setting.overlap) * max(exposed, encode + wire + decode)
     hidden = min(wire, max(0.0, encode + wire + decode - exposed))  # the step's own cost is not communication
     link_bytes = _link_bytes(collectives, setting.workers)
-    return _Step(exposed + setting.step_overhead, wire, encode, decode, link_bytes, hidden)
+    own = setting.step_overhead + setting.step_share * profile.compute_seconds * setting.compute_scale
+    return _Step(exposed + own, wire, encode, decode, link_bytes, hidden)
 
 
 def _ps_bytes(profile: Profile, setting: Setting) -> tuple[float, float]:
