@@ -117,10 +117,10 @@ def describe_servers(s: Setting) -> str:
         "by_size": "whole tensors by size",
     }[ps.assignment]
     rate = f", at {ps.efficiency:.0%} of line rate" if ps.efficiency < 1 else ""
-    if s.hosts == 1:
-        return f"{s.servers} server(s) on the host, {tensors}{rate}"
     if ps.placement == "separate":
         return f"{s.servers} server host(s) of their own, {tensors}{rate}"
+    if s.hosts == 1:
+        return f"{s.servers} server(s) on the host, {tensors}{rate}"
     if ps.total is not None:
         return f"servers beside the workers on {min(ps.total, s.hosts)} of the hosts, {tensors}{rate}"
     if ps == PSLayout():
