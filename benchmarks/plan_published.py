@@ -329,9 +329,14 @@ def main() -> None:
         )
 
 
+def one_gpu_rows(rows: list[Row]) -> dict[tuple[Any, ...], Row]:
+    """Each table's one-GPU row, by the calibration key of the rows it calibrates."""
+    return {r.calibration_key: r for r in rows if r.gpus == 1}
+
+
 def planned_rows(rows: list[Row], known: dict[str, dict[str, Any]]) -> list[tuple[Row, float, float]]:
     """(row, planned images/s, relative error) of every multi-GPU row, calibrated on its one-GPU row."""
-    singles = {r.calibration_key: r for r in rows if r.gpus == 1}
+    singles = one_gpu_rows(rows)
     results = []
     for r in rows:
         if r.gpus == 1:
@@ -351,7 +356,7 @@ def from_measured_hosts(
     user who measured one host (``trainscale plan --one-host-images-per-sec``), or one and two hosts
     (``--two-host-images-per-sec`` as well), would: the framework's cost per step fitted to the same table's
     one-host row of as many GPUs as each host has, and with two, the link's efficiency to its two-host row."""
-    singles = {r.calibration_key: r for r in rows if r.gpus == 1}
+    singles = one_gpu_rows(rows)
     table = {(r.calibration_key, r.hosts, r.gpus): r for r in rows}
     results = []
     for r in rows:
@@ -410,7 +415,7 @@ def blind_groups(rows: list[Row]) -> dict[tuple[Any, ...], list[tuple[Row, float
     """The multi-GPU rows that agree on everything a plan is given but the framework and its options (system,
     model, precision, gradient bytes, batch, GPUs, hosts, mode, data), each with its published scaling efficiency
     and its table's one-GPU step (seconds): groups of at least two tables."""
-    singles = {r.calibration_key: r for r in rows if r.gpus == 1}
+    singles = one_gpu_rows(rows)
     groups: dict[tuple[Any, ...], list[tuple[Row, float, float]]] = defaultdict(list)
     for r in rows:
         if r.gpus > 1:
