@@ -17,8 +17,8 @@ SYN = (*small_run(), "--epochs", "1")
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
-    """Kept short: 2 epochs of 3,400 images (17 steps of 200), 1,000 test images: 0.436, 0.453 and 0.453 with
-    seeds 0-2 against the bar 0.35 (5,000 images: 0.52, 6 s more)."""
+    """Kept short: 1 epoch of 3,400 images (34 steps of 100), 1,000 test images: 0.401, 0.389 and 0.410 with seeds
+    0-2 against the bar 0.33, about 33 s on a 2-core AVX2 machine (2 epochs at batch 200: 0.44-0.45, twice as long)."""
     out = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -33,9 +33,9 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
         "--test-subset",
         "1000",
         "--epochs",
-        "2",
+        "1",
         "--batch-size",
-        "200",
+        "100",
         "--lr",
         "0.2",
         "--nesterov",
@@ -54,14 +54,14 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["best_test_acc"] > 0.35, summary  # chance is 0.10
+    assert summary["best_test_acc"] > 0.33, summary  # chance is 0.10
     assert (summary["mode"], summary["world_size"], summary["backend"]) == ("sync", 2, "gloo")
-    assert (summary["batch_size"], summary["batch_per_worker"]) == (200, 100)
+    assert (summary["batch_size"], summary["batch_per_worker"]) == (100, 50)
     # Dense fp32 all-reduce: each worker hands over every trainable parameter's gradient once per step.
     assert summary["bytes_sent_per_step"] == pytest.approx(4 * summary["params"], rel=0.01)
     assert summary["allreduce_calls_per_step"] >= 1
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2]
+    assert [r["epoch"] for r in rows] == [1]
     assert all(r["world_size"] == 2 and r["bytes_sent_per_step"] == summary["bytes_sent_per_step"] for r in rows)
     assert rows[0]["train_samples"] == 3400  # the two shards cover the subset once per epoch
     assert "test acc" in proc.stdout and "MiB handed to" in proc.stdout and "per worker per step" in proc.stdout
