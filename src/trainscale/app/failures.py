@@ -7,7 +7,6 @@ torch's agent hands over every failed process (``ProcessFailure``) with what the
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -96,23 +95,6 @@ def write_node_report(failures: dict[int, ProcessFailure], message: str, status:
                 }
             ),
         )
-
-
-def every_failure(failures: dict[int, ProcessFailure]) -> dict[int, ProcessFailure]:
-    """``failures`` with every other rank of the same attempt that left an error file. For forked workers
-    (``app.launch.start_method``) torch's agent hands over only the first failed process it finds, which may be a
-    consequence (a lost peer) of a rank that failed a moment earlier and whose error file says so. Such a rank's
-    exit status is not known here: 1, or what its recorded kind implies (``describe_failure``)."""
-    found = dict(failures)
-    for rank, failure in failures.items():
-        if not failure.error_file or failure.error_file == os.devnull:
-            continue
-        offset = rank - failure.local_rank  # global rank of this node's local rank 0
-        for path in sorted(Path(failure.error_file).parent.parent.glob("*/error.json")):
-            local = path.parent.name
-            if local.isdigit() and offset + int(local) not in found:
-                found[offset + int(local)] = ProcessFailure(int(local), -1, 1, str(path))
-    return found
 
 
 def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:
