@@ -18,7 +18,7 @@ SYN = (*small_run(), "--epochs", "1")
 @pytest.mark.slow
 def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     """Kept short: 1 epoch of 3,400 images (34 steps of 100), 1,000 test images: 0.401, 0.389 and 0.410 with seeds
-    0-2 against the bar 0.33, about 33 s on a 2-core AVX2 machine (2 epochs at batch 200: 0.44-0.45, twice as long)."""
+    0-2 against the bar 0.35, about 33 s on a 2-core AVX2 machine (2 epochs at batch 200: 0.44-0.45, twice as long)."""
     out = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -54,7 +54,7 @@ def test_two_workers_learn_real_cifar(tmp_path, cifar10_dir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["best_test_acc"] > 0.33, summary  # chance is 0.10
+    assert summary["best_test_acc"] > 0.35, summary  # chance is 0.10
     assert (summary["mode"], summary["world_size"], summary["backend"]) == ("sync", 2, "gloo")
     assert (summary["batch_size"], summary["batch_per_worker"]) == (100, 50)
     # Dense fp32 all-reduce: each worker hands over every trainable parameter's gradient once per step.
