@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import traceback
 import types
 import typing
 from collections.abc import Sequence
@@ -283,6 +284,23 @@ def run() -> None:
     sys.exit(status)
 
 
+def forked_worker(*argv: str) -> None:
+    """A worker that torch's agent forked from the `trainscale train` launcher (``app.launch``) rather than starting
+    ``python -m trainscale``: the launcher's changes to itself undone, then :func:`main` on the worker's command
+    line; its status, or 1 with the traceback on stderr for an exception nothing recorded, is the exit status, as
+    a new interpreter's would be."""
+    from trainscale.app.launch import as_new_process
+
+    as_new_process()
+    try:
+        status = main(argv)
+    except Exception:
+        traceback.print_exc()
+        status = 1
+    if status:
+        raise SystemExit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from trainscale.log import setup_logging
 
@@ -294,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from trainscale import commands
 
-        return commands.dispatch(args)
+        return commands.dispatch(args, forked_worker)
     except TrainscaleError as exc:
         print(f"trainscale {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -16,11 +17,12 @@ if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for th
     from trainscale.modes.config import TrainConfig
 
 
-def dispatch(args: argparse.Namespace) -> int:
+def dispatch(args: argparse.Namespace, worker: Callable[..., None] | None = None) -> int:
     """Every trainscale process starts here: first it learns which process of its job it is, from the
-    environment its launcher gave it (``runtime.job``), then it runs its subcommand as that process."""
-    handler = {
-        "train": train,
+    environment its launcher gave it (``runtime.job``), then it runs its subcommand as that process.
+    ``worker``: the entry point's function that runs a worker forked from this process (``app.launch``)."""
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "train": functools.partial(train, worker=worker),
         "models": models,
         "data": data,
         "bench": bench,
@@ -28,9 +30,9 @@ def dispatch(args: argparse.Namespace) -> int:
         "cluster": cluster,
         "profile": profile,
         "plan": plan,
-    }[args.command]
+    }
     with installed(Job.from_environ(os.environ)):
-        return handler(args)
+        return handlers[args.command](args)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -98,14 +100,15 @@ def notes_said_by_launcher(job: Job) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, worker: Callable[..., None] | None = None) -> int:
     """One command for every scale: a local run; the parent of a sync job (starts the workers through
-    torch's elastic agent); a worker (under that agent or an external torchrun); --hosts; or --cluster."""
+    torch's elastic agent, ``worker`` the function a forked one runs); a worker (under that agent or an
+    external torchrun); --hosts; or --cluster."""
     job = this_job()
     if not job.by_trainscale:
-        return train_as(args)
+        return train_as(args, worker)
     try:
-        return train_as(args)
+        return train_as(args, worker)
     except Exception as exc:  # in the agent's error file: trainscale's launcher prints it once, for the job
         from trainscale.runtime.worker_errors import was_recorded
 
@@ -114,7 +117,7 @@ def train(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, TrainscaleError) else 1
 
 
-def train_as(args: argparse.Namespace) -> int:
+def train_as(args: argparse.Namespace, worker: Callable[..., None] | None = None) -> int:
     """``train`` in whichever role this process has (see ``train``)."""
     from trainscale.modes import mode_class
     from trainscale.runtime.process_group import launched_by_torchrun
@@ -141,7 +144,7 @@ def train_as(args: argparse.Namespace) -> int:
     if mode_class(cfg.run.mode).distributed:
         from trainscale.app.launch import launch
 
-        return launch(cfg, flags, this_job())
+        return launch(cfg, flags, this_job(), worker)
     from trainscale.app.preflight import preflight
 
     preflight(cfg, data=False)  # what a dry run refuses; the data is checked as this process loads it

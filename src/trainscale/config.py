@@ -400,6 +400,12 @@ class LaunchConfig(Section):
     dist_timeout: float = option(
         300.0, "seconds any collective may wait for a peer before the job fails", above=0, at_most=MAX_WAIT_S
     )
+    start_method: str = option(
+        "auto",
+        "how workers start: auto (forked from `trainscale train` where no CUDA can be inherited, so they share its "
+        "imports; otherwise new interpreters) or spawn (new interpreters always, as torchrun starts them)",
+        choices=("auto", "spawn"),
+    )
     baseline: str | None = option(
         None, "a previous 1-worker run folder: summary.json gets scaling_efficiency against it"
     )

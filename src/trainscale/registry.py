@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from trainscale.errors import ConfigError
@@ -41,7 +42,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, importable: Mapping[str, Any] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
-        self._imported: dict[str, Entry[T]] = {}
+        self._imported: dict[str, tuple[ModuleType | None, Entry[T]]] = {}  # by path, with the module it came from
         self.importable = dict(importable) if importable is not None else None
 
     def register(self, name: str | None = None, **meta: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
@@ -66,9 +67,12 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if self.importable is not None and is_import_path(name):
-            if name not in self._imported:
-                self._imported[name] = self._import(name)
-            return self._imported[name]
+            module = name.partition(":")[0]
+            cached = self._imported.get(name)
+            if cached is None or sys.modules.get(module) is not cached[0]:  # imported anew (a forked worker's)
+                entry = self._import(name)
+                cached = self._imported[name] = (sys.modules.get(module), entry)
+            return cached[1]
         raise ConfigError(self.unknown_message(name))
 
     def _import(self, path: str) -> Entry[T]:

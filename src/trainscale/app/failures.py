@@ -7,7 +7,9 @@ torch's agent hands over every failed process (``ProcessFailure``) with what the
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,29 @@ def write_node_report(failures: dict[int, ProcessFailure], message: str, status:
                 }
             ),
         )
+
+
+def every_failure(
+    failures: dict[int, ProcessFailure], status_of: Callable[[Path], int | None]
+) -> dict[int, ProcessFailure]:
+    """``failures`` with every other rank of the same attempt that failed on its own. For forked workers
+    (``app.launch.start_method``) torch's agent hands over only the first failed process it finds, which may be a
+    consequence (a lost peer) of a rank that failed a moment earlier. Such a rank left an error file, or it was
+    killed by a signal other than the agent's SIGTERM, which its exit status says (``status_of``: a worker's
+    status by its folder beside the error file, None where not known; ``app.exits``)."""
+    found = dict(failures)
+    for rank, failure in failures.items():
+        if not failure.error_file or failure.error_file == os.devnull:
+            continue
+        offset = rank - failure.local_rank  # global rank of this node's local rank 0
+        for folder in sorted(Path(failure.error_file).parent.parent.iterdir()):
+            if not folder.name.isdigit() or offset + int(folder.name) in found:
+                continue
+            status = status_of(folder)
+            error = folder / "error.json"
+            if error.exists() or status not in (None, 0, -signal.SIGTERM):
+                found[offset + int(folder.name)] = ProcessFailure(int(folder.name), -1, status or 1, str(error))
+    return found
 
 
 def describe_failure(failures: dict[int, ProcessFailure], first_server: int | None = None) -> tuple[str, int]:

@@ -4,11 +4,19 @@ agent, and report as one job.
 The parent process (what the user ran) never trains. It runs the pre-flight (``app.preflight``) and finds the
 rendezvous (``app.rendezvous``), so every mistake it can see is one line and exit 2 before any worker exists.
 Then ``torch.distributed.launcher.api.elastic_launch`` runs the agent: a c10d rendezvous (node 0 hosts it; on
-one node a free port on 127.0.0.1), ``--workers`` copies of ``python -m trainscale train <the same flags>``
-(``app.worker_env``) with RANK/WORLD_SIZE/... set, restarts up to ``--max-restarts`` times, and on a failure
+one node a free port on 127.0.0.1), ``--workers`` copies of ``trainscale train <the same flags>`` (``app.worker_env``)
+with RANK/WORLD_SIZE/... set, restarts up to ``--max-restarts`` times, and on a failure
 stops every worker and raises ``ChildFailedError``, which becomes one line naming the failed rank and its error
 (``app.failures``; workers are wrapped in ``@record`` so their exception reaches the agent). On success node 0
 prints the table and summary from the run folder (``app.outcome``).
+
+How a worker starts (``start_method``): the command line's launcher has the agent fork its workers, which then
+share the launcher's imports (``import torch`` alone costs seconds of CPU per process, several per worker where
+cores are few, as on a 2-core machine) and run ``train`` from ``worker``, the entry point's function, after
+``as_new_process`` puts back what the launcher changed in itself. Where a fork could inherit a CUDA runtime (a
+CUDA build of torch, unless the run is on the CPU by ``--device cpu``) or the launcher is a caller's process
+(``trainscale.fit`` in a notebook, with whatever it imported and started), each worker is a new interpreter,
+``python -m trainscale train``, as torchrun starts them.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
+import importlib
 import logging
 import os
 import re
@@ -24,24 +33,25 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
-from trainscale.app.failures import describe_failure, root_traceback, write_node_report
+from trainscale.app.exits import ChildExits, note_worker
+from trainscale.app.failures import describe_failure, every_failure, root_traceback, write_node_report
 from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults
 from trainscale.app.outcome import report
 from trainscale.app.preflight import preflight
 from trainscale.app.rendezvous import bind_address, rendezvous_address, run_id
 from trainscale.app.run import run_training
-from trainscale.app.worker_env import fault_log_folder, logged_faults, worker_args, worker_env
+from trainscale.app.worker_env import fault_log_folder, logged_faults, train_argv, worker_args, worker_env
 from trainscale.log import relabel
 from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_json
@@ -57,6 +67,8 @@ log = logging.getLogger("trainscale.launch")
 
 MONITOR_INTERVAL_S = 0.1
 
+Worker = Callable[..., None]  # runs one forked worker from its `train` command line (``start_method``)
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -68,6 +80,7 @@ class LaunchPlan:
     out: Path | None
     threads: int
     logs: Path | None = None  # the agent's folder for the workers' error files (``job_temp_folder``)
+    start_method: str = "spawn"  # "fork": the agent forks the workers from this process (``start_method``)
 
 
 @contextlib.contextmanager
@@ -140,15 +153,79 @@ def launched_by_trainscale(job: Job) -> bool:
     return job.by_trainscale
 
 
-def prepare(cfg: TrainConfig) -> LaunchPlan:
-    """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others."""
+def start_method(cfg: TrainConfig, worker: Worker | None) -> str:
+    """How the agent starts this node's workers: "fork" where the entry point gave a ``worker`` function,
+    ``--start-method`` is auto and no CUDA runtime can be inherited (a CPU build of torch, or ``--device cpu``
+    without ``--devices``: a CUDA runtime initialised before a fork cannot be used in the child, and the pre-flight
+    asks CUDA about its devices); "spawn" otherwise (see the module docstring)."""
+    import torch
+
+    if worker is None or cfg.launch.devices or cfg.launch.start_method == "spawn":
+        return "spawn"
+    cuda_build = torch.version.cuda is not None or torch.version.hip is not None
+    return "fork" if not cuda_build or cfg.run.device == "cpu" else "spawn"
+
+
+def worker_entry(plan: LaunchPlan, flags: dict[str, Any], worker: Worker | None) -> tuple[Worker | str, list[str]]:
+    """What the agent runs for each worker, and its arguments: ``worker`` with the `train` command line, forked, or
+    a new interpreter (``sys.executable``) with ``-m trainscale train ...``. Forked workers find torch's compiler
+    front end imported: every worker imports it (a model's first backward does), about as long as ``import torch``
+    itself, so here it is imported once for all of them."""
+    if plan.start_method == "fork" and worker is not None:
+        importlib.import_module("torch._dynamo")
+        return worker, train_argv(flags, plan.out)
+    return sys.executable, worker_args(flags, plan.out)
+
+
+def failures_of(exc: ChildFailedError, exits: ChildExits | None) -> dict[int, ProcessFailure]:
+    """The failed workers torch's agent reports, with the other ranks that failed on their own where it reports
+    only the first: forked workers, whose deaths ``exits`` watched (``app.exits``, ``app.failures.every_failure``)."""
+    return every_failure(exc.failures, exits.of_worker) if exits is not None else exc.failures
+
+
+def as_new_process() -> None:
+    """In a worker forked from its launcher (``start_method``), before anything else: what the launcher changed in
+    itself, undone, so the worker starts as a new interpreter would. The agent's signal handlers go (Ctrl-C is
+    a KeyboardInterrupt again, until the worker asks to end quietly); the temporary folder is read again from
+    TMPDIR (the launcher's job folder, ``job_temp_folder``; Python remembers the one it saw first); log lines
+    name this rank, not the launcher; the user's modules are imported again (``forget_user_modules``); who it is
+    is noted for the launcher, which reaps no workers itself (``app.exits``)."""
+    for sig in AGENT_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    tempfile.tempdir = None
+    relabel(f"rank {os.environ.get('RANK', '0')}")
+    forget_user_modules()
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        note_worker(os.environ["TORCHELASTIC_ERROR_FILE"])  # for the launcher's triage (``app.exits``)
+
+
+def forget_user_modules() -> None:
+    """Drop the modules the launcher imported from outside Python's installation, its environment's packages and
+    trainscale: the user's model, data or optimizer named by import path, and what they import from their own
+    folders. A forked worker then imports them itself, as a new interpreter would, with its own environment
+    (its rank, its devices) and with an error of its own where they do not import there."""
+    homes = tuple(dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).parents[1]))))
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None)
+        if where and name != "__main__" and not where.startswith(homes):
+            del sys.modules[name]
+
+
+def prepare(cfg: TrainConfig, worker: Worker | None = None) -> LaunchPlan:
+    """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others
+    and how its workers start."""
     checked = preflight(cfg)
     crowded = None if cfg.launch.devices else oversubscription(cfg.launch.local_workers + cfg.ps.servers)
     if crowded:
         log.warning("%s", crowded)  # once, by the launcher: the workers do not repeat it
     endpoint, is_host = rendezvous_address(cfg)
     return LaunchPlan(
-        endpoint, is_host, run_id(cfg), checked.out, threads_per_worker(cfg.run.threads, cfg.launch.local_workers)
+        endpoint,
+        is_host,
+        run_id(cfg),
+        checked.out,
+        threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
+        start_method=start_method(cfg, worker),
     )
 
 
@@ -165,25 +242,26 @@ def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
         rdzv_configs={"is_host": plan.is_host, "join_timeout": int(cfg.launch.rdzv_timeout)},
         max_restarts=cfg.launch.max_restarts,
         monitor_interval=MONITOR_INTERVAL_S,
-        start_method="spawn",
+        start_method=plan.start_method,
         local_addr=bind_address(plan.endpoint, plan.is_host),
         logs_specs=DefaultLogsSpecs(log_dir=str(plan.logs)) if plan.logs is not None else None,
     )
 
 
-def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None) -> int:
-    """Run the job (``job``: this launcher's place in it, by default the entry's); returns the exit status (0, 1
-    for a failed worker, 2 for a user error in a worker)."""
+def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None, worker: Worker | None = None) -> int:
+    """Run the job (``job``: this launcher's place in it, by default the entry's; ``worker``: the entry point's
+    function that runs a forked worker's `train` command line, None where workers must be new interpreters: see
+    the module docstring); returns the exit status (0, 1 for a failed worker, 2 for a user error in a worker)."""
     job = job or this_job()
     if job.replica is not None:
-        return run_replica_agent(cfg, flags, job)
-    plan = prepare(cfg)
+        return run_replica_agent(cfg, flags, job, worker)
+    plan = prepare(cfg, worker)
     with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
         os.environ.update(worker_env(cfg, plan.threads, fault_log))
-        return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"))
+        return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"), worker)
 
 
-def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int:
+def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker: Worker | None = None) -> int:
     """This node's part of the job under torch's elastic agent (or the fault-tolerant replicas' launchers)."""
     if cfg.replication.fault_tolerance:
         meeting = Meeting(plan.endpoint, plan.is_host, bind_address(plan.endpoint, plan.is_host), cfg.launch.nnodes)
@@ -195,24 +273,29 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     relabel(f"node {cfg.launch.node_rank} launcher")
     servers = f" and {cfg.ps.servers} parameter server(s)" if cfg.ps.servers else ""
     log.info(
-        "starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each)",
+        "starting %d worker(s)%s on node %d of %d (rendezvous %s, %d thread(s) each, %s)",
         cfg.launch.workers,
         servers,
         cfg.launch.node_rank,
         cfg.launch.nnodes,
         plan.endpoint,
         plan.threads,
+        "forked from this process" if plan.start_method == "fork" else "each a new interpreter",
     )
     events = plan.out / ft.EVENTS_FILE if plan.out is not None and cfg.ps.servers else None
+    exits = ChildExits() if plan.start_method == "fork" else None
     try:
-        with lock_run_folder(plan.out):  # for the whole job, restarts included: no second job writes there
+        # the run folder locked for the whole job, restarts included: no second job writes there
+        with lock_run_folder(plan.out), exits or contextlib.nullcontext():
             if events is not None and not cfg.run.resume and events.exists():
                 events.unlink()
-            elastic_launch(launch_config(cfg, plan), sys.executable)(*worker_args(flags, plan.out))
+            entry, args = worker_entry(plan, flags, worker)
+            elastic_launch(launch_config(cfg, plan), entry)(*args)
     except ChildFailedError as exc:
-        message, status = describe_failure(exc.failures, cfg.launch.workers if cfg.ps.servers else None)
-        write_node_report(exc.failures, message, status, this_job().node_report)
-        trace = root_traceback(exc.failures)  # the workers leave it to this process (``worker_errors``)
+        failures = failures_of(exc, exits)
+        message, status = describe_failure(failures, cfg.launch.workers if cfg.ps.servers else None)
+        write_node_report(failures, message, status, this_job().node_report)
+        trace = root_traceback(failures)  # the workers leave it to this process (``worker_errors``)
         print(
             f"{trace}\ntrainscale train: error: {message}" if trace else f"trainscale train: error: {message}",
             file=sys.stderr,
@@ -241,7 +324,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan) -> int
     return 0
 
 
-def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
+def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker: Worker | None = None) -> int:
     """One replica of a fault-tolerant job (``ft_launch``): torch's elastic agent with one worker, restarted
     alone when it dies (``--max-restarts`` times; 0 means ``DEFAULT_RESTARTS``), dying with the launcher."""
     die_with_parent(signal.SIGKILL, job.owner_pid)
@@ -253,6 +336,7 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
         uuid.uuid4().hex,
         Path(cfg.run.out),
         threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
+        start_method=start_method(cfg, worker),
     )
     become_launcher(restarts=True)
     relabel(f"replica {job.replica} agent")
@@ -263,9 +347,10 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job) -> int:
             max_restarts=cfg.launch.max_restarts or DEFAULT_RESTARTS,
         )
         try:
-            elastic_launch(config, sys.executable)(*worker_args(flags, plan.out))
+            entry, args = worker_entry(plan, flags, worker)
+            elastic_launch(config, entry)(*args)
         except ChildFailedError as exc:
-            message, status = describe_failure(exc.failures)
+            message, status = describe_failure(exc.failures)  # its one worker
             print(f"trainscale train: error: replica {job.replica}: {message}", file=sys.stderr)
             return status
         except SignalException as exc:

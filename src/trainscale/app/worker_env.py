@@ -38,10 +38,15 @@ def to_argv(flags: dict[str, Any]) -> list[str]:
     return argv
 
 
-def worker_args(flags: dict[str, Any], out: Path | None) -> list[str]:
-    """Arguments after ``sys.executable``: the same `train` flags, with the resolved run folder ``out``."""
+def train_argv(flags: dict[str, Any], out: Path | None) -> list[str]:
+    """A worker's `trainscale` command line: the same `train` flags, with the resolved run folder ``out``."""
     overrides = {"out": str(out)} if out is not None else {}
-    return ["-u", "-m", "trainscale", "train", *to_argv({**flags, **overrides})]
+    return ["train", *to_argv({**flags, **overrides})]
+
+
+def worker_args(flags: dict[str, Any], out: Path | None) -> list[str]:
+    """Arguments after ``sys.executable`` for a worker that is a new interpreter (``train_argv``)."""
+    return ["-u", "-m", "trainscale", *train_argv(flags, out)]
 
 
 def worker_env(cfg: TrainConfig, threads: int, fault_log: Path | None) -> dict[str, str]:

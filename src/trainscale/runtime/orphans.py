@@ -38,8 +38,11 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 DEATH_SIGNAL_NOTICE = "Received %s death signal, shutting down workers"  # their templates in torch 2.13
-CLOSING_SIGNAL_NOTICE = "Sending process %s closing signal %s"
-FAILED_NOTICE = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+CLOSING_SIGNAL_NOTICES = ("Sending process %s closing signal %s", "Closing process %s via signal %s")  # new, forked
+FAILED_NOTICES = (
+    "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+    "failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)",
+)
 
 
 def become_launcher(restarts: bool = False) -> None:
@@ -56,13 +59,17 @@ class AgentStopNotices(logging.Filter):
     """Drops torch's agent's notices of how it stops a job: "Received SIGINT death signal, shutting down
     workers", "Sending process N closing signal" and, in a job that restarts no worker (``restarts`` False),
     "failed (exitcode: 1) local_rank: ..." (the launcher says in one line why the job stopped, naming the failed
-    rank and the ones stopped after it; in a job that restarts workers, that notice is the news of a restart)."""
+    rank and the ones stopped after it; in a job that restarts workers, that notice is the news of a restart,
+    kept without the traceback of the agent's own exception that comes with it for forked workers)."""
 
     def __init__(self, restarts: bool = False) -> None:
         super().__init__()
-        self.dropped = (DEATH_SIGNAL_NOTICE, CLOSING_SIGNAL_NOTICE, *(() if restarts else (FAILED_NOTICE,)))
+        self.restarts = restarts
+        self.dropped = (DEATH_SIGNAL_NOTICE, *CLOSING_SIGNAL_NOTICES, *(() if restarts else FAILED_NOTICES))
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in FAILED_NOTICES and self.restarts:
+            record.exc_info, record.exc_text = None, None
         return record.msg not in self.dropped
 
 
