@@ -119,6 +119,10 @@ def test_a_latency_flag_replaces_the_cluster_files_and_only_slows_the_step(main_
         ),
         (("--hosts", "1", "--latency", "1ms"), "--latency needs a link: give --bandwidth too"),
         (
+            ("--hosts", "1", "--mode", "ps-sync", "--ps-placement", "separate"),
+            "--ps-placement separate puts the parameter servers on hosts of their own: give --bandwidth",
+        ),
+        (
             (
                 "--cluster",
                 "mxnet-p2-8xlarge",

@@ -353,7 +353,8 @@ class TestWithoutProfile:
             "one host": ["--hosts", "1", "--workers-per-host", "4", "--servers", "2"],
             "colocated": ["--hosts", "2", "--bandwidth", "25gbit", "--servers", "2"],
             "separate": ["--hosts", "2", "--bandwidth", "25gbit", "--ps-placement", "separate", "--servers", "3"],
-            "one host, separate": ["--hosts", "1", "--workers-per-host", "2", "--ps-placement", "separate"],
+            "one host, separate": ["--hosts", "1", "--workers-per-host", "2", "--ps-placement", "separate"]
+            + ["--bandwidth", "10gbit"],
             "slower": ["--hosts", "2", "--bandwidth", "25gbit", "--ps-efficiency", "0.5"],
         }.items():
             assert main([*flags, *extra]) == 0
@@ -365,6 +366,7 @@ class TestWithoutProfile:
         )
         assert said["separate"].endswith("; 3 server host(s) of their own, the model sharded evenly")
         assert said["one host, separate"].endswith("; 1 server host(s) of their own, the model sharded evenly")
+        assert "unused" not in said["one host, separate"]  # --bandwidth is the link to the servers' host
         assert said["slower"].endswith(
             "; 1 server(s) beside the workers on every host, the model sharded evenly, at 50% of line rate"
         )

@@ -306,6 +306,21 @@ def test_a_flag_beside_a_cluster_file_without_that_link_is_refused(tmp_path, fla
         layout_of(PlanConfig(cluster="f", **flags), cluster)
 
 
+def test_servers_on_hosts_of_their_own_need_a_link_to_them():
+    """One host of workers and its servers on hosts of their own (a cluster file's placement): without a link
+    between hosts the servers' traffic would cost nothing, so the plan asks for one."""
+    from trainscale.plan.describe import System
+    from trainscale.plan.plan import PlanConfig, check_server_link
+
+    separate = System(placement="separate")
+    fragment = 'f\'s ps_placement = "separate" puts the parameter servers on hosts of their own: give --bandwidth'
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        check_server_link(PlanConfig(cluster="f", mode="ps-sync"), separate, None)
+    check_server_link(PlanConfig(cluster="f", mode="sync"), separate, None)  # no servers in this mode
+    check_server_link(PlanConfig(cluster="f", mode="async"), separate, parse_link("1gbit", "0us"))
+    check_server_link(PlanConfig(cluster="f", mode="async"), System(), None)  # beside the workers
+
+
 def test_flags_replace_the_cluster_files_layout_and_links():
     from trainscale.plan.plan import PlanConfig, layout_of
 

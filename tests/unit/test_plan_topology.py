@@ -100,6 +100,18 @@ class TestParameterServers:
         whole = predict(profile, dataclasses.replace(base, ps=PSLayout("separate", "round_robin")))
         assert whole.step_seconds > 2 * shard.step_seconds - profile.compute_seconds
 
+    def test_bytes_over_a_worker_hosts_link(self):
+        """Servers of their own: each push and pull of a host's workers crosses its link (40 MB of gradients each
+        way per worker, 2 workers a host), on one host of workers too; beside the workers: the 3 of 4 shards that
+        live on other hosts."""
+        profile = make_profile()
+        separate = Setting(4, 2, Link(GB / 8), None, mode="ps-sync", ps=PSLayout("separate", "shard"))
+        assert predict(profile, separate).bytes_per_step_per_link == pytest.approx(2 * 2 * 40e6)
+        one_host = dataclasses.replace(separate, hosts=1, intra=Link(GB))
+        assert predict(profile, one_host).bytes_per_step_per_link == pytest.approx(2 * 2 * 40e6)
+        beside = dataclasses.replace(separate, ps=PSLayout())
+        assert predict(profile, beside).bytes_per_step_per_link == pytest.approx(3 / 4 * 2 * 2 * 40e6)
+
     def test_whole_tensors_need_their_sizes(self):
         base = Setting(4, 1, Link(GB / 8), None, mode="ps-sync", ps=PSLayout("separate", "by_size"))
         with pytest.raises(ConfigError, match="--ps-assignment by_size places whole tensors, but this profile has no"):

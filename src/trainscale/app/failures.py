@@ -104,9 +104,9 @@ def every_failure(
 ) -> dict[int, ProcessFailure]:
     """``failures`` with every other rank of the same attempt that failed on its own. For forked workers
     (``app.launch.start_method``) torch's agent hands over only the first failed process it finds, which may be a
-    consequence (a lost peer) of a rank that failed a moment earlier. Such a rank left an error file, or it was
-    killed by a signal other than the agent's SIGTERM, which its exit status says (``status_of``: a worker's
-    status by its folder beside the error file, None where not known; ``app.exits``)."""
+    consequence (a lost peer) of a rank that failed a moment earlier. Such a rank left an error file, or its exit
+    status says it failed: a signal other than the agent's SIGTERM, or a non-zero exit code (``status_of``: a
+    worker's status by its folder beside the error file, None where not known; ``app.exits``)."""
     found = dict(failures)
     for rank, failure in failures.items():
         if not failure.error_file or failure.error_file == os.devnull:

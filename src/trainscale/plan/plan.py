@@ -350,6 +350,7 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     on_gpu = device is not None or not profile.on_cpu or cfg.step_time is not None or cfg.device_step_ms is not None
     measured = measured_on_device(cfg, profile, device, per_host)
     system, assumed = system_of(cfg, cluster, on_gpu, measured)
+    check_server_link(cfg, system, inter)
     setting = _setting(cfg, hosts, per_host, inter, intra, system, scale)
     if on_gpu and "step_overhead" in assumed:
         setting = replace(setting, step_share=GPU_STEP_SHARE)
@@ -384,6 +385,17 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     return setting, cluster, origin
 
 
+def check_server_link(cfg: PlanConfig, system: System, inter: Link | None) -> None:
+    """Parameter servers on hosts of their own are reached over the network, on one host of workers too: without
+    a link between hosts their traffic would cost nothing."""
+    if cfg.mode in PS_MODES and system.placement == "separate" and inter is None:
+        where = "--ps-placement separate" if cfg.ps_placement else f'{cfg.cluster}\'s ps_placement = "separate"'
+        raise ConfigError(
+            f"{where} puts the parameter servers on hosts of their own: give --bandwidth (the link rate to them, "
+            "e.g. 10gbit), or a cluster file with a [link.inter]"
+        )
+
+
 def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, Link | None, Link | None]:
     """Hosts, workers per host and the links between and inside hosts: the cluster file's, each replaced by its
     flag where one is given (a flag's link replaces the file's whole link, its socket hop included)."""
@@ -414,9 +426,11 @@ def layout_of(cfg: PlanConfig, cluster: ClusterSpec | None) -> tuple[int, int, L
 
 def unused_bandwidth(cfg: PlanConfig, setting: Setting, workers: list[int]) -> str:
     """A word in the plan where ``--bandwidth`` was given but no host count planned (the plan's, or a swept one of
-    ``workers``) has a second host to reach over it."""
+    ``workers``) has a second host to reach over it, nor servers on hosts of their own."""
     if setting.hosts > 1 or cfg.bandwidth is None or max(workers) > setting.per_host:
         return ""
+    if cfg.mode in PS_MODES and setting.ps.placement == "separate":
+        return ""  # the link to the servers' hosts
     return f"; --bandwidth {cfg.bandwidth} unused: one host (it is the link between hosts)"
 
 

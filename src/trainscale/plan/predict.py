@@ -386,8 +386,13 @@ def _colocated(tensors: list[float], setting: Setting) -> float:
 
 
 def _ps_link_bytes(profile: Profile, setting: Setting) -> float:
+    """Bytes over a worker host's link per step: every push and pull of its workers where the servers have hosts
+    of their own; where they sit beside the workers, the share that lives on the other hosts."""
     h, g = setting.hosts, setting.per_host
-    return g * (h - 1) / h * sum(_ps_bytes(profile, setting)) if h > 1 else 0.0
+    total = sum(_ps_bytes(profile, setting))
+    if setting.ps.placement == "separate":
+        return g * total
+    return g * (h - 1) / h * total if h > 1 else 0.0
 
 
 def _ps_coding(profile: Profile, setting: Setting) -> tuple[float, float]:
