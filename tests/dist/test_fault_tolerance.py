@@ -94,7 +94,8 @@ def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
 def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
     """DiLoCo with Top-k rounds (local SGD is the same code with outer lr 1): killed as the round at step 8 starts,
     the survivor's round fails and is taken again at the next step with whoever is left (its local steps kept), the
-    replica heals mid-round and the replicas end equal."""
+    replica heals mid-round and the replicas end equal. 192 steps: the replica was back 1.1 s after the kill, about
+    step 28, on a 2-core machine (384 steps took 11 s more for the same faults)."""
     out, summary = ft_run(
         tmp_path,
         "diloco",
@@ -112,7 +113,7 @@ def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
         "--ft-timeout",
         "5",
         epochs=3,
-        subset=8192,
+        subset=4096,
     )
     (fault,) = summary["faults"]
     assert fault["steps_lost"] <= 1 and fault["recovery_seconds"] is not None
@@ -121,5 +122,5 @@ def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
     assert any(e["event"] == "aborted" and e["step"] == 8 for e in events), "the round at step 8 did not fail"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # the job's images, not one replica's half: an epoch may leave out less than a step of the largest quorum
-    assert all(8192 - 32 <= r["train_samples"] <= 8192 for r in rows), [r["train_samples"] for r in rows]
+    assert all(4096 - 32 <= r["train_samples"] <= 4096 for r in rows), [r["train_samples"] for r in rows]
     complete_record(out, 3)
