@@ -106,7 +106,9 @@ def test_killed_and_hung_workers_are_dropped_and_no_batch_is_skipped(tmp_path, m
         "hang",
         1,
     )
-    assert kill["detection_seconds"] < 5 and 2 <= hang["detection_seconds"] < 8
+    # the hang is found by a ping's 2 s timeout, not by a closed connection; a ping already on its way when the
+    # worker stopped times out a few ms before 2 s of the recorded hang (measured 1.995 s)
+    assert kill["detection_seconds"] < 5 and 2 - 0.1 <= hang["detection_seconds"] < 8
     assert kill["handed_over"] and hang["handed_over"]
     assert [r["batches_committed"] for r in rows(out)] == [36, 36]  # 3 shards of 12 batches, every epoch
     if mode == "ps-sync":
