@@ -28,6 +28,7 @@ from trainscale.cluster.command import BY_BENCH, bring_up, check_cluster, where_
 from trainscale.errors import ConfigError
 from trainscale.runtime import cluster as net
 from trainscale.runtime import ft
+from trainscale.runtime.orphans import is_running
 
 pytestmark = pytest.mark.cluster
 
@@ -621,7 +622,7 @@ def processes_of(folder: Path) -> list[int]:
                 pids.append(int(cmdline.parent.name))
         except (OSError, ValueError):
             continue
-    return [pid for pid in pids if net._alive(pid)]
+    return [pid for pid in pids if is_running(pid)]
 
 
 def start_bench(

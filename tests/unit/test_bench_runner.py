@@ -20,6 +20,7 @@ from trainscale.bench.expand import plan_runs
 from trainscale.bench.grid import GridError, load_grid
 from trainscale.bench.runfolder import RunFolderError, State, folder_state, to_toml, write_run_files
 from trainscale.bench.runner import BenchOptions, check_same_plan, plan, run_grid
+from trainscale.runtime.orphans import is_running
 
 # Stands in for `python -m trainscale train --config RUN.toml --out DIR`: lr 0.5 fails, lr 0.7 hangs
 # (with a grandchild in its own session, like torch's elastic workers), anything else succeeds.
@@ -153,15 +154,7 @@ def test_run_past_its_timeout_is_stopped_with_everything_it_started(tmp_path, fa
     assert "timeout of 3 s" in results[0].error
     assert time.monotonic() - start < 30
     pid = int((tmp_path / "grandchild.pid").read_text())
-    assert not _alive(pid), "the run's grandchild (own session) survived"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not is_running(pid), "the run's grandchild (own session) survived"
 
 
 def test_checkpointed_unfinished_run_is_resumed(tmp_path, fake):
@@ -396,9 +389,9 @@ def _bench_process(tmp_path: Path, fake: Path) -> tuple[subprocess.Popen, int]:
 
 def _gone(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
+    while is_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not is_running(pid)
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")

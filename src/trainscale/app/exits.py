@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from trainscale.io import atomic_write_text
+from trainscale.runtime.orphans import stat_fields
 
 PID_FILE = "pid"  # in the agent's folder of a worker's error file: "<process id> <start time>"
 
@@ -25,12 +26,8 @@ PID_FILE = "pid"  # in the agent's folder of a worker's error file: "<process id
 def start_time(pid: int) -> int | None:
     """When the process started (clock ticks since boot: field 22 of ``/proc/<pid>/stat``, still there while it
     is a zombie); None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
-    return int(fields[19])
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def note_worker(error_file: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainscale.io import open_output
-from trainscale.runtime.orphans import dying_with_this_process
+from trainscale.runtime.orphans import dying_with_this_process, is_running
 
 log = logging.getLogger("trainscale.bench")
 
@@ -66,7 +66,7 @@ def stop(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    alive = [pid for pid in tree if _alive(pid)]
+    alive = [pid for pid in tree if is_running(pid)]
     if alive:
         log.warning("run did not stop in %.0f s after SIGTERM; killing %d process(es)", grace, len(alive))
         _signal_all(proc.pid, alive, signal.SIGKILL)
@@ -83,14 +83,6 @@ def _signal_all(group: int, pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def descendants(pid: int) -> list[int]:

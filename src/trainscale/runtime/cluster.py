@@ -26,6 +26,7 @@ from pathlib import Path
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.io import atomic_write_text
 from trainscale.runtime.job import CLUSTER_ENV, this_job  # noqa: F401  (CLUSTER_ENV: `train --cluster` writes it)
+from trainscale.runtime.orphans import is_running
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -261,16 +262,8 @@ def stop_processes(pids: Sequence[int], grace_s: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(is_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def leftover_cpu_groups() -> set[str]:

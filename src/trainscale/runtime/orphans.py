@@ -117,15 +117,26 @@ def die_quietly_on_stop() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def process_state(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent pid) of process ``pid`` from /proc/PID/stat, or None if it is gone. The command name
-    in parentheses may hold spaces and parentheses, so the fields are read after its last ``)``."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat from the state letter on (field 3 of proc(5) is item 0), or None if process
+    ``pid`` is gone. The command name in parentheses may hold spaces and parentheses, so the fields are read after
+    its last ``)``."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    state, parent = stat.rsplit(")", 1)[1].split()[:2]
-    return state, int(parent)
+
+
+def process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of process ``pid``, or None if it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[1]))
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie, not yet reaped, has)."""
+    state = process_state(pid)
+    return state is not None and state[0] != "Z"
 
 
 def is_stopped(pid: int) -> bool:
