@@ -95,8 +95,10 @@ class ChildExits:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
             except ChildProcessError:
                 continue  # reaped meanwhile
+            if info is None:
+                continue  # alive
             started = start_time(pid)
-            if info is None or started is None or (pid, started) in self._seen:
+            if started is None or (pid, started) in self._seen:
                 continue
             self._seen[(pid, started)] = exit_status(info)
             new = True
