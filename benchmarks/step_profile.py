@@ -9,7 +9,9 @@ and the first epochs runs under the profiler. For that epoch it prints:
 - GPU time per step in each compiled region (for ``--train-step captured``: the whole-step graph's replay with the
   copies of the batch into it) and in the kernels launched one by one (the rest), and the host's launches per step
   (kernels and graph replays): what a captured step has left outside its graphs;
-- the top kernels by GPU time, and the top host operations by their own CPU time (where a host-bound step goes).
+- the top kernels by GPU time, and the top host operations by their own CPU time (where a host-bound step goes);
+- where the GPU sat idle: before the epoch's first kernel, after its last, and between kernels in bands of gap
+  length (a graph's own latency between dependent kernels, or the device waiting for the host).
 
 For every epoch, without the profiler: its seconds and the Python garbage collections during it (count, and the
 milliseconds of full ones), since a collection inside a timed epoch stalls the host that feeds the GPU.
@@ -17,6 +19,7 @@ The settings, environment and figures go to ``--out`` (JSON).
 
     python benchmarks/step_profile.py --device cuda                       # speedrun94, the whole step captured
     python benchmarks/step_profile.py --device cuda --compile-mode max-autotune
+    python benchmarks/step_profile.py --device cuda --recipe airbench94 --model-arg bn_momentum=0.6
     python benchmarks/step_profile.py --device cuda --train-step graphed    # three graphs a step
     python benchmarks/step_profile.py --device cuda --dataset cifar10 --images 50000
     python benchmarks/step_profile.py --device cpu --train-step eager --images 3072 --batch-size 256
@@ -25,8 +28,10 @@ The settings, environment and figures go to ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gc
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (the real images)")
     p.add_argument("--images", type=int, default=49152, help="training images (default: 32 x 1536)")
     p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE for the model (repeatable)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--profile-epoch", type=int, default=3, help="1-based; after the first, which pays its own")
     p.add_argument("--top", type=int, default=15, help="kernels listed")
@@ -110,25 +116,80 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return busy / 1e6
 
 
-def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -> dict[str, Any]:
-    """The profiled epoch's figures (see the module docstring); on a CPU the host's alone."""
-    events = prof.events()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-    busy = busy_seconds([(e.time_range.start, e.time_range.end) for e in kernels])
+GAP_BANDS_US = (10.0, 100.0)  # a gap between kernels: inside a graph (dependency latency), short, or the host's
+
+
+def kernel_gaps(intervals: list[tuple[float, float]], first: float, last: float, steps: int) -> dict[str, Any]:
+    """Where the GPU was idle in the profiled epoch (``first``..``last``: its host events' span, microseconds):
+    before its first kernel (the epoch's draws on the host), after its last, and between kernels, in the bands of
+    ``GAP_BANDS_US``: many gaps of a few microseconds are a graph's own launch latency between dependent kernels
+    (fewer, fused kernels shrink them); gaps of 100 us or more are the device waiting for the host."""
+    spans = sorted(intervals)
+    lo, hi = GAP_BANDS_US
+    names = (f"under {lo:g} us", f"{lo:g}-{hi:g} us", f"{hi:g} us or more")
+    counts, micros = [0, 0, 0], [0.0, 0.0, 0.0]
+    end = spans[0][1] if spans else first
+    for start, stop in spans[1:]:
+        gap = start - end
+        if gap > 0:
+            band = 0 if gap < lo else 1 if gap < hi else 2
+            counts[band] += 1
+            micros[band] += gap
+        end = max(end, stop)
+    bands = {name: {"count": n / steps, "ms": us / 1e3 / steps} for name, n, us in zip(names, counts, micros)}
+    return {
+        "kernels_per_step": len(spans) / steps,
+        "idle_ms_before_first_kernel": (spans[0][0] - first) / 1e3 if spans else None,
+        "idle_ms_after_last_kernel": (last - end) / 1e3 if spans else None,
+        "gaps_per_step": bands,
+    }
+
+
+def is_annotation(e: Any) -> bool:
+    """A ``record_function`` range drawn on the GPU's timeline (kineto's user annotation): no kernel."""
+    return bool(getattr(e, "is_user_annotation", False))
+
+
+def within(start: float, spans: list[tuple[float, float]]) -> bool:
+    """Whether ``start`` falls inside one of the sorted, disjoint ``spans``."""
+    i = bisect.bisect_right(spans, (start, math.inf)) - 1
+    return i >= 0 and start < spans[i][1]
+
+
+def graph_ms(events: list[Any], kernels: list[Any], steps: int) -> dict[str, float]:
+    """GPU ms per step in each compiled region and, for a captured step, in its replays (the kernels inside the
+    GPU-side ranges of this benchmark's marks; without those, the marks' own device time), and outside them."""
     regions: dict[str, float] = {}  # GPU ms of each compiled graph's calls, by the graph's name
     for e in events:
         if e.device_type == DeviceType.CPU and e.name.startswith(REGION):
             regions[e.name] = regions.get(e.name, 0.0) + e.device_time_total / 1e3
-    whole = [e.device_time_total / 1e3 for e in events if e.device_type == DeviceType.CPU and e.name == WHOLE_STEP]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if is_annotation(e) and e.name == WHOLE_STEP)
+    marks = [e for e in events if e.device_type == DeviceType.CPU and e.name == WHOLE_STEP]
+    if spans:
+        whole = sum(k.time_range.elapsed_us() for k in kernels if within(k.time_range.start, spans)) / 1e3
+    else:
+        whole = sum(e.device_time_total for e in marks) / 1e3
     gpu_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
     named = {f"compiled graph {i + 1}": ms / steps for i, ms in enumerate(sorted(regions.values(), reverse=True))}
-    if whole:  # a captured step calls no compiled graph after its capture: one replay a step
-        named = {f"{WHOLE_STEP} (with the batch's copies into it)": sum(whole) / steps}
-    named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values()) - sum(whole)) / steps
+    if marks:  # a captured step calls no compiled graph after its capture: one replay a step
+        named = {f"{WHOLE_STEP} (with the batch's copies into it)": whole / steps}
+    named["kernels outside the compiled graphs"] = (gpu_ms - sum(regions.values()) - whole) / steps
+    return named
+
+
+def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -> dict[str, Any]:
+    """The profiled epoch's figures (see the module docstring); on a CPU the host's alone."""
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not is_annotation(e)]
+    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+    busy = busy_seconds(intervals)
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    span = (min(e.time_range.start for e in host), max(e.time_range.end for e in host)) if host else (0.0, 0.0)
+    named = graph_ms(events, kernels, steps)
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=top, max_name_column_width=60)
-    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+    host_ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
     return {
         "epoch_seconds_profiled": seconds,
         "gpu_busy_seconds": busy if cuda else None,
@@ -139,7 +200,8 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
         / 1e3
         / steps,
         "top_kernels": table,
-        "top_host_ops": host,
+        "top_host_ops": host_ops,
+        "gpu_idle": kernel_gaps(intervals, *span, steps) if cuda else None,
     }
 
 
@@ -162,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainscale import fit
 
-    sets = {"batch_size": args.batch_size} if args.batch_size else {}
+    sets: dict[str, Any] = {"batch_size": args.batch_size} if args.batch_size else {}
+    if args.model_arg:
+        sets["model_args"] = args.model_arg
     whole_step = CapturedStep.__call__
 
     def marked(self: CapturedStep, images: torch.Tensor, labels: torch.Tensor) -> Any:
@@ -219,6 +283,14 @@ def report(
     )
     for name, ms in found["gpu_ms_per_step"].items():
         print(f"  GPU ms per step, {name}: {ms:.3f}")
+    idle = found.get("gpu_idle")
+    if idle:
+        print(
+            f"  kernels per step {idle['kernels_per_step']:.0f}; GPU idle before the first kernel "
+            f"{idle['idle_ms_before_first_kernel']:.2f} ms, after the last {idle['idle_ms_after_last_kernel']:.2f} ms"
+        )
+        for name, band in idle["gaps_per_step"].items():
+            print(f"  gaps between kernels {name}: {band['count']:.1f} per step, {band['ms']:.3f} ms per step")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,50 @@ def test_a_captured_steps_replay_is_its_whole_step_graph_and_the_rest_is_outside
     }
     assert found["host_launches_per_step"] == 2
     assert found["gpu_busy_seconds"] == pytest.approx(1e-3)
+
+
+def test_the_gpus_idle_time_is_split_into_the_epochs_ends_and_bands_of_gaps_between_kernels() -> None:
+    """Host events span 0..1000 us; kernels leave 50 us idle at the start, gaps of 2, 3, 40 and 300 us between
+    them (one overlap, which is no gap), and 100 us at the end."""
+    kernels = [(50.0, 100.0), (102.0, 200.0), (150.0, 210.0), (213.0, 300.0), (340.0, 500.0), (800.0, 900.0)]
+    idle = step_profile.kernel_gaps(kernels, 0.0, 1000.0, steps=2)
+    assert idle["kernels_per_step"] == 3
+    assert idle["idle_ms_before_first_kernel"] == pytest.approx(0.05)
+    assert idle["idle_ms_after_last_kernel"] == pytest.approx(0.1)
+    assert idle["gaps_per_step"] == {
+        "under 10 us": {"count": 1.0, "ms": pytest.approx(0.0025)},
+        "10-100 us": {"count": 0.5, "ms": pytest.approx(0.02)},
+        "100 us or more": {"count": 0.5, "ms": pytest.approx(0.15)},
+    }
+
+
+class Annotation(Event):
+    """A ``record_function`` range as kineto draws it on the GPU's timeline."""
+
+    is_user_annotation = True
+
+    def __init__(self, name: str, start: float, end: float) -> None:
+        super().__init__(name, True, start, end)
+
+
+def test_a_captured_steps_kernels_are_those_inside_its_marks_gpu_ranges_and_the_ranges_are_no_kernels() -> None:
+    """Two steps, each a replay of two kernels (300 us in all) inside the mark's GPU range, and a lone kernel of
+    100 us after it; the marks' CPU events see none of the graph's kernels (as with a real CUDA graph)."""
+    events = []
+    for step in range(2):
+        t = 1000.0 * step
+        events += [
+            Event(step_profile.WHOLE_STEP, False, t, t + 50, device_us=5),
+            Annotation(step_profile.WHOLE_STEP, t + 100, t + 420),
+            Event("graph kernel", True, t + 100, t + 300),
+            Event("graph kernel", True, t + 320, t + 420),
+            Event("lone kernel", True, t + 700, t + 800),
+        ]
+    found = step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
+    assert found["gpu_ms_per_step"] == {
+        "whole-step graph (with the batch's copies into it)": pytest.approx(0.3),
+        "kernels outside the compiled graphs": pytest.approx(0.1),
+    }
+    assert found["gpu_busy_seconds"] == pytest.approx(0.8e-3)
+    assert found["gpu_idle"]["kernels_per_step"] == 3
+    assert found["gpu_idle"]["gaps_per_step"]["10-100 us"] == {"count": 1.0, "ms": pytest.approx(0.02)}
