@@ -22,11 +22,13 @@ and the logits are divided by the width (256) instead of scaled by 1/9, and the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from trainscale.errors import ConfigError
+from trainscale.models.pool2x2 import MaxPool2x2
 from trainscale.models.registry import register_model
 
 PATCH = 2
@@ -50,13 +52,26 @@ def dirac_conv(c_in: int, c_out: int) -> nn.Conv2d:
     return conv
 
 
+POOLS: dict[str, Callable[[], nn.Module]] = {"max": lambda: nn.MaxPool2d(2), "triton": MaxPool2x2}
+
+
+def pool_2x2(name: str) -> nn.Module:
+    """The groups' 2x2 max pooling by name (``POOLS``; ``--model-arg pool=NAME``): ``max`` is ``nn.MaxPool2d``,
+    ``triton`` the same pooling through Triton kernels inside torch.compile on a GPU (``models.pool2x2``)."""
+    if name not in POOLS:
+        raise ConfigError(f"--model-arg pool={name}: no such pooling; use one of {', '.join(POOLS)}")
+    return POOLS[name]()
+
+
 class ConvGroup(nn.Module):
     """conv -> maxpool2 -> BN -> GELU -> conv -> BN -> GELU: pool before BN so BN sees the downsampled map."""
 
-    def __init__(self, c_in: int, c_out: int, bn_momentum: float, act: type[nn.Module] = nn.GELU) -> None:
+    def __init__(
+        self, c_in: int, c_out: int, bn_momentum: float, act: type[nn.Module] = nn.GELU, pool: str = "max"
+    ) -> None:
         super().__init__()
         self.conv1 = dirac_conv(c_in, c_out)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = pool_2x2(pool)
         self.bn1 = FrozenScaleBN(c_out, bn_momentum)
         self.conv2 = dirac_conv(c_out, c_out)
         self.bn2 = FrozenScaleBN(c_out, bn_momentum)
@@ -116,9 +131,10 @@ class AirbenchNet(nn.Module):
         output_scale: float | None = 1 / 9,
         bias_epochs: float = 0.0,
         act: type[nn.Module] = nn.GELU,
+        pool: str = "max",
     ) -> None:
         """``output_scale`` None: unit-std head, logits / width (airbench94_muon); ``bias_epochs`` > 0: the
-        whitening bias trains for that many epochs (see ``train_until``)."""
+        whitening bias trains for that many epochs (see ``train_until``); ``pool``: the groups' (``POOLS``)."""
         super().__init__()
         self.whiten_eps = whiten_eps
         dim = 3 * PATCH * PATCH
@@ -130,7 +146,7 @@ class AirbenchNet(nn.Module):
         self.whiten.bias.requires_grad_(bias_epochs > 0)
         self.act = act()
         c_ins = (2 * dim, *widths[:-1])
-        self.groups = nn.Sequential(*[ConvGroup(a, b, bn_momentum, act) for a, b in zip(c_ins, widths)])
+        self.groups = nn.Sequential(*[ConvGroup(a, b, bn_momentum, act, pool) for a, b in zip(c_ins, widths)])
         self.pool = nn.MaxPool2d(3)
         self.fc = nn.Linear(widths[-1], num_classes, bias=False)
         self.scale = output_scale if output_scale is not None else 1 / widths[-1]
@@ -196,8 +212,16 @@ def airbench94(num_classes: int = 10, widths: Sequence[int] = (64, 256, 256), bn
     data_init_images=5000,
     recipe="speedrun94",
 )
-def speedrun94(num_classes: int = 10, widths: Sequence[int] = (64, 256, 256), bn_momentum: float = 0.4) -> nn.Module:
+def speedrun94(
+    num_classes: int = 10, widths: Sequence[int] = (64, 256, 256), bn_momentum: float = 0.4, pool: str = "max"
+) -> nn.Module:
     """airbench94 with SiLU in place of GELU (cheaper, as the 2025 CIFAR-10 speed record uses)."""
     return AirbenchNet(
-        num_classes, widths=widths, bn_momentum=bn_momentum, output_scale=None, bias_epochs=3.0, act=nn.SiLU
+        num_classes,
+        widths=widths,
+        bn_momentum=bn_momentum,
+        output_scale=None,
+        bias_epochs=3.0,
+        act=nn.SiLU,
+        pool=pool,
     )
