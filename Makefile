@@ -41,11 +41,17 @@ format: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# The unit tests (one process each, no timings) on every core at once; the multi-process tests (tests/dist,
+# tests/integration: workers, clusters, timeouts) one after another, since each of them fills the cores itself.
+UNIT := tests/unit
+SERIAL := tests/integration tests/dist
 test: lint docs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto $(UNIT) $(PYTEST_ARGS)
+	$(PY) -m pytest $(SERIAL) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto -m "not slow" $(UNIT) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(SERIAL) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
