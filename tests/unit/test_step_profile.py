@@ -4,6 +4,7 @@ captured step's replay is attributed to its whole-step graph."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,23 +57,31 @@ class Profile:
         return SimpleNamespace(table=lambda **_: "table")
 
 
+def two_steps(events_at: Callable[[float], list[Event]]) -> dict[str, Any]:
+    """``breakdown`` of two steps 1 ms apart, the events of the step starting at ``t`` us being ``events_at(t)``."""
+    events = [e for step in range(2) for e in events_at(1000.0 * step)]
+    return step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
+
+
+def graph_and_outside(graph_ms: float, outside_ms: float) -> dict[str, Any]:
+    return {
+        "whole-step graph (with the batch's copies into it)": pytest.approx(graph_ms),
+        "kernels outside the compiled graphs": pytest.approx(outside_ms),
+    }
+
+
 def test_a_captured_steps_replay_is_its_whole_step_graph_and_the_rest_is_outside() -> None:
     """Two steps, each a marked replay whose kernels take 400 us, and one kernel of 100 us launched outside it."""
-    events = []
-    for step in range(2):
-        t = 1000.0 * step
-        events += [
+    found = two_steps(
+        lambda t: [
             Event(step_profile.WHOLE_STEP, False, t, t + 50, device_us=400),
             Event("cudaGraphLaunch", False, t + 10, t + 20),
             Event("graph kernel", True, t + 100, t + 500),
             Event("cudaLaunchKernel", False, t + 600, t + 610),
             Event("lone kernel", True, t + 700, t + 800),
         ]
-    found = step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
-    assert found["gpu_ms_per_step"] == {
-        "whole-step graph (with the batch's copies into it)": pytest.approx(0.4),
-        "kernels outside the compiled graphs": pytest.approx(0.1),
-    }
+    )
+    assert found["gpu_ms_per_step"] == graph_and_outside(0.4, 0.1)
     assert found["host_launches_per_step"] == 2
     assert found["gpu_busy_seconds"] == pytest.approx(1e-3)
 
@@ -104,21 +113,16 @@ class Annotation(Event):
 def test_a_captured_steps_kernels_are_those_inside_its_marks_gpu_ranges_and_the_ranges_are_no_kernels() -> None:
     """Two steps, each a replay of two kernels (300 us in all) inside the mark's GPU range, and a lone kernel of
     100 us after it; the marks' CPU events see none of the graph's kernels (as with a real CUDA graph)."""
-    events = []
-    for step in range(2):
-        t = 1000.0 * step
-        events += [
+    found = two_steps(
+        lambda t: [
             Event(step_profile.WHOLE_STEP, False, t, t + 50, device_us=5),
             Annotation(step_profile.WHOLE_STEP, t + 100, t + 420),
             Event("graph kernel", True, t + 100, t + 300),
             Event("graph kernel", True, t + 320, t + 420),
             Event("lone kernel", True, t + 700, t + 800),
         ]
-    found = step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
-    assert found["gpu_ms_per_step"] == {
-        "whole-step graph (with the batch's copies into it)": pytest.approx(0.3),
-        "kernels outside the compiled graphs": pytest.approx(0.1),
-    }
+    )
+    assert found["gpu_ms_per_step"] == graph_and_outside(0.3, 0.1)
     assert found["gpu_busy_seconds"] == pytest.approx(0.8e-3)
     assert found["gpu_idle"]["kernels_per_step"] == 3
     assert found["gpu_idle"]["gaps_per_step"]["10-100 us"] == {"count": 1.0, "ms": pytest.approx(0.02)}
