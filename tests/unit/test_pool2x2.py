@@ -25,7 +25,7 @@ SHAPES = [(3, 8, 31, 31), (2, 300, 5, 5), (2, 4, 8, 8), (1, 1, 2, 3)]
 def maps_with_ties(shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
     """Random NCHW maps laid out channels_last, every 7th element a copy of its neighbour (ties in windows)."""
     n, c, h, w = shape
-    x = torch.randn(n, h, w, c, dtype=dtype, device=device, generator=None)
+    x = torch.randn(n, h, w, c, dtype=dtype, device=device)
     flat = x.view(-1)
     k = min(flat[::7].numel(), flat[1::7].numel())
     flat[: 7 * k : 7] = flat[1 : 7 * k : 7]

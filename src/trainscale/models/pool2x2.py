@@ -80,7 +80,7 @@ def ops() -> tuple[Any, Any]:
         x = x.contiguous(memory_format=torch.channels_last)
         n, c, H, W = x.shape
         h, w = H // 2, W // 2
-        out = torch.empty((n, c, h, w), device=x.device, dtype=x.dtype).contiguous(memory_format=torch.channels_last)
+        out = torch.empty((n, c, h, w), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         which = torch.empty_like(out, dtype=torch.int8)
         wrap_triton(forward_kernel)[grid(n * h, w * c)](x, out, which, H, h, c, W, w, BLOCK=BLOCK)
         return out, which
@@ -89,8 +89,7 @@ def ops() -> tuple[Any, Any]:
     def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
         grad = grad.contiguous(memory_format=torch.channels_last)
         n, c, h, w = grad.shape
-        grad_in = torch.empty((n, c, H, W), device=grad.device, dtype=grad.dtype)
-        grad_in = grad_in.contiguous(memory_format=torch.channels_last)
+        grad_in = torch.empty((n, c, H, W), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
         wrap_triton(backward_kernel)[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
         return grad_in
 
