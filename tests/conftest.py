@@ -1,14 +1,17 @@
 """Shared fixtures. ``cifar10_dir``: the real CIFAR-10 that TRAINSCALE_DATA points to; ``main_cli``: the CLI in
 this process; ``short_temp``: a TMPDIR for processes a test may kill. Tests marked ``gpu`` are skipped, with the
-reason, where torch sees no CUDA device."""
+reason, where torch sees no CUDA device. Under pytest-xdist a test marked ``alone`` runs with no other test beside
+it (``pytest_runtest_protocol``)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
 
@@ -85,3 +88,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# Two lock objects every pytest process of this checkout can open, and that nothing else locks: the gate a test
+# passes on its way in, and the machine it then shares or holds.
+GATE, MACHINE = Path(__file__), Path(__file__).parent
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, operation: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+@contextlib.contextmanager
+def machine(alone: bool, gate: Path = GATE, shared: Path = MACHINE) -> Iterator[None]:
+    """The machine shared with the tests beside this one, or held by this one alone: a readers-writer lock over
+    two flocks. A test passes the gate while it waits for its share or its hold, so a waiting ``alone`` test keeps
+    the others from coming in after it and is not starved by a stream of them."""
+    with contextlib.ExitStack() as held:
+        with _flocked(gate, fcntl.LOCK_EX):
+            held.enter_context(_flocked(shared, fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Under pytest-xdist (``make test`` runs the multi-process tests two at a time), a test marked ``alone`` runs
+    with no other beside it, its fixtures' setup and teardown included: its assertions time faults, heartbeats or
+    links against the wall clock, which a neighbour's load would stretch. Run without xdist, tests are one at a
+    time anyway."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with machine(item.get_closest_marker("alone") is not None):
+        yield

@@ -52,6 +52,7 @@ def test_fault_free_replicas_learn_what_one_process_learns(tmp_path):
     complete_record(out, 3)
 
 
+@pytest.mark.alone
 def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
     """With PowerSGD, so the compressed exchange runs over the quorum too: the kill aborts one step everywhere
     (compressor state put back) and the restarted replica heals with the shared state (Q). The dense path's
@@ -82,6 +83,7 @@ def test_a_killed_replica_costs_at_most_one_step_and_heals(tmp_path):
     complete_record(out, 3)
 
 
+@pytest.mark.alone
 def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
     out, summary = ft_run(tmp_path, "hang", "--inject-fault", "hang:0@6", "--ft-timeout", "2", epochs=4, subset=8192)
     (fault,) = summary["faults"]
@@ -91,6 +93,7 @@ def test_a_hung_replica_is_dropped_within_the_timeout(tmp_path):
     complete_record(out, 4)
 
 
+@pytest.mark.alone
 def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
     """DiLoCo with Top-k rounds (local SGD is the same code with outer lr 1): killed as the round at step 8 starts,
     the survivor's round fails and is taken again at the next step with whoever is left (its local steps kept), the

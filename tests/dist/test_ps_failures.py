@@ -14,6 +14,9 @@ import pytest
 
 from tests.integration.cli import run_cli, small_run
 
+# Every test here times a fault's detection against the wall clock, or waits out a heartbeat.
+pytestmark = pytest.mark.alone
+
 SYN = (*small_run(train=512, test=128), "--workers", "2", "--servers", "2")
 
 

@@ -10,6 +10,7 @@ from tests.integration.cli import run_cli, small_run
 K = 1
 
 
+@pytest.mark.alone
 @pytest.mark.dist
 def test_bounded_staleness_holds_with_a_slowed_worker(tmp_path):
     out = tmp_path / "run"

@@ -61,6 +61,23 @@ def test_a_killed_holders_file_is_taken_over(lock_dir: Path) -> None:
     assert owners.leftover_locks() == []
 
 
+def test_clearing_a_leftover_removes_a_killed_holders_file_and_never_makes_one(
+    lock_dir: Path, held_elsewhere: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cluster down --all` and the tests clear killed owners' lock files: one that a live owner deleted meanwhile
+    (the sweep listed it just before) is not put back, not even for a moment, and a held one is left to its
+    holder."""
+    real_open, flags = owners.open_regular, []
+    monkeypatch.setattr(
+        owners, "open_regular", lambda path, f, follow=True: flags.append(f) or real_open(path, f, follow)
+    )
+    assert owners.clear_leftover("gone") and not (lock_dir / "gone.lock").exists()
+    assert flags and not any(f & os.O_CREAT for f in flags)
+    (lock_dir / "c5.lock").write_text("999999999\n")
+    assert owners.clear_leftover("c5") and not (lock_dir / "c5.lock").exists()
+    assert not owners.clear_leftover("other", wait_s=0) and (lock_dir / "other.lock").exists()
+
+
 def test_a_file_removed_after_it_was_opened_is_not_a_lock(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The previous holder deleted its file between our open and our flock: locking that file would give two
     owners (the next process locks a new file), so the new file is locked instead."""

@@ -249,9 +249,8 @@ def down(args: argparse.Namespace) -> int:
             removed = bring_down(name)
             print(f"cluster {name}: removed {len(removed)} namespaces")
     if args.all:
-        for name in owners.leftover_locks():  # lock files of killed owners: taking and letting go removes them
-            with contextlib.suppress(owners.ClusterBusy), owners.owned(name, wait_s=0):
-                pass
+        for name in owners.leftover_locks():  # lock files of killed owners
+            owners.clear_leftover(name)
     return 0
 
 

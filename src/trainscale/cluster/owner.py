@@ -68,6 +68,7 @@ def owned(name: str, wait_s: float = WAIT_S) -> Iterator[None]:
     """Hold cluster ``name``'s lock for the body; ClusterBusy, naming the holder, when another live process (or
     this one) still holds it after ``wait_s`` seconds."""
     fd = _acquire(name, wait_s)
+    assert fd is not None  # made where there was none
     _held[name] = fd
     try:
         yield
@@ -76,6 +77,21 @@ def owned(name: str, wait_s: float = WAIT_S) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             lock_path(name).unlink()
         os.close(fd)
+
+
+def clear_leftover(name: str, wait_s: float = WAIT_S) -> bool:
+    """Delete cluster ``name``'s lock file where no live process holds it (a killed owner's), as taking and letting
+    go of the lock does, but never make one where there is none: a sweep that listed the file just before its owner
+    deleted it would otherwise put it back for a moment. False when a live owner still holds it after ``wait_s``."""
+    try:
+        fd = _acquire(name, wait_s, create=False)
+    except ClusterBusy:
+        return False
+    if fd is not None:
+        with contextlib.suppress(FileNotFoundError):
+            lock_path(name).unlink()
+        os.close(fd)
+    return True
 
 
 def holds(name: str) -> bool:
@@ -89,14 +105,18 @@ def require(name: str) -> None:
         raise RuntimeError(f"cluster {name} is changed without its lock (trainscale.cluster.owner.owned)")
 
 
-def _acquire(name: str, wait_s: float) -> int:
+def _acquire(name: str, wait_s: float, create: bool = True) -> int | None:
+    """The locked file's descriptor; None where ``create`` is off and there is no file to lock."""
     path = lock_path(name)
     if name in _held:
         raise ClusterBusy(name, Owner(os.getpid(), net.command_of(os.getpid())))
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, follow=False)
+        try:
+            fd = open_regular(path, os.O_RDWR | (os.O_CREAT if create else 0), follow=False)
+        except FileNotFoundError:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -385,10 +385,16 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     return setting, cluster, origin
 
 
+def servers_apart(mode: str, placement: str) -> bool:
+    """Whether the plan has parameter servers on hosts of their own, which the workers reach over the link
+    between hosts."""
+    return mode in PS_MODES and placement == "separate"
+
+
 def check_server_link(cfg: PlanConfig, system: System, inter: Link | None) -> None:
     """Parameter servers on hosts of their own are reached over the network, on one host of workers too: without
     a link between hosts their traffic would cost nothing."""
-    if cfg.mode in PS_MODES and system.placement == "separate" and inter is None:
+    if servers_apart(cfg.mode, system.placement) and inter is None:
         where = "--ps-placement separate" if cfg.ps_placement else f'{cfg.cluster}\'s ps_placement = "separate"'
         raise ConfigError(
             f"{where} puts the parameter servers on hosts of their own: give --bandwidth (the link rate to them, "
@@ -429,7 +435,7 @@ def unused_bandwidth(cfg: PlanConfig, setting: Setting, workers: list[int]) -> s
     ``workers``) has a second host to reach over it, nor servers on hosts of their own."""
     if setting.hosts > 1 or cfg.bandwidth is None or max(workers) > setting.per_host:
         return ""
-    if cfg.mode in PS_MODES and setting.ps.placement == "separate":
+    if servers_apart(cfg.mode, setting.ps.placement):
         return ""  # the link to the servers' hosts
     return f"; --bandwidth {cfg.bandwidth} unused: one host (it is the link between hosts)"
 
