@@ -68,7 +68,7 @@ def owned(name: str, wait_s: float = WAIT_S) -> Iterator[None]:
     """Hold cluster ``name``'s lock for the body; ClusterBusy, naming the holder, when another live process (or
     this one) still holds it after ``wait_s`` seconds."""
     fd = _acquire(name, wait_s)
-    assert fd is not None  # made where there was none
+    assert fd is not None  # with create, there is always a file to lock
     _held[name] = fd
     try:
         yield
