@@ -74,9 +74,7 @@ def owned(name: str, wait_s: float = WAIT_S) -> Iterator[None]:
         yield
     finally:
         del _held[name]
-        with contextlib.suppress(FileNotFoundError):
-            lock_path(name).unlink()
-        os.close(fd)
+        _let_go(name, fd)
 
 
 def clear_leftover(name: str, wait_s: float = WAIT_S) -> bool:
@@ -88,10 +86,16 @@ def clear_leftover(name: str, wait_s: float = WAIT_S) -> bool:
     except ClusterBusy:
         return False
     if fd is not None:
-        with contextlib.suppress(FileNotFoundError):
-            lock_path(name).unlink()
-        os.close(fd)
+        _let_go(name, fd)
     return True
+
+
+def _let_go(name: str, fd: int) -> None:
+    """Delete the lock file, then let go of its lock: never the other way round, or a process could lock the file
+    in between and believe it held a lock that the next process, locking a new file, holds too."""
+    with contextlib.suppress(FileNotFoundError):
+        lock_path(name).unlink()
+    os.close(fd)
 
 
 def holds(name: str) -> bool:
