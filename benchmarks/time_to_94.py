@@ -6,7 +6,9 @@ is the reference's timer scope (summary.json ``reference_scope``: the whitening 
 final 6-view test-time-augmented evaluation; not data loading, compile warm-up or the per-epoch evaluations), the
 one airbench94_muon reports (2.59 s on an A100, 94.01% mean of 200 runs); trainscale's own trainer scope (training
 steps only) is printed beside it. Runs go one after another (never two timings at once); a finished seed's folder
-is kept and reused, so an interrupted benchmark resumes (the seed it stopped in runs again).
+is kept and reused, so an interrupted benchmark resumes (the seed it stopped in runs again). ``result.json`` is
+written again after every seed, so a benchmark stopped by a time limit still leaves the figures of the seeds it
+finished (``complete``: false, ``runs_done`` of ``runs_asked``).
 
     .venv/bin/python benchmarks/time_to_94.py --runs 5 --out runs/time-to-94            # CPU, bf16 where native (auto)
     .venv/bin/python benchmarks/time_to_94.py --runs 10 --device cuda --out runs/t94-gpu
@@ -85,25 +87,27 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def report(rows: list[dict[str, Any]], recipe: str, device: str, machine: str) -> dict[str, Any]:
+def row_of(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """One finished seed's figures, from its summary.json."""
+    scope = summary[K.reference_scope]
+    return {
+        "seed": seed,
+        "acc": scope["test_acc"],
+        "reference_seconds": scope["seconds"],
+        "train_seconds": summary[K.total_train_seconds],
+        "steady_epoch_seconds": summary.get(K.steady_epoch_seconds),
+        "warmup_seconds": summary.get(K.warmup_seconds),
+        "train_step": summary.get(K.train_step),
+        "out": summary[K.out],
+    }
+
+
+def figures(rows: list[dict[str, Any]], recipe: str, device: str) -> dict[str, Any]:
+    """Mean and spread of the finished runs, and whether they meet the recipe's goal."""
     acc, ref, steps = ([r[k] for r in rows] for k in ("acc", "reference_seconds", "train_seconds"))
     (acc_m, acc_s), (ref_m, ref_s), (steps_m, steps_s) = spread(acc), spread(ref), spread(steps)
     goal = GOALS.get((recipe, "cuda" if device.startswith("cuda") else "cpu"))
-    print(f"\n{recipe} recipe, {len(rows)} run(s) on {machine}")
-    for r in rows:
-        print(
-            f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
-            f"{r['train_seconds']:.2f} s of training steps; warm-up and compilation before the timer "
-            f"{r.get('warmup_seconds') or 0.0:.1f} s ({r.get('train_step') or 'eager'} step)"
-        )
-    print(f"accuracy {100 * acc_m:.2f} +- {100 * acc_s:.2f}% (goal: mean >= {100 * TARGET:.1f}%)")
-    bound = f"goal: each < {goal:g} s" if goal else "no time goal"
-    print(
-        f"time {ref_m:.2f} +- {ref_s:.2f} s in the reference's scope ({bound}); "
-        f"training steps alone {steps_m:.2f} +- {steps_s:.2f} s"
-    )
     met = acc_m >= TARGET and (goal is None or all(r["reference_seconds"] < goal for r in rows))
-    print("goal met" if met else "goal NOT met")
     return {
         "accuracy_mean": acc_m,
         "accuracy_stdev": acc_s,
@@ -113,6 +117,49 @@ def report(rows: list[dict[str, Any]], recipe: str, device: str, machine: str) -
         "train_seconds_stdev": steps_s,
         "goal_seconds": goal,
         "goal_met": met,
+    }
+
+
+def report(rows: list[dict[str, Any]], found: dict[str, Any], recipe: str, machine: str) -> None:
+    print(f"\n{recipe} recipe, {len(rows)} run(s) on {machine}")
+    for r in rows:
+        steady = f", a steady epoch {r['steady_epoch_seconds']:.3f} s" if r.get("steady_epoch_seconds") else ""
+        print(
+            f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
+            f"{r['train_seconds']:.2f} s of training steps{steady}; warm-up and compilation before the timer "
+            f"{r.get('warmup_seconds') or 0.0:.1f} s ({r.get('train_step') or 'eager'} step)"
+        )
+    print(
+        f"accuracy {100 * found['accuracy_mean']:.2f} +- {100 * found['accuracy_stdev']:.2f}% "
+        f"(goal: mean >= {100 * TARGET:.1f}%)"
+    )
+    goal = found["goal_seconds"]
+    bound = f"goal: each < {goal:g} s" if goal else "no time goal"
+    ref, steps = (
+        f"{found[f'{k}_mean']:.2f} +- {found[f'{k}_stdev']:.2f} s" for k in ("reference_seconds", "train_seconds")
+    )
+    print(f"time {ref} in the reference's scope ({bound}); training steps alone {steps}")
+    print("goal met" if found["goal_met"] else "goal NOT met")
+
+
+def result(
+    rows: list[dict[str, Any]], args: argparse.Namespace, last: dict[str, Any], env: dict[str, Any]
+) -> dict[str, Any]:
+    """result.json after the seeds in ``rows`` (``last``: the latest one's summary): figures, settings, machine."""
+    found, complete = figures(rows, args.recipe, args.device), len(rows) == args.runs
+    return {
+        "complete": complete,
+        "runs_done": len(rows),
+        "runs_asked": args.runs,
+        "runs": rows,
+        **found,
+        "goal_met": found["goal_met"] and complete,  # a goal is over the runs asked for, never over a part
+        "recipe": args.recipe,
+        "device": args.device,
+        "precision": last[K.precision],  # what ran: auto resolved for the device
+        "sets": args.sets,
+        "timer_scope": last[K.reference_scope]["scope"],
+        "environment": env,
     }
 
 
@@ -145,35 +192,12 @@ def main() -> int:
         parser.error("--runs must be at least 1")
     env = environment(torch.device(args.device))
     machine = env["device_name"] if args.device.startswith("cuda") else f"{env['cpu']}, {env['cpu_count']} CPUs"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for seed in range(args.runs):
         summary = run_seed(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, args.sets)
-        scope = summary[K.reference_scope]
-        rows.append(
-            {
-                "seed": seed,
-                "acc": scope["test_acc"],
-                "reference_seconds": scope["seconds"],
-                "train_seconds": summary[K.total_train_seconds],
-                "warmup_seconds": summary.get(K.warmup_seconds),
-                "train_step": summary.get(K.train_step),
-                "out": summary[K.out],
-            }
-        )
-    figures = report(rows, args.recipe, args.device, machine)
-    save_result(
-        args.out / "result.json",
-        {
-            "runs": rows,
-            **figures,
-            "recipe": args.recipe,
-            "device": args.device,
-            "precision": summary[K.precision],  # what ran: auto resolved for the device
-            "sets": args.sets,
-            "timer_scope": summary[K.reference_scope]["scope"],
-            "environment": env,
-        },
-    )
+        rows.append(row_of(seed, summary))
+        save_result(args.out / "result.json", result(rows, args, summary, env))
+    report(rows, figures(rows, args.recipe, args.device), args.recipe, machine)
     print(f"saved {args.out / 'result.json'} (each run's config.json and summary.json in its folder)")
     return 0
 

@@ -52,3 +52,42 @@ def test_an_interrupted_seed_runs_again_and_its_folder_is_kept(tmp_path: Path, l
     assert len(launched) == 1 and "--epochs" in launched[0]
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("seed-3.interrupted-")]
     assert len(kept) == 1 and json.loads((kept[0] / "summary.json").read_text()) == {"epochs_completed": 2}
+
+
+def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time limit that stops the benchmark in its third seed: result.json holds the first two, marked
+    incomplete and not meeting the goal (a goal is over the runs asked for); the next invocation reuses them."""
+    summary = {
+        "reference_scope": {"test_acc": 0.94, "seconds": 1.5, "scope": "airbench's"},
+        "out": "x",
+        "total_train_seconds": 1.4,
+        "steady_epoch_seconds": 0.17,
+        "precision": "bf16",
+    }
+    started: list[int] = []
+
+    def run(cmd: list[str], check: bool) -> Any:
+        seed = int(cmd[cmd.index("--seed") + 1])
+        started.append(seed)
+        if seed == 2 and started.count(2) == 1:
+            raise KeyboardInterrupt  # the limit's signal, as the benchmark meets it
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps(summary))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(t94.subprocess, "run", run)
+    monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
+    argv = ["time_to_94.py", "--recipe", "cifar10-fast", "--runs", "3", "--out", str(tmp_path)]  # its goal: accuracy
+    monkeypatch.setattr(t94.sys, "argv", argv)
+    with pytest.raises(KeyboardInterrupt):
+        t94.main()
+    partial = json.loads((tmp_path / "result.json").read_text())
+    assert (partial["complete"], partial["runs_done"], partial["runs_asked"]) == (False, 2, 3)
+    assert [r["seed"] for r in partial["runs"]] == [0, 1] and partial["runs"][0]["steady_epoch_seconds"] == 0.17
+    assert partial["reference_seconds_mean"] == 1.5 and partial["precision"] == "bf16" and not partial["goal_met"]
+    assert t94.main() == 0
+    done = json.loads((tmp_path / "result.json").read_text())
+    assert (done["complete"], done["runs_done"], done["goal_met"]) == (True, 3, True) and started == [0, 1, 2, 2]
