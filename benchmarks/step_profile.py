@@ -1,8 +1,9 @@
-"""Where a training step's time goes: one steady epoch of a recipe under torch.profiler, through the trainer.
+"""Where a training step's time goes: steady epochs of a recipe under torch.profiler, through the trainer.
 
 The run is ``trainscale.fit`` of the recipe on synthetic images of CIFAR-10's shape, or on CIFAR-10 itself (the
-path users run, its warm-up included); the trainer's epoch function is wrapped so that one epoch after the warm-up
-and the first epochs runs under the profiler. For that epoch it prints:
+path users run, its warm-up included); the trainer's epoch function is wrapped so that the epochs named by
+``--profile-epoch`` (one by default, after the warm-up and the first epochs) run under the profiler. For each it
+prints:
 
 - its wall time under the profiler, the time the GPU was busy (the union of the kernels' intervals) and the
   fraction: near 1 the step is bound by the GPU's kernels, well below by the host;
@@ -21,6 +22,7 @@ The settings, environment and figures go to ``--out`` (JSON).
     python benchmarks/step_profile.py --device cuda --compile-mode max-autotune
     python benchmarks/step_profile.py --device cuda --recipe airbench94 --model-arg bn_momentum=0.6
     python benchmarks/step_profile.py --device cuda --train-step graphed    # three graphs a step
+    python benchmarks/step_profile.py --device cuda --profile-epoch 3 5     # before and after a freeze
     python benchmarks/step_profile.py --device cuda --dataset cifar10 --images 50000
     python benchmarks/step_profile.py --device cpu --train-step eager --images 3072 --batch-size 256
 """
@@ -69,12 +71,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
     p.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE for the model (repeatable)")
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--profile-epoch", type=int, default=3, help="1-based; after the first, which pays its own")
+    p.add_argument(
+        "--profile-epoch",
+        type=int,
+        nargs="+",
+        default=[3],
+        help="1-based, one or more (e.g. 3 5: before and after airbench's whitening bias freezes); after the first, "
+        "which pays its own",
+    )
     p.add_argument("--top", type=int, default=15, help="kernels listed")
     p.add_argument("--out", type=Path, default=Path(f"runs/bench/step_profile-{time.strftime('%Y%m%d-%H%M%S')}"))
     args = p.parse_args(argv)
-    if not 1 <= args.profile_epoch <= args.epochs:
-        p.error(f"--profile-epoch must be within 1..--epochs ({args.epochs}), got {args.profile_epoch}")
+    outside = [e for e in args.profile_epoch if not 1 <= e <= args.epochs]
+    if outside:
+        p.error(f"--profile-epoch must be within 1..--epochs ({args.epochs}), got {outside[0]}")
     return args
 
 
@@ -208,18 +218,18 @@ def breakdown(prof: profile, steps: int, seconds: float, top: int, cuda: bool) -
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     epochs: list[dict[str, Any]] = []
-    found: dict[str, Any] = {}
+    found: dict[int, dict[str, Any]] = {}  # by profiled epoch, 1-based
     real_epoch = trainer.train_one_epoch
 
     def epoch(*a: Any, **k: Any) -> Any:
-        watch, profiled = GcWatch(), len(epochs) + 1 == args.profile_epoch
+        watch, profiled = GcWatch(), len(epochs) + 1 in args.profile_epoch
         cuda = torch.cuda.is_available() and args.device.startswith("cuda")
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with watch.watching(), profile(activities=activities) if profiled else contextlib.nullcontext() as prof:
             stats = real_epoch(*a, **k)
         epochs.append({"seconds": stats.seconds, "profiled": profiled, "gc": watch.figures()})
         if profiled:
-            found.update(breakdown(prof, stats.steps, stats.seconds, args.top, cuda))
+            found[len(epochs)] = breakdown(prof, stats.steps, stats.seconds, args.top, cuda)
         return stats
 
     from trainscale import fit
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     report(args, epochs, found, result.summary)
     save_result(
         args.out / "result.json",
-        {"settings": vars(args), "epochs": epochs, **found, "summary": result.summary,
+        {"settings": vars(args), "epochs": epochs, "profiled": found, "summary": result.summary,
          "environment": environment(torch.device(args.device))},
     )  # fmt: skip
     print(f"saved {args.out / 'result.json'}")
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(
-    args: argparse.Namespace, epochs: list[dict[str, Any]], found: dict[str, Any], summary: dict[str, Any]
+    args: argparse.Namespace, epochs: list[dict[str, Any]], found: dict[int, dict[str, Any]], summary: dict[str, Any]
 ) -> None:
     env = summary.get("environment") or {}
     print(f"\n{args.recipe}, {summary.get('train_step')} step ({summary.get('train_step_reason')}), compile mode "
@@ -269,8 +279,12 @@ def report(
     for i, e in enumerate(epochs, 1):
         gc_line = f"{e['gc']['count']} collections, {e['gc']['full']} full ({e['gc']['full_ms']:.1f} ms)"
         print(f"  epoch {i}: {e['seconds']:.4f} s{' (profiled)' if e['profiled'] else ''}; gc: {gc_line}")
-    if not found:
-        return
+    for epoch, figures in found.items():
+        print(f"\nprofiled epoch {epoch}:")
+        report_profiled(figures)
+
+
+def report_profiled(found: dict[str, Any]) -> None:
     fraction = found["gpu_busy_fraction"]
     print(found["top_kernels"])
     if fraction is not None:  # on a CPU the kernels' table is the host's already
