@@ -180,6 +180,17 @@ class DataConfig(Section):
         "decides which) instead of a new coin every epoch (airbench)",
     )
     cutout: int = option(0, "Cutout square size, 0 = off (cifar10-fast uses 8)")
+    brightness: float = option(
+        0.0,
+        "per-image brightness change in training: factors uniform in 1 +- this, 0 = off (e.g. 0.2), below 1",
+        at_least=0,
+    )
+    contrast: float = option(
+        0.0,
+        "per-image contrast change in training (distance from the image's mean scaled by a factor uniform in "
+        "1 +- this), 0 = off, below 1",
+        at_least=0,
+    )
     loader_workers: int = option(
         2,
         "DataLoader worker processes per training process, for a dataset function that returns "
@@ -188,8 +199,11 @@ class DataConfig(Section):
     )
 
     def validate(self) -> None:
-        """``--model-arg`` items are KEY=VALUE, each key once."""
+        """``--model-arg`` items are KEY=VALUE, each key once; a brightness or contrast of 1 or more could make an
+        image black or flat."""
         parse_args(self.model_args)
+        for flag, value in (("--brightness", self.brightness), ("--contrast", self.contrast)):
+            require(value < 1.0, f"{flag} must be below 1 (0.2: factors 0.8..1.2), got {value}")
 
 
 @dataclass

@@ -22,7 +22,14 @@ from trainscale.data import (
     resize,
     synthetic_dataset,
 )
-from trainscale.data.augment import apply_cutout, crop_params, flip_mask, pad
+from trainscale.data.augment import (
+    apply_brightness_contrast,
+    apply_cutout,
+    brightness_contrast_params,
+    crop_params,
+    flip_mask,
+    pad,
+)
 from trainscale.errors import ConfigError
 
 
@@ -231,3 +238,24 @@ def test_speed_on_50000_cifar_images() -> None:
     print(f"\nrandom_crop+flip+cutout of 50,000 CIFAR images: {best:.3f} s")
     assert out.shape == x.shape
     assert best < 4.0
+
+
+def test_brightness_scales_and_contrast_keeps_each_images_mean() -> None:
+    x = torch.rand(4, 3, 8, 8, generator=gen()) * 0.5 + 0.25  # away from 0 and 1: nothing clipped below
+    ones = torch.ones(4)
+    factors = torch.tensor([0.8, 1.0, 1.2, 0.9])
+    assert torch.equal(apply_brightness_contrast(x, ones, ones), x)
+    torch.testing.assert_close(apply_brightness_contrast(x, factors, ones), x * factors.view(-1, 1, 1, 1))
+    out = apply_brightness_contrast(x, ones, factors)
+    torch.testing.assert_close(out.mean(dim=(1, 2, 3)), x.mean(dim=(1, 2, 3)))
+    torch.testing.assert_close(out.std(dim=(1, 2, 3)), x.std(dim=(1, 2, 3)) * factors)
+    assert apply_brightness_contrast(torch.full((1, 3, 2, 2), 0.9), torch.tensor([1.5]), torch.ones(1)).max() == 1.0
+
+
+def test_brightness_and_contrast_factors_come_from_the_generator_only() -> None:
+    b, c = brightness_contrast_params(1000, 0.2, 0.0, gen(5))
+    assert 0.8 <= b.min() < 0.81 and 1.19 < b.max() <= 1.2 and torch.equal(c, torch.ones(1000))
+    assert torch.equal(brightness_contrast_params(1000, 0.2, 0.0, gen(5))[0], b)
+    before = gen(5)
+    brightness_contrast_params(10, 0.0, 0.0, before)
+    assert torch.equal(torch.rand(3, generator=before), torch.rand(3, generator=gen(5)))  # off: nothing drawn

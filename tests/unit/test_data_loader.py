@@ -20,6 +20,7 @@ from trainscale.data import (
     random_crop,
     random_flip,
 )
+from trainscale.data.augment import apply_brightness_contrast, brightness_contrast_params
 from trainscale.data.sharding import eval_range, seeded_generator, train_shard
 from trainscale.errors import ConfigError
 
@@ -182,3 +183,34 @@ def test_folder_batches_shapes_and_sharding(tmp_path: Path) -> None:
     assert xv.shape == (6, 3, 299, 299) and yv.tolist() == [0, 0, 0, 1, 1, 1] and len(val) == 2
     with pytest.raises(ConfigError, match="batch size 7"):
         FolderBatches(tmp_path, "train", 64, 7)
+
+
+def test_brightness_and_contrast_follow_the_crop_flip_and_cutout_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawn after the other augmentations from the same generator (so turning them on changes none of the other
+    draws), applied in 0..1 before normalising, the same whatever the chunk size; evaluation never gets them."""
+    data = tagged(64, 12)
+    plain = AugmentConfig(crop_padding=2, flip=True, cutout=4)
+    aug = AugmentConfig(crop_padding=2, flip=True, cutout=4, brightness=0.3, contrast=0.2)
+    x_plain, y_plain = collect(DeviceBatches(data, 8, train=True, augment=plain, device="cpu", seed=3), 5)
+    x, y = collect(DeviceBatches(data, 8, train=True, augment=aug, device="cpu", seed=3), 5)
+    assert torch.equal(y, y_plain)
+    g = seeded_generator(3, 5, 0)
+    idx = train_shard(64, 0, 1, 3, 5)
+    cropped = cutout(random_flip(random_crop(data.images[idx], 12, 2, gen=g), g), 4, gen=g)
+    bright, contrast = brightness_contrast_params(64, 0.3, 0.2, g)
+    assert bright.min() >= 0.7 and bright.max() <= 1.3 and contrast.min() >= 0.8 and contrast.max() <= 1.2
+    changed = apply_brightness_contrast(cropped.float() / 255, bright, contrast)
+    assert torch.equal(x, normalize(changed, data.mean, data.std))
+    assert torch.equal(x_plain, normalize(cropped, data.mean, data.std))
+    monkeypatch.setattr(loader_mod, "AUGMENT_CHUNK_BYTES", 1)
+    x_chunked, _ = collect(DeviceBatches(data, 8, train=True, augment=aug, device="cpu", seed=3), 5)
+    assert torch.equal(x_chunked, x)
+    test = DeviceBatches(data, 8, train=False, augment=aug, device="cpu", seed=3)
+    assert torch.equal(collect(test, 0)[0], normalize(data.images, data.mean, data.std))
+
+
+@pytest.mark.parametrize("name", ["brightness", "contrast"])
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_a_brightness_or_contrast_outside_0_to_1_is_refused(name: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be in"):
+        AugmentConfig(**{name: value})

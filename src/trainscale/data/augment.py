@@ -1,8 +1,8 @@
 """Batch augmentations on NCHW tensors (uint8 or float), vectorised over the batch.
 
 Every random choice comes from an explicit ``torch.Generator``; the per-image parameters (crop
-offsets, flip mask, cutout centres) are drawn on the generator's device and then moved to the data's
-device, so a CPU generator gives the same augmentation whether the data sit on the CPU or a GPU.
+offsets, flip mask, cutout centres, brightness and contrast factors) are drawn on the generator's device and then
+moved to the data's device, so a CPU generator gives the same augmentation whether the data sit on the CPU or a GPU.
 There is no per-sample Python loop: crops index a strided window view once, flips copy only the
 selected images, cutout writes only the zeroed squares.
 
@@ -180,6 +180,36 @@ def cutout(x: torch.Tensor, size: int = 8, *, gen: torch.Generator, inplace: boo
     n, _, h, w = x.shape
     cy, cx = cutout_params(n, h, w, gen)
     return apply_cutout(x, size, cy, cx, inplace=inplace)
+
+
+# ------------------------------------------------------------------------------ brightness and contrast
+
+
+def brightness_contrast_params(
+    n: int, brightness: float, contrast: float, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-image factors, uniform in [1 - brightness, 1 + brightness] and [1 - contrast, 1 + contrast] (float32,
+    on ``gen``'s device); a strength of 0 gives factors of exactly 1 and draws nothing."""
+    factors = []
+    for strength in (brightness, contrast):
+        if strength:
+            u = torch.rand(n, generator=gen, device=gen.device, dtype=torch.float32)
+            factors.append(1.0 + strength * (2.0 * u - 1.0))
+        else:
+            factors.append(torch.ones(n, device=gen.device, dtype=torch.float32))
+    return factors[0], factors[1]
+
+
+def apply_brightness_contrast(x: torch.Tensor, brightness: torch.Tensor, contrast: torch.Tensor) -> torch.Tensor:
+    """Float images in 0..1: brightness scales every pixel of image i by ``brightness[i]``; contrast then scales
+    its pixels' distance from the image's mean (over channels and pixels) by ``contrast[i]``; the result is
+    clipped to 0..1. A new float32 tensor; the input is not modified."""
+    _check_nchw(x, "brightness/contrast")
+    b = brightness.to(x.device, torch.float32).view(-1, 1, 1, 1)
+    c = contrast.to(x.device, torch.float32).view(-1, 1, 1, 1)
+    out = x.to(torch.float32) * b
+    mean = out.mean(dim=(1, 2, 3), keepdim=True)
+    return out.sub_(mean).mul_(c).add_(mean).clamp_(0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- normalise and resize

@@ -60,6 +60,8 @@ class AugmentConfig:
         from the seed, decides the even epochs and the odd ones are its opposite, so every image is seen both ways
         in any two epochs in a row.
     cutout: side of the cutout square (0 = off, 8 = 8x8 as in cifar10-fast).
+    brightness, contrast: strengths of a per-image brightness and contrast change (0 = off; 0.2: factors drawn
+        uniformly in 0.8..1.2; see ``augment.apply_brightness_contrast``), applied after the crop, flip and cutout.
     resize: upscale to this side after augmentation (e.g. 299 for Inception-v3), None = keep.
     pad_mode: "reflect" (cifar10-fast) or "zero".
     """
@@ -69,6 +71,8 @@ class AugmentConfig:
     flip: bool = True
     alternate_flip: bool = False
     cutout: int = 0
+    brightness: float = 0.0
+    contrast: float = 0.0
     resize: int | None = None
     pad_mode: str = "reflect"
 
@@ -79,6 +83,11 @@ class AugmentConfig:
             raise ConfigError(f"crop size must be a positive integer, got {self.crop_size}")
         if self.cutout < 0:
             raise ConfigError(f"cutout size must be >= 0 (0 = off), got {self.cutout}")
+        for name in ("brightness", "contrast"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(
+                    f"{name} must be in [0, 1) (0 = off; 0.2: factors 0.8..1.2), got {getattr(self, name)}"
+                )
         if self.resize is not None and self.resize < 1:
             raise ConfigError(f"resize must be a positive integer, got {self.resize}")
         if self.pad_mode not in A.PAD_MODES:
@@ -91,8 +100,8 @@ class DeviceBatches:
     Training (``train=True``): each epoch a permutation seeded by (seed, epoch), identical on every
     rank; the last ``n % world_size`` samples of it are dropped and rank r takes ``perm[r::world_size]``
     (disjoint, equal-sized shards). Augmentation of the shard uses a generator seeded by
-    (seed, epoch, rank): random crop (after padding), flip, cutout, in that order; then the optional
-    resize. ``drop_last`` (default: True in training) drops the final partial batch.
+    (seed, epoch, rank): random crop (after padding), flip, cutout, brightness and contrast, in that order; then
+    the optional resize. ``drop_last`` (default: True in training) drops the final partial batch.
 
     Evaluation (``train=False``): samples in order, no random augmentation, last partial batch kept
     (``drop_last`` default False); rank r takes a contiguous block, block sizes differing by at most
@@ -228,19 +237,23 @@ class DeviceBatches:
         size = self.crop_size if self.crop_size is not None else h
         crop = aug is not None and (self._padding > 0 or size != h or size != w)
         out_side = size if crop else None
-        # Parameters of the whole shard, drawn in a fixed order: crop, flip, cutout.
-        oy = ox = flips = cy = cx = None
+        # Parameters of the whole shard, drawn in a fixed order: crop, flip, cutout, brightness and contrast.
+        oy = ox = flips = cy = cx = bright = contrast = None
         if crop:
             oy, ox = A.crop_params(count, h, w, size, self._padding, gen)
         if aug is not None and aug.flip:
             flips = self._alternating_flips(indices, epoch) if aug.alternate_flip else A.flip_mask(count, gen)
         if aug is not None and aug.cutout > 0:
             cy, cx = A.cutout_params(count, out_side or h, out_side or w, gen)
+        if aug is not None and (aug.brightness or aug.contrast):
+            bright, contrast = A.brightness_contrast_params(count, aug.brightness, aug.contrast, gen)
 
         # the epoch's draws go to the device once, before its first step (a copy from pageable memory can make
         # the host wait for the device)
         indices = indices.to(self.device)
-        oy, ox, flips, cy, cx = (None if t is None else t.to(self.device) for t in (oy, ox, flips, cy, cx))
+        oy, ox, flips, cy, cx, bright, contrast = (
+            None if t is None else t.to(self.device) for t in (oy, ox, flips, cy, cx, bright, contrast)
+        )
         labels = self._labels.index_select(0, indices)
         per_image = self._images[0].numel()
         chunk = max(1, AUGMENT_CHUNK_BYTES // max(1, per_image) // self.batch_size) * self.batch_size
@@ -258,9 +271,9 @@ class DeviceBatches:
                 assert aug is not None and cx is not None
                 x = A.apply_cutout(x, aug.cutout, cy[start:stop], cx[start:stop], inplace=True)
             for b in range(0, stop - start, self.batch_size):
-                yield functools.partial(
-                    self._batch, x[b : b + self.batch_size], labels[start + b : start + b + self.batch_size]
-                )
+                first, last = start + b, start + b + self.batch_size
+                factors = None if bright is None or contrast is None else (bright[first:last], contrast[first:last])
+                yield functools.partial(self._batch, x[b : b + self.batch_size], labels[first:last], factors)
 
     def _alternating_flips(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """The flip mask of ``indices`` in ``epoch`` under alternate flipping (see ``AugmentConfig``); the
@@ -268,7 +281,13 @@ class DeviceBatches:
         coins = A.flip_mask(self.total_samples, seeded_generator(self.seed, ALTERNATE_FLIP_STREAM))
         return coins[indices] ^ bool(epoch % 2)
 
-    def _batch(self, x: torch.Tensor, labels: torch.Tensor) -> Batch:
+    def _batch(
+        self, x: torch.Tensor, labels: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> Batch:
+        """A training batch, normalised; ``factors``: its images' brightness and contrast factors, applied in 0..1
+        before normalising."""
+        if factors is not None:
+            x = A.apply_brightness_contrast(x.to(torch.float32) / (255.0 if x.dtype == torch.uint8 else 1.0), *factors)
         return self._finish(x), labels
 
     def _eval_epoch(self) -> Iterator[Batch]:

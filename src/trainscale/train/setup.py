@@ -127,6 +127,8 @@ def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig,
         flip=cfg.data.flip,
         alternate_flip=cfg.data.alternate_flip,
         cutout=cfg.data.cutout,
+        brightness=cfg.data.brightness,
+        contrast=cfg.data.contrast,
         resize=resize,
     )
     test = AugmentConfig(crop_padding=0, crop_size=crop, flip=False, cutout=0, resize=resize)
