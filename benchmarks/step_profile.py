@@ -276,6 +276,9 @@ def report(
     print(f"\n{args.recipe}, {summary.get('train_step')} step ({summary.get('train_step_reason')}), compile mode "
           f"{args.compile_mode}, on {env.get('device_name') or env.get('cpu') or args.device}; warm-up "
           f"{summary.get('warmup_seconds') or 0:.1f} s")  # fmt: skip
+    if summary.get("gpu_clock_mhz"):
+        print(f"GPU during the steady epochs: SM clock {summary['gpu_clock_mhz']:.0f} MHz, power "
+              f"{summary.get('gpu_power_w') or 0.0:.0f} W (NVML)")  # fmt: skip
     for i, e in enumerate(epochs, 1):
         gc_line = f"{e['gc']['count']} collections, {e['gc']['full']} full ({e['gc']['full_ms']:.1f} ms)"
         print(f"  epoch {i}: {e['seconds']:.4f} s{' (profiled)' if e['profiled'] else ''}; gc: {gc_line}")

@@ -96,6 +96,8 @@ def row_of(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
         "reference_seconds": scope["seconds"],
         "train_seconds": summary[K.total_train_seconds],
         "steady_epoch_seconds": summary.get(K.steady_epoch_seconds),
+        "gpu_clock_mhz": summary.get(K.gpu_clock_mhz),
+        "gpu_power_w": summary.get(K.gpu_power_w),
         "warmup_seconds": summary.get(K.warmup_seconds),
         "train_step": summary.get(K.train_step),
         "out": summary[K.out],
@@ -124,6 +126,8 @@ def report(rows: list[dict[str, Any]], found: dict[str, Any], recipe: str, machi
     print(f"\n{recipe} recipe, {len(rows)} run(s) on {machine}")
     for r in rows:
         steady = f", a steady epoch {r['steady_epoch_seconds']:.3f} s" if r.get("steady_epoch_seconds") else ""
+        if r.get("gpu_clock_mhz"):
+            steady += f" at {r['gpu_clock_mhz']:.0f} MHz, {r.get('gpu_power_w') or 0.0:.0f} W"
         print(
             f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
             f"{r['train_seconds']:.2f} s of training steps{steady}; warm-up and compilation before the timer "

@@ -160,6 +160,14 @@ class K:
     reference_scope = Key("reference_scope", dict, "", "the run's time and accuracy in airbench's timer scope")
     cpu_util = Key("cpu_util", float, FRACTION, "busy share of the worker's cores, mean over workers", BOTH)
     gpu_util = Key("gpu_util", float, FRACTION, "busy share of the worker's GPU, mean over workers", BOTH)
+    gpu_clock_mhz = Key(
+        "gpu_clock_mhz",
+        float,
+        "MHz",
+        "the GPU's SM clock (NVML; below its boost clock: throttled), mean over workers",
+        BOTH,
+    )
+    gpu_power_w = Key("gpu_power_w", float, "W", "the GPU's power draw (NVML), mean over workers", BOTH)
     step_seconds = Key("step_seconds", float, S, "training time of a step (run: mean over the steady epochs)", BOTH)
     comm_seconds_per_step = Key("comm_seconds_per_step", float, S, "time a step waited for communication", BOTH)
     compute_seconds_per_step = Key("compute_seconds_per_step", float, S, "step_seconds less comm_seconds_per_step")

@@ -44,6 +44,7 @@ def test_fp16_channels_last_on_cuda(tmp_path):
     assert summary["peak_memory_mb"] > 0 and summary["samples_per_sec"] > 0
     assert summary["mode"] == "local" and summary["epochs_completed"] == 2
     assert 0 < summary["gpu_util"] <= 1, "no GPU utilisation from NVML (nvidia-ml-py is a dependency)"
+    assert summary["gpu_clock_mhz"] > 100, "every NVIDIA GPU since Kepler reports its SM clock"
 
 
 def test_compiled_bf16_on_cuda_is_the_default_device(tmp_path):

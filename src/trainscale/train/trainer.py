@@ -543,7 +543,7 @@ class Trainer:
             K.epoch_to_target: self.state.epoch_to_target,
             K.timer_scope: TIMER_SCOPE,
             K.reference_scope: self._reference_scope(rows),
-            **{key: _steady_mean(rows, key) for key in (K.cpu_util, K.gpu_util)},
+            **{key: _steady_mean(rows, key) for key in (K.cpu_util, K.gpu_util, K.gpu_clock_mhz, K.gpu_power_w)},
         }
 
 

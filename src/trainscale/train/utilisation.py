@@ -3,9 +3,11 @@
 
 CPU: the worker process's CPU time (every thread, from the OS) over the wall time of the pass, divided by the
 cores it may use: its torch threads, or on an emulated cluster its share of the host's CPU quota. GPU: NVML's
-utilisation of the worker's device, sampled every ``period`` seconds by a background thread (None, with one
-warning, where NVML cannot be read: torch reads it through ``pynvml``, which the ``nvidia-ml-py`` dependency
-brings). Both are per worker; the trainer records the mean over workers per epoch.
+utilisation of the worker's device, its SM clock and its power draw, sampled every ``period`` seconds by a
+background thread (None, with one warning, where NVML cannot be read: torch reads it through ``pynvml``, which the
+``nvidia-ml-py`` dependency brings; the clock or power alone is None on a GPU that does not report it). The clock
+and power say whether a slower epoch ran on a throttled GPU (power or temperature capping lowers the clock). All
+are per worker; the trainer records the mean over workers per epoch.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ def allowed_cores(facts: dict[str, Any] | None, processes_per_host: int) -> floa
 
 
 class Utilisation:
-    """Context manager around one training pass; ``result()`` gives ``cpu_util`` and ``gpu_util`` (0-1)."""
+    """Context manager around one training pass; ``result()`` gives ``cpu_util`` and ``gpu_util`` (0-1),
+    ``gpu_clock_mhz`` and ``gpu_power_w``."""
 
     def __init__(self, device: torch.device, cores: float, period: float = 0.5) -> None:
         self.device, self.cores, self.period = device, cores, period
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float | None, float | None]] = []  # utilisation, clock MHz, power W
         self.cpu = self.wall = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,16 +56,36 @@ class Utilisation:
         if self._thread is not None:
             self._thread.join()
             if not self.samples:  # a pass shorter than the period: NVML's own window still covers its end
-                self.samples.append(torch.cuda.utilization(self.device) / 100.0)
+                self.samples.append(gpu_reading(self.device))
 
     def _sample(self) -> None:
         while not self._stop.wait(self.period):
-            self.samples.append(torch.cuda.utilization(self.device) / 100.0)
+            self.samples.append(gpu_reading(self.device))
 
     def result(self) -> dict[str, float | None]:
         cpu = self.cpu / (self.wall * self.cores) if self.wall > 0 and self.cores > 0 else None
-        gpu = statistics.fmean(self.samples) if self.samples else None
-        return {"cpu_util": cpu, "gpu_util": gpu}
+        util, clock, power = (_mean([s[i] for s in self.samples]) for i in range(3))
+        return {"cpu_util": cpu, "gpu_util": util, "gpu_clock_mhz": clock, "gpu_power_w": power}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def gpu_reading(device: torch.device) -> tuple[float, float | None, float | None]:
+    """NVML's utilisation (0-1), SM clock (MHz) and power draw (W) of ``device``; the clock or power is None where
+    the GPU does not report it."""
+    util = torch.cuda.utilization(device) / 100.0
+    try:
+        clock: float | None = float(torch.cuda.clock_rate(device))
+    except Exception:  # NVML_ERROR_NOT_SUPPORTED and the like: the figure is missing, never the run
+        clock = None
+    try:
+        power: float | None = torch.cuda.power_draw(device) / 1000.0
+    except Exception:
+        power = None
+    return util, clock, power
 
 
 def _nvml_works(device: torch.device) -> bool:
