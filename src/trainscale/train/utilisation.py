@@ -17,6 +17,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,16 +77,15 @@ def _mean(values: list[float | None]) -> float | None:
 def gpu_reading(device: torch.device) -> tuple[float, float | None, float | None]:
     """NVML's utilisation (0-1), SM clock (MHz) and power draw (W) of ``device``; the clock or power is None where
     the GPU does not report it."""
-    util = torch.cuda.utilization(device) / 100.0
+    clock = _reported(torch.cuda.clock_rate, device, 1.0)
+    return torch.cuda.utilization(device) / 100.0, clock, _reported(torch.cuda.power_draw, device, 1e-3)
+
+
+def _reported(read: Callable[[torch.device], int], device: torch.device, scale: float) -> float | None:
     try:
-        clock: float | None = float(torch.cuda.clock_rate(device))
+        return read(device) * scale
     except Exception:  # NVML_ERROR_NOT_SUPPORTED and the like: the figure is missing, never the run
-        clock = None
-    try:
-        power: float | None = torch.cuda.power_draw(device) / 1000.0
-    except Exception:
-        power = None
-    return util, clock, power
+        return None
 
 
 def _nvml_works(device: torch.device) -> bool:
