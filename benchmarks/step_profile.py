@@ -14,7 +14,8 @@ prints:
 - where the GPU sat idle: before the epoch's first kernel, after its last, and between kernels in bands of gap
   length (a graph's own latency between dependent kernels, or the device waiting for the host).
 
-For every epoch, without the profiler: its seconds and the Python garbage collections during it (count, and the
+For every epoch, without the profiler: its seconds, on a GPU its SM clock and power draw as NVML reports them
+(a throttled GPU runs slower epochs), and the Python garbage collections during it (count, and the
 milliseconds of full ones), since a collection inside a timed epoch stalls the host that feeds the GPU.
 The settings, environment and figures go to ``--out`` (JSON).
 
@@ -259,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             out=str(args.out / "run"),
             **sets,
         )
+    for e, row in zip(epochs, result.history):  # NVML's readings of each epoch (one at its end when it is short)
+        e.update({k: row.get(k) for k in ("gpu_clock_mhz", "gpu_power_w")})
     report(args, epochs, found, result.summary)
     save_result(
         args.out / "result.json",
@@ -281,7 +284,8 @@ def report(
               f"{summary.get('gpu_power_w') or 0.0:.0f} W (NVML)")  # fmt: skip
     for i, e in enumerate(epochs, 1):
         gc_line = f"{e['gc']['count']} collections, {e['gc']['full']} full ({e['gc']['full_ms']:.1f} ms)"
-        print(f"  epoch {i}: {e['seconds']:.4f} s{' (profiled)' if e['profiled'] else ''}; gc: {gc_line}")
+        gpu = f"; {e['gpu_clock_mhz']:.0f} MHz, {e.get('gpu_power_w') or 0.0:.0f} W" if e.get("gpu_clock_mhz") else ""
+        print(f"  epoch {i}: {e['seconds']:.4f} s{' (profiled)' if e['profiled'] else ''}; gc: {gc_line}{gpu}")
     for epoch, figures in found.items():
         print(f"\nprofiled epoch {epoch}:")
         report_profiled(figures)
