@@ -200,8 +200,9 @@ def main() -> int:
     for seed in range(args.runs):
         summary = run_seed(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, args.sets)
         rows.append(row_of(seed, summary))
-        save_result(args.out / "result.json", result(rows, args, summary, env))
-    report(rows, figures(rows, args.recipe, args.device), args.recipe, machine)
+        saved = result(rows, args, summary, env)
+        save_result(args.out / "result.json", saved)
+    report(rows, saved, args.recipe, machine)  # the figures result.json holds, complete by now
     print(f"saved {args.out / 'result.json'} (each run's config.json and summary.json in its folder)")
     return 0
 
