@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.unit.test_host_free_step import STEPS, prime, tiny
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.train import loop
 from trainscale.train.loop import EpochStep, NonFiniteGuard, train_one_epoch
 from trainscale.train.precision import Precision
 from trainscale.train.step import CapturedStep, make_step
@@ -115,3 +116,27 @@ def test_a_graph_captured_run_equals_an_eager_run_of_the_same_seed(kind: str, mo
     torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-3, atol=1e-4)
     for a, b in zip(graph_params, eager_params):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_the_stop_guard_reads_mid_epoch_what_it_copied_at_its_previous_check() -> None:
+    """On a GPU a mid-epoch check reads the record copied at the previous one, waiting on that copy's event and
+    never on the stream (the steps queued since keep the GPU busy): a NaN at step 5 of 40 stops training at the
+    second check, named as step 5; a clean epoch waits on two events (the checks after steps 20 and 30) and reads
+    the current record only after its last step."""
+    loss = torch.ones((), device=CUDA)
+    guard = NonFiniteGuard(CUDA, epoch=0, lr_at=lambda t: 0.1, steps=40)
+    checked: list[int] = []
+    with pytest.raises(loop.NonFiniteLoss, match="at epoch 1 step 5"):
+        for step in range(40):
+            guard.admit(step, loss * float("nan") if step == 4 else loss, None)  # type: ignore[arg-type]
+            checked.append(step)
+            guard.between_steps(step)
+    assert checked[-1] == 2 * NonFiniteGuard.CHECK_EVERY - 1
+    guard = NonFiniteGuard(CUDA, epoch=0, lr_at=lambda t: 0.1, steps=40)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:  # CUDA: the runtime's calls
+        for step in range(39):
+            guard.admit(step, loss, None)  # type: ignore[arg-type]
+            guard.between_steps(step)
+    names = [e.name for e in prof.events()]
+    assert names.count("cudaEventSynchronize") == 2
+    assert not {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"} & set(names)

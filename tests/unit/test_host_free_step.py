@@ -113,6 +113,33 @@ def test_the_stop_guard_still_names_the_first_bad_step_from_its_device_record() 
             guard.between_steps(step)
 
 
+class Copied:
+    """Stands in for ``torch.cuda.Event`` on a machine without a GPU: the copy it marks is done."""
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+def test_on_a_gpu_the_stop_guard_reads_mid_epoch_what_it_copied_at_its_previous_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU's guard (its pinned copy and event stood in for) reads at each mid-epoch check the record copied at
+    the previous one, so a NaN at step 5 stops training at the second check, named as step 5; the check after the
+    epoch's last step reads the current record."""
+    monkeypatch.setattr(torch.cuda, "Event", Copied)
+    for nan_at, steps, stops_after in ((4, 40, 20), (33, 36, 36)):
+        guard = NonFiniteGuard(CPU, epoch=0, lr_at=lambda t: 0.1, steps=steps)
+        guard._copy = torch.full((), -1, dtype=torch.int64)  # where a GPU's guard copies its record to
+        checked: list[int] = []
+        with pytest.raises(loop.NonFiniteLoss, match=f"at epoch 1 step {nan_at + 1} "):
+            for step in range(steps):
+                guard.admit(step, torch.tensor(float("nan") if step == nan_at else 1.0), None)  # type: ignore[arg-type]
+                checked.append(step + 1)
+                guard.between_steps(step)
+        assert checked[-1] == stops_after
+
+
 def test_auto_is_eager_on_a_cpu_and_a_step_that_cannot_run_is_refused() -> None:
     cuda = torch.device("cuda")
     assert choose_step("auto", CPU, "bf16", "none", "stop").kind == "eager"
@@ -514,18 +541,44 @@ def test_auto_trains_with_the_graphed_step_where_the_optimizer_cannot_be_capture
     torch.testing.assert_close(losses, eager_losses, rtol=1e-4, atol=1e-5)
 
 
-def test_a_warmed_up_run_trains_exactly_as_one_that_was_not(tmp_path: Any) -> None:
+@pytest.mark.parametrize("extra", [{}, {"ema": 0.9}])
+def test_a_warmed_up_run_trains_exactly_as_one_that_was_not(extra: dict[str, Any], tmp_path: Any) -> None:
     """The warm-up (training steps, the evaluation's shapes, an epoch's on-device augmentation) runs on a GPU before
-    the timers; nothing of it may reach the run: weights, optimizer state, random generators and data order."""
+    the timers; nothing of it may reach the run: weights, optimizer state, the weight average, random generators
+    and data order."""
     histories = []
     for warm in (True, False):
-        cfg = build_config(SMALL_RUN, {"out": str(tmp_path / str(warm)), "model": "airbench", "train_subset": 256})
+        out = tmp_path / str(warm)
+        cfg = build_config(SMALL_RUN, {"out": str(out), "model": "airbench", "train_subset": 256, **extra})
         trainer = build_trainer(cfg, CPU, LocalMode(), Job())
         if warm:
             trainer.warm_up()
         trainer.fit()
-        histories.append([(row["train_loss"], row["test_acc"]) for row in read_history(tmp_path / str(warm))])
+        histories.append([(r["train_loss"], r["test_acc"], r.get("ema_test_loss")) for r in read_history(out)])
     assert histories[0] == histories[1]
+    assert all(row[2] is not None for row in histories[0]) == bool(extra)
+
+
+def test_the_warm_up_steps_as_the_epoch_loop_does(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The warm-up's steps are the loop's own (``EpochStep``: learning rates, the stop guard's record, the sums
+    beside the step), a few with every parameter training and a few more after each freeze the run meets (the
+    airbench net's whitening bias), so that the first timed epoch launches no kernel for the first time; its
+    guard reads nothing."""
+    calls: list[int] = []
+    step = EpochStep.__call__
+
+    def counted(self: EpochStep, *args: Any) -> torch.Tensor:
+        calls.append(sum(p.requires_grad for p in self.model.parameters()))
+        return step(self, *args)
+
+    monkeypatch.setattr(EpochStep, "__call__", counted)
+    cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "model": "airbench94", "train_subset": 256})
+    trainer = build_trainer(cfg, CPU, LocalMode(), Job())
+    training = sum(p.requires_grad for p in trainer.model.parameters())
+    with HostReads() as reads:
+        trainer.warm_up()
+    assert calls == [training] * trainer_module.WARM_STEPS + [training - 1] * trainer_module.WARM_STEPS
+    assert reads.count == 0
 
 
 def test_auto_compiles_only_the_models_of_trainscale() -> None:

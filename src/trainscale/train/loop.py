@@ -83,9 +83,14 @@ class NonFiniteLoss(TrainscaleError):
 
 class NonFiniteGuard:
     """Stops an epoch at the first step whose loss is not finite, naming the epoch and step. The first bad step
-    is recorded on the device (no per-step sync) and read every ``CHECK_EVERY`` steps and at the epoch's end, on
-    every device alike (one read every 10 steps lets a GPU run ahead; on a CPU it keeps the step free of reads,
-    so the step is the same code everywhere)."""
+    is recorded on the device (no per-step sync) and read every ``CHECK_EVERY`` steps and at the epoch's end (on a
+    CPU it keeps the step free of reads, so the step is the same code everywhere).
+
+    On a GPU a read in mid-epoch takes the record as it was ``CHECK_EVERY`` steps earlier, copied then to pinned
+    memory: the host waits only for that old copy, not for the steps queued since, so the GPU never runs dry at
+    a check (a read of the current record would wait for every queued step, then leave the GPU idle while the
+    host prepares the next). A bad step stops training within ``2 * CHECK_EVERY`` steps, at the same step on
+    every rank; the read at the epoch's end is of the current record."""
 
     CHECK_EVERY = 10
     skipped = 0  # it never skips: the first bad step ends training
@@ -94,10 +99,13 @@ class NonFiniteGuard:
         self.epoch, self.lr_at, self.steps = epoch, lr_at, steps
         self.every = self.CHECK_EVERY
         self.first = torch.full((), -1, dtype=torch.int64, device=device)
+        cuda = self.first.device.type == "cuda"
+        self._copy = torch.full((), -1, dtype=torch.int64, pin_memory=True) if cuda else None
+        self._copied: torch.cuda.Event | None = None
 
     def admit(self, step: int, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> bool:
         """Every step is applied (its verdict recorded on the device); a bad one stops training within
-        ``CHECK_EVERY`` steps (``between_steps``)."""
+        ``CHECK_EVERY`` steps (on a GPU ``2 * CHECK_EVERY``: ``between_steps``)."""
         self.record(step, loss)
         return True
 
@@ -114,14 +122,29 @@ class NonFiniteGuard:
         self.first = torch.where((self.first < 0) & bad, step, self.first)
 
     def between_steps(self, step: int) -> None:
-        """The read, when due: every ``every`` steps and after the last."""
-        if (step + 1) % self.every == 0 or step + 1 == self.steps:
+        """The read, when due: every ``every`` steps (on a GPU, of the record copied at the previous one) and of
+        the current record after the last."""
+        if step + 1 == self.steps:
             self.check()
+        elif (step + 1) % self.every == 0:
+            self._check_earlier() if self._copy is not None else self.check()
 
     def check(self) -> None:
         first = int(self.first)
         if first >= 0:
             self._fail(first)
+
+    def _check_earlier(self) -> None:
+        """The record copied at the previous check (its copy long done: no wait for the steps queued since),
+        then the current record copied, to read at the next."""
+        assert self._copy is not None
+        if self._copied is not None:
+            self._copied.synchronize()
+            if int(self._copy) >= 0:
+                self._fail(int(self._copy))
+        self._copy.copy_(self.first, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
     def _fail(self, step: int) -> None:
         lr = self.lr_at(self.epoch + step / self.steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import logging
 import statistics
@@ -35,10 +36,11 @@ from trainscale.train.callbacks import Callbacks, Writes
 from trainscale.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainscale.train.ema import WeightAverage
 from trainscale.train.loop import (
+    Accumulator,
+    EpochStep,
+    NonFiniteGuard,
     PassStats,
     StepOptions,
-    apply_gradients,
-    compute_gradients,
     evaluate,
     predict,
     predict_selective,
@@ -264,14 +266,16 @@ class Trainer:
     def warm_up(self) -> float:
         """``torch.compile`` compiles on first use (CUDA graphs record on the first replays), and on a GPU the
         first passes also pick cuDNN's algorithms and create the cuBLAS handles; do that here, before any timer,
-        for every shape and path the run meets: the training step as the run takes it (with ``step_fn``, the
-        compiled step, optimizer included), and the evaluation of every batch size the test set yields (its last
-        partial batch too) with every test-time view of the run. On random images, not the run's data; then
-        weights, BN statistics, optimizer state and RNGs are put back in place (compiled graphs keep their
-        tensors), so that one-off cost stays out of every timer (airbench's warm-up run). Returns its seconds."""
+        for every shape and path the run meets: the training step as the epoch loop takes it (``_loop_step``;
+        with ``step_fn``, the compiled step, optimizer included), and the evaluation of every batch size the test
+        set yields (its last partial batch too) with every test-time view of the run. On random images, not the
+        run's data; then weights, BN statistics, optimizer state, the weight average and RNGs are put back in
+        place (compiled graphs keep their tensors), so that one-off cost stays out of every timer (airbench's
+        warm-up run). Returns its seconds."""
         started = time.perf_counter()
         saved, rng = copy.deepcopy(self.model.state_dict()), rng_state()
         state = optimizer_state(self.optimizer)
+        averaged = copy.deepcopy(self.ema.state_dict()) if self.ema is not None else None
         device, batch = self.precision.device, self.summary_base[K.batch_per_worker]
         size = self.summary_base[K.image_size]
         layout = torch.channels_last if self.cfg.run.channels_last else torch.contiguous_format
@@ -294,28 +298,42 @@ class Trainer:
             self.model.train()
             self.model.load_state_dict(saved)
             restore_optimizer_state(self.optimizer, state)
+            if self.ema is not None and averaged is not None:
+                self.ema.load_state_dict(averaged)
             set_rng_state(rng)
         synchronize(device)
         return time.perf_counter() - started
 
     def _warm_train(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.model.train()
-        if self.step_fn is not None:
-            self._warm_steps(self.step_fn, images, labels)
-        elif not self.scaler.is_enabled():
-            self._warm_steps(self._eager_step, images, labels)
-        else:  # fp16: a step on random images would move the grad scaler's scale, which has no copy to restore
+        if self.step_fn is None and self.scaler.is_enabled():
+            # fp16: a step on random images would move the grad scaler's scale, which has no copy to restore
             with self.precision.autocast():
                 loss = nn.functional.cross_entropy(self.model(images).float(), labels)
             loss.backward()
+            return
+        self._warm_steps(self._loop_step(), images, labels)
 
-    def _eager_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """The eager step as the loop takes it, optimizer included: Muon compiles its iteration on first use."""
-        opt = self.cfg.optim
-        compute_gradients(
-            self.model, images, labels, self.optimizer, self.scaler, self.precision, opt.label_smoothing, opt.accumulate
+    def _loop_step(self) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+        """The step as the epoch loop takes it (``loop.EpochStep``): the schedule's learning rates set, the step
+        itself (compiled, or the eager one with its optimizer: Muon compiles its iteration on first use), the
+        stop guard's record, the weight average and the running sums, so that none of their kernels is first
+        launched (on a GPU: loaded) inside the first timed epoch. The guard only records: nothing is read."""
+        device, epoch, optim = self.precision.device, self.state.next_epoch, self.cfg.optim
+        guard = NonFiniteGuard(device, epoch, self.lr_at, WARM_STEPS)
+        run = EpochStep(
+            self.model,
+            self.optimizer,
+            self.scaler,
+            self.precision,
+            self.lr_at,
+            optim.label_smoothing,
+            guard,
+            Accumulator(device),
+            self.step_fn,
+            self.step_options,
         )
-        apply_gradients(self.optimizer, self.scaler, opt.clip_grad_norm)
+        return functools.partial(run, 0, float(epoch))
 
     def _warm_steps(
         self, step: Callable[[torch.Tensor, torch.Tensor], Any], images: torch.Tensor, labels: torch.Tensor
