@@ -3,6 +3,7 @@ evaluation coverage, augmentation wiring and configuration errors."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from trainscale.data import (
     random_flip,
 )
 from trainscale.data.augment import apply_brightness_contrast, brightness_contrast_params
+from trainscale.data.loader import EpochDraws
 from trainscale.data.sharding import eval_range, seeded_generator, train_shard
 from trainscale.errors import ConfigError
 
@@ -77,6 +79,37 @@ def test_same_seed_and_epoch_give_identical_batches() -> None:
     assert not torch.equal(ya, y4)  # another epoch, another order
     _, y_other_seed = collect(DeviceBatches(data, 16, train=True, augment=aug, device="cpu", seed=8), 3)
     assert not torch.equal(ya, y_other_seed)
+
+
+def test_the_next_epochs_draws_are_made_as_an_epoch_ends_and_change_no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once an epoch's last batch is taken its successor's draws are made (on a GPU, while the device still runs
+    the last steps), and used when that epoch comes: the batches equal a fresh loader's; an epoch skipped to, or
+    the shard of another rank taken through a shallow copy (a parameter server's hand-over), gets its own."""
+    data = tagged()
+    aug = AugmentConfig(crop_padding=2, flip=True, alternate_flip=True, cutout=3, brightness=0.2, contrast=0.2)
+    made: list[tuple[int, int]] = []
+    draw = DeviceBatches._draw
+
+    def counted(self: DeviceBatches, epoch: int) -> EpochDraws:
+        made.append((epoch, self.rank))
+        return draw(self, epoch)
+
+    def fresh(epoch: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return collect(DeviceBatches(data, 16, train=True, augment=aug, device="cpu", rank=rank, world_size=2), epoch)
+
+    expected = {(e, r): fresh(e, r) for e in (0, 1, 5, 6) for r in (0, 1)}
+    monkeypatch.setattr(DeviceBatches, "_draw", counted)
+    b = DeviceBatches(data, 16, train=True, augment=aug, device="cpu", world_size=2)
+    for epoch in (0, 1, 5):
+        x, y = collect(b, epoch)
+        assert torch.equal(x, expected[epoch, 0][0]) and torch.equal(y, expected[epoch, 0][1])
+    assert made == [(0, 0), (1, 0), (2, 0), (5, 0), (6, 0)]
+    other = copy.copy(b)
+    other.rank = 1
+    x, y = collect(other, 6)
+    assert torch.equal(x, expected[6, 1][0]) and torch.equal(y, expected[6, 1][1])
+    assert made[5:] == [(6, 1), (7, 1)]
+    assert torch.equal(collect(other, 5)[1], expected[5, 1][1])
 
 
 def test_augmentation_matches_the_batch_functions(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,8 @@
 """``DeviceBatches``: the on-device batch iterator every training mode uses for in-memory datasets.
 
 The uint8 images go to the device once; each epoch draws the rank's shard (see ``sharding``), draws
-every augmentation parameter of the shard at once from a generator seeded by (seed, epoch, rank), then
-applies them chunk by chunk on the device (chunks bound the memory of large images; the result does
+every augmentation parameter of the shard at once from a generator seeded by (seed, epoch, rank) (made as the
+epoch before ends, while a GPU still runs its last steps), then applies them chunk by chunk on the device (chunks bound the memory of large images; the result does
 not depend on the chunk size). Batches are normalised to float (optionally resized and channels-last)
 only when they are yielded. Same (seed, epoch, rank) gives the same batches bit for bit, which is
 what makes a resumed run identical to an uninterrupted one.
@@ -34,6 +34,25 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 # Bytes of augmented uint8 images materialised at a time (CIFAR's 50,000 images are 154 MB: one chunk).
 AUGMENT_CHUNK_BYTES = 512 * 1024 * 1024
 ALTERNATE_FLIP_STREAM = 0x5F1F  # seeds the per-image coins of alternate flipping apart from the epochs' streams
+
+
+@dataclass(frozen=True)
+class EpochDraws:
+    """One epoch's draws for a rank's shard, on the device: ``count`` samples in ``indices`` order with their
+    ``labels``; crop corners (``oy``, ``ox``, windows of ``size``), flips, cutout corners, brightness and contrast
+    factors, each None where that augmentation is off."""
+
+    count: int
+    size: int
+    indices: torch.Tensor
+    labels: torch.Tensor
+    oy: torch.Tensor | None
+    ox: torch.Tensor | None
+    flips: torch.Tensor | None
+    cy: torch.Tensor | None
+    cx: torch.Tensor | None
+    bright: torch.Tensor | None
+    contrast: torch.Tensor | None
 
 
 @runtime_checkable
@@ -177,6 +196,7 @@ class DeviceBatches:
             images = A.pad(images, self._padding, aug.pad_mode)
         self._images = images
         self._labels = data.labels.to(self.device, dtype=torch.int64)
+        self._drawn: tuple[tuple[int, int, int, int], EpochDraws] | None = None
 
     # ------------------------------------------------------------------------------------ sizes
 
@@ -227,7 +247,43 @@ class DeviceBatches:
     def lazy_epoch(self, epoch: int) -> Iterator[Callable[[], Batch]]:
         """The training batches of ``epoch``, each as a function that makes it: augmentation is drawn for
         the whole shard as in ``epoch``, but a batch that is skipped is never normalised (fault-tolerant
-        replicas walk the whole epoch and train on one batch in every few)."""
+        replicas walk the whole epoch and train on one batch in every few). Once its last batch is taken, the
+        next epoch's draws are made (``draws``): on a GPU the host makes them while the device still runs this
+        epoch's last steps, not at the next epoch's start with the device idle."""
+        d = self.draws(epoch)
+        aug = self.augment
+        per_image = self._images[0].numel()
+        chunk = max(1, AUGMENT_CHUNK_BYTES // max(1, per_image) // self.batch_size) * self.batch_size
+        for start in range(0, d.count, chunk):
+            stop = min(d.count, start + chunk)
+            idx = d.indices[start:stop]
+            if d.oy is not None and d.ox is not None:
+                x = A.crop_windows(self._images, idx, d.size, d.oy[start:stop], d.ox[start:stop])
+            else:
+                x = self._images.index_select(0, idx)
+            if d.flips is not None:
+                x = A.apply_flip(x, d.flips[start:stop], inplace=True)
+            if d.cy is not None and d.cx is not None:
+                assert aug is not None
+                x = A.apply_cutout(x, aug.cutout, d.cy[start:stop], d.cx[start:stop], inplace=True)
+            for b in range(0, stop - start, self.batch_size):
+                first, last = start + b, start + b + self.batch_size
+                factors = (
+                    None if d.bright is None or d.contrast is None else (d.bright[first:last], d.contrast[first:last])
+                )
+                yield functools.partial(self._batch, x[b : b + self.batch_size], d.labels[first:last], factors)
+        self.draws(epoch + 1)
+
+    def draws(self, epoch: int) -> EpochDraws:
+        """The sample order and every augmentation parameter of this rank's shard in ``epoch``, on the device;
+        the last ones made are kept, so asking again for the same epoch (the warm-up's first batch, then the
+        epoch itself) makes them once."""
+        key = (epoch, self.rank, self.world_size, self.seed)
+        if self._drawn is None or self._drawn[0] != key:
+            self._drawn = (key, self._draw(epoch))
+        return self._drawn[1]
+
+    def _draw(self, epoch: int) -> EpochDraws:
         indices = train_shard(self.total_samples, self.rank, self.world_size, self.seed, epoch)
         count = len(self) * self.batch_size if self.drop_last else self.shard_size
         indices = indices[:count]
@@ -247,33 +303,14 @@ class DeviceBatches:
             cy, cx = A.cutout_params(count, out_side or h, out_side or w, gen)
         if aug is not None and (aug.brightness or aug.contrast):
             bright, contrast = A.brightness_contrast_params(count, aug.brightness, aug.contrast, gen)
-
-        # the epoch's draws go to the device once, before its first step (a copy from pageable memory can make
-        # the host wait for the device)
+        # they go to the device at once, before the epoch's first step (a copy from pageable memory can make the
+        # host wait for the device)
         indices = indices.to(self.device)
         oy, ox, flips, cy, cx, bright, contrast = (
             None if t is None else t.to(self.device) for t in (oy, ox, flips, cy, cx, bright, contrast)
         )
         labels = self._labels.index_select(0, indices)
-        per_image = self._images[0].numel()
-        chunk = max(1, AUGMENT_CHUNK_BYTES // max(1, per_image) // self.batch_size) * self.batch_size
-        for start in range(0, count, chunk):
-            stop = min(count, start + chunk)
-            idx = indices[start:stop]
-            if crop:
-                assert oy is not None and ox is not None
-                x = A.crop_windows(self._images, idx, size, oy[start:stop], ox[start:stop])
-            else:
-                x = self._images.index_select(0, idx)
-            if flips is not None:
-                x = A.apply_flip(x, flips[start:stop], inplace=True)
-            if cy is not None:
-                assert aug is not None and cx is not None
-                x = A.apply_cutout(x, aug.cutout, cy[start:stop], cx[start:stop], inplace=True)
-            for b in range(0, stop - start, self.batch_size):
-                first, last = start + b, start + b + self.batch_size
-                factors = None if bright is None or contrast is None else (bright[first:last], contrast[first:last])
-                yield functools.partial(self._batch, x[b : b + self.batch_size], labels[first:last], factors)
+        return EpochDraws(count, size, indices, labels, oy, ox, flips, cy, cx, bright, contrast)
 
     def _alternating_flips(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """The flip mask of ``indices`` in ``epoch`` under alternate flipping (see ``AugmentConfig``); the
