@@ -96,6 +96,12 @@ class K:
         "train_step", str, "", "how the training step ran: eager, compiled, graphed or captured (CUDA graphs)"
     )
     train_step_reason = Key("train_step_reason", str, "", "why that step: asked for, or what --train-step auto saw")
+    eval_forward = Key(
+        "eval_forward",
+        str,
+        "",
+        "how evaluation ran the model: compiled (on a GPU, beside a compiled training step) or eager",
+    )
 
     # --- what the mode says about itself (Mode.describe)
     backend = Key("backend", str, "", "the collective backend (gloo, nccl; rpc for the parameter server)")

@@ -11,12 +11,12 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from tests.unit.test_host_free_step import STEPS, prime, tiny
+from tests.unit.test_host_free_step import STEPS, prime, setup, tiny
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.train import loop
-from trainscale.train.loop import EpochStep, NonFiniteGuard, train_one_epoch
+from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.precision import Precision
-from trainscale.train.step import CapturedStep, make_step
+from trainscale.train.step import CapturedStep, compiled_eval, make_step
 
 pytestmark = pytest.mark.gpu
 
@@ -140,3 +140,31 @@ def test_the_stop_guard_reads_mid_epoch_what_it_copied_at_its_previous_check() -
     names = [e.name for e in prof.events()]
     assert names.count("cudaEventSynchronize") == 2
     assert not {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"} & set(names)
+
+
+def test_the_compiled_evaluation_predicts_as_the_eager_one_and_compiles_nothing_after_the_warm_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inductor's evaluation graphs (``compiled_eval``, what a run beside a compiled step evaluates with) give the
+    eager logits, every view and the selective ones, in fp32 with TF32 off (fusion reorders reductions only), and
+    once each batch shape has been met no pass compiles again."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch._dynamo.reset()
+    model, _ = setup("sgd")
+    model = model.to(CUDA).eval()
+    compiled = compiled_eval(model, "default")
+    x = torch.randn(96, 3, 32, 32, device=CUDA).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for n in (96, 40):
+            all_views(compiled, x[:n])
+        warmed = counters["stats"]["unique_graphs"]
+        for n in (96, 40):
+            torch.testing.assert_close(all_views(compiled, x[:n]), all_views(model, x[:n]), rtol=1e-3, atol=1e-3)
+    assert counters["stats"]["unique_graphs"] == warmed
+
+
+def all_views(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([predict(model, x, True), predict_selective(model, x, True, 1, 0.25)])

@@ -29,7 +29,7 @@ from trainscale.runtime.job import Job
 from trainscale.train import loop
 from trainscale.train import trainer as trainer_module
 from trainscale.train.checks import check_step
-from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
+from trainscale.train.loop import EpochStep, NonFiniteGuard, evaluate, predict, predict_selective, train_one_epoch
 from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
 from trainscale.train.step import (
@@ -38,6 +38,7 @@ from trainscale.train.step import (
     StepChoice,
     StepNotCaptured,
     choose_step,
+    compiled_eval,
     compiled_step,
     create_state,
 )
@@ -579,6 +580,69 @@ def test_the_warm_up_steps_as_the_epoch_loop_does(monkeypatch: pytest.MonkeyPatc
         trainer.warm_up()
     assert calls == [training] * trainer_module.WARM_STEPS + [training - 1] * trainer_module.WARM_STEPS
     assert reads.count == 0
+
+
+def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compiles_all_it_meets() -> None:
+    """``compiled_eval`` (``aot_eager`` here; inductor on a GPU) shares the model's weights, gives the eager
+    logits with every test-time view and selective ones, and after the warm-up's shapes (``_eval_shapes``) an
+    evaluation pass compiles nothing more (its graphs are per batch shape: the full batch, the last partial one
+    and the selected fractions of each)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model, _ = setup("sgd")
+    data = synthetic_dataset(100, 32, seed=3)
+    test = DeviceBatches(data, 32, train=False, augment=None, device=CPU, channels_last=True)
+    compiled = compiled_eval(model, "default", backend="aot_eager")
+    compiled.eval()
+    prec = Precision("fp32", CPU)
+    with torch.no_grad():
+        for x, _ in test.epoch(0):
+            predict(compiled, x, True)
+            predict_selective(compiled, x, True, 1, 0.25)
+        warmed = counters["stats"]["unique_graphs"]
+        for p in model.parameters():  # the compiled forward reads the weights at each call
+            p.mul_(1.1)
+    for flip, translate, select in ((True, 1, 0.25), (True, 0, 1.0)):
+        eager = evaluate(model, test, prec, flip, translate, select)
+        got = evaluate(compiled, test, prec, flip, translate, select)
+        assert got.acc == eager.acc
+        assert got.loss == pytest.approx(eager.loss, rel=1e-5)
+    assert counters["stats"]["unique_graphs"] == warmed
+
+
+def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only() -> None:
+    """``_eval_forward``: the model compiled for evaluation on a GPU beside a compiled, graphed or captured step;
+    the module itself beside the eager step, on a CPU, and where ``--compile`` compiled it already."""
+    trainer = build_trainer(build_config(SMALL_RUN, {"out": None}), CPU, LocalMode(), Job())
+    assert trainer._eval_forward("captured") is trainer.model
+    trainer.precision = Precision("fp32", torch.device("cuda"))
+    assert trainer._eval_forward("eager") is trainer.model
+    for kind in ("compiled", "graphed", "captured"):
+        compiled = trainer._eval_forward(kind)
+        assert compiled is not trainer.model and getattr(compiled, "_orig_mod", None) is trainer.model
+    trainer.cfg = build_config(SMALL_RUN, {"out": None, "compile": True})
+    assert trainer._eval_forward("captured") is trainer.model
+
+
+class Broken(torch.nn.Module):
+    """A compiled evaluation that cannot compile."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("cannot compile this graph")
+
+
+def test_a_compiled_evaluation_that_fails_in_the_warm_up_leaves_the_step_and_evaluates_eagerly(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
+        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+
+    monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", lambda self, kind: Broken())
+    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+        summary = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job()).fit()
+    assert summary["eval_forward"] == "eager" and summary["train_step"] == "compiled"
+    assert summary["final_test_acc"] is not None
 
 
 def test_auto_compiles_only_the_models_of_trainscale() -> None:

@@ -1,11 +1,12 @@
 """``DeviceBatches``: the on-device batch iterator every training mode uses for in-memory datasets.
 
 The uint8 images go to the device once; each epoch draws the rank's shard (see ``sharding``), draws
-every augmentation parameter of the shard at once from a generator seeded by (seed, epoch, rank) (made as the
-epoch before ends, while a GPU still runs its last steps), then applies them chunk by chunk on the device (chunks bound the memory of large images; the result does
-not depend on the chunk size). Batches are normalised to float (optionally resized and channels-last)
-only when they are yielded. Same (seed, epoch, rank) gives the same batches bit for bit, which is
-what makes a resumed run identical to an uninterrupted one.
+every augmentation parameter of the shard at once from a generator seeded by (seed, epoch, rank) (made
+as the epoch before ends, while a GPU still runs its last steps), then applies them chunk by chunk on the
+device (chunks bound the memory of large images; the result does not depend on the chunk size). Batches
+are normalised to float (optionally resized and channels-last) only when they are yielded. Same (seed,
+epoch, rank) gives the same batches bit for bit, which is what makes a resumed run identical to an
+uninterrupted one.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -166,6 +167,15 @@ def torch_mode(compile_mode: str, graphed: bool) -> str | None:
     if compile_mode == "max-autotune":
         return "max-autotune" if graphed else "max-autotune-no-cudagraphs"
     return "reduce-overhead" if graphed else None
+
+
+def compiled_eval(model: nn.Module, compile_mode: str, backend: str = "inductor") -> nn.Module:
+    """``model``'s forward compiled for evaluation (its parameters and buffers shared, read at each call): one
+    graph per batch shape the evaluation meets (``dynamic=False``; the warm-up meets them all), with BatchNorm's
+    fixed statistics, its normalisation and the activation fused into few kernels, where an eager forward
+    launches each on its own; no CUDA graphs, since the logits are kept past the next call."""
+    compiled = torch.compile(model, mode=torch_mode(compile_mode, graphed=False), dynamic=False, backend=backend)
+    return cast(nn.Module, compiled)
 
 
 def correct_count(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,15 @@ from trainscale.train.loop import (
     views_per_image,
 )
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
-from trainscale.train.step import FALLBACK, CapturedStep, StepFn, choose_step, float_lrs, make_step
+from trainscale.train.step import (
+    FALLBACK,
+    CapturedStep,
+    StepFn,
+    choose_step,
+    compiled_eval,
+    float_lrs,
+    make_step,
+)
 from trainscale.train.steplog import StepLog
 from trainscale.train.utilisation import Utilisation
 
@@ -102,6 +110,7 @@ class Trainer:
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
     step_fn: StepFn | None = field(default=None, init=False)  # a compiled step (train.step), else the eager one
+    eval_model: nn.Module | None = field(default=None, init=False)  # what evaluates (``_eval_forward``)
     trained_steps: int = field(default=0, init=False)  # this process's steps in the last epoch it ran
 
     def __post_init__(self) -> None:
@@ -232,6 +241,7 @@ class Trainer:
     def _use_step(self, kind: str, reason: str) -> None:
         """Train with the ``kind`` step from now on (built here), recorded for summary.json with ``reason``."""
         self.summary_base.update({K.train_step: kind, K.train_step_reason: reason})
+        self._evaluate_with(self._eval_forward(kind))
         if kind == "eager":
             self.step_fn = None
             float_lrs(self.optimizer)
@@ -244,6 +254,17 @@ class Trainer:
             self.cfg.optim.label_smoothing,
             compile_mode=self.cfg.run.compile_mode,
         )
+
+    def _eval_forward(self, kind: str) -> nn.Module:
+        """What evaluates: on a GPU beside a compiled training step, the model compiled for the evaluation's shapes
+        too (``step.compiled_eval``); the module itself elsewhere, and where ``--compile`` compiled it already."""
+        if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile:
+            return self.model
+        return compiled_eval(self.model, self.cfg.run.compile_mode)
+
+    def _evaluate_with(self, model: nn.Module) -> None:
+        self.eval_model = model
+        self.summary_base[K.eval_forward] = "eager" if model is self.model else "compiled"
 
     def _warm_up_or_fall_back(self) -> float:
         """The warm-up; where ``--train-step auto`` chose a step that fails to compile or capture there, the next
@@ -285,14 +306,7 @@ class Trainer:
             next(iter(self.train_batches.epoch(self.state.next_epoch)), None)  # by the epoch (its own generators)
         try:
             self._warm_train(images, labels)
-            self.model.eval()
-            with torch.no_grad(), self.precision.autocast():
-                for n in eval_batch_sizes(self.test_batches):
-                    x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
-                    predict(self.model, x, self.cfg.optim.tta)
-                    predict_selective(
-                        self.model, x, self.cfg.optim.tta, self.cfg.optim.tta_translate, self.cfg.optim.tta_select
-                    )
+            self._warm_eval(size, layout)
         finally:  # also when a step fails (a compiled one that cannot compile, say): nothing of it stays
             self.model.zero_grad(set_to_none=self.step_fn is None)  # a compiled step keeps its gradient tensors
             self.model.train()
@@ -303,6 +317,28 @@ class Trainer:
             set_rng_state(rng)
         synchronize(device)
         return time.perf_counter() - started
+
+    def _warm_eval(self, size: int, layout: torch.memory_format) -> None:
+        """The evaluation of every batch size the test set yields, with every view the run's evaluations take;
+        where the compiled evaluation fails here, the run evaluates eagerly (its training step stays)."""
+        try:
+            self._eval_shapes(self.eval_model or self.model, size, layout)
+        except Exception as exc:  # torch.compile's failures have no common type
+            if self.eval_model is None or self.eval_model is self.model:
+                raise
+            failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log.warning("the compiled evaluation failed in the warm-up (%s); evaluating eagerly", failure)
+            self._evaluate_with(self.model)
+            self._eval_shapes(self.model, size, layout)
+
+    def _eval_shapes(self, model: nn.Module, size: int, layout: torch.memory_format) -> None:
+        model.eval()
+        optim, device = self.cfg.optim, self.precision.device
+        with torch.no_grad(), self.precision.autocast():
+            for n in eval_batch_sizes(self.test_batches):
+                x = torch.randn(n, 3, size, size, device=device).contiguous(memory_format=layout)
+                predict(model, x, optim.tta)
+                predict_selective(model, x, optim.tta, optim.tta_translate, optim.tta_select)
 
     def _warm_train(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.model.train()
@@ -388,7 +424,9 @@ class Trainer:
         translate = self.cfg.optim.tta_translate if last else 0
         select = self.cfg.optim.tta_select if last else 1.0
         test = (
-            evaluate(self.model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select)
+            evaluate(
+                self.eval_model or self.model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select
+            )
             if self.evaluates(epoch)
             else None
         )
