@@ -623,6 +623,8 @@ def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only() -> No
         assert compiled is not trainer.model and getattr(compiled, "_orig_mod", None) is trainer.model
     trainer.cfg = build_config(SMALL_RUN, {"out": None, "compile": True})
     assert trainer._eval_forward("captured") is trainer.model
+    trainer.cfg, trainer.train_model = build_config(SMALL_RUN, {"out": None}), torch.nn.Sequential(trainer.model)
+    assert trainer._eval_forward("compiled") is trainer.model  # under a wrapper (DDP) no warm-up runs
 
 
 class Broken(torch.nn.Module):

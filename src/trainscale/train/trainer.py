@@ -257,8 +257,10 @@ class Trainer:
 
     def _eval_forward(self, kind: str) -> nn.Module:
         """What evaluates: on a GPU beside a compiled training step, the model compiled for the evaluation's shapes
-        too (``step.compiled_eval``); the module itself elsewhere, and where ``--compile`` compiled it already."""
-        if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile:
+        too (``step.compiled_eval``); the module itself elsewhere, where ``--compile`` compiled it already, and
+        under a wrapper (DDP), where no warm-up runs to compile it (and to fall back if it fails)."""
+        unwarmed = self.train_model is not None and self.train_model is not self.model
+        if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile or unwarmed:
             return self.model
         return compiled_eval(self.model, self.cfg.run.compile_mode)
 
