@@ -611,19 +611,22 @@ def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compile
     assert counters["stats"]["unique_graphs"] == warmed
 
 
-def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only() -> None:
+def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_path: Any) -> None:
     """``_eval_forward``: the model compiled for evaluation on a GPU beside a compiled, graphed or captured step;
     the module itself beside the eager step, on a CPU, and where ``--compile`` compiled it already."""
-    trainer = build_trainer(build_config(SMALL_RUN, {"out": None}), CPU, LocalMode(), Job())
+    trainer = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job())
     assert trainer._eval_forward("captured") is trainer.model
     trainer.precision = Precision("fp32", torch.device("cuda"))
     assert trainer._eval_forward("eager") is trainer.model
     for kind in ("compiled", "graphed", "captured"):
         compiled = trainer._eval_forward(kind)
         assert compiled is not trainer.model and getattr(compiled, "_orig_mod", None) is trainer.model
-    trainer.cfg = build_config(SMALL_RUN, {"out": None, "compile": True})
+    trainer.cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "compile": True})
     assert trainer._eval_forward("captured") is trainer.model
-    trainer.cfg, trainer.train_model = build_config(SMALL_RUN, {"out": None}), torch.nn.Sequential(trainer.model)
+    trainer.cfg, trainer.train_model = (
+        build_config(SMALL_RUN, {"out": str(tmp_path)}),
+        torch.nn.Sequential(trainer.model),
+    )
     assert trainer._eval_forward("compiled") is trainer.model  # under a wrapper (DDP) no warm-up runs
 
 
