@@ -1,5 +1,6 @@
 """``benchmarks/time_to_94.py``: a finished seed is reused, an interrupted one runs again from its start with its
-folder kept beside (a timed run cannot continue in another process)."""
+folder kept beside (a timed run cannot continue in another process); ``--one-process`` fits each seed in the
+benchmark's process."""
 
 from __future__ import annotations
 
@@ -91,3 +92,34 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
     assert t94.main() == 0
     done = json.loads((tmp_path / "result.json").read_text())
     assert (done["complete"], done["runs_done"], done["goal_met"]) == (True, 3, True) and started == [0, 1, 2, 2]
+
+
+def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--one-process``: a seed through ``trainscale.fit`` with the CLI's settings and the ``--set`` ones, after
+    torch.compile's in-memory caches are cleared; a finished seed is reused, as through the CLI."""
+    import trainscale
+
+    calls: list[dict[str, Any]] = []
+    resets: list[int] = []
+
+    class Fitted:
+        summary = FINISHED
+
+    def fit(**settings: Any) -> Fitted:
+        calls.append(settings)
+        return Fitted()
+
+    monkeypatch.setattr(trainscale, "fit", fit)
+    monkeypatch.setattr(t94.torch._dynamo, "reset", lambda: resets.append(len(calls)))
+    out = tmp_path / "seed-4"
+    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", ["epochs=2", 'model_args=["pool=max"]']) == FINISHED
+    assert calls == [
+        dict(recipe="speedrun94", seed=4, device="cuda", precision="auto", target_acc=t94.TARGET, progress=False,
+             out=str(out), epochs=2, model_args=["pool=max"])
+    ]  # fmt: skip
+    assert resets == [0]
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps(FINISHED))
+    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", []) == FINISHED and len(calls) == 1
