@@ -17,7 +17,9 @@ finished (``complete``: false, ``runs_done`` of ``runs_asked``).
 
 ``--one-process`` runs every seed in this process through ``trainscale.fit`` (the Python API) instead: on a GPU,
 where a run's timed part is a second or two, a new process's start, imports and data load took about 9 s of the
-17 s between two seeds' starts through the CLI (an H200). Each run still warms up (compiles, from the caches on disk) before its timers.
+17 s between two seeds' starts through the CLI (an H200). Each run still warms up (compiles, from the caches on disk)
+before its timers, but the runs share what a process keeps: cuDNN's algorithm choices (timed by the first run), so
+their times do not sample that choice independently as a process each does.
 
 ``--recipe cifar10-fast`` runs ResNet-9 with the cifar10-fast recipe (24 epochs, 94% median published); its goal
 is the accuracy alone.
