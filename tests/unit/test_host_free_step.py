@@ -584,7 +584,7 @@ def test_the_warm_up_steps_as_the_epoch_loop_does(monkeypatch: pytest.MonkeyPatc
 
 def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compiles_all_it_meets() -> None:
     """``compiled_eval`` (``aot_eager`` here; inductor on a GPU) shares the model's weights, gives the eager
-    logits with every test-time view and selective ones, and after the warm-up's shapes (``_eval_shapes``) an
+    accuracy and loss with every test-time view and selective ones, and after the warm-up's shapes (``_eval_shapes``) an
     evaluation pass compiles nothing more (its graphs are per batch shape: the full batch, the last partial one
     and the selected fractions of each)."""
     from torch._dynamo.utils import counters
@@ -613,7 +613,8 @@ def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compile
 
 def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_path: Any) -> None:
     """``_eval_forward``: the model compiled for evaluation on a GPU beside a compiled, graphed or captured step;
-    the module itself beside the eager step, on a CPU, and where ``--compile`` compiled it already."""
+    the module itself beside the eager step, on a CPU, where ``--compile`` compiled it already and under a
+    wrapper (DDP), where no warm-up runs."""
     trainer = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job())
     assert trainer._eval_forward("captured") is trainer.model
     trainer.precision = Precision("fp32", torch.device("cuda"))
@@ -627,7 +628,7 @@ def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_pat
         build_config(SMALL_RUN, {"out": str(tmp_path)}),
         torch.nn.Sequential(trainer.model),
     )
-    assert trainer._eval_forward("compiled") is trainer.model  # under a wrapper (DDP) no warm-up runs
+    assert trainer._eval_forward("compiled") is trainer.model
 
 
 class Broken(torch.nn.Module):
