@@ -36,19 +36,19 @@ CHECK = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
     from tests.unit.test_pool2x2 import SHAPES, maps_with_ties
-    from trainscale.models.pool2x2 import ops
-    forward = ops()[0]
+    from trainscale.models.pool2x2 import ops, opaque_ops
     torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16):
-        for shape in SHAPES:
-            x = maps_with_ties(shape, dtype)
-            a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-            want, (got, _) = F.max_pool2d(a, 2), forward(b)
-            g = torch.randn_like(want)
-            want.backward(g)
-            got.backward(g)
-            assert torch.equal(want, got) and torch.equal(a.grad, b.grad), (dtype, shape)
-            assert b.grad.is_contiguous(memory_format=torch.channels_last)
+    for forward in (ops()[0], opaque_ops()[0]):
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape in SHAPES:
+                x = maps_with_ties(shape, dtype)
+                a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+                want, (got, _) = F.max_pool2d(a, 2), forward(b)
+                g = torch.randn_like(want)
+                want.backward(g)
+                got.backward(g)
+                assert torch.equal(want, got) and torch.equal(a.grad, b.grad), (dtype, shape)
+                assert b.grad.is_contiguous(memory_format=torch.channels_last)
     print("exact")
     """
 )
@@ -62,10 +62,12 @@ def test_the_kernels_give_max_pool2ds_output_and_gradient_exactly_under_tritons_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("opaque", [False, True])
 @pytest.mark.parametrize("shape", [(1536, 64, 31, 31), (1536, 256, 15, 15), (256, 300, 7, 7)])
-def test_compiled_on_a_gpu_the_pooling_is_max_pool2ds_exactly(shape: tuple[int, ...]) -> None:
-    """speedrun94's first two groups' maps at its batch, and an odd channel count."""
-    pool = MaxPool2x2()
+def test_compiled_on_a_gpu_the_pooling_is_max_pool2ds_exactly(shape: tuple[int, ...], opaque: bool) -> None:
+    """speedrun94's first two groups' maps at its batch, and an odd channel count; the kernels traced into the
+    graph and called as opaque ops."""
+    pool = MaxPool2x2(opaque)
     assert pool.fused
     compiled = torch.compile(lambda t: pool(t) * 1.0, dynamic=False)
     x = maps_with_ties(shape, torch.bfloat16, "cuda")
@@ -93,5 +95,9 @@ def test_the_model_argument_picks_the_pooling_and_a_wrong_one_is_one_line() -> N
         assert all(isinstance(group, ConvGroup) and isinstance(group.pool, MaxPool2x2) for group in model.groups)
     for model in (create_model("airbench94"), create_model("speedrun94", pool="max")):  # airbench94's default
         assert all(isinstance(group.pool, torch.nn.MaxPool2d) for group in model.groups)
-    with pytest.raises(ConfigError, match=r"^--model-arg pool=avg: no such pooling; use one of max, triton$"):
+    opaque = create_model("speedrun94", pool="triton-opaque")
+    assert all(isinstance(group.pool, MaxPool2x2) and group.pool.opaque for group in opaque.groups)
+    with pytest.raises(
+        ConfigError, match=r"^--model-arg pool=avg: no such pooling; use one of max, triton, triton-opaque$"
+    ):
         create_model("speedrun94", pool="avg")

@@ -52,12 +52,17 @@ def dirac_conv(c_in: int, c_out: int) -> nn.Conv2d:
     return conv
 
 
-POOLS: dict[str, Callable[[], nn.Module]] = {"max": lambda: nn.MaxPool2d(2), "triton": MaxPool2x2}
+POOLS: dict[str, Callable[[], nn.Module]] = {
+    "max": lambda: nn.MaxPool2d(2),
+    "triton": MaxPool2x2,
+    "triton-opaque": lambda: MaxPool2x2(opaque=True),
+}
 
 
 def pool_2x2(name: str) -> nn.Module:
     """The groups' 2x2 max pooling by name (``POOLS``; ``--model-arg pool=NAME``): ``max`` is ``nn.MaxPool2d``,
-    ``triton`` the same pooling through Triton kernels inside torch.compile on a GPU (``models.pool2x2``)."""
+    ``triton`` the same pooling through Triton kernels inside torch.compile on a GPU (``models.pool2x2``),
+    ``triton-opaque`` those kernels as opaque ops that torch.compile calls without tracing into them."""
     if name not in POOLS:
         raise ConfigError(f"--model-arg pool={name}: no such pooling; use one of {', '.join(POOLS)}")
     return POOLS[name]()

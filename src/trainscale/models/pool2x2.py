@@ -9,7 +9,8 @@ a few tens of microseconds; the pooling of the three groups was 0.8 ms of a 4.8 
 maximum, a trailing odd row and column get none.
 
 Only on CUDA under torch.compile (``MaxPool2x2``); run eagerly or on a CPU it is ``F.max_pool2d``. Triton is
-imported when first used: CPU builds of torch have none.
+imported when first used: CPU builds of torch have none. The kernels come as ``triton_op``s, which torch.compile
+traces into (``pool="triton"``), or as opaque custom ops it calls as they are (``pool="triton-opaque"``).
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ BLOCK = 1024
 
 
 @functools.cache
-def ops() -> tuple[Any, Any]:
-    """The forward and backward custom ops, defined on first use (they need Triton)."""
+def kernels() -> tuple[Any, Any]:
+    """The forward and backward Triton kernels, defined on first use (CPU builds of torch have no Triton)."""
     import triton
     import triton.language as tl
-    from torch.library import triton_op, wrap_triton
 
     @triton.jit
     def forward_kernel(x, out, which, H, h, C: tl.constexpr, W: tl.constexpr, w: tl.constexpr, BLOCK: tl.constexpr):
@@ -72,27 +72,26 @@ def ops() -> tuple[Any, Any]:
         mine = (ih % 2) * 2 + iw % 2
         tl.store(grad_in + row.to(tl.int64) * (W * C) + j, tl.where(inside & (arg == mine), g, 0.0), mask=live)
 
-    def grid(rows: int, row: int) -> tuple[int, int]:
-        return rows, triton.cdiv(row, BLOCK)
+    return forward_kernel, backward_kernel
 
-    @triton_op("trainscale::max_pool_2x2", mutates_args={})
-    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.contiguous(memory_format=torch.channels_last)
-        n, c, H, W = x.shape
-        h, w = H // 2, W // 2
-        out = torch.empty((n, c, h, w), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        which = torch.empty_like(out, dtype=torch.int8)
-        wrap_triton(forward_kernel)[grid(n * h, w * c)](x, out, which, H, h, c, W, w, BLOCK=BLOCK)
-        return out, which
 
-    @triton_op("trainscale::max_pool_2x2_backward", mutates_args={})
-    def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        grad = grad.contiguous(memory_format=torch.channels_last)
-        n, c, h, w = grad.shape
-        grad_in = torch.empty((n, c, H, W), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
-        wrap_triton(backward_kernel)[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
-        return grad_in
+def grid(rows: int, row: int) -> tuple[int, int]:
+    """A program per row of the maps (``rows`` of them), and per ``BLOCK`` elements of a row of ``row``."""
+    return rows, -(-row // BLOCK)
 
+
+def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, c, h, w = x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2
+    out = torch.empty((n, c, h, w), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+    return out, torch.empty_like(out, dtype=torch.int8)
+
+
+def _grad_in(grad: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    n, c = grad.shape[:2]
+    return torch.empty((n, c, H, W), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
+
+
+def _register_gradient(forward: Any, backward: Any) -> None:
     def save(ctx: Any, inputs: tuple[torch.Tensor], output: tuple[torch.Tensor, torch.Tensor]) -> None:
         ctx.save_for_backward(output[1])
         ctx.size = inputs[0].shape[-2:]
@@ -102,35 +101,104 @@ def ops() -> tuple[Any, Any]:
         return backward(grad, which, *ctx.size)
 
     forward.register_autograd(gradient, setup_context=save)
+
+
+@functools.cache
+def ops() -> tuple[Any, Any]:
+    """The forward and backward ops as ``triton_op``s: torch.compile traces into them and keeps the kernels in its
+    graphs (``pool="triton"``)."""
+    from torch.library import triton_op, wrap_triton
+
+    forward_kernel, backward_kernel = kernels()
+
+    @triton_op("trainscale::max_pool_2x2", mutates_args={})
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.contiguous(memory_format=torch.channels_last)
+        n, c, H, W = x.shape
+        out, which = _outputs(x)
+        wrap_triton(forward_kernel)[grid(n * (H // 2), (W // 2) * c)](
+            x, out, which, H, H // 2, c, W, W // 2, BLOCK=BLOCK
+        )
+        return out, which
+
+    @triton_op("trainscale::max_pool_2x2_backward", mutates_args={})
+    def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        n, c, h, w = grad.shape
+        grad_in = _grad_in(grad, H, W)
+        wrap_triton(backward_kernel)[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
+        return grad_in
+
+    _register_gradient(forward, backward)
     return forward, backward
 
 
-def fused_available() -> bool:
+@functools.cache
+def opaque_ops() -> tuple[Any, Any]:
+    """The same kernels as opaque custom ops (``pool="triton-opaque"``): torch.compile calls them as they are
+    rather than tracing into them, so it never copies the outputs they write (a traced kernel's outputs are
+    functionalised first, which can leave a copy of each that inductor's re-inplacing does not remove)."""
+    from torch.library import custom_op
+
+    forward_kernel, backward_kernel = kernels()
+
+    @custom_op("trainscale::max_pool_2x2_opaque", mutates_args=())
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.contiguous(memory_format=torch.channels_last)
+        n, c, H, W = x.shape
+        out, which = _outputs(x)
+        forward_kernel[grid(n * (H // 2), (W // 2) * c)](x, out, which, H, H // 2, c, W, W // 2, BLOCK=BLOCK)
+        return out, which
+
+    @forward.register_fake
+    def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _outputs(x)
+
+    @custom_op("trainscale::max_pool_2x2_opaque_backward", mutates_args=())
+    def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        n, c, h, w = grad.shape
+        grad_in = _grad_in(grad, H, W)
+        backward_kernel[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
+        return grad_in
+
+    @backward.register_fake
+    def _(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        return _grad_in(grad, H, W)
+
+    _register_gradient(forward, backward)
+    return forward, backward
+
+
+def fused_available(opaque: bool = False) -> bool:
     """Whether the kernels can run here (a GPU and Triton); defines the ops on first call, which must come before
     torch.compile traces a call of them."""
     if not torch.cuda.is_available():
         return False
     try:
-        ops()
+        opaque_ops() if opaque else ops()
     except ImportError:
         return False
     return True
 
 
-def max_pool_2x2(x: torch.Tensor) -> torch.Tensor:
+def max_pool_2x2(x: torch.Tensor, opaque: bool = False) -> torch.Tensor:
     """``F.max_pool2d(x, 2)`` through the Triton kernels (a CUDA tensor; any layout, computed in channels_last);
-    ``ops()`` must have run."""
-    return torch.ops.trainscale.max_pool_2x2(x)[0]
+    ``ops()`` (``opaque_ops()``) must have run."""
+    op = torch.ops.trainscale.max_pool_2x2_opaque if opaque else torch.ops.trainscale.max_pool_2x2
+    return op(x)[0]
 
 
 class MaxPool2x2(nn.Module):
-    """``nn.MaxPool2d(2)`` that takes the Triton kernels inside torch.compile on CUDA (see the module docstring)."""
+    """``nn.MaxPool2d(2)`` that takes the Triton kernels inside torch.compile on CUDA (see the module docstring);
+    ``opaque``: as opaque custom ops (``opaque_ops``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, opaque: bool = False) -> None:
         super().__init__()
-        self.fused = fused_available()
+        self.opaque = opaque
+        self.fused = fused_available(opaque)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and x.is_cuda and torch.compiler.is_compiling():
-            return max_pool_2x2(x)
+            return max_pool_2x2(x, self.opaque)
         return F.max_pool2d(x, 2)
