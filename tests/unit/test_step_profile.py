@@ -67,9 +67,11 @@ def two_steps(events_at: Callable[[float], list[Event]]) -> dict[str, Any]:
     return step_profile.breakdown(Profile(events), steps=2, seconds=0.002, top=5, cuda=True)
 
 
-def graph_and_outside(graph_ms: float, outside_ms: float) -> dict[str, Any]:
+def graph_and_outside(graph_ms: float, outside_ms: float, ranges_ms: float | None = None) -> dict[str, Any]:
+    ranges = {} if ranges_ms is None else {"whole-step graph's ranges on the GPU, first kernel to last": ranges_ms}
     return {
         "whole-step graph (with the batch's copies into it)": pytest.approx(graph_ms),
+        **{k: pytest.approx(v) for k, v in ranges.items()},
         "kernels outside the compiled graphs": pytest.approx(outside_ms),
     }
 
@@ -126,7 +128,7 @@ def test_a_captured_steps_kernels_are_those_inside_its_marks_gpu_ranges_and_the_
             Event("lone kernel", True, t + 700, t + 800),
         ]
     )
-    assert found["gpu_ms_per_step"] == graph_and_outside(0.3, 0.1)
+    assert found["gpu_ms_per_step"] == graph_and_outside(0.3, 0.1, ranges_ms=0.32)
     assert found["gpu_busy_seconds"] == pytest.approx(0.8e-3)
     assert found["gpu_idle"]["kernels_per_step"] == 3
     assert found["gpu_idle"]["gaps_per_step"]["10-100 us"] == {"count": 1.0, "ms": pytest.approx(0.02)}
