@@ -56,20 +56,26 @@ def test_helpers_raise_when_the_launcher_says_distributed_but_no_group_exists(mo
 
 
 GROUP_LIFETIME = """
-import os, torch
+import os, time, torch
 from torch import nn
 from trainscale.runtime.network import free_port
 from trainscale.runtime.process_group import process_group
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+GLOO = {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}
 def threads():
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+def settled(done):  # a thread names itself once it runs, and ends a moment after it is told to
+    deadline = time.monotonic() + 10
+    while not done(set(threads())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threads()
 with process_group(torch.device("cpu"), "gloo", timeout_s=30):
     net = nn.Linear(4, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     net(torch.randn(3, 4)).sum().backward()
     opt.step()
-    print(threads())
-print(threads())
+    print(settled(lambda names: {"pt_gloo_runloop", "gloo_tcp_loop"} <= names))
+print(settled(lambda names: not GLOO & names))
 """
 
 
