@@ -130,7 +130,10 @@ class NonFiniteGuard:
             self._check_earlier() if self._copy is not None else self.check()
 
     def check(self) -> None:
-        first = int(self.first)
+        self._stop_if_bad(int(self.first))
+
+    def _stop_if_bad(self, first: int) -> None:
+        """``first``: a read of the record (-1: every step so far finite)."""
         if first >= 0:
             self._fail(first)
 
@@ -140,8 +143,7 @@ class NonFiniteGuard:
         assert self._copy is not None
         if self._copied is not None:
             self._copied.synchronize()
-            if int(self._copy) >= 0:
-                self._fail(int(self._copy))
+            self._stop_if_bad(int(self._copy))
         self._copy.copy_(self.first, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()

@@ -259,7 +259,7 @@ class Trainer:
         """What evaluates: on a GPU beside a compiled training step, the model compiled for the evaluation's shapes
         too (``step.compiled_eval``); the module itself elsewhere, where ``--compile`` compiled it already, and
         under a wrapper (DDP), where no warm-up runs to compile it (and to fall back if it fails)."""
-        unwarmed = self.train_model is not None and self.train_model is not self.model
+        unwarmed = self.train_model is not self.model  # set in ``__post_init__``: the model, or its wrapper
         if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile or unwarmed:
             return self.model
         return compiled_eval(self.model, self.cfg.run.compile_mode)
