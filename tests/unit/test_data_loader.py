@@ -82,9 +82,10 @@ def test_same_seed_and_epoch_give_identical_batches() -> None:
 
 
 def test_the_next_epochs_draws_are_made_as_an_epoch_ends_and_change_no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once an epoch's last batch is taken its successor's draws are made (on a GPU, while the device still runs
-    the last steps), and used when that epoch comes: the batches equal a fresh loader's; an epoch skipped to, or
-    the shard of another rank taken through a shallow copy (a parameter server's hand-over), gets its own."""
+    """Before an epoch hands out its last batch its successor's draws are made (on a GPU, while the device still
+    runs the steps queued, before the epoch's final read of it), and used when that epoch comes: the batches equal a
+    fresh loader's; an epoch skipped to, or the shard of another rank taken through a shallow copy (a parameter
+    server's hand-over), gets its own."""
     data = tagged()
     aug = AugmentConfig(crop_padding=2, flip=True, alternate_flip=True, cutout=3, brightness=0.2, contrast=0.2)
     made: list[tuple[int, int]] = []
@@ -104,11 +105,15 @@ def test_the_next_epochs_draws_are_made_as_an_epoch_ends_and_change_no_batch(mon
         x, y = collect(b, epoch)
         assert torch.equal(x, expected[epoch, 0][0]) and torch.equal(y, expected[epoch, 0][1])
     assert made == [(0, 0), (1, 0), (2, 0), (5, 0), (6, 0)]
+    taken = []
+    for i, _ in enumerate(b.epoch(6)):
+        taken.append((i, made[-1]))
+    assert taken[-2:] == [(len(b) - 2, (6, 0)), (len(b) - 1, (7, 0))]
     other = copy.copy(b)
     other.rank = 1
     x, y = collect(other, 6)
     assert torch.equal(x, expected[6, 1][0]) and torch.equal(y, expected[6, 1][1])
-    assert made[5:] == [(6, 1), (7, 1)]
+    assert made[6:] == [(6, 1), (7, 1)]
     assert torch.equal(collect(other, 5)[1], expected[5, 1][1])
 
 

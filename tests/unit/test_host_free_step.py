@@ -631,6 +631,26 @@ def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_pat
     assert trainer._eval_forward("compiled") is trainer.model
 
 
+def test_a_run_beside_a_compiled_step_evaluates_with_the_compiled_forward(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run (warm-up, every evaluation) with ``compiled_eval``'s module, as on a GPU (``aot_eager`` here),
+    of a model that is no ``nn.Sequential``: a compiled module is never tested for truth (its ``len()`` raises)."""
+
+    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
+        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+
+    def forward(self: trainer_module.Trainer, kind: str) -> torch.nn.Module:
+        return self.model if kind == "eager" else compiled_eval(self.model, "default", backend="aot_eager")
+
+    monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", forward)
+    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+        cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "model": "resnet20", "epochs": 1})
+        summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
+    assert summary["eval_forward"] == "compiled" and summary["train_step"] == "compiled"
+    assert summary["final_test_acc"] is not None
+
+
 class Broken(torch.nn.Module):
     """A compiled evaluation that cannot compile."""
 

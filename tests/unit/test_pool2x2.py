@@ -66,18 +66,28 @@ def test_the_kernels_give_max_pool2ds_output_and_gradient_exactly_under_tritons_
 @pytest.mark.parametrize("shape", [(1536, 64, 31, 31), (1536, 256, 15, 15), (256, 300, 7, 7)])
 def test_compiled_on_a_gpu_the_pooling_is_max_pool2ds_exactly(shape: tuple[int, ...], opaque: bool) -> None:
     """speedrun94's first two groups' maps at its batch, and an odd channel count; the kernels traced into the
-    graph and called as opaque ops."""
+    graph and called as opaque ops. The buffers they write are allocated, never filled first (inductor's
+    ``fused_empty`` kernels)."""
+    from torch._inductor.utils import run_and_get_code
+
     pool = MaxPool2x2(opaque)
     assert pool.fused
     compiled = torch.compile(lambda t: pool(t) * 1.0, dynamic=False)
     x = maps_with_ties(shape, torch.bfloat16, "cuda")
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = F.max_pool2d(a, 2), compiled(b)
+    want = F.max_pool2d(a, 2)
     g = torch.randn_like(want)
     want.backward(g)
-    got.backward(g)
+
+    def forward_backward() -> torch.Tensor:
+        got = compiled(b)
+        got.backward(g)
+        return got
+
+    got, code = run_and_get_code(forward_backward)
     assert torch.equal(want, got)
     assert torch.equal(a.grad, b.grad)
+    assert not [c for c in code if "fused_empty" in c]
 
 
 def test_without_a_gpu_the_module_is_max_pool2d_and_trains_the_same() -> None:

@@ -2,11 +2,11 @@
 
 The uint8 images go to the device once; each epoch draws the rank's shard (see ``sharding``), draws
 every augmentation parameter of the shard at once from a generator seeded by (seed, epoch, rank) (made
-as the epoch before ends, while a GPU still runs its last steps), then applies them chunk by chunk on the
-device (chunks bound the memory of large images; the result does not depend on the chunk size). Batches
-are normalised to float (optionally resized and channels-last) only when they are yielded. Same (seed,
-epoch, rank) gives the same batches bit for bit, which is what makes a resumed run identical to an
-uninterrupted one.
+before the epoch before hands out its last batch, while a GPU still runs the steps queued), then applies
+them chunk by chunk on the device (chunks bound the memory of large images; the result does not depend on
+the chunk size). Batches are normalised to float (optionally resized and channels-last) only when they are
+yielded. Same (seed, epoch, rank) gives the same batches bit for bit, which is what makes a resumed run
+identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -248,9 +248,10 @@ class DeviceBatches:
     def lazy_epoch(self, epoch: int) -> Iterator[Callable[[], Batch]]:
         """The training batches of ``epoch``, each as a function that makes it: augmentation is drawn for
         the whole shard as in ``epoch``, but a batch that is skipped is never normalised (fault-tolerant
-        replicas walk the whole epoch and train on one batch in every few). Once its last batch is taken, the
-        next epoch's draws are made (``draws``): on a GPU the host makes them while the device still runs this
-        epoch's last steps, not at the next epoch's start with the device idle."""
+        replicas walk the whole epoch and train on one batch in every few). The next epoch's draws
+        (``draws``) are made just before the last batch is handed out: on a GPU the host makes them while the
+        device still runs the steps queued before it, not after the epoch's final read of the device (the
+        non-finite guard's), nor at the next epoch's start, with the device idle."""
         d = self.draws(epoch)
         aug = self.augment
         per_image = self._images[0].numel()
@@ -272,8 +273,9 @@ class DeviceBatches:
                 factors = (
                     None if d.bright is None or d.contrast is None else (d.bright[first:last], d.contrast[first:last])
                 )
+                if last >= d.count:
+                    self.draws(epoch + 1)
                 yield functools.partial(self._batch, x[b : b + self.batch_size], d.labels[first:last], factors)
-        self.draws(epoch + 1)
 
     def draws(self, epoch: int) -> EpochDraws:
         """The sample order and every augmentation parameter of this rank's shard in ``epoch``, on the device;
@@ -304,14 +306,19 @@ class DeviceBatches:
             cy, cx = A.cutout_params(count, out_side or h, out_side or w, gen)
         if aug is not None and (aug.brightness or aug.contrast):
             bright, contrast = A.brightness_contrast_params(count, aug.brightness, aug.contrast, gen)
-        # they go to the device at once, before the epoch's first step (a copy from pageable memory can make the
-        # host wait for the device)
-        indices = indices.to(self.device)
+        indices = self._upload(indices)
         oy, ox, flips, cy, cx, bright, contrast = (
-            None if t is None else t.to(self.device) for t in (oy, ox, flips, cy, cx, bright, contrast)
+            None if t is None else self._upload(t) for t in (oy, ox, flips, cy, cx, bright, contrast)
         )
         labels = self._labels.index_select(0, indices)
         return EpochDraws(count, size, indices, labels, oy, ox, flips, cy, cx, bright, contrast)
+
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the device, sent from pinned memory on a GPU: a copy from pageable memory waits for every step
+        queued on the stream, which would leave the GPU idle while the host draws the rest."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _alternating_flips(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """The flip mask of ``indices`` in ``epoch`` under alternate flipping (see ``AugmentConfig``); the

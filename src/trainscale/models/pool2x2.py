@@ -80,15 +80,20 @@ def grid(rows: int, row: int) -> tuple[int, int]:
     return rows, -(-row // BLOCK)
 
 
+def _channels_last(like: torch.Tensor, n: int, c: int, h: int, w: int) -> torch.Tensor:
+    """An uninitialised NCHW tensor laid out channels-last: allocated NHWC and viewed, since inductor lowers
+    ``torch.empty(..., memory_format=channels_last)`` to a kernel that fills the buffer first (with NaN, a whole
+    pass over it) where a plain allocation needs none."""
+    return torch.empty((n, h, w, c), device=like.device, dtype=like.dtype).permute(0, 3, 1, 2)
+
+
 def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    n, c, h, w = x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2
-    out = torch.empty((n, c, h, w), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+    out = _channels_last(x, x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2)
     return out, torch.empty_like(out, dtype=torch.int8)
 
 
 def _grad_in(grad: torch.Tensor, H: int, W: int) -> torch.Tensor:
-    n, c = grad.shape[:2]
-    return torch.empty((n, c, H, W), device=grad.device, dtype=grad.dtype, memory_format=torch.channels_last)
+    return _channels_last(grad, grad.shape[0], grad.shape[1], H, W)
 
 
 def _register_gradient(forward: Any, backward: Any) -> None:
@@ -136,8 +141,8 @@ def ops() -> tuple[Any, Any]:
 @functools.cache
 def opaque_ops() -> tuple[Any, Any]:
     """The same kernels as opaque custom ops (``pool="triton-opaque"``): torch.compile calls them as they are
-    rather than tracing into them, so it never copies the outputs they write (a traced kernel's outputs are
-    functionalised first, which can leave a copy of each that inductor's re-inplacing does not remove)."""
+    rather than tracing into them, so nothing of what runs inside them is left to inductor's lowering (which,
+    for one, filled ``torch.empty``'s channels-last buffers before the kernels wrote them: ``_channels_last``)."""
     from torch.library import custom_op
 
     forward_kernel, backward_kernel = kernels()

@@ -110,7 +110,7 @@ class Trainer:
     first_loss: float | None = field(default=None, init=False)  # the run's first step's, for _check_learning
     warned_not_learning: bool = field(default=False, init=False)
     step_fn: StepFn | None = field(default=None, init=False)  # a compiled step (train.step), else the eager one
-    eval_model: nn.Module | None = field(default=None, init=False)  # what evaluates (``_eval_forward``)
+    eval_model: nn.Module = field(init=False)  # what evaluates: the model or its compiled forward (``_eval_forward``)
     trained_steps: int = field(default=0, init=False)  # this process's steps in the last epoch it ran
 
     def __post_init__(self) -> None:
@@ -120,6 +120,7 @@ class Trainer:
         self.cores = self.cores or float(torch.get_num_threads())
         if self.train_model is None:
             self.train_model = self.model
+        self.eval_model = self.model
         self.ema = WeightAverage(self.model, self.cfg.optim.ema) if self.cfg.optim.ema is not None else None
         self.step_options = StepOptions(self.cfg.optim.accumulate, self.cfg.optim.clip_grad_norm, self.ema)
 
@@ -324,9 +325,9 @@ class Trainer:
         """The evaluation of every batch size the test set yields, with every view the run's evaluations take;
         where the compiled evaluation fails here, the run evaluates eagerly (its training step stays)."""
         try:
-            self._eval_shapes(self.eval_model or self.model, size, layout)
+            self._eval_shapes(self.eval_model, size, layout)
         except Exception as exc:  # torch.compile's failures have no common type
-            if self.eval_model is None or self.eval_model is self.model:
+            if self.eval_model is self.model:
                 raise
             failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
             log.warning("the compiled evaluation failed in the warm-up (%s); evaluating eagerly", failure)
@@ -426,9 +427,7 @@ class Trainer:
         translate = self.cfg.optim.tta_translate if last else 0
         select = self.cfg.optim.tta_select if last else 1.0
         test = (
-            evaluate(
-                self.eval_model or self.model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select
-            )
+            evaluate(self.eval_model, self.test_batches, self.precision, self.cfg.optim.tta, translate, select)
             if self.evaluates(epoch)
             else None
         )
