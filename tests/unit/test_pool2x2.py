@@ -4,11 +4,13 @@ installed and compiled on a GPU; without a GPU the module is ``max_pool2d``; ``-
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -87,7 +89,7 @@ def test_compiled_on_a_gpu_the_pooling_is_max_pool2ds_exactly(shape: tuple[int, 
     got, code = run_and_get_code(forward_backward)
     assert torch.equal(want, got)
     assert torch.equal(a.grad, b.grad)
-    assert not [c for c in code if "fused_empty" in c]
+    assert code and not [c for c in code if "fused_empty" in c]
 
 
 def test_without_a_gpu_the_module_is_max_pool2d_and_trains_the_same() -> None:
@@ -111,3 +113,35 @@ def test_the_model_argument_picks_the_pooling_and_a_wrong_one_is_one_line() -> N
         ConfigError, match=r"^--model-arg pool=avg: no such pooling; use one of max, triton, triton-opaque$"
     ):
         create_model("speedrun94", pool="avg")
+
+
+@functools.cache
+def corners_op() -> Any:
+    """An op that writes into a buffer it is given, as the pooling kernels do (registered once a process)."""
+
+    @torch.library.custom_op("trainscale_test::take_corners", mutates_args={"out"})
+    def take_corners(x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(x[:, :, ::2, ::2])
+
+    return take_corners
+
+
+def test_inductor_allocates_the_kernels_outputs_without_filling_them() -> None:
+    """``_channels_last``'s buffer is allocated and handed to the op that writes it; a channels-last
+    ``torch.empty`` would be lowered to an allocation and a pass that fills it (on a GPU, the ``fused_empty``
+    kernels). On the CPU's inductor: the only kernel generated is the one that reads the op's result."""
+    from torch._inductor.utils import run_and_get_code
+
+    from trainscale.models.pool2x2 import _channels_last
+
+    take_corners = corners_op()
+
+    def pooled(x: torch.Tensor) -> torch.Tensor:
+        out = _channels_last(x, x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2)
+        take_corners(x, out)
+        return out * 2
+
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    got, code = run_and_get_code(torch.compile(pooled, dynamic=False), x)
+    assert torch.equal(got, 2 * x[:, :, ::2, ::2]) and got.is_contiguous(memory_format=torch.channels_last)
+    assert len(code) == 1 and code[0].count("async_compile.cpp_pybinding(") == 1
