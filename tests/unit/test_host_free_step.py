@@ -296,6 +296,13 @@ def step_chosen(choice: StepChoice, make: Any) -> Iterator[None]:
         yield
 
 
+def aot_eager_step(
+    kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any
+) -> Any:
+    """``make_step``'s compiled step without inductor's kernel generation (``aot_eager``), for ``step_chosen``."""
+    return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
+
+
 def bias_for_one_epoch(num_classes: int = 10) -> torch.nn.Module:
     """A narrow airbench net whose whitening bias trains for the first epoch only."""
     return AirbenchNet(num_classes, widths=(8, 16, 16), output_scale=None, bias_epochs=1.0)
@@ -336,9 +343,6 @@ def test_a_parameter_frozen_in_a_compiled_run_stays_where_an_eager_run_leaves_it
     step that kept the frozen bias's zeroed gradient went on stepping it on its momentum alone. Frozen, it has no
     gradient in either step, and both runs leave it where its last trained step put it."""
 
-    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
-        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
-
     def bias_after(out: Any) -> torch.Tensor:
         settings = {"model": f"{__name__}:bias_for_one_epoch", "epochs": 3, "train_subset": 128, "out": str(out)}
         cfg = build_config(SMALL_RUN, {**settings, "optimizer": "lars", "lr": 0.5, "momentum": 0.9})
@@ -346,7 +350,7 @@ def test_a_parameter_frozen_in_a_compiled_run_stays_where_an_eager_run_leaves_it
         trainer.fit()
         return trainer.model.whiten.bias.detach().clone()
 
-    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+    with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
         frozen_compiled = bias_after(tmp_path / "compiled")
     torch.testing.assert_close(frozen_compiled, bias_after(tmp_path / "eager"), rtol=1e-4, atol=1e-5)
 
@@ -637,14 +641,11 @@ def test_a_run_beside_a_compiled_step_evaluates_with_the_compiled_forward(
     """The whole run (warm-up, every evaluation) with ``compiled_eval``'s module, as on a GPU (``aot_eager`` here),
     of a model that is no ``nn.Sequential``: a compiled module is never tested for truth (its ``len()`` raises)."""
 
-    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
-        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
-
     def forward(self: trainer_module.Trainer, kind: str) -> torch.nn.Module:
         return self.model if kind == "eager" else compiled_eval(self.model, "default", backend="aot_eager")
 
     monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", forward)
-    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+    with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
         cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "model": "resnet20", "epochs": 1})
         summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
     assert summary["eval_forward"] == "compiled" and summary["train_step"] == "compiled"
@@ -661,11 +662,8 @@ class Broken(torch.nn.Module):
 def test_a_compiled_evaluation_that_fails_in_the_warm_up_leaves_the_step_and_evaluates_eagerly(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def compiled(kind: str, model: torch.nn.Module, opt: Any, precision: Precision, smoothing: float, **_: Any) -> Any:
-        return compiled_step(model, opt, precision, smoothing, graphed=False, backend="aot_eager")
-
     monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", lambda self, kind: Broken())
-    with step_chosen(StepChoice("compiled", "asked for"), compiled):
+    with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
         summary = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job()).fit()
     assert summary["eval_forward"] == "eager" and summary["train_step"] == "compiled"
     assert summary["final_test_acc"] is not None
