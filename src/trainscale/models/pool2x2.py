@@ -96,6 +96,25 @@ def _grad_in(grad: torch.Tensor, H: int, W: int) -> torch.Tensor:
     return _channels_last(grad, grad.shape[0], grad.shape[1], H, W)
 
 
+def _pool(x: torch.Tensor, kernel: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward: ``x`` in channels_last, pooled by ``kernel`` (the forward kernel as the op launches it: wrapped
+    for tracing, or as it is) into its maxima and which element held each."""
+    x = x.contiguous(memory_format=torch.channels_last)
+    n, c, H, W = x.shape
+    out, which = _outputs(x)
+    kernel[grid(n * (H // 2), (W // 2) * c)](x, out, which, H, H // 2, c, W, W // 2, BLOCK=BLOCK)
+    return out, which
+
+
+def _unpool(grad: torch.Tensor, which: torch.Tensor, H: int, W: int, kernel: Any) -> torch.Tensor:
+    """The backward: the input's gradient (``H`` x ``W``) from the output's and ``which``, by ``kernel``."""
+    grad = grad.contiguous(memory_format=torch.channels_last)
+    n, c, h, w = grad.shape
+    grad_in = _grad_in(grad, H, W)
+    kernel[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
+    return grad_in
+
+
 def _register_gradient(forward: Any, backward: Any) -> None:
     def save(ctx: Any, inputs: tuple[torch.Tensor], output: tuple[torch.Tensor, torch.Tensor]) -> None:
         ctx.save_for_backward(output[1])
@@ -118,21 +137,11 @@ def ops() -> tuple[Any, Any]:
 
     @triton_op("trainscale::max_pool_2x2", mutates_args={})
     def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.contiguous(memory_format=torch.channels_last)
-        n, c, H, W = x.shape
-        out, which = _outputs(x)
-        wrap_triton(forward_kernel)[grid(n * (H // 2), (W // 2) * c)](
-            x, out, which, H, H // 2, c, W, W // 2, BLOCK=BLOCK
-        )
-        return out, which
+        return _pool(x, wrap_triton(forward_kernel))
 
     @triton_op("trainscale::max_pool_2x2_backward", mutates_args={})
     def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        grad = grad.contiguous(memory_format=torch.channels_last)
-        n, c, h, w = grad.shape
-        grad_in = _grad_in(grad, H, W)
-        wrap_triton(backward_kernel)[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
-        return grad_in
+        return _unpool(grad, which, H, W, wrap_triton(backward_kernel))
 
     _register_gradient(forward, backward)
     return forward, backward
@@ -149,11 +158,7 @@ def opaque_ops() -> tuple[Any, Any]:
 
     @custom_op("trainscale::max_pool_2x2_opaque", mutates_args=())
     def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.contiguous(memory_format=torch.channels_last)
-        n, c, H, W = x.shape
-        out, which = _outputs(x)
-        forward_kernel[grid(n * (H // 2), (W // 2) * c)](x, out, which, H, H // 2, c, W, W // 2, BLOCK=BLOCK)
-        return out, which
+        return _pool(x, forward_kernel)
 
     @forward.register_fake
     def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,11 +166,7 @@ def opaque_ops() -> tuple[Any, Any]:
 
     @custom_op("trainscale::max_pool_2x2_opaque_backward", mutates_args=())
     def backward(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        grad = grad.contiguous(memory_format=torch.channels_last)
-        n, c, h, w = grad.shape
-        grad_in = _grad_in(grad, H, W)
-        backward_kernel[grid(n * H, W * c)](grad, which, grad_in, H, h, c, W, w, BLOCK=BLOCK)
-        return grad_in
+        return _unpool(grad, which, H, W, backward_kernel)
 
     @backward.register_fake
     def _(grad: torch.Tensor, which: torch.Tensor, H: int, W: int) -> torch.Tensor:
