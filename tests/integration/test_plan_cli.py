@@ -180,10 +180,25 @@ def test_a_latency_flag_replaces_the_cluster_files_and_only_slows_the_step(main_
             ("--hosts", "1", "--one-host-images-per-sec", "100", "--two-host-images-per-sec", "150"),
             "needs the link between hosts: give --bandwidth, or a cluster file with [link.inter]",
         ),
+        (
+            ("--workers-per-host", "2", "--intra-bandwidth", "1gbit", "--intra-efficiency", "1.5"),
+            "--intra-efficiency must be a positive number and <= 1, got 1.5",
+        ),
     ],
 )
 def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):
     assert_one_line_error(main_cli("plan", "--profile", profile, *args), fragment)
+
+
+def test_the_devices_link_at_a_fraction_of_its_rate(main_cli, profile):
+    """--intra-efficiency charges that fraction of the link inside a host: a slower plan, said in its first line."""
+    args = ("--profile", profile, "--hosts", "1", "--workers-per-host", "4", "--intra-bandwidth", "1gbit")
+    full = json.loads(main_cli("plan", *args, "--json").stdout)
+    quarter = json.loads(main_cli("plan", *args, "--intra-efficiency", "0.25", "--json").stdout)
+    assert quarter["framework"]["intra_bits_per_sec"] == pytest.approx(full["framework"]["intra_bits_per_sec"] / 4)
+    assert quarter["images_per_sec"] < full["images_per_sec"]
+    text = main_cli("plan", *args, "--intra-efficiency", "0.25").stdout
+    assert "250mbit links (devices' link at 25.0% of its rate)" in text.splitlines()[0]
 
 
 def test_a_measured_host_sets_the_cost_per_step_of_every_host_count(main_cli, profile):

@@ -285,6 +285,16 @@ def test_system_table_and_nics(tmp_path):
     assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
     assert system.bucket_overhead == pytest.approx(1e-4)
     assert set(system.assumed) == {"step_overhead", "ps_efficiency", "host_images_per_sec"}
+    assert system.intra_efficiency == 1.0
+
+
+def test_the_devices_link_efficiency_is_read_and_checked(tmp_path):
+    text = CLUSTER.replace("[link.intra]\n", "[link.intra]\nefficiency = 0.25\n")
+    assert text != CLUSTER
+    assert load_cluster(str(write(tmp_path, text))).system.intra_efficiency == 0.25
+    bad = CLUSTER.replace("[link.intra]\n", "[link.intra]\nefficiency = 2\n")
+    with pytest.raises(ConfigError, match=r"\[link.intra\] key 'efficiency' must be a fraction in \(0, 1\], got 2"):
+        load_cluster(str(write(tmp_path, bad)))
 
 
 @pytest.mark.parametrize(

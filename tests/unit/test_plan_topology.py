@@ -154,9 +154,35 @@ def test_monotone(base):
         dataclasses.replace(base, overlap=0.2),
         dataclasses.replace(base, bucket_overhead=1e-3),
         dataclasses.replace(base, step_overhead=1e-3),
+        dataclasses.replace(base, intra_efficiency=0.3),
+        dataclasses.replace(base, efficiency=0.3),
     ]
     for s in worse:
         assert predict(profile, s).step_seconds >= step - 1e-12
+
+
+def test_the_devices_link_at_a_fraction_of_its_rate_is_that_slower_link():
+    """A framework that reaches a fraction of the link inside a host plans as that slower link, in every mode that
+    crosses it (one host's ring, the hierarchical all-reduce, servers in host memory), and says so."""
+    from trainscale.plan.cli import describe_setting
+
+    profile = dataclasses.replace(make_profile(), tensor_bytes=[int(n) for n in (30e6, 6e6, 4e6)])
+    cases = [
+        Setting(1, 4, None, Link(10 * GB, 2e-6)),
+        Setting(2, 4, Link(GB, 1e-5), Link(10 * GB, 2e-6), algorithm="hierarchical"),
+        Setting(1, 4, None, Link(10 * GB, 2e-6), mode="ps-sync", servers=4),
+    ]
+    for full in cases:
+        slow = dataclasses.replace(full, intra=Link(2.5 * GB, 2e-6))
+        fraction = dataclasses.replace(full, intra_efficiency=0.25)
+        assert predict(profile, fraction).step_seconds == pytest.approx(predict(profile, slow).step_seconds)
+        assert predict(profile, fraction).step_seconds > predict(profile, full).step_seconds
+    assert "(devices' link at 25.0% of its rate)" in describe_setting(
+        dataclasses.replace(cases[0], intra_efficiency=0.25)
+    )
+    assert Setting(1, 4, None, Link(GB)).framework_costs()["intra_bits_per_sec"] == pytest.approx(8 * GB)
+    with pytest.raises(ConfigError, match=r"--intra-efficiency is a fraction of line rate in \(0, 1\], got 1.5"):
+        Setting(1, 4, None, Link(GB), intra_efficiency=1.5)
 
 
 def test_partial_overlap_by_hand():
@@ -243,6 +269,67 @@ def test_a_framework_blind_floor_groups_only_tables_a_plan_cannot_tell_apart(pub
         for r, eff, step in members:
             assert (r.system, r.model, r.precision, r.grad_bytes, r.batch, r.gpus, r.hosts, r.mode, r.data) == key
             assert 0 < eff < 1.2 and step > 0
+
+
+TF2 = "TensorFlow 2.x official models (MultiWorkerMirroredStrategy)"
+
+
+def _with_published(bench: Any, case: Any, images_per_sec: float) -> Any:
+    return dataclasses.replace(case, row=dataclasses.replace(case.row, images_per_sec=images_per_sec))
+
+
+def test_a_frameworks_figures_never_see_the_table_they_plan(published):
+    """Leave one table out: a table's plan does not move when its own published figures do, and does when another
+    table of its framework changes (the figures are fitted there)."""
+    bench = published
+    cases = [c for c in bench.row_cases(bench.load_rows(), bench.systems()) if bench.framework_of(c.row) == TF2]
+    tables = sorted({bench.table_of(c.row) for c in cases}, key=repr)
+    held, other = tables[0], tables[1]
+
+    def plans(members: list[Any]) -> list[float]:
+        return sorted(p for r, p, _ in bench.cross_validated(members) if bench.table_of(r) == held)
+
+    def halved(table: Any) -> list[Any]:
+        return [
+            _with_published(bench, c, c.row.images_per_sec / 2) if bench.table_of(c.row) == table else c for c in cases
+        ]
+
+    before = plans(cases)
+    assert plans(halved(held)) == before
+    assert plans(halved(other)) != before
+
+
+def test_fitted_figures_reproduce_the_rows_they_made(published):
+    """Rows made by known figures (a framework at a fraction of both links, with a cost per step and a host that
+    feeds fewer images than its GPUs take) are planned back exactly by the figures fitted to them."""
+    bench = published
+    rows, known = bench.load_rows(), bench.systems()
+    tf2 = [c for c in bench.row_cases(rows, known) if bench.framework_of(c.row) == TF2]
+    key = next(k for c in tf2 if (k := bench.pipeline(c.row)) is not None)
+    truth = bench.Figures(0.25, 0.5, step_overhead=bench.STEP_GRID[5]).with_ceiling(key, bench.CEILING_GRID[11])
+    made = [_with_published(bench, c, c.plan(truth)) for c in tf2]
+    fitted = bench.fit_figures(made)
+    assert fitted != bench.BLIND
+    assert all(c.plan(fitted) == pytest.approx(c.row.images_per_sec, rel=1e-9) for c in made)
+    assert all(c.plan() > c.row.images_per_sec for c in made)  # blind, the same rows plan faster
+
+
+def test_the_input_pipeline_is_read_from_the_tables_title(published):
+    bench = published
+    pipelines = {r.series: bench.pipeline(r) for r in bench.load_rows() if r.series}
+    paddle, ngc_tf = (
+        "PaddlePaddle 1.8 (fleet, NCCL) | resnet50 | amp | ",
+        "NGC TensorFlow 1.x (Horovod, DALI) | resnet50 | ",
+    )
+    dali, own = ("dlperf-v100-edr", "DALI", "resnet50"), ("dlperf-v100-edr", "own", "resnet50")
+    assert pipelines[paddle + "'ResNet50 v1.5 FP16 / batch size = 196 & with dali & without xla'"] == dali
+    assert pipelines[paddle + "'ResNet50 v1.5 FP16 / batch size = 224 & without xla'"] == own
+    assert pipelines[ngc_tf + "amp | 'ResNet50 V1.5 FP16 / batch size = 224 & without xla'"] == dali
+    real = ngc_tf + "amp XLA | 'ResNet50 V1.5 FP16（真实数据 vs 合成数据） / real data & batch size = 224 & withxla'"
+    assert pipelines[real] == own  # the DALI framework's table without DALI
+    assert pipelines[real.replace("withxla'", "withxla & with dali'")] == dali
+    assert pipelines[real.replace("real data", "synthetic data")] is None  # nothing decoded on the host
+    assert not any(p for series, p in pipelines.items() if "| bert_base |" in series)  # text, not images
 
 
 @pytest.mark.parametrize("hosts, per_host, intra", [(1, 4, None), (4, 1, None), (2, 2, None), (2, 2, Link(GB, 1e-6))])

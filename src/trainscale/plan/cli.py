@@ -135,6 +135,8 @@ def describe_setting(s: Setting) -> str:
     rate = "no link" if s.workers == 1 else f"{readable_rate(link.bandwidth * 8)} links"
     if s.hosts > 1 and s.nics > 1:
         rate += f" ({s.nics} NICs per host)"
+    if s.per_host > 1 and s.intra_efficiency < 1:
+        rate += f" (devices' link at {s.intra_efficiency:.1%} of its rate)"
     if s.workers > 1 and s.mode == "sync" and s.algorithm != "ring":
         rate += f", all-reduce {s.algorithm}"
     return (

@@ -126,6 +126,7 @@ class System:
     efficiency: float = 1.0  # [link.inter]: the transport's achieved fraction of the NICs' line rate
     ps_efficiency: float = 1.0  # [system]: a parameter server's RPC stack's fraction of what the link carries
     host_images_per_sec: float | None = None  # [system]: what one host's CPUs and input pipeline deliver at most
+    intra_efficiency: float = 1.0  # [link.intra]: the framework's achieved fraction of the devices' link
     assumed: tuple[str, ...] = (
         "overlap",
         "bucket_overhead",
@@ -152,8 +153,10 @@ def _seconds(table: _Table, key: str) -> float:
 
 
 def _system(top: _Table, links: _Table) -> System:
-    """The ``[system]`` table and the NIC keys of ``[link.inter]`` (``nics``, ``transport``, ``efficiency``)."""
+    """The ``[system]`` table, the NIC keys of ``[link.inter]`` (``nics``, ``transport``, ``efficiency``) and
+    ``[link.intra]``'s ``efficiency``."""
     inter = links.table("inter", "[link.inter]") or _Table(top.path, top.text, {}, "[link.inter]")
+    intra = links.table("intra", "[link.intra]") or _Table(top.path, top.text, {}, "[link.intra]")
     table = top.table("system", "[system]") or _Table(top.path, top.text, {}, "[system]")
     transport = inter.get("transport", str, "tcp")
     if transport not in TRANSPORTS:
@@ -182,6 +185,7 @@ def _system(top: _Table, links: _Table) -> System:
         _fraction(inter, "efficiency", 1.0),
         _fraction(table, "ps_efficiency", 1.0),
         table.get("host_images_per_sec", float, None, positive=True),
+        _fraction(intra, "efficiency", 1.0),
         tuple(k for k in System().assumed if k not in given),
     )
 
@@ -412,7 +416,7 @@ CLUSTER_KEYS = (
 CLUSTER_TABLES = {
     "[link]": ("inter", "intra"),
     "[link.inter]": ("bandwidth", "latency", "source", "nics", "transport", "efficiency"),
-    "[link.intra]": ("bandwidth", "latency", "source", "sockets", "socket_bandwidth", "socket_latency"),
+    "[link.intra]": ("bandwidth", "latency", "source", "sockets", "socket_bandwidth", "socket_latency", "efficiency"),
     "[system]": (
         *("algorithm", "overlap", "bucket_overhead", "step_overhead", "ps_servers", "ps_placement"),
         *("ps_assignment", "ps_efficiency", "host_images_per_sec", "source"),

@@ -81,6 +81,12 @@ class PlanConfig(Section):
     efficiency: float | None = option(
         None, "the transport's achieved fraction of line rate (default: the cluster file's, or 1)", above=0, at_most=1
     )
+    intra_efficiency: float | None = option(
+        None,
+        "the framework's achieved fraction of the devices' link inside a host (default: the cluster file's, or 1)",
+        above=0,
+        at_most=1,
+    )
     algorithm: str = option(
         "auto",
         "all-reduce algorithm: ring, tree, hierarchical; auto: the cluster file's, else NCCL's choice for a "
@@ -284,6 +290,7 @@ def system_of(
         "placement": cfg.ps_placement,
         "assignment": cfg.ps_assignment,
         "efficiency": cfg.efficiency,
+        "intra_efficiency": cfg.intra_efficiency,
         "ps_efficiency": cfg.ps_efficiency,
         "host_images_per_sec": cfg.host_images_per_sec,
     }
@@ -337,6 +344,7 @@ def _setting(
         PSLayout(system.placement, system.assignment, system.ps_efficiency),
         system.host_images_per_sec,
         system.efficiency,
+        intra_efficiency=system.intra_efficiency,
     )
 
 

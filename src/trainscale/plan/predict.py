@@ -87,6 +87,7 @@ class Setting:
     host_images_per_sec: float | None = None  # what a host's CPUs and input pipeline feed its devices at most
     efficiency: float = 1.0  # the transport's achieved fraction of the line rate between hosts (``inter``)
     step_share: float = 0.0  # the framework's cost per synchronised step as a share of one device's step
+    intra_efficiency: float = 1.0  # the framework's achieved fraction of the devices' link inside a host (``intra``)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -107,6 +108,8 @@ class Setting:
             raise ConfigError("framework overheads cannot be negative (and a share of the step is below 1)")
         if not 0 < self.efficiency <= 1:
             raise ConfigError(f"--efficiency is a fraction of line rate in (0, 1], got {self.efficiency}")
+        if not 0 < self.intra_efficiency <= 1:
+            raise ConfigError(f"--intra-efficiency is a fraction of line rate in (0, 1], got {self.intra_efficiency}")
 
     @property
     def workers(self) -> int:
@@ -123,6 +126,7 @@ class Setting:
             "bucket_overhead_seconds": self.bucket_overhead,
             "host_images_per_sec": self.host_images_per_sec,
             "inter_bits_per_sec": None if self.network is None else self.network.bandwidth * 8,
+            "intra_bits_per_sec": None if self.devices is None else self.devices.bandwidth * 8,
         }
 
     @property
@@ -133,21 +137,29 @@ class Setting:
         return Link(self.inter.bandwidth * self.efficiency, self.inter.latency)
 
     @property
+    def devices(self) -> Link | None:
+        """The link between a host's devices as the framework drives it: ``intra``'s rate times ``intra_efficiency``
+        (a framework that stages gradients through host memory or reduces on one device reaches a fraction)."""
+        if self.intra is None or self.intra_efficiency == 1:
+            return self.intra
+        return Link(self.intra.bandwidth * self.intra_efficiency, self.intra.latency)
+
+    @property
     def link(self) -> Link:
         """The ring's bottleneck: the slower of the links it crosses (one host: its devices' link)."""
         links = [
             lk
-            for lk in ((self.network if self.hosts > 1 else None), (self.intra if self.per_host > 1 else None))
+            for lk in ((self.network if self.hosts > 1 else None), (self.devices if self.per_host > 1 else None))
             if lk is not None
         ]
         if not links:
-            return self.intra or self.network or Link(math.inf)
+            return self.devices or self.network or Link(math.inf)
         return Link(min(lk.bandwidth for lk in links), max(lk.latency for lk in links))
 
     @property
     def fabric(self) -> Fabric:
         """The hosts, their devices' link and their NICs, for the all-reduce algorithms."""
-        intra = self.intra or self.network or Link(math.inf)  # no link inside a host given: the hosts' (as before)
+        intra = self.devices or self.network or Link(math.inf)  # no link inside a host given: the hosts' (as before)
         return Fabric(self.hosts, self.per_host, intra, self.network or Link(math.inf), self.nics)
 
     def with_workers(self, workers: int) -> Setting:
@@ -351,7 +363,7 @@ def _transfer(nbytes: float, setting: Setting, profile: Profile | None = None) -
     ps = setting.ps
     if ps == PSLayout():  # ps-lite's and trainscale's layout at line rate (the emulated clusters' model)
         if setting.hosts == 1:
-            link = setting.intra or Link(math.inf)
+            link = setting.devices or Link(math.inf)
             return parameter_server(nbytes, setting.workers, setting.servers, link, link)
         return colocated_parameter_server(nbytes, setting.hosts, setting.per_host, setting.network or Link(math.inf))
     if ps.assignment != "shard" and profile is not None and not profile.tensor_bytes:
