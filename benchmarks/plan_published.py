@@ -233,10 +233,6 @@ def profile_of(row: Row, calibration: Row) -> Profile:
     return profile
 
 
-def plan(row: Row, calibration: Row, system: dict[str, Any]) -> float:
-    return case_of(row, calibration, system).plan()
-
-
 @dataclass(frozen=True)
 class Figures:
     """What one framework reaches of the hardware, held for every row of that framework: its all-reduce's
@@ -277,8 +273,8 @@ class Case:
         if figures != BLIND:
             setting = replace(
                 setting,
-                intra_efficiency=figures.intra_efficiency,
-                efficiency=figures.efficiency,
+                intra_efficiency=setting.intra_efficiency * figures.intra_efficiency,
+                efficiency=setting.efficiency * figures.efficiency,
                 host_images_per_sec=figures.ceiling(self.row),
                 step_overhead=setting.step_overhead + figures.step_overhead,
             )
