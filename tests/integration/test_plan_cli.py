@@ -190,8 +190,9 @@ def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):
     assert_one_line_error(main_cli("plan", "--profile", profile, *args), fragment)
 
 
-def test_the_devices_link_at_a_fraction_of_its_rate(main_cli, profile):
-    """--intra-efficiency charges that fraction of the link inside a host: a slower plan, said in its first line."""
+def test_the_devices_link_at_a_fraction_of_its_rate(main_cli, profile, tmp_path):
+    """--intra-efficiency charges that fraction of the link inside a host: a slower plan, said in its first line
+    and under a sweep of that link."""
     args = ("--profile", profile, "--hosts", "1", "--workers-per-host", "4", "--intra-bandwidth", "1gbit")
     full = json.loads(main_cli("plan", *args, "--json").stdout)
     quarter = json.loads(main_cli("plan", *args, "--intra-efficiency", "0.25", "--json").stdout)
@@ -199,6 +200,9 @@ def test_the_devices_link_at_a_fraction_of_its_rate(main_cli, profile):
     assert quarter["images_per_sec"] < full["images_per_sec"]
     text = main_cli("plan", *args, "--intra-efficiency", "0.25").stdout
     assert "250mbit links (devices' link at 25.0% of its rate)" in text.splitlines()[0]
+    sweep = ("--sweep", "workers=2,4", "bandwidth=1gbit,10gbit", "--plot", str(tmp_path / "sweep.png"))
+    swept = main_cli("plan", *args, "--intra-efficiency", "0.25", *sweep).stdout
+    assert "bandwidth: the devices' link; the plan charges 25.0% of it" in swept
 
 
 def test_a_measured_host_sets_the_cost_per_step_of_every_host_count(main_cli, profile):

@@ -256,10 +256,16 @@ def print_sweep(result: dict[str, Any], setting: Setting) -> None:
             ],
         )
     )
-    if setting.efficiency < 1 and (setting.hosts > 1 or setting.inter is not None):  # what with_bandwidth sweeps
+    between = setting.hosts > 1 or setting.inter is not None  # what with_bandwidth sweeps
+    if setting.efficiency < 1 and between:
         print(
             f"bandwidth: the line rate between hosts; the plan charges {setting.efficiency:.1%} of it (the "
             "transport's efficiency), in the crossovers too"
+        )
+    if setting.intra_efficiency < 1 and not between:
+        print(
+            f"bandwidth: the devices' link; the plan charges {setting.intra_efficiency:.1%} of it (the framework's "
+            "efficiency inside a host)"
         )
     if result["crossover"]:
         print(f"\nbeats bf16 all-reduce below ({setting.mode}, {max(result['workers'])} workers):")
