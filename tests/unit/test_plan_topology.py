@@ -275,7 +275,7 @@ TF2 = "TensorFlow 2.x official models (MultiWorkerMirroredStrategy)"
 NLP = "MXNet gluon-nlp (Horovod)"
 
 
-def _with_published(bench: Any, case: Any, images_per_sec: float) -> Any:
+def _with_published(case: Any, images_per_sec: float) -> Any:
     return dataclasses.replace(case, row=dataclasses.replace(case.row, images_per_sec=images_per_sec))
 
 
@@ -291,9 +291,7 @@ def test_a_frameworks_figures_never_see_the_table_they_plan(published):
         return sorted(p for r, p, _ in bench.cross_validated(members) if bench.table_of(r) == held)
 
     def halved(table: Any) -> list[Any]:
-        return [
-            _with_published(bench, c, c.row.images_per_sec / 2) if bench.table_of(c.row) == table else c for c in cases
-        ]
+        return [_with_published(c, c.row.images_per_sec / 2) if bench.table_of(c.row) == table else c for c in cases]
 
     before = plans(cases)
     assert plans(halved(held)) == before
@@ -308,7 +306,7 @@ def test_fitted_figures_reproduce_the_rows_they_made(published):
     tf2 = [c for c in bench.row_cases(rows, known) if bench.framework_of(c.row) == TF2]
     key = next(k for c in tf2 if (k := bench.pipeline(c.row)) is not None)
     truth = bench.Figures(0.25, 0.5, step_overhead=bench.STEP_GRID[5]).with_ceiling(key, bench.CEILING_GRID[11])
-    made = [_with_published(bench, c, c.plan(truth)) for c in tf2]
+    made = [_with_published(c, c.plan(truth)) for c in tf2]
     fitted = bench.fit_figures(made)
     assert fitted != bench.BLIND
     assert all(c.plan(fitted) == pytest.approx(c.row.images_per_sec, rel=1e-9) for c in made)
