@@ -30,6 +30,10 @@ class Link:
     def seconds(self, nbytes: float, messages: int = 1) -> float:
         return nbytes / self.bandwidth + messages * self.latency
 
+    def at(self, fraction: float) -> Link:
+        """The link as software drives it: ``fraction`` of its rate, its latency unchanged (itself at 1)."""
+        return self if fraction == 1 else Link(self.bandwidth * fraction, self.latency)
+
 
 def ring_allreduce(nbytes: float, workers: int, link: Link) -> float:
     """Reduce-scatter then all-gather around a ring: 2(n-1)/n x M / B + 2(n-1) x alpha."""

@@ -132,17 +132,13 @@ class Setting:
     @property
     def network(self) -> Link | None:
         """The link between hosts as the transport drives it: ``inter``'s line rate times ``efficiency``."""
-        if self.inter is None or self.efficiency == 1:
-            return self.inter
-        return Link(self.inter.bandwidth * self.efficiency, self.inter.latency)
+        return None if self.inter is None else self.inter.at(self.efficiency)
 
     @property
     def devices(self) -> Link | None:
         """The link between a host's devices as the framework drives it: ``intra``'s rate times ``intra_efficiency``
         (a framework that stages gradients through host memory or reduces on one device reaches a fraction)."""
-        if self.intra is None or self.intra_efficiency == 1:
-            return self.intra
-        return Link(self.intra.bandwidth * self.intra_efficiency, self.intra.latency)
+        return None if self.intra is None else self.intra.at(self.intra_efficiency)
 
     @property
     def link(self) -> Link:
