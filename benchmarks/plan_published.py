@@ -39,7 +39,7 @@ import csv
 import re
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -245,8 +245,9 @@ class Figures:
     host_images_per_sec: tuple[tuple[tuple[str, str, str], float], ...] = ()
     step_overhead: float = 0.0
 
-    def ceiling(self, row: Row) -> float | None:
-        return dict(self.host_images_per_sec).get(pipeline(row) or ("", "", ""))
+    def ceiling(self, key: tuple[str, str, str] | None) -> float | None:
+        """The images/s the pipeline ``key`` feeds a host (None: no pipeline, or none fitted)."""
+        return next((rate for k, rate in self.host_images_per_sec if k == key), None)
 
     def with_ceiling(self, key: tuple[str, str, str], rate: float | None) -> Figures:
         others = tuple((k, v) for k, v in self.host_images_per_sec if k != key)
@@ -260,13 +261,18 @@ BLIND = Figures()
 class Case:
     """One published row as the planner sees it: the model's tensors and one GPU's step (``profile``), the links and
     mode (``setting``), the row's images/s over the plan's (``scale``: a worker may drive several GPUs), and, for
-    TensorFlow's distributed_replicated, the host's own reduction before the push (``local``)."""
+    TensorFlow's distributed_replicated, the host's own reduction before the push (``local``). ``pipeline``: the
+    row's input pipeline, read from it once (the fits ask for it on every trial)."""
 
     row: Row
     profile: Profile
     setting: Setting
     scale: float = 1.0
     local: bool = False
+    pipeline: tuple[str, str, str] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pipeline = pipeline(self.row)
 
     def plan(self, figures: Figures = BLIND) -> float:
         setting = self.setting
@@ -275,7 +281,7 @@ class Case:
                 setting,
                 intra_efficiency=setting.intra_efficiency * figures.intra_efficiency,
                 efficiency=setting.efficiency * figures.efficiency,
-                host_images_per_sec=figures.ceiling(self.row),
+                host_images_per_sec=figures.ceiling(self.pipeline),
                 step_overhead=setting.step_overhead + figures.step_overhead,
             )
         p = predict(self.profile, setting)
@@ -400,14 +406,20 @@ def fit_figures(cases: list[Case], errors: dict[tuple[Any, ...], float] | None =
     def error(figures: Figures) -> float:
         total = 0.0
         for c in cases:
-            key = (id(c), figures.intra_efficiency, figures.efficiency, figures.step_overhead, figures.ceiling(c.row))
+            key = (
+                id(c),
+                figures.intra_efficiency,
+                figures.efficiency,
+                figures.step_overhead,
+                figures.ceiling(c.pipeline),
+            )
             if key not in errors:
                 errors[key] = abs(c.plan(figures) / c.row.images_per_sec - 1.0)
             total += errors[key]
         return total
 
     figures = BLIND
-    keys = sorted({k for c in cases if (k := pipeline(c.row)) is not None})
+    keys = sorted({c.pipeline for c in cases if c.pipeline is not None})
 
     def with_intra(value: float) -> Figures:  # and each pipeline's best ceiling at it (they are independent)
         chosen = replace(figures, intra_efficiency=value)
@@ -426,6 +438,13 @@ def fit_figures(cases: list[Case], errors: dict[tuple[Any, ...], float] | None =
     return figures
 
 
+def by_framework(cases: list[Case]) -> dict[str, list[Case]]:
+    by: dict[str, list[Case]] = defaultdict(list)
+    for c in cases:
+        by[framework_of(c.row)].append(c)
+    return by
+
+
 def table_of(row: Row) -> tuple[Any, ...]:
     """The published table a row belongs to: its calibration key, and for a cluster file's row the table its
     source names (the Keras-MXNet page repeats its runs in a second table)."""
@@ -437,12 +456,9 @@ def cross_validated(cases: list[Case]) -> list[tuple[Row, float, float]]:
     """Every row planned with its framework's figures fitted on the framework's other tables, never its own
     (leave one table out): what a user who measured the framework on other models, batches or precisions would
     plan. A framework with one table, and the parameter-server rows, are planned blind."""
-    by: dict[str, list[Case]] = defaultdict(list)
-    for c in cases:
-        by[framework_of(c.row)].append(c)
     results: list[tuple[Row, float, float]] = []
     errors: dict[tuple[Any, ...], float] = {}
-    for members in by.values():
+    for members in by_framework(cases).values():
         for table in sorted({table_of(c.row) for c in members}, key=repr):
             others = [c for c in members if table_of(c.row) != table]
             figures = fit_figures(others, errors) if others else BLIND
@@ -504,12 +520,8 @@ def main() -> None:
 
 def print_frameworks(cases: list[Case]) -> None:
     """Each framework's figures fitted on all of its tables, as the ``trainscale plan`` flags that charge them."""
-    by: dict[str, list[Case]] = defaultdict(list)
-    for c in cases:
-        if c.row.mode in ALL_REDUCE:
-            by[framework_of(c.row)].append(c)
     print("each framework's figures on all of its tables, as trainscale plan flags:")
-    for name, members in sorted(by.items()):
+    for name, members in sorted(by_framework([c for c in cases if c.row.mode in ALL_REDUCE]).items()):
         f = fit_figures(members)
         flags = f"--intra-efficiency {f.intra_efficiency:.3g} --efficiency {f.efficiency:.3g}"
         flags += f" --step-overhead {1e3 * f.step_overhead:.1f}ms"
