@@ -28,7 +28,7 @@ row, then carried to the hosts; and the rows on more than two hosts as one who a
 (``--two-host-images-per-sec``: the link's achieved fraction of its line rate fitted to the two-host row). They use
 more published figures per table, so they are shown beside the goal, not in it.
 
-It plans; it measures nothing, so it runs anywhere (about 20 s on two cores, the fits included) and its figures
+It plans; it measures nothing, so it runs anywhere (about 15 s on two cores, the fits included) and its figures
 do not depend on the machine.
 """
 
