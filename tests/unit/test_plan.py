@@ -371,6 +371,31 @@ class TestWithoutProfile:
             "; 1 server(s) beside the workers on every host, the model sharded evenly, at 50% of line rate"
         )
 
+    def test_the_plan_names_an_assumed_link_fraction_only_where_it_charges_that_link(self, capsys):
+        from trainscale.cli import main
+
+        flags = ["plan", "--params", "25e6", "--step-time", "100ms", "--batch-size", "32", "--bandwidth", "25gbit"]
+        inter, intra = "the link between hosts at its line rate", "the devices' link at its full rate"
+        said = {}
+        for name, extra in {
+            "one host": ["--hosts", "1", "--workers-per-host", "4"],
+            "one device a host": ["--hosts", "2", "--workers-per-host", "1"],
+            "both": ["--hosts", "2", "--workers-per-host", "4"],
+            "both given": ["--hosts", "2", "--workers-per-host", "4", "--efficiency", "0.8"]
+            + ["--intra-efficiency", "0.5"],
+            "servers apart": ["--hosts", "1", "--workers-per-host", "1", "--mode", "ps-sync"]
+            + ["--ps-placement", "separate"],
+        }.items():
+            assert main([*flags, *extra]) == 0
+            said[name] = capsys.readouterr().out.splitlines()[1]
+        assert [(inter in said[k], intra in said[k]) for k in said] == [
+            (False, True),
+            (True, False),
+            (True, True),
+            (False, False),
+            (True, False),  # the servers' own hosts are reached over the link between hosts
+        ]
+
     def test_params_plan_needs_a_step_time(self):
         from trainscale.plan.plan import PlanConfig, plan_profile
 

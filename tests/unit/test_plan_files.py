@@ -284,14 +284,15 @@ def test_system_table_and_nics(tmp_path):
     system = load_cluster(str(write(tmp_path, text))).system
     assert (system.nics, system.efficiency, system.overlap, system.algorithm) == (2, 0.8, 0.7, "hierarchical")
     assert system.bucket_overhead == pytest.approx(1e-4)
-    assert set(system.assumed) == {"step_overhead", "ps_efficiency", "host_images_per_sec"}
+    assert set(system.assumed) == {"step_overhead", "ps_efficiency", "host_images_per_sec", "intra_efficiency"}
     assert system.intra_efficiency == 1.0
 
 
 def test_the_devices_link_efficiency_is_read_and_checked(tmp_path):
     text = CLUSTER.replace("[link.intra]\n", "[link.intra]\nefficiency = 0.25\n")
     assert text != CLUSTER
-    assert load_cluster(str(write(tmp_path, text))).system.intra_efficiency == 0.25
+    system = load_cluster(str(write(tmp_path, text))).system
+    assert (system.intra_efficiency, "intra_efficiency" in system.assumed) == (0.25, False)
     bad = CLUSTER.replace("[link.intra]\n", "[link.intra]\nefficiency = 2\n")
     with pytest.raises(ConfigError, match=r"\[link.intra\] key 'efficiency' must be a fraction in \(0, 1\], got 2"):
         load_cluster(str(write(tmp_path, bad)))

@@ -132,6 +132,7 @@ class System:
         "bucket_overhead",
         "step_overhead",
         "efficiency",
+        "intra_efficiency",
         "ps_efficiency",
         "host_images_per_sec",
     )
@@ -172,6 +173,7 @@ def _system(top: _Table, links: _Table) -> System:
     keys = ("overlap", "bucket_overhead", "step_overhead", "ps_efficiency", "host_images_per_sec")
     given: set[str] = {k for k in keys if k in table.raw}
     given |= {"efficiency"} if "efficiency" in inter.raw else set()
+    given |= {"intra_efficiency"} if "efficiency" in intra.raw else set()
     return System(
         inter.get("nics", int, 1, positive=True),
         transport,

@@ -372,6 +372,10 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         assumed = [k for k in assumed if k != "efficiency"]
     if cfg.mode not in ("ps-sync", "async"):
         assumed = [k for k in assumed if k != "ps_efficiency"]
+    if hosts == 1 and not servers_apart(cfg.mode, system.placement):  # no link between hosts is charged
+        assumed = [k for k in assumed if k != "efficiency"]
+    if per_host == 1:
+        assumed = [k for k in assumed if k != "intra_efficiency"]
     if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
         assumed = [k for k in assumed if k not in SYNC_ONLY]
         measured = {k: v for k, v in measured.items() if k not in SYNC_ONLY}
@@ -523,7 +527,8 @@ _ASSUMED_TEXT = {
     "overlap": "no overlap of communication with backward (as published NCCL runs show)",
     "bucket_overhead": "no per-bucket cost",
     "step_overhead": f"a per-step cost of {GPU_STEP_SHARE:.0%} of the device's step (as published NCCL runs show)",
-    "efficiency": "line rate",
+    "efficiency": "the link between hosts at its line rate",
+    "intra_efficiency": "the devices' link at its full rate",
     "ps_efficiency": "servers at line rate",
     "host_images_per_sec": "no input-pipeline limit",
 }

@@ -1,0 +1,92 @@
+"""The commands the documentation shows, with what it says they print, still print that.
+
+A newcomer copies a command from README.md or docs/ and compares what comes back with the page. Every example
+written as ``$ trainscale ...`` followed by its output is collected here; those that run in a moment and the same on
+every machine are run in this process and each line the page shows must come back: plans given their inputs
+(not a measured profile), ``--dry-run`` commands, ``trainscale models`` and the one-line refusals of bad input.
+A line with ``...`` stands for its pieces in that order; a line in parentheses is the page's own remark. The
+others (runs that train, measure, or need an emulated cluster) are covered by their own tests and the figures
+beside them say which machine gave them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PROMPT = "$ trainscale "
+
+
+@dataclass(frozen=True)
+class Example:
+    where: str
+    argv: tuple[str, ...]
+    shown: tuple[str, ...]
+
+    @property
+    def instant(self) -> bool:
+        """Runs in a moment and prints the same everywhere: nothing trained, measured or shaped, no file of the
+        user's (a profile they measured; a module the page invents, ``my_pkg``)."""
+        args = self.argv
+        if "--profile" in args or any("my_pkg" in a for a in args):
+            return False
+        refused = any(": error: " in line for line in self.shown)
+        return args[0] in ("plan", "models") or "--dry-run" in args or (args[0] == "train" and refused)
+
+
+def examples(page: Path) -> list[Example]:
+    """Each ``$ trainscale`` line of a page (with its continuation lines), and the lines after it up to a blank
+    line, the next prompt or the end of the code block."""
+    lines, found = page.read_text().splitlines(), []
+    i = 0
+    while i < len(lines):
+        text = lines[i].strip()
+        if not text.startswith(PROMPT):
+            i += 1
+            continue
+        start, command = i + 1, text[len(PROMPT) :]
+        while command.endswith("\\"):
+            i += 1
+            command = command[:-1] + " " + lines[i].strip()
+        shown = []
+        for line in lines[i + 1 :]:
+            line = line.strip()
+            if not line or line.startswith(("$ ", "```")):
+                break
+            shown.append(line)
+        i += 1 + len(shown)
+        found.append(Example(f"{page.relative_to(ROOT)}:{start}", tuple(shlex.split(command)), tuple(shown)))
+    return found
+
+
+ALL = [e for page in PAGES for e in examples(page)]
+
+
+def test_the_pages_show_examples_to_check():
+    instant = [e for e in ALL if e.instant and e.shown]
+    assert len(ALL) >= 20 and len(instant) >= 12, (len(ALL), len(instant))
+
+
+def _shown_in(line: str, printed: list[str]) -> bool:
+    if "..." not in line:
+        return line in printed
+    pieces = [re.escape(p.strip()) for p in line.split("...") if p.strip()]
+    pattern = re.compile(".*".join(pieces))
+    return any(pattern.search(p) for p in printed)
+
+
+@pytest.mark.parametrize("example", [e for e in ALL if e.instant and e.shown], ids=lambda e: e.where)
+def test_the_example_prints_what_its_page_shows(example: Example, main_cli, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # the pages run from a checkout: tests.userpkg imports from there
+    done = main_cli(*example.argv, cwd=tmp_path)
+    printed = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
+    refused = any(": error: " in line for line in example.shown)
+    assert done.returncode == (2 if refused else 0), f"{example.where}: exit {done.returncode}\n{done.stderr}"
+    remark = re.compile(r"^\(.*\)$")
+    missing = [line for line in example.shown if not remark.match(line) and not _shown_in(line, printed)]
+    assert not missing, f"{example.where}: the page shows lines it no longer prints: {missing}\n" + "\n".join(printed)
