@@ -6,7 +6,8 @@ every machine are run in this process and each line the page shows must come bac
 (not a measured profile), ``--dry-run`` commands, ``trainscale models`` and the one-line refusals of bad input.
 A line with ``...`` stands for its pieces in that order; a line in parentheses is the page's own remark. The
 others (runs that train, measure, or need an emulated cluster) are covered by their own tests and the figures
-beside them say which machine gave them."""
+beside them say which machine gave them; every command in the pages' code, these too, must be one the CLI takes
+(no flag renamed or gone)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ class Example:
             return False
         refused = any(": error: " in line for line in self.shown)
         return args[0] in ("plan", "models") or "--dry-run" in args or (args[0] == "train" and refused)
+
+    @property
+    def reads_cifar(self) -> bool:
+        """A training command on CIFAR (the default data set): its checks read the real files."""
+        args = self.argv
+        dataset = args[args.index("--dataset") + 1] if "--dataset" in args else "cifar10"
+        return args[0] == "train" and dataset in ("cifar10", "cifar100")
 
 
 def examples(page: Path) -> list[Example]:
@@ -81,8 +89,10 @@ def _shown_in(line: str, printed: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("example", [e for e in ALL if e.instant and e.shown], ids=lambda e: e.where)
-def test_the_example_prints_what_its_page_shows(example: Example, main_cli, tmp_path, monkeypatch):
+def test_the_example_prints_what_its_page_shows(example: Example, main_cli, tmp_path, monkeypatch, request):
     monkeypatch.syspath_prepend(str(ROOT))  # the pages run from a checkout: tests.userpkg imports from there
+    if example.reads_cifar:
+        monkeypatch.setenv("TRAINSCALE_DATA", str(request.getfixturevalue("cifar10_dir")))
     done = main_cli(*example.argv, cwd=tmp_path)
     printed = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
     refused = any(": error: " in line for line in example.shown)
@@ -90,3 +100,38 @@ def test_the_example_prints_what_its_page_shows(example: Example, main_cli, tmp_
     remark = re.compile(r"^\(.*\)$")
     missing = [line for line in example.shown if not remark.match(line) and not _shown_in(line, printed)]
     assert not missing, f"{example.where}: the page shows lines it no longer prints: {missing}\n" + "\n".join(printed)
+
+
+COMMAND = re.compile(r"^(\$ )?trainscale (?![a-z ]+:)(?P<args>.*)$")  # not an output line ("trainscale train: ...")
+
+
+def block_commands(page: Path) -> list[tuple[str, str]]:
+    """Every ``trainscale`` command in a page's code (fenced or indented), with or without a prompt, joined
+    over its continuation lines; comments, pipes and redirections cut off."""
+    lines, found, fenced = page.read_text().splitlines(), [], False
+    i = 0
+    while i < len(lines):
+        line, i = lines[i], i + 1
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        match = COMMAND.match(line.strip())
+        if match is None or not (fenced or line.startswith("    ")):
+            continue
+        where, command = f"{page.relative_to(ROOT)}:{i}", match["args"]
+        while command.endswith("\\"):
+            command, i = command[:-1] + " " + lines[i].strip(), i + 1
+        found.append((where, re.split(r"\s+(?:#|\||>|2>|&&)\s", command)[0]))
+    return found
+
+
+@pytest.mark.parametrize(
+    "where, command", [c for page in PAGES for c in block_commands(page)], ids=lambda v: v if ".md:" in v else ""
+)
+def test_every_command_in_the_pages_code_is_one_the_cli_takes(where: str, command: str, capsys):
+    from trainscale.cli import build_parser
+
+    try:
+        _, extra = build_parser().parse_known_args(shlex.split(command))
+    except SystemExit:
+        pytest.fail(f"{where}: trainscale {command}: {capsys.readouterr().err.strip()}")
+    assert not extra, f"{where}: trainscale {command}: no flag takes {extra}"
