@@ -6,21 +6,25 @@ every machine are run in this process and each line the page shows must come bac
 (not a measured profile), ``--dry-run`` commands, ``trainscale models`` and the one-line refusals of bad input.
 A line with ``...`` stands for its pieces in that order; a line in parentheses is the page's own remark. The
 others (runs that train, measure, or need an emulated cluster) are covered by their own tests and the figures
-beside them say which machine gave them; every command in the pages' code, these too, must be one the CLI takes
-(no flag renamed or gone)."""
+beside them say which machine gave them; every command in the pages' code, these too, and every benchmark command
+they give must be one the CLI or the script takes (no flag renamed or gone). The published validation set's
+output, which the planner's pages quote, is checked the same way (the benchmark plans and measures nothing)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PROMPT = "$ trainscale "
 
 
 @dataclass(frozen=True)
@@ -47,17 +51,17 @@ class Example:
         return args[0] == "train" and dataset in ("cifar10", "cifar100")
 
 
-def examples(page: Path) -> list[Example]:
-    """Each ``$ trainscale`` line of a page (with its continuation lines), and the lines after it up to a blank
+def examples(page: Path, program: str = "trainscale") -> list[Example]:
+    """Each ``$ <program>`` line of a page (with its continuation lines), and the lines after it up to a blank
     line, the next prompt or the end of the code block."""
-    lines, found = page.read_text().splitlines(), []
+    prompt, lines, found = f"$ {program} ", page.read_text().splitlines(), []
     i = 0
     while i < len(lines):
         text = lines[i].strip()
-        if not text.startswith(PROMPT):
+        if not (text + " ").startswith(prompt):
             i += 1
             continue
-        start, command = i + 1, text[len(PROMPT) :]
+        start, command = i + 1, text[len(prompt) :]
         while command.endswith("\\"):
             i += 1
             command = command[:-1] + " " + lines[i].strip()
@@ -80,6 +84,11 @@ def test_the_pages_show_examples_to_check():
     assert len(ALL) >= 20 and len(instant) >= 12, (len(ALL), len(instant))
 
 
+def _missing(example: Example, printed: list[str]) -> list[str]:
+    """The lines the page shows that did not come back (a line in parentheses is the page's own remark)."""
+    return [line for line in example.shown if not re.match(r"^\(.*\)$", line) and not _shown_in(line, printed)]
+
+
 def _shown_in(line: str, printed: list[str]) -> bool:
     if "..." not in line:
         return line in printed
@@ -97,8 +106,7 @@ def test_the_example_prints_what_its_page_shows(example: Example, main_cli, tmp_
     printed = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
     refused = any(": error: " in line for line in example.shown)
     assert done.returncode == (2 if refused else 0), f"{example.where}: exit {done.returncode}\n{done.stderr}"
-    remark = re.compile(r"^\(.*\)$")
-    missing = [line for line in example.shown if not remark.match(line) and not _shown_in(line, printed)]
+    missing = _missing(example, printed)
     assert not missing, f"{example.where}: the page shows lines it no longer prints: {missing}\n" + "\n".join(printed)
 
 
@@ -135,3 +143,74 @@ def test_every_command_in_the_pages_code_is_one_the_cli_takes(where: str, comman
     except SystemExit:
         pytest.fail(f"{where}: trainscale {command}: {capsys.readouterr().err.strip()}")
     assert not extra, f"{where}: trainscale {command}: no flag takes {extra}"
+
+
+BENCHMARK = re.compile(r"(?:sudo )?(?:\.venv/bin/)?python (?P<script>benchmarks/\w+\.py)(?P<args>.*)")
+
+
+def benchmark_commands(page: Path) -> list[tuple[str, str, str]]:
+    """Every ``python benchmarks/<script>.py ...`` of a page, in its code blocks and its inline code (which may
+    wrap), continuation lines joined; comments, pipes and redirections cut off."""
+    text = re.sub(r"\\\n\s*", " ", page.read_text())
+    spans = [(m.start(), " ".join(m.group(1).split())) for m in re.finditer(r"`([^`]+)`", text)]
+    lines = [(m.start(), m.group(0).strip()) for m in re.finditer(r"^.*$", text, re.M)]
+    found = []
+    for start, candidate in spans + lines:
+        match = BENCHMARK.match(candidate)
+        if match:
+            where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, start) + 1}"
+            found.append((where, match["script"], re.split(r"\s+(?:#|\||>|2>|&&|;)(?:\s|$)", match["args"])[0]))
+    return sorted(set(found))
+
+
+def _benchmark(script: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A benchmark script loaded as a module, as its own folder's copy runs it."""
+    name = f"_documented_{Path(script).stem}"
+    spec = importlib.util.spec_from_file_location(name, ROOT / script)
+    assert spec is not None and spec.loader is not None, f"{script} is not there"
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Parsed(Exception):
+    """Raised where a benchmark's parser accepted its command line: nothing after it runs."""
+
+
+@pytest.mark.parametrize(
+    "where, script, args",
+    [c for page in PAGES for c in benchmark_commands(page)],
+    ids=lambda v: v if ".md:" in v else "",
+)
+def test_every_benchmark_command_in_the_pages_is_one_its_script_takes(where, script, args, monkeypatch, capsys):
+    module = _benchmark(script, monkeypatch)
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [script, *shlex.split(args)])
+    with pytest.raises((_Parsed, SystemExit)) as stopped:
+        module.main()
+    refused = capsys.readouterr().err.strip().splitlines()[-1:] if stopped.type is SystemExit else []
+    assert stopped.type is _Parsed, f"{where}: python {script}{args}: {refused}"
+
+
+PLANS_ONLY = "benchmarks/plan_published.py"  # it plans published rows and measures nothing: the same output anywhere
+
+
+def test_the_validation_output_the_pages_show_is_what_the_benchmark_prints(monkeypatch, capsys):
+    """The planner's figures against the published set are the pages' main claim; one run with every flag the
+    pages show gives all their blocks."""
+    shown = [e for page in PAGES for e in examples(page, f"python {PLANS_ONLY}")]
+    assert len(shown) >= 3, [e.where for e in shown]
+    module = _benchmark(PLANS_ONLY, monkeypatch)
+    monkeypatch.setattr(sys, "argv", [PLANS_ONLY, *sorted({a for e in shown for a in e.argv})])
+    module.main()
+    printed = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    for example in shown:
+        missing = _missing(example, printed)
+        assert not missing, f"{example.where}: the page shows lines the benchmark no longer prints: {missing}"
