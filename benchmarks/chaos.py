@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from trainscale.app.worker_env import to_argv
-from trainscale.bench.grid import GridError, parse_sets
+from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.timing import save_result
 from trainscale.config import MAX_WAIT_S
 from trainscale.errors import ConfigError
@@ -251,6 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="sets",
         action="append",
         default=[],
+        type=set_argument,
         metavar="KEY=VALUE",
         help="a job setting over the default job's, e.g. epochs=3 (repeatable)",
     )

@@ -19,6 +19,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainscale.app.worker_env import to_argv
+from trainscale.bench.grid import GridError, parse_sets, set_argument
+from trainscale.errors import ConfigError
+from trainscale.train.optim import optimizer_info
+
+
+def optimizer_and_lr(text: str) -> tuple[str, str]:
+    """``--run OPTIMIZER:LR``, checked when the command line is read: a known optimizer (or an import path) and a
+    positive learning rate."""
+    name, sep, lr = text.rpartition(":")
+    try:
+        ok = bool(sep and name) and float(lr) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"give OPTIMIZER:LR with a positive LR, e.g. lars:10, got {text!r}")
+    try:
+        optimizer_info(name)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return name, lr
+
+
 COMMON = dict(model="resnet20", dataset="cifar10", epochs=2, batch_size=1024, schedule="cosine", warmup_epochs=0.3)
 
 
@@ -26,18 +49,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the run folders (one per optimizer)")
     parser.add_argument(
-        "--run", action="append", help="OPTIMIZER:LR to compare (repeatable; default sgd:0.8 and lars:10)"
+        "--run",
+        action="append",
+        type=optimizer_and_lr,
+        help="OPTIMIZER:LR to compare (repeatable; default sgd:0.8 and lars:10)",
     )
-    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for both runs (a train flag's name)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=set_argument,
+        help="KEY=VALUE for both runs (a train flag's name)",
+    )
     parser.add_argument(
         "--decay-everything",
         action="store_true",
         help="weight decay (and LARS's trust ratio) on biases and norms too (default: exempt, as LARS users run it)",
     )
     args = parser.parse_args()
-    runs = [r.split(":") for r in (args.run or ["sgd:0.8", "lars:10"])]
-    settings = {**COMMON, **dict(item.split("=", 1) for item in args.set)}
-    flags = [f for k, v in settings.items() for f in ("--" + k.replace("_", "-"), str(v))]
+    runs = args.run or [("sgd", "0.8"), ("lars", "10")]
+    try:
+        settings = {**COMMON, **parse_sets(args.set)}
+    except GridError as err:
+        parser.error(str(err))
+    flags = to_argv(settings)
     rows = []
     for name, lr in runs:
         out = Path(args.out) / f"{name}-lr{lr}"
@@ -56,7 +91,11 @@ def main() -> None:
             "--out",
             str(out),
         ]
-        subprocess.run(cmd, check=True)
+        status = subprocess.run(cmd).returncode
+        if status:
+            raise SystemExit(
+                f"{name} at lr {lr}: `trainscale train` exited with status {status} (its own message is above)"
+            )
         summary = json.loads((out / "summary.json").read_text())
         rows.append((name, lr, summary["final_test_acc"], summary["best_test_acc"], summary["batch_size"]))
     print(f"{'optimizer':<10} {'lr':>6} {'batch':>6} {'final acc':>10} {'best acc':>9}")

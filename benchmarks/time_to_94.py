@@ -40,8 +40,9 @@ from typing import Any
 import torch
 
 from trainscale.app.worker_env import to_argv
-from trainscale.bench.grid import parse_set
+from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.timing import save_result
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.record import K
 from trainscale.train.environment import environment
 
@@ -66,13 +67,13 @@ def finished(out: Path, seed: int) -> dict[str, Any] | None:
     return None
 
 
-def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, sets: list[str]) -> dict[str, Any]:
+def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, sets: dict[str, Any]) -> dict[str, Any]:
     """One seed through the CLI (a process of its own), or its summary when ``out`` already holds the finished
     run (see ``finished``)."""
     done = finished(out, seed)
     if done is not None:
         return done
-    extra = to_argv(dict(parse_set(item) for item in sets))
+    extra = to_argv(sets)
     cmd = [
         sys.executable,
         "-m",
@@ -94,11 +95,15 @@ def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, set
         *extra,
     ]
     print("$", " ".join(cmd[2:]), flush=True)
-    subprocess.run(cmd, check=True)
+    status = subprocess.run(cmd).returncode
+    if status:
+        raise SystemExit(f"seed {seed}: `trainscale train` exited with status {status} (its own message is above)")
     return json.loads((out / "summary.json").read_text())
 
 
-def run_seed_here(out: Path, recipe: str, seed: int, device: str, precision: str, sets: list[str]) -> dict[str, Any]:
+def run_seed_here(
+    out: Path, recipe: str, seed: int, device: str, precision: str, settings: dict[str, Any]
+) -> dict[str, Any]:
     """One seed through ``trainscale.fit`` in this process (``--one-process``), or its summary when ``out`` already
     holds the finished run. torch.compile's in-memory caches are cleared first, as a new process would find them
     (a run's graphs guard on its own model: kept, they would pile up run after run); its warm-up compiles again,
@@ -108,14 +113,17 @@ def run_seed_here(out: Path, recipe: str, seed: int, device: str, precision: str
         return done
     import trainscale
 
-    settings = dict(parse_set(item) for item in sets)
     print(f"fit(recipe={recipe!r}, seed={seed}, device={device!r}, precision={precision!r}, {settings})", flush=True)
     torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     run = dict(recipe=recipe, seed=seed, device=device, precision=precision, target_acc=TARGET, progress=False)
-    return trainscale.fit(**run, out=str(out), **settings).summary
+    try:
+        return trainscale.fit(**run, out=str(out), **settings).summary
+    except TrainscaleError as err:  # what `trainscale train` would say in one line, and its exit status
+        print(f"seed {seed}: {err}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -222,6 +230,7 @@ def main() -> int:
         dest="sets",
         action="append",
         default=[],
+        type=set_argument,
         metavar="KEY=VALUE",
         help="a setting over the recipe's, e.g. batch_size=1000 (repeatable)",
     )
@@ -235,12 +244,16 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    try:
+        settings = parse_sets(args.sets)
+    except GridError as err:
+        parser.error(str(err))
     env = environment(torch.device(args.device))
     machine = env["device_name"] if args.device.startswith("cuda") else f"{env['cpu']}, {env['cpu_count']} CPUs"
     rows: list[dict[str, Any]] = []
     run = run_seed_here if args.one_process else run_seed
     for seed in range(args.runs):
-        summary = run(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, args.sets)
+        summary = run(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, settings)
         rows.append(row_of(seed, summary))
         saved = result(rows, args, summary, env)
         save_result(args.out / "result.json", saved)

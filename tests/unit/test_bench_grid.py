@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainscale.bench.expand import config_hash, plan_runs
-from trainscale.bench.grid import GridError, load_grid, parse_sets
+from trainscale.bench.grid import GridError, load_grid, parse_sets, set_argument
 from trainscale.bench.locate import KeyLocator
 from trainscale.errors import ConfigError
 
@@ -372,6 +372,14 @@ def test_bad_set_is_one_line_naming_it(items, fragment):
         parse_sets(items)
     assert str(info.value).startswith(fragment), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_scripts_set_is_checked_as_its_command_line_is_read():
+    import argparse
+
+    assert set_argument("epochs=2") == "epochs=2"  # the text, for parse_sets to read once all are in
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^epochz=3: unknown key 'epochz' \(did you mean 'epochs'"):
+        set_argument("epochz=3")
 
 
 TWO_ROWS = 'name = "x"\n[base]\nmodel = "mlp"\n[axes]\nlr = [0.1]\n[[rows]]\nmomentum = 0.0\n[[rows]]\nmomentum = 0.9\n'

@@ -25,7 +25,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The commands run_seed launches; each 'run' writes a finished summary where --out points."""
     calls: list[list[str]] = []
 
-    def run(cmd: list[str], check: bool) -> Any:
+    def run(cmd: list[str]) -> Any:
         calls.append(cmd)
         out = Path(cmd[cmd.index("--out") + 1])
         out.mkdir(parents=True)  # the CLI refuses a folder that holds a run: it must be gone by now
@@ -40,7 +40,7 @@ def test_a_finished_seed_is_reused(tmp_path: Path, launched: list[list[str]]) ->
     out = tmp_path / "seed-0"
     out.mkdir()
     (out / "summary.json").write_text(json.dumps(FINISHED))
-    assert t94.run_seed(out, "speedrun94", 0, "cpu", "bf16", []) == FINISHED
+    assert t94.run_seed(out, "speedrun94", 0, "cpu", "bf16", {}) == FINISHED
     assert launched == []
 
 
@@ -49,7 +49,7 @@ def test_an_interrupted_seed_runs_again_and_its_folder_is_kept(tmp_path: Path, l
     out.mkdir()
     (out / "config.json").write_text("{}")  # started, never finished: no summary with a reference scope
     (out / "summary.json").write_text(json.dumps({"epochs_completed": 2}))
-    assert t94.run_seed(out, "speedrun94", 3, "cpu", "bf16", ["epochs=2"]) == FINISHED
+    assert t94.run_seed(out, "speedrun94", 3, "cpu", "bf16", {"epochs": 2}) == FINISHED
     assert len(launched) == 1 and "--epochs" in launched[0]
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("seed-3.interrupted-")]
     assert len(kept) == 1 and json.loads((kept[0] / "summary.json").read_text()) == {"epochs_completed": 2}
@@ -69,7 +69,7 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
     }
     started: list[int] = []
 
-    def run(cmd: list[str], check: bool) -> Any:
+    def run(cmd: list[str]) -> Any:
         seed = int(cmd[cmd.index("--seed") + 1])
         started.append(seed)
         if seed == 2 and started.count(2) == 1:
@@ -114,7 +114,8 @@ def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
     monkeypatch.setattr(trainscale, "fit", fit)
     monkeypatch.setattr(t94.torch._dynamo, "reset", lambda: resets.append(len(calls)))
     out = tmp_path / "seed-4"
-    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", ["epochs=2", 'model_args=["pool=max"]']) == FINISHED
+    settings = {"epochs": 2, "model_args": ["pool=max"]}
+    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", settings) == FINISHED
     assert calls == [
         dict(recipe="speedrun94", seed=4, device="cuda", precision="auto", target_acc=t94.TARGET, progress=False,
              out=str(out), epochs=2, model_args=["pool=max"])
@@ -122,4 +123,41 @@ def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
     assert resets == [0]
     out.mkdir()
     (out / "summary.json").write_text(json.dumps(FINISHED))
-    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", []) == FINISHED and len(calls) == 1
+    assert t94.run_seed_here(out, "speedrun94", 4, "cuda", "auto", {}) == FINISHED and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--set", "nosuchkey=1"], "argument --set: nosuchkey=1: unknown key 'nosuchkey'; --set takes the `trainscale"),
+        (["--set", "epochs=x"], "argument --set: epochs=\"x\": 'epochs' must be int, got 'x'"),
+        (["--set", "epochs=2", "--set", "epochs=3"], "--set epochs=3: 'epochs' is given twice with --set; keep one"),
+    ],
+)
+def test_a_bad_set_is_one_line_before_any_seed_runs(argv, line, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(t94, "run_seed", lambda *a: pytest.fail("a seed ran"))
+    monkeypatch.setattr(t94.sys, "argv", ["time_to_94.py", *argv, "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stopped:
+        t94.main()
+    assert stopped.value.code == 2 and line in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_seed_is_one_line_with_the_status_its_run_gave(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(t94.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 2))
+    with pytest.raises(SystemExit, match=r"^seed 1: `trainscale train` exited with status 2 \(its own message"):
+        t94.run_seed(tmp_path / "seed-1", "airbench94", 1, "cpu", "auto", {})
+
+
+def test_a_refused_seed_in_this_process_is_one_line_and_status_2(tmp_path, monkeypatch, capsys) -> None:
+    import trainscale
+    from trainscale.errors import ConfigError
+
+    def fit(**settings: Any) -> Any:
+        raise ConfigError("--epochs must be at least 1")
+
+    monkeypatch.setattr(trainscale, "fit", fit)
+    with pytest.raises(SystemExit) as stopped:
+        t94.run_seed_here(tmp_path / "seed-0", "airbench94", 0, "cpu", "auto", {"epochs": 0})
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "seed 0: --epochs must be at least 1\n"

@@ -25,6 +25,7 @@ every row (a quick scale shrinks the model everywhere); ``--set`` applies to eve
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 from dataclasses import dataclass, field
@@ -366,6 +367,18 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             raise GridError(f"--set {item}: '{name}' is given twice with --set; keep one")
         sets[name] = check_sets({key: value})[name]
     return sets
+
+
+def set_argument(item: str) -> str:
+    """An argparse ``type`` for a script's ``--set KEY=VALUE`` of `trainscale train` settings: the item checked
+    as :func:`parse_sets` checks it (known key, value of its type) when the command line is read, so a mistyped
+    key stops the script with argparse's one line before any run starts; the text comes back unchanged."""
+    try:
+        key, value = parse_set(item)
+        check_sets({key: value})
+    except GridError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--set ")) from None
+    return item
 
 
 def check_sets(sets: dict[str, Any]) -> dict[str, Any]:
