@@ -48,6 +48,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
+from trainscale.bench.script import run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import MAX_WAIT_S
 from trainscale.errors import ConfigError
@@ -448,4 +449,4 @@ def sync_main(args: argparse.Namespace, settings: dict[str, Any], place: list[st
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

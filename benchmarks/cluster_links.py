@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainscale.bench.script import COUNT, run_script
+
 RESNET9_FLOATS = 6_573_120
 PORT = 29500
 
@@ -116,7 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="2,3,4")
     parser.add_argument("--rates", default="100mbit,500mbit,1gbit")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=COUNT, default=5)
     parser.add_argument("--ratio", type=float, default=0.01, help="Top-k density of the all-gather payload")
     parser.add_argument("--save", type=Path, default=Path("runs/bench-cluster-links.json"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -164,4 +166,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.compression import CompressionStats, Exchange, UnitContext, create_compressor, list_compressors
 from trainscale.compression.methods import count_for
@@ -207,17 +208,17 @@ def print_row(r: dict[str, Any]) -> None:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet9")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--model", type=model_name, default="resnet9")
+    p.add_argument("--batch", type=COUNT, default=64)
     p.add_argument("--methods", nargs="+", default=list_compressors())
     p.add_argument("--granularities", nargs="+", default=["layerwise", "entire"])
     p.add_argument("--ratio", type=float, default=0.01, help="Top-k / Random-k / DGC density")
     p.add_argument("--threshold", type=float, default=0.001, help="Threshold-v's V (seed 004's default)")
-    p.add_argument("--qstates", type=int, default=255)
-    p.add_argument("--powersgd-rank", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--qstates", type=COUNT, default=255)
+    p.add_argument("--powersgd-rank", type=COUNT, default=2)
+    p.add_argument("--repeats", type=COUNT, default=7)
+    p.add_argument("--warmup", type=WARMUP, default=1)
+    p.add_argument("--threads", type=COUNT, default=2, help="torch intra-op threads")
     p.add_argument("--out", default=f"runs/bench/compression-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return p.parse_args()
 
@@ -324,4 +325,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

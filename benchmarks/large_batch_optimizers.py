@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
+from trainscale.bench.script import run_script
 from trainscale.errors import ConfigError
 from trainscale.train.optim import optimizer_info
 
@@ -104,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -1,6 +1,7 @@
 """Muon's optimizer step on airbench94's filters: per parameter (one torch.optim.Muon per filter, the way trainscale
 stepped them before) against the batched Muon (train.muon), stacked per shape or padded into one batch, eager or
-compiled. All in one process, one after another, so the ratios compare like with like; the machine is printed.
+compiled. All in one process, one after another, so the ratios compare like with like; the machine is printed, and
+the figures are saved with the settings and the environment (``--out``).
 
     .venv/bin/python benchmarks/muon_step.py                      # CPU
     .venv/bin/python benchmarks/muon_step.py --device cuda --compile
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from trainscale.bench.script import COUNT, run_script
+from trainscale.bench.timing import save_result
 from trainscale.models.airbench import airbench94
 from trainscale.train.environment import environment
 from trainscale.train.muon import BatchedMuon
@@ -63,8 +66,9 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=20, help="timed steps per variant (median reported)")
+    parser.add_argument("--repeats", type=COUNT, default=20, help="timed steps per variant (median reported)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled variants")
+    parser.add_argument("--out", type=Path, default=Path(f"runs/bench/muon_step-{time.strftime('%Y%m%d-%H%M%S')}.json"))
     args = parser.parse_args()
     device = torch.device(args.device)
     env = environment(device)
@@ -86,8 +90,12 @@ def main() -> int:
     print(f"Muon step over airbench94's {len(views)} filters on {machine} (median of {args.repeats})")
     for name, seconds in results.items():
         print(f"  {name:<26} {1000 * seconds:8.2f} ms   {base / seconds:5.2f}x per parameter's speed")
+    scope = f"one step over {len(views)} filters, device-synchronised, median of {args.repeats} after 2 warm-up steps"
+    figures = {name: {"median_seconds": s, "speed_over_per_parameter": base / s} for name, s in results.items()}
+    save_result(args.out, {"config": vars(args), "environment": env, "timer_scope": scope, "results": figures})
+    print(f"saved {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

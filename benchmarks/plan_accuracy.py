@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
 from trainscale.plan.check import Check, check_run, key_of_run, method_spec, setting_for_run
 from trainscale.plan.profile import load_profile
@@ -127,7 +128,7 @@ def parse_args() -> argparse.Namespace:
         help="passed to trainscale bench, e.g. --set cluster_hosts=2 (only the 2-host cells)",
     )
     p.add_argument("--no-bench", action="store_true", help="only profile and compare the runs already there")
-    p.add_argument("--repeats", type=int, default=20, help="timed steps of each profile")
+    p.add_argument("--repeats", type=COUNT, default=20, help="timed steps of each profile")
     return p.parse_args()
 
 
@@ -183,4 +184,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

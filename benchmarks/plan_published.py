@@ -46,6 +46,7 @@ from typing import Any
 
 import tomllib
 
+from trainscale.bench.script import run_script
 from trainscale.errors import ConfigError
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
@@ -777,4 +778,4 @@ def _mae(errs: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
 from trainscale.io import atomic_write_text
 from trainscale.plan.describe import load_cluster
@@ -102,7 +103,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/projection"))
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per profile (default 3)")
+    parser.add_argument("--repeats", type=COUNT, default=3, help="timed steps per profile (default 3)")
     args = parser.parse_args()
     published = published_models(clusters())
     rows, skipped = [], []
@@ -134,4 +135,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -36,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import Timing, save_result, time_interleaved
 from trainscale.models import count_parameters, create_model
 from trainscale.record import K
@@ -295,17 +296,17 @@ def report_cli(args: argparse.Namespace, result: dict[str, list[float]]) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cli", action="store_true", help="time `trainscale train` runs of the grid's rows instead")
-    parser.add_argument("--cli-model", default="resnet20")
+    parser.add_argument("--cli-model", type=model_name, default="resnet20")
     parser.add_argument("--dataset", default="cifar10", help="--cli: cifar10 (needs $TRAINSCALE_DATA) or synthetic")
-    parser.add_argument("--model", default="resnet32")
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--model", type=model_name, default="resnet32")
+    parser.add_argument("--batch", type=COUNT, default=128)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--servers", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=1, help="1, or 2 to time worker 0 beside a second one")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--steps", type=COUNT, default=10)
+    parser.add_argument("--repeats", type=COUNT, default=5)
+    parser.add_argument("--warmup", type=WARMUP, default=1)
+    parser.add_argument("--servers", type=COUNT, default=1)
+    parser.add_argument("--workers", type=COUNT, default=1, help="1, or 2 to time worker 0 beside a second one")
+    parser.add_argument("--threads", type=COUNT, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="runs/bench/ps_overhead.json")
     args = parser.parse_args()
     if args.cli:
@@ -328,4 +329,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
+from trainscale.bench.script import COUNT, WARMUP, run_script
 from trainscale.bench.timing import save_result
 from trainscale.train.environment import environment
 
@@ -115,8 +116,8 @@ def measure(transport: str, repeats: int, warmup: int) -> dict[str, list[float]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=COUNT, default=20)
+    parser.add_argument("--warmup", type=WARMUP, default=3)
     parser.add_argument("--out", default="runs/bench/ps_transport.json")
     args = parser.parse_args()
     results: dict[str, dict[str, list[float]]] = {}
@@ -127,7 +128,7 @@ def main() -> None:
         mb = n * 4 / 1e6
         for transport, res in results.items():
             t = res[name]
-            mean, sd = statistics.fmean(t), statistics.stdev(t)
+            mean, sd = statistics.fmean(t), statistics.stdev(t) if len(t) > 1 else 0.0
             print(f"{name:>10} {mb:6.2f} {transport:>9} {1e3 * mean:10.2f} ± {1e3 * sd:5.2f}  {2 * mb / mean:16.0f}")
     save_result(
         Path(args.out),
@@ -137,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.models import create_model
@@ -32,12 +33,12 @@ from trainscale.train.steplog import StepLog
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet20")
-    p.add_argument("--images", type=int, default=4096, help="images per pass")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--every", type=int, nargs="+", default=[50, 10], help="--log-every values to measure")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--model", type=model_name, default="resnet20")
+    p.add_argument("--images", type=COUNT, default=4096, help="images per pass")
+    p.add_argument("--batch", type=COUNT, default=256)
+    p.add_argument("--every", type=COUNT, nargs="+", default=[50, 10], help="--log-every values to measure")
+    p.add_argument("--repeats", type=COUNT, default=5)
+    p.add_argument("--warmup", type=WARMUP, default=1)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=f"runs/bench/step_log_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -53,7 +54,9 @@ def loop(model: torch.nn.Module, batches: DeviceBatches, precision: Precision, e
     counter = iter(range(10**9))
 
     def run() -> None:
-        train_one_epoch(model, batches, opt, scaler, precision, lambda t: 0.01, next(counter), 0.0, False, "stop", log)
+        train_one_epoch(
+            model, batches, opt, scaler, precision, lambda t: 0.01, next(counter), progress=False, step_log=log
+        )
 
     return run
 
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     images = batches.num_samples
     env = environment(device)
     print(f"{args.model}, batch {args.batch}, {args.precision}, {images} images/pass, {env.get('device_name')}")
-    result: dict[str, Any] = {"args": vars(args), "environment": env, "timings": timings, "ratios": {}}
+    result: dict[str, Any] = {"config": vars(args), "environment": env, "timings": timings, "ratios": {}}
     for name, timing in timings.items():
         rate, spread = timing.rate(images)
         line = f"  {name:>9}: {rate:8.0f} img/s (+- {spread:.0f})"
@@ -92,4 +95,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -48,6 +48,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import trainscale.train.trainer as trainer
+from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import COMPILE_MODES
 from trainscale.train.environment import environment
@@ -70,10 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (the real images)")
-    p.add_argument("--images", type=int, default=49152, help="training images (default: 32 x 1536)")
-    p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--images", type=COUNT, default=49152, help="training images (default: 32 x 1536)")
+    p.add_argument("--batch-size", type=COUNT, default=None, help="default: the recipe's")
     p.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE for the model (repeatable)")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=COUNT, default=4)
     p.add_argument(
         "--profile-epoch",
         type=int,
@@ -82,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="1-based, one or more (e.g. 3 5: before and after airbench's whitening bias freezes); after the first, "
         "which pays its own",
     )
-    p.add_argument("--top", type=int, default=15, help="kernels listed")
+    p.add_argument("--top", type=COUNT, default=15, help="kernels listed")
     p.add_argument("--out", type=Path, default=Path(f"runs/bench/step_profile-{time.strftime('%Y%m%d-%H%M%S')}"))
     args = p.parse_args(argv)
     outside = [e for e in args.profile_epoch if not 1 <= e <= args.epochs]
@@ -321,4 +322,4 @@ def report_profiled(found: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -35,15 +35,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet20")
-    p.add_argument("--batch", type=int, default=64, help="per-worker batch")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed pass")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--model", type=model_name, default="resnet20")
+    p.add_argument("--batch", type=COUNT, default=64, help="per-worker batch")
+    p.add_argument("--steps", type=COUNT, default=10, help="steps per timed pass")
+    p.add_argument("--repeats", type=COUNT, default=5)
+    p.add_argument("--warmup", type=WARMUP, default=1)
+    p.add_argument("--workers", type=COUNT, default=2)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--augment", action="store_true", help="trainscale side does its crop+flip augmentation")
     p.add_argument(
@@ -274,4 +276,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

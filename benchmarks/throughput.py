@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.models import create_model
@@ -124,12 +125,12 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=["resnet9", "resnet32"])
-    p.add_argument("--images", type=int, default=2048, help="images per timed pass")
-    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--models", type=model_name, nargs="+", default=["resnet9", "resnet32"])
+    p.add_argument("--images", type=COUNT, default=2048, help="images per timed pass")
+    p.add_argument("--batch", type=COUNT, default=256)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=COUNT, default=3)
+    p.add_argument("--warmup", type=WARMUP, default=1)
     p.add_argument("--device", default="auto")
     p.add_argument(
         "--train-step", default="auto", choices=STEP_KINDS, help="trainscale's step, as trainscale train's flag"
@@ -161,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

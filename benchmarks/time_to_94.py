@@ -41,6 +41,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
+from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.record import K
@@ -218,7 +219,7 @@ def main() -> int:
         choices=("airbench94", "speedrun94", "cifar10-fast"),
         help="airbench94 (default), speedrun94 (its faster variant) or cifar10-fast (ResNet-9, 24 epochs)",
     )
-    parser.add_argument("--runs", type=int, default=5, help="seeds 0..N-1 (default 5)")
+    parser.add_argument("--runs", type=COUNT, default=5, help="seeds 0..N-1 (default 5)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
         "--precision",
@@ -242,8 +243,6 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("runs/time-to-94"))
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
     try:
         settings = parse_sets(args.sets)
     except GridError as err:
@@ -263,4 +262,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trainscale.bench.script import COUNT, run_script
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tests.userpkg.nets:vit"
 CELLS = (("1 process", 1, None), ("2 workers", 2, None), ("2 workers topk", 2, "topk"), ("2 workers bf16", 2, "bf16"))
@@ -43,10 +45,10 @@ CELLS = (("1 process", 1, None), ("2 workers", 2, None), ("2 workers topk", 2, "
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=128, help="ViT width")
-    p.add_argument("--depth", type=int, default=6, help="ViT blocks")
-    p.add_argument("--batch", type=int, default=128, help="per-worker batch")
-    p.add_argument("--steps", type=int, default=40, help="steps per epoch (the train subset is sized by it)")
+    p.add_argument("--dim", type=COUNT, default=128, help="ViT width")
+    p.add_argument("--depth", type=COUNT, default=6, help="ViT blocks")
+    p.add_argument("--batch", type=COUNT, default=128, help="per-worker batch")
+    p.add_argument("--steps", type=COUNT, default=40, help="steps per epoch (the train subset is sized by it)")
     p.add_argument("--ratio", type=float, default=0.01, help="Top-k's kept fraction")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tiny", action="store_true", help="dim 16, depth 1, batch 8, 3 steps: checks that it runs")
@@ -223,4 +225,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

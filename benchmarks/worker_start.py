@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import Timing, paired_ratios, save_result
 from trainscale.train.environment import environment
 
@@ -32,10 +33,10 @@ METHODS = ("auto", "spawn")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--workers", type=COUNT, default=2)
+    p.add_argument("--model", type=model_name, default="mlp")
+    p.add_argument("--repeats", type=COUNT, default=5)
+    p.add_argument("--warmup", type=WARMUP, default=1)
     p.add_argument("--out", default=f"runs/bench/worker-start-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return p.parse_args(argv)
 
@@ -95,4 +96,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -13,15 +13,15 @@ output, which the planner's pages quote, is checked the same way (the benchmark 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -163,17 +163,6 @@ def benchmark_commands(page: Path) -> list[tuple[str, str, str]]:
     return sorted(set(found))
 
 
-def _benchmark(script: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A benchmark script loaded as a module, as its own folder's copy runs it."""
-    name = f"_documented_{Path(script).stem}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / script)
-    assert spec is not None and spec.loader is not None, f"{script} is not there"
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 class _Parsed(Exception):
     """Raised where a benchmark's parser accepted its command line: nothing after it runs."""
 
@@ -184,7 +173,7 @@ class _Parsed(Exception):
     ids=lambda v: v if ".md:" in v else "",
 )
 def test_every_benchmark_command_in_the_pages_is_one_its_script_takes(where, script, args, monkeypatch, capsys):
-    module = _benchmark(script, monkeypatch)
+    module = load_benchmark(Path(script).stem)
     parse = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
@@ -207,7 +196,7 @@ def test_the_validation_output_the_pages_show_is_what_the_benchmark_prints(monke
     pages show gives all their blocks."""
     shown = [e for page in PAGES for e in examples(page, f"python {PLANS_ONLY}")]
     assert len(shown) >= 3, [e.where for e in shown]
-    module = _benchmark(PLANS_ONLY, monkeypatch)
+    module = load_benchmark(Path(PLANS_ONLY).stem)
     monkeypatch.setattr(sys, "argv", [PLANS_ONLY, *sorted({a for e in shown for a in e.argv})])
     module.main()
     printed = [line.strip() for line in capsys.readouterr().out.splitlines()]

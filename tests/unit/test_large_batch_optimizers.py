@@ -3,7 +3,6 @@ optimizer's own; a bad ``--run`` or ``--set`` is argparse's one line before any 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,12 +11,9 @@ from typing import Any
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "large_batch_optimizers", Path(__file__).parents[2] / "benchmarks" / "large_batch_optimizers.py"
-)
-assert SPEC is not None and SPEC.loader is not None
-lbo = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(lbo)
+from tests.scripts import load_benchmark
+
+lbo = load_benchmark("large_batch_optimizers")
 
 
 def test_each_run_is_trainscale_train_with_the_shared_settings(tmp_path, monkeypatch, capsys) -> None:

@@ -1,0 +1,67 @@
+"""The command line every script in ``benchmarks/`` shares. A benchmark is a user's command as much as
+``trainscale`` is, so bad input is one line and exit status 2 before anything is timed: argparse types that check
+counts and model names as the line is read, and :func:`run_script`, which turns trainscale's refusals and a failed
+child run into one line and an exit status instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from trainscale.errors import TrainscaleError
+from trainscale.registry import is_import_path
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number no smaller than ``minimum`` (repeats, steps, workers, images)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+COUNT = at_least(1)  # repeats, steps, workers, images, batches: zero of them measures nothing
+WARMUP = at_least(0)
+
+
+def model_name(text: str) -> str:
+    """An argparse ``type``: a registered model's name (the registry's one line, with the closest name, when it is
+    not), or ``package.module:function`` for a model of the user's, imported where the script builds it."""
+    from trainscale.models import MODELS
+
+    if text in MODELS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(MODELS.unknown_message(text))
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """Run a benchmark's ``main`` and exit with its status: a refusal of trainscale's (a setting, a model, missing
+    data) is one line and status 2, as ``trainscale`` gives it; a child run that failed is one line naming it and
+    its status, below the child's own message; Ctrl-C is one line and 130."""
+    prog = Path(sys.argv[0]).name
+    try:
+        status = main() or 0
+    except TrainscaleError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        status = 2
+    except subprocess.CalledProcessError as err:
+        command = shlex.join(str(a) for a in err.cmd) if isinstance(err.cmd, list | tuple) else str(err.cmd)
+        failed = f"{command[:200]} exited with status {err.returncode}"
+        print(f"{prog}: error: {failed} (its message is above)", file=sys.stderr)
+        status = 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        status = 130
+    sys.exit(status)

@@ -1,0 +1,34 @@
+"""The benchmark scripts that start processes (torch's launcher, RPC, `trainscale train`) still run: each on the
+smallest input it takes, as a user starts it, saving its figures beside its settings and the environment. The
+figures are not checked (speed lives in the benchmarks, not in timed tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.scripts import BENCHMARKS
+
+pytestmark = pytest.mark.dist
+
+TINY = {
+    "sync_overhead": ["--model", "mlp", "--steps", "1", "--repeats", "1", "--warmup", "0"],
+    "ps_overhead": ["--model", "mlp", "--steps", "1", "--repeats", "1", "--warmup", "0"],
+    "ps_transport": ["--repeats", "1", "--warmup", "0"],
+    "worker_start": ["--repeats", "1", "--warmup", "0"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_script_runs_and_saves_its_figures_with_its_settings(name, tmp_path) -> None:
+    out = tmp_path / f"{name}.json"
+    argv = [sys.executable, str(BENCHMARKS / f"{name}.py"), *TINY[name], "--out", str(out)]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    saved = json.loads(out.read_text())
+    assert saved["config"]["repeats"] == 1 and saved["environment"]["torch"]
+    assert [p.name for p in tmp_path.iterdir()] == [out.name], "the script wrote beside its --out"

@@ -1,0 +1,79 @@
+"""``trainscale.bench.script``: what every benchmark script's command line shares. Counts and model names are
+checked as the line is read; a refusal of trainscale's, a failed child run and Ctrl-C are one line each with the
+exit status ``trainscale`` would give."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from trainscale.bench.script import COUNT, WARMUP, at_least, model_name, run_script
+from trainscale.errors import ConfigError, DataError
+
+
+def test_counts_are_whole_numbers_from_their_minimum():
+    assert (COUNT("3"), WARMUP("0"), at_least(2)("2")) == (3, 0, 2)
+    for parse, text, message in (
+        (COUNT, "0", "must be at least 1, got 0"),
+        (WARMUP, "-1", "must be at least 0, got -1"),
+        (COUNT, "2.5", "expected a whole number, got '2.5'"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse(text)
+
+
+def test_a_model_is_a_registered_name_or_an_import_path():
+    assert model_name("resnet9") == "resnet9" and model_name("my_pkg.nets:build") == "my_pkg.nets:build"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown model 'resnt9' \(did you mean 'resnet9'\?\)"):
+        model_name("resnt9")
+
+
+def test_a_bad_flag_is_argparses_one_line(capsys):
+    parser = argparse.ArgumentParser(prog="bench.py")
+    parser.add_argument("--repeats", type=COUNT, default=3)
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["--repeats", "0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "bench.py: error: argument --repeats: must be at least 1, got 0"
+
+
+def _fail(exc: BaseException):
+    def main() -> int:
+        raise exc
+
+    return main
+
+
+@pytest.mark.parametrize(
+    "exc, status, line",
+    [
+        (ConfigError("--epochs must be at least 1"), 2, "bench.py: error: --epochs must be at least 1"),
+        (DataError("cifar10 files not found in /x"), 2, "bench.py: error: cifar10 files not found in /x"),
+        (
+            subprocess.CalledProcessError(3, ["python", "-m", "trainscale", "train", "--out", "runs/a b"]),
+            1,
+            "bench.py: error: python -m trainscale train --out 'runs/a b' exited with status 3 (its message is above)",
+        ),
+        (KeyboardInterrupt(), 130, "bench.py: interrupted"),
+    ],
+)
+def test_what_stops_a_script_is_one_line_and_a_status(exc, status, line, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench.py"])
+    with pytest.raises(SystemExit) as stopped:
+        run_script(_fail(exc))
+    assert stopped.value.code == status and capsys.readouterr().err == line + "\n"
+
+
+def test_a_script_that_returns_exits_with_its_status():
+    for returned, status in ((None, 0), (0, 0), (4, 4)):
+        with pytest.raises(SystemExit) as stopped:
+            run_script(lambda r=returned: r)
+        assert stopped.value.code == status
+
+
+def test_an_unexpected_error_keeps_its_traceback():
+    with pytest.raises(ZeroDivisionError):
+        run_script(_fail(ZeroDivisionError("a bug, not bad input")))
