@@ -51,7 +51,7 @@ from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.script import run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import MAX_WAIT_S
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, OneLineParser
 from trainscale.modes.ps import DEFAULT_AVERAGE_EVERY, PS_MODES
 from trainscale.record import K
 from trainscale.runtime import ft
@@ -219,7 +219,7 @@ def report(faults: list[dict[str, Any]], result: dict[str, Any], clean: float, f
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="chaos.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="chaos.py", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4, help="replicas (default 4)")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults (default 60)")
     parser.add_argument(

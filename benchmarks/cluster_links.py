@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from trainscale.bench.script import COUNT, run_script
+from trainscale.errors import OneLineParser
 
 RESNET9_FLOATS = 6_573_120
 PORT = 29500
@@ -115,7 +116,7 @@ def models(result: dict, hosts: int, rate: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="2,3,4")
     parser.add_argument("--rates", default="100mbit,500mbit,1gbit")
     parser.add_argument("--repeats", type=COUNT, default=5)

@@ -37,6 +37,7 @@ from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.compression import CompressionStats, Exchange, UnitContext, create_compressor, list_compressors
 from trainscale.compression.methods import count_for
 from trainscale.compression.reducer import make_reducer
+from trainscale.errors import OneLineParser
 from trainscale.models import create_model
 from trainscale.train.environment import environment
 
@@ -207,7 +208,7 @@ def print_row(r: dict[str, Any]) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=model_name, default="resnet9")
     p.add_argument("--batch", type=COUNT, default=64)
     p.add_argument("--methods", nargs="+", default=list_compressors())

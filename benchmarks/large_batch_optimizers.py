@@ -22,7 +22,7 @@ from pathlib import Path
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.script import run_script
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, OneLineParser
 from trainscale.train.optim import optimizer_info
 
 
@@ -47,7 +47,7 @@ COMMON = dict(model="resnet20", dataset="cifar10", epochs=2, batch_size=1024, sc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the run folders (one per optimizer)")
     parser.add_argument(
         "--run",

@@ -9,7 +9,6 @@ the figures are saved with the settings and the environment (``--out``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from torch import nn
 
 from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
+from trainscale.errors import OneLineParser
 from trainscale.models.airbench import airbench94
 from trainscale.train.environment import environment
 from trainscale.train.muon import BatchedMuon
@@ -64,7 +64,7 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=COUNT, default=20, help="timed steps per variant (median reported)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled variants")

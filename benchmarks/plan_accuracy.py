@@ -31,6 +31,7 @@ import torch
 
 from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
+from trainscale.errors import OneLineParser
 from trainscale.plan.check import Check, check_run, key_of_run, method_spec, setting_for_run
 from trainscale.plan.profile import load_profile
 from trainscale.report.collect import collect
@@ -115,7 +116,7 @@ def print_checks(checks: list[Check]) -> dict[str, Any]:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/plan-accuracy"), help="results folder (resumable)")
     p.add_argument("--scale", default="full", help="full: 2 and 4 hosts (36 cells); quick: 2 hosts (18)")
     p.add_argument("--also", type=Path, nargs="*", default=[], help="other results folders of emulated-cluster runs")

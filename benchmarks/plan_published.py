@@ -34,7 +34,6 @@ do not depend on the machine.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import statistics
@@ -47,7 +46,7 @@ from typing import Any
 import tomllib
 
 from trainscale.bench.script import run_script
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, OneLineParser
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
 from trainscale.plan.plan import GPU_OVERLAP, GPU_STEP_SHARE
@@ -474,7 +473,7 @@ def _scored(case: Case, planned: float) -> tuple[Row, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row")
     parser.add_argument(
         "--calibrate",

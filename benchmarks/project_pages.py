@@ -12,7 +12,6 @@ environment included). Profiles already in ``--out`` are reused, so a second run
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import torch
 
 from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
+from trainscale.errors import OneLineParser
 from trainscale.io import atomic_write_text
 from trainscale.plan.describe import load_cluster
 from trainscale.train.environment import environment
@@ -101,7 +101,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/projection"))
     parser.add_argument("--repeats", type=COUNT, default=3, help="timed steps per profile (default 3)")
     args = parser.parse_args()

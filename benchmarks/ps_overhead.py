@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import Timing, save_result, time_interleaved
+from trainscale.errors import OneLineParser
 from trainscale.models import count_parameters, create_model
 from trainscale.record import K
 from trainscale.runtime.network import free_port
@@ -294,7 +295,7 @@ def report_cli(args: argparse.Namespace, result: dict[str, list[float]]) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cli", action="store_true", help="time `trainscale train` runs of the grid's rows instead")
     parser.add_argument("--cli-model", type=model_name, default="resnet20")
     parser.add_argument("--dataset", default="cifar10", help="--cli: cifar10 (needs $TRAINSCALE_DATA) or synthetic")

@@ -12,7 +12,6 @@ sends the parameters back. Sizes: ResNet-32 (464,154 floats = 1.86 MB) and ResNe
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
@@ -26,6 +25,7 @@ import torch.multiprocessing as mp
 
 from trainscale.bench.script import COUNT, WARMUP, run_script
 from trainscale.bench.timing import save_result
+from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
 
 SIZES = {"resnet32": 464_154, "resnet9": 6_573_120}
@@ -115,7 +115,7 @@ def measure(transport: str, repeats: int, warmup: int) -> dict[str, list[float]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=COUNT, default=20)
     parser.add_argument("--warmup", type=WARMUP, default=3)
     parser.add_argument("--out", default="runs/bench/ps_transport.json")

@@ -24,6 +24,7 @@ import torch
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.errors import OneLineParser
 from trainscale.models import create_model
 from trainscale.train.environment import environment
 from trainscale.train.loop import train_one_epoch
@@ -32,7 +33,7 @@ from trainscale.train.steplog import StepLog
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=model_name, default="resnet20")
     p.add_argument("--images", type=COUNT, default=4096, help="images per pass")
     p.add_argument("--batch", type=COUNT, default=256)

@@ -51,6 +51,7 @@ import trainscale.train.trainer as trainer
 from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import COMPILE_MODES
+from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
 from trainscale.train.step import STEP_KINDS, CapturedStep
 
@@ -60,7 +61,7 @@ WHOLE_STEP = "whole-step graph"  # this benchmark's record_function around a cap
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="speedrun94")
     p.add_argument("--device", default="cuda")
     p.add_argument(

@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.errors import OneLineParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=model_name, default="resnet20")
     p.add_argument("--batch", type=COUNT, default=64, help="per-worker batch")
     p.add_argument("--steps", type=COUNT, default=10, help="steps per timed pass")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
+from trainscale.errors import OneLineParser
 from trainscale.models import create_model
 from trainscale.train.environment import environment
 from trainscale.train.loop import train_one_epoch
@@ -124,7 +125,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", type=model_name, nargs="+", default=["resnet9", "resnet32"])
     p.add_argument("--images", type=COUNT, default=2048, help="images per timed pass")
     p.add_argument("--batch", type=COUNT, default=256)

@@ -43,7 +43,7 @@ from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.script import COUNT, run_script
 from trainscale.bench.timing import save_result
-from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
 from trainscale.train.environment import environment
 
@@ -212,7 +212,7 @@ def result(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--recipe",
         default="airbench94",

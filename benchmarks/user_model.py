@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from trainscale.bench.script import COUNT, run_script
+from trainscale.errors import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tests.userpkg.nets:vit"
@@ -44,7 +45,7 @@ CELLS = (("1 process", 1, None), ("2 workers", 2, None), ("2 workers topk", 2, "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--dim", type=COUNT, default=128, help="ViT width")
     p.add_argument("--depth", type=COUNT, default=6, help="ViT blocks")
     p.add_argument("--batch", type=COUNT, default=128, help="per-worker batch")

@@ -26,13 +26,14 @@ import torch
 
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
 from trainscale.bench.timing import Timing, paired_ratios, save_result
+from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
 
 METHODS = ("auto", "spawn")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=COUNT, default=2)
     p.add_argument("--model", type=model_name, default="mlp")
     p.add_argument("--repeats", type=COUNT, default=5)

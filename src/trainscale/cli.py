@@ -21,16 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainscale.config import CoreConfig, Section, field_types, spellings
-from trainscale.errors import TrainscaleError
+from trainscale.errors import OneLineParser, TrainscaleError
 
 log = logging.getLogger("trainscale")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit status 2 (no usage dump)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _ints(text: str) -> list[int]:
@@ -188,10 +181,10 @@ def installed_version() -> str:
         return "(not installed: run `make install` or `pip install -e .`)"
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"trainscale {installed_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     add_train_flags(sub.add_parser("train", help="train a model and write a run folder"))
     models = sub.add_parser(
         "models", help="list the registered models with parameter counts, input sizes and default recipes"
@@ -202,7 +195,7 @@ def build_parser() -> Parser:
     )
     models.add_argument("--wide", action="store_true", help="add each model's description (wider than 100 columns)")
     data = sub.add_parser("data", help="check or fetch datasets")
-    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
     for name, text in (
         ("verify", "check the dataset files' sizes and MD5 checksums"),
         ("download", "download and verify the official archive"),
