@@ -370,14 +370,9 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
         setting, note = fitted_to_two_hosts(cfg, profile, setting)
         origin += note
         assumed = [k for k in assumed if k != "efficiency"]
-    if cfg.mode not in ("ps-sync", "async"):
-        assumed = [k for k in assumed if k != "ps_efficiency"]
-    if hosts == 1 and not servers_apart(cfg.mode, system.placement):  # no link between hosts is charged
-        assumed = [k for k in assumed if k != "efficiency"]
-    if per_host == 1:
-        assumed = [k for k in assumed if k != "intra_efficiency"]
-    if cfg.mode != "sync":  # overlap and framework costs are the synchronous all-reduce's
-        assumed = [k for k in assumed if k not in SYNC_ONLY]
+    uncharged = not_charged(cfg, hosts, per_host, system)
+    assumed = [k for k in assumed if k not in uncharged]
+    if cfg.mode != "sync":
         measured = {k: v for k, v in measured.items() if k not in SYNC_ONLY}
     unknown = (cluster.system if cluster is not None else System()).assumed
     flags = {
@@ -395,6 +390,17 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     if texts:
         origin += f"; assumed (not given): {', '.join(texts)}"
     return setting, cluster, origin
+
+
+def not_charged(cfg: PlanConfig, hosts: int, per_host: int, system: System) -> set[str]:
+    """The system values this plan does not charge, so it need not say it assumed them: the overlap and framework
+    costs outside the synchronous all-reduce, the servers' efficiency without servers, the line rate between hosts
+    where no link between hosts is used, the devices' link fraction with one device a host."""
+    uncharged = set(SYNC_ONLY) if cfg.mode != "sync" else set()
+    uncharged |= {"ps_efficiency"} if cfg.mode not in ("ps-sync", "async") else set()
+    uncharged |= {"efficiency"} if hosts == 1 and not servers_apart(cfg.mode, system.placement) else set()
+    uncharged |= {"intra_efficiency"} if per_host == 1 else set()
+    return uncharged
 
 
 def servers_apart(mode: str, placement: str) -> bool:
