@@ -1,13 +1,10 @@
 """benchmarks/chaos.py's pure parts: where the faults go and how the run is judged."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("chaos", Path(__file__).parents[2] / "benchmarks" / "chaos.py")
-chaos = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(chaos)
+from tests.scripts import load_benchmark
+
+chaos = load_benchmark("chaos")
 
 
 def test_faults_go_every_t_seconds_at_the_fault_free_step_rate():

@@ -5,16 +5,14 @@ link, more latency, less overlap or more overhead never makes a step faster)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import random
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.scripts import load_benchmark
 from tests.unit.test_plan import make_profile
 from trainscale.errors import ConfigError
 from trainscale.plan.costs import (
@@ -198,15 +196,9 @@ def test_partial_overlap_by_hand():
 
 
 @pytest.fixture
-def published(monkeypatch: pytest.MonkeyPatch) -> Any:
+def published() -> Any:
     """``benchmarks/plan_published.py`` as a module."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_published.py"
-    spec = importlib.util.spec_from_file_location("plan_published", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "plan_published", bench)  # dataclasses look their module up
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("plan_published")
 
 
 def test_published_validation_set_is_complete(published):

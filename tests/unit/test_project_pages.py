@@ -1,15 +1,9 @@
 """benchmarks/project_pages.py's pure parts: which models the shipped pages need profiles of, and the table."""
 
-import importlib.util
-from pathlib import Path
-
+from tests.scripts import load_benchmark
 from trainscale.models import list_models
 
-SPEC = importlib.util.spec_from_file_location(
-    "project_pages", Path(__file__).parents[2] / "benchmarks" / "project_pages.py"
-)
-pages = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(pages)
+pages = load_benchmark("project_pages")
 
 
 def test_every_published_model_is_registered_and_profiled_once():

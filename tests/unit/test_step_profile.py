@@ -3,21 +3,16 @@ captured step's replay is attributed to its whole-step graph."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from torch.autograd import DeviceType
 
-SPEC = importlib.util.spec_from_file_location(
-    "step_profile", Path(__file__).parents[2] / "benchmarks" / "step_profile.py"
-)
-assert SPEC is not None and SPEC.loader is not None
-step_profile = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(step_profile)
+from tests.scripts import load_benchmark
+
+step_profile = load_benchmark("step_profile")
 
 
 def test_busy_time_counts_overlapping_kernels_once_and_gaps_not_at_all() -> None:

@@ -4,7 +4,6 @@ benchmark's process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -12,10 +11,9 @@ from typing import Any
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("time_to_94", Path(__file__).parents[2] / "benchmarks" / "time_to_94.py")
-assert SPEC is not None and SPEC.loader is not None
-t94 = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(t94)
+from tests.scripts import load_benchmark
+
+t94 = load_benchmark("time_to_94")
 
 FINISHED = {"reference_scope": {"test_acc": 0.94, "seconds": 1.0}, "out": "x"}
 
