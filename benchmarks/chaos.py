@@ -48,7 +48,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import run_script
+from trainscale.bench.script import check_run, run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import MAX_WAIT_S
 from trainscale.errors import ConfigError, OneLineParser
@@ -293,7 +293,6 @@ def args_problem(args: argparse.Namespace) -> str | None:
 
 def ps_main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     """The parameter-server variant (see the module docstring)."""
-    settings = {"servers": 1, **settings}
     common = ["--heartbeat-timeout", str(args.heartbeat_timeout)]
     summary, _ = run_job(args.out / "fault-free", args.workers, settings, common)
     clean = summary[K.total_train_seconds]
@@ -367,7 +366,7 @@ def emulated_cluster(args: argparse.Namespace) -> Iterator[list[str]]:
 
 def main() -> int:
     args = parse_args()
-    settings = args.settings
+    settings = job_settings(args)
     if is_ps(settings) and args.emulated:
         refuse("the parameter-server variant runs on this machine: leave out link and --emulated")
     dry_run(args, settings)
@@ -380,16 +379,23 @@ def main() -> int:
         sys.exit(f"chaos.py: error: `{' '.join(map(str, err.cmd[2:5]))} ...` failed (exit {err.returncode}); see above")
 
 
+def job_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's `trainscale train` settings: the default job's, then --set; a parameter-server job on one server
+    shard unless --set servers says otherwise."""
+    return {"servers": 1, **args.settings} if is_ps(args.settings) else args.settings
+
+
 def dry_run(args: argparse.Namespace, settings: dict[str, Any]) -> None:
-    """The fault-free job's `trainscale train --dry-run` on this machine, before anything starts: a setting the run
-    would refuse is refused now, in train's own line (the faults are placed later, from the fault-free job)."""
-    how = [] if is_ps(settings) else ["--fault-tolerance", "--ft-timeout", str(args.ft_timeout)]
-    timeout = ["--heartbeat-timeout", str(args.heartbeat_timeout)] if is_ps(settings) else []
-    cmd = [sys.executable, "-m", "trainscale", "train", *how, *timeout, "--workers", str(args.workers)]
-    done = subprocess.run([*cmd, *to_argv(settings), "--dry-run"], capture_output=True, text=True)
-    if done.returncode:
-        lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
-        refuse(f"the job's settings: {lines[-1].removeprefix('trainscale train: error: ')}")
+    """The fault-free job checked as `trainscale train --dry-run` checks it, before anything starts: a setting the
+    run would refuse is refused now, in train's own line (the faults are placed later, from the fault-free job)."""
+    how = (
+        {"heartbeat_timeout": args.heartbeat_timeout}
+        if is_ps(settings)
+        else {"fault_tolerance": True, "ft_timeout": args.ft_timeout}
+    )
+    out = args.out / "fault-free"
+    where = {} if out.exists() else {"out": str(out)}  # there: a finished job, reused
+    check_run({**how, "workers": args.workers, **where, **settings}, "the job's settings")
 
 
 def refuse(message: str) -> None:

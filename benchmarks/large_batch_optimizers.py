@@ -18,10 +18,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import run_script
+from trainscale.bench.script import check_run, run_script
 from trainscale.errors import ConfigError, OneLineParser
 from trainscale.train.optim import optimizer_info
 
@@ -44,6 +45,13 @@ def optimizer_and_lr(text: str) -> tuple[str, str]:
 
 
 COMMON = dict(model="resnet20", dataset="cifar10", epochs=2, batch_size=1024, schedule="cosine", warmup_epochs=0.3)
+
+
+def run_settings(settings: dict[str, Any], name: str, lr: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One optimizer's `trainscale train` settings (``trainscale.fit``'s keywords), in a folder of its own."""
+    decay = {} if args.decay_everything else {"no_decay_norm_bias": True}
+    out = Path(args.out) / f"{name}-lr{lr}"
+    return {**settings, **decay, "progress": False, "optimizer": name, "lr": float(lr), "out": str(out)}
 
 
 def main() -> None:
@@ -73,31 +81,17 @@ def main() -> None:
         settings = {**COMMON, **parse_sets(args.set)}
     except GridError as err:
         parser.error(str(err))
-    flags = to_argv(settings)
+    plans = [(name, lr, run_settings(settings, name, lr, args)) for name, lr in runs]
+    for name, lr, flags in plans:
+        check_run(flags, f"{name} at lr {lr}")
     rows = []
-    for name, lr in runs:
-        out = Path(args.out) / f"{name}-lr{lr}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "trainscale",
-            "train",
-            *flags,
-            *([] if args.decay_everything else ["--no-decay-norm-bias"]),
-            "--no-progress",
-            "--optimizer",
-            name,
-            "--lr",
-            lr,
-            "--out",
-            str(out),
-        ]
-        status = subprocess.run(cmd).returncode
+    for name, lr, flags in plans:
+        status = subprocess.run([sys.executable, "-m", "trainscale", "train", *to_argv(flags)]).returncode
         if status:
             raise SystemExit(
                 f"{name} at lr {lr}: `trainscale train` exited with status {status} (its own message is above)"
             )
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads((Path(flags["out"]) / "summary.json").read_text())
         rows.append((name, lr, summary["final_test_acc"], summary["best_test_acc"], summary["batch_size"]))
     print(f"{'optimizer':<10} {'lr':>6} {'batch':>6} {'final acc':>10} {'best acc':>9}")
     for name, lr, final, best, batch in rows:

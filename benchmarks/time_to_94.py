@@ -41,7 +41,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import COUNT, run_script
+from trainscale.bench.script import COUNT, check_run, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
@@ -211,6 +211,14 @@ def result(
     }
 
 
+def first_run(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the series' first seed as ``trainscale.fit`` takes them, in the first seed folder not yet
+    there (the others are finished runs, or are kept aside and run again)."""
+    fresh = [args.out / f"seed-{seed}" for seed in range(args.runs) if not (args.out / f"seed-{seed}").exists()]
+    run = dict(recipe=args.recipe, seed=0, device=args.device, precision=args.precision, target_acc=TARGET)
+    return {**run, "progress": False, **({"out": str(fresh[0])} if fresh else {}), **settings}
+
+
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -247,6 +255,7 @@ def main() -> int:
         settings = parse_sets(args.sets)
     except GridError as err:
         parser.error(str(err))
+    check_run(first_run(args, settings))
     env = environment(torch.device(args.device))
     machine = env["device_name"] if args.device.startswith("cuda") else f"{env['cpu']}, {env['cpu_count']} CPUs"
     rows: list[dict[str, Any]] = []

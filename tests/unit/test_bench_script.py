@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainscale.bench.script import COUNT, WARMUP, at_least, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, at_least, check_run, model_name, run_script
 from trainscale.errors import ConfigError, DataError
 
 
@@ -77,3 +77,16 @@ def test_a_script_that_returns_exits_with_its_status():
 def test_an_unexpected_error_keeps_its_traceback():
     with pytest.raises(ZeroDivisionError):
         run_script(_fail(ZeroDivisionError("a bug, not bad input")))
+
+
+def test_a_run_is_checked_as_its_dry_run_would_check_it_and_nothing_is_written(tmp_path, monkeypatch):
+    """The settings' refusal keeps its class (a ConfigError, a DataError: exit 2 either way) and gets the run's
+    name in front; a run that would start passes and leaves no folder behind."""
+    out = str(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^lamb at lr 1: --epochs must be a positive integer, got 0$"):
+        check_run({"model": "resnet20", "epochs": 0, "out": out}, "lamb at lr 1")
+    monkeypatch.setenv("TRAINSCALE_DATA", str(tmp_path / "nothing"))
+    with pytest.raises(DataError, match=r"^cifar10 files not found in"):
+        check_run({"model": "resnet20", "dataset": "cifar10", "out": out})
+    check_run({"model": "resnet20", "dataset": "synthetic", "epochs": 1, "out": out})
+    assert not (tmp_path / "run").exists()

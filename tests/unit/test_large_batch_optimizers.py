@@ -27,6 +27,8 @@ def test_each_run_is_trainscale_train_with_the_shared_settings(tmp_path, monkeyp
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(lbo.subprocess, "run", run)
+    checked: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(lbo, "check_run", lambda flags, what: checked.append((what, flags)))
     argv = ["--out", str(tmp_path), "--run", "lamb:0.02", "--set", "train_subset=10000", "--set", "epochs=3"]
     monkeypatch.setattr(sys, "argv", ["large_batch_optimizers.py", *argv])
     lbo.main()
@@ -34,6 +36,8 @@ def test_each_run_is_trainscale_train_with_the_shared_settings(tmp_path, monkeyp
     assert cmd[cmd.index("--epochs") + 1] == "3" and cmd[cmd.index("--train-subset") + 1] == "10000"
     assert cmd[cmd.index("--optimizer") + 1 :][:3] == ["lamb", "--lr", "0.02"]
     assert "lamb" in capsys.readouterr().out
+    ((what, flags),) = checked
+    assert what == "lamb at lr 0.02" and lbo.to_argv(flags) == cmd[4:]
 
 
 @pytest.mark.parametrize(
@@ -52,4 +56,19 @@ def test_bad_arguments_are_one_line_before_any_run(argv, line, tmp_path, monkeyp
     with pytest.raises(SystemExit) as stopped:
         lbo.main()
     assert stopped.value.code == 2 and line in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--set", "epochs=0"], "sgd at lr 0.8: --epochs must be a positive integer, got 0"),
+        (["--run", "sgd:0.1", "--run", "lamb:1", "--set", "weight_decay=-1"], "sgd at lr 0.1: --weight-decay"),
+    ],
+)
+def test_settings_a_run_would_refuse_are_refused_before_the_first_run(argv, line, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lbo.subprocess, "run", lambda cmd: pytest.fail("a run started"))
+    monkeypatch.setattr(sys, "argv", ["large_batch_optimizers.py", "--out", str(tmp_path / "out"), *argv])
+    with pytest.raises(lbo.ConfigError, match=line):
+        lbo.main()
     assert not (tmp_path / "out").exists()

@@ -79,6 +79,7 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
 
     monkeypatch.setattr(t94.subprocess, "run", run)
     monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
+    monkeypatch.setattr(t94, "check_run", lambda flags: None)  # the settings' own check: its own test below
     argv = ["time_to_94.py", "--recipe", "cifar10-fast", "--runs", "3", "--out", str(tmp_path)]  # its goal: accuracy
     monkeypatch.setattr(t94.sys, "argv", argv)
     with pytest.raises(KeyboardInterrupt):
@@ -139,6 +140,37 @@ def test_a_bad_set_is_one_line_before_any_seed_runs(argv, line, tmp_path, monkey
         t94.main()
     assert stopped.value.code == 2 and line in capsys.readouterr().err.splitlines()[-1]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--set", "epochs=0"], "--epochs must be a positive integer, got 0"),
+        (["--precision", "fp8"], "--precision"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
+def test_settings_a_run_would_refuse_are_refused_before_the_first_seed(argv, line, tmp_path, monkeypatch) -> None:
+    """What every seed's `trainscale train` would refuse (a value out of range, a device or precision it does not
+    know) is trainscale's one line from the script, before a seed or the machine's description is taken."""
+    monkeypatch.setattr(t94, "run_seed", lambda *a: pytest.fail("a seed ran"))
+    monkeypatch.setattr(t94, "environment", lambda device: pytest.fail("the machine was described"))
+    monkeypatch.setattr(t94.sys, "argv", ["time_to_94.py", *argv, "--out", str(tmp_path / "out")])
+    with pytest.raises(t94.TrainscaleError, match=line):
+        t94.main()
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_first_seed_checked_is_the_first_not_yet_run(tmp_path) -> None:
+    args = t94.argparse.Namespace(recipe="airbench94", runs=3, device="cpu", precision="auto", out=tmp_path)
+    (tmp_path / "seed-0").mkdir()
+    assert t94.first_run(args, {"epochs": 2}) == dict(
+        recipe="airbench94", seed=0, device="cpu", precision="auto", target_acc=t94.TARGET, progress=False,
+        out=str(tmp_path / "seed-1"), epochs=2,
+    )  # fmt: skip
+    for seed in (1, 2):
+        (tmp_path / f"seed-{seed}").mkdir()
+    assert "out" not in t94.first_run(args, {})
 
 
 def test_a_failed_seed_is_one_line_with_the_status_its_run_gave(tmp_path, monkeypatch) -> None:

@@ -9,9 +9,9 @@ import argparse
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from trainscale.errors import TrainscaleError
 from trainscale.registry import is_import_path
@@ -44,6 +44,20 @@ def model_name(text: str) -> str:
     if text in MODELS or is_import_path(text):
         return text
     raise argparse.ArgumentTypeError(MODELS.unknown_message(text))
+
+
+def check_run(flags: Mapping[str, Any], what: str = "") -> None:
+    """A run the script is about to start, given by ``trainscale.fit``'s keyword settings, checked as `trainscale
+    train --dry-run` checks it (values, devices, run folder, data; nothing written): a series of runs that one of them
+    would refuse is refused before the first starts or anything is timed, in trainscale's own line (after ``what``,
+    which names the run where a script starts several kinds)."""
+    from trainscale.app.config import train_settings
+    from trainscale.app.dryrun import dry_run
+
+    try:
+        dry_run(train_settings(flags))
+    except TrainscaleError as err:
+        raise type(err)(f"{what}: {err}" if what else str(err)) from None
 
 
 def run_script(main: Callable[[], int | None]) -> NoReturn:
