@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainscale.bench.script import COUNT, run_script
+from trainscale.bench.script import COUNT, device_name, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import OneLineParser
 from trainscale.models.airbench import airbench94
@@ -65,7 +65,7 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--repeats", type=COUNT, default=20, help="timed steps per variant (median reported)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled variants")
     parser.add_argument("--out", type=Path, default=Path(f"runs/bench/muon_step-{time.strftime('%Y%m%d-%H%M%S')}.json"))

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, device_name, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import OneLineParser
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=COUNT, default=5)
     p.add_argument("--warmup", type=WARMUP, default=1)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "fp16"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument("--out", default=f"runs/bench/step_log_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
     return p.parse_args(argv)
 

@@ -48,7 +48,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import trainscale.train.trainer as trainer
-from trainscale.bench.script import COUNT, run_script
+from trainscale.bench.script import COUNT, device_name, run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import COMPILE_MODES
 from trainscale.errors import OneLineParser
@@ -63,7 +63,7 @@ WHOLE_STEP = "whole-step graph"  # this benchmark's record_function around a cap
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="speedrun94")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", type=device_name, default="cuda")
     p.add_argument(
         "--train-step",
         default="captured",

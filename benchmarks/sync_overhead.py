@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, device_name, model_name, run_script
 from trainscale.errors import OneLineParser
 
 
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="diagnostic: trainscale side with DDP's built-in all-reduce instead of its counting hook",
     )
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument("--out", default=f"runs/bench/sync_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json")
     p.add_argument("--worker-result", default=None, help=argparse.SUPPRESS)  # set for the workers
     return p.parse_args(argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, device_name, model_name, run_script
 from trainscale.bench.timing import paired_ratios, save_result, time_interleaved
 from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.errors import OneLineParser
@@ -132,7 +132,7 @@ def main() -> None:
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--repeats", type=COUNT, default=3)
     p.add_argument("--warmup", type=WARMUP, default=1)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument(
         "--train-step", default="auto", choices=STEP_KINDS, help="trainscale's step, as trainscale train's flag"
     )

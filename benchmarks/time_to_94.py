@@ -41,7 +41,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import COUNT, check_run, run_script
+from trainscale.bench.script import COUNT, check_run, device_name, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
@@ -228,7 +228,7 @@ def main() -> int:
         help="airbench94 (default), speedrun94 (its faster variant) or cifar10-fast (ResNet-9, 24 epochs)",
     )
     parser.add_argument("--runs", type=COUNT, default=5, help="seeds 0..N-1 (default 5)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--device", type=device_name, default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
         "--precision",
         default="auto",

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainscale.bench.script import COUNT, WARMUP, at_least, check_run, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, at_least, check_run, device_name, model_name, run_script
 from trainscale.errors import ConfigError, DataError
 
 
@@ -90,3 +90,23 @@ def test_a_run_is_checked_as_its_dry_run_would_check_it_and_nothing_is_written(t
         check_run({"model": "resnet20", "dataset": "cifar10", "out": out})
     check_run({"model": "resnet20", "dataset": "synthetic", "epochs": 1, "out": out})
     assert not (tmp_path / "run").exists()
+
+
+def test_a_device_is_one_this_machine_has_and_no_cuda_context_is_made(monkeypatch):
+    import torch
+
+    assert (device_name("cpu"), device_name("auto")) == ("cpu", "auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for text, message in (
+        ("cuda", r"^CUDA is not available on this machine; use --device cpu$"),
+        ("mps", r"^--device 'mps' is not supported; use auto, cpu, cuda or cuda:N$"),
+        ("gpu0", r"^--device 'gpu0' is not a device; use auto, cpu, cuda or cuda:N$"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            device_name(text)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("a CUDA context was made"))
+    assert (device_name("cuda"), device_name("cuda:1")) == ("cuda", "cuda:1")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^only 2 CUDA device\(s\) present$"):
+        device_name("cuda:2")

@@ -21,13 +21,14 @@ def test_busy_time_counts_overlapping_kernels_once_and_gaps_not_at_all() -> None
     assert step_profile.busy_seconds([]) == 0.0
 
 
-def test_the_profiled_epochs_must_be_ones_the_run_has() -> None:
-    with pytest.raises(SystemExit):
-        step_profile.parse_args(["--epochs", "2", "--profile-epoch", "3"])
-    with pytest.raises(SystemExit):
-        step_profile.parse_args(["--epochs", "4", "--profile-epoch", "3", "5"])
-    assert step_profile.parse_args(["--epochs", "6", "--profile-epoch", "3", "5"]).profile_epoch == [3, 5]
-    assert step_profile.parse_args([]).profile_epoch == [3]
+def test_the_profiled_epochs_must_be_ones_the_run_has(capsys) -> None:
+    cpu = ["--device", "cpu"]
+    for argv in (["--epochs", "2", "--profile-epoch", "3"], ["--epochs", "4", "--profile-epoch", "3", "5"]):
+        with pytest.raises(SystemExit):
+            step_profile.parse_args([*cpu, *argv])
+        assert "--profile-epoch" in capsys.readouterr().err
+    assert step_profile.parse_args([*cpu, "--epochs", "6", "--profile-epoch", "3", "5"]).profile_epoch == [3, 5]
+    assert step_profile.parse_args(cpu).profile_epoch == [3]
 
 
 class Span:

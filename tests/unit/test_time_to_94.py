@@ -131,6 +131,7 @@ def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
         (["--set", "nosuchkey=1"], "argument --set: nosuchkey=1: unknown key 'nosuchkey'; --set takes the `trainscale"),
         (["--set", "epochs=x"], "argument --set: epochs=\"x\": 'epochs' must be int, got 'x'"),
         (["--set", "epochs=2", "--set", "epochs=3"], "--set epochs=3: 'epochs' is given twice with --set; keep one"),
+        (["--device", "mps"], "argument --device: --device 'mps' is not supported; use auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_a_bad_set_is_one_line_before_any_seed_runs(argv, line, tmp_path, monkeypatch, capsys) -> None:
@@ -147,7 +148,6 @@ def test_a_bad_set_is_one_line_before_any_seed_runs(argv, line, tmp_path, monkey
     [
         (["--set", "epochs=0"], "--epochs must be a positive integer, got 0"),
         (["--precision", "fp8"], "--precision"),
-        (["--device", "tpu"], "--device"),
     ],
 )
 def test_settings_a_run_would_refuse_are_refused_before_the_first_seed(argv, line, tmp_path, monkeypatch) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainscale.errors import TrainscaleError
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
 
 
@@ -58,6 +58,19 @@ def check_run(flags: Mapping[str, Any], what: str = "") -> None:
         dry_run(train_settings(flags))
     except TrainscaleError as err:
         raise type(err)(f"{what}: {err}" if what else str(err)) from None
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` that this machine has (``--device cuda``
+    where there is none is refused as the line is read, not in a traceback after the first import of CUDA); the
+    text comes back unchanged, and no CUDA context is made."""
+    from trainscale.train.precision import named_device
+
+    try:
+        named_device(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--device {text}: ")) from None
+    return text
 
 
 def run_script(main: Callable[[], int | None]) -> NoReturn:

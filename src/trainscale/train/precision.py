@@ -14,6 +14,16 @@ from trainscale.errors import ConfigError
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present, else the CPU; a bare ``cuda`` becomes the current GPU's index;
     an unavailable device is a clear error."""
+    device = named_device(name)
+    if device.type == "cuda" and device.index is None:  # name the GPU, so results and the environment say which
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def named_device(name: str) -> torch.device:
+    """The device ``name`` names, checked to be on this machine (a one-line ConfigError if not), without creating
+    a CUDA context: a parent process that only starts the runs can check their ``--device`` and stay off the GPU.
+    A bare ``cuda`` stays without an index."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -25,8 +35,6 @@ def resolve_device(name: str) -> torch.device:
             raise ConfigError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
-        if device.index is None:  # name the GPU, so results and the environment record say which one
-            device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
         raise ConfigError(f"--device '{name}' is not supported; use auto, cpu, cuda or cuda:N")
     return device
