@@ -24,6 +24,7 @@ images/s over the bare loop's of the same process count, measured in the same ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -31,12 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from trainscale.bench.script import COUNT, run_script
+from trainscale.app.worker_env import to_argv
+from trainscale.bench.script import COUNT, check_run, run_script
 from trainscale.errors import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,30 +85,37 @@ def model_args(args: argparse.Namespace) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------- trainscale
 
 
-def trainscale_cell(args: argparse.Namespace, workers: int, compress: str | None, out: Path) -> dict:
-    """One `trainscale train` run of the user's model; its summary."""
-    flags = [
-        "--model", MODEL,
-        *(a for k, v in model_args(args).items() for a in ("--model-arg", f"{k}={v}")),
-        "--dataset", "cifar10", "--train-subset", str(args.batch * workers * args.steps), "--test-subset", "500",
-        "--epochs", "2", "--batch-per-worker", str(args.batch), "--optimizer", optimizer_name(), "--lr", str(args.lr),
-        "--schedule", "constant", "--weight-decay", "0.05" if optimizer_name() == "adamw" else "5e-4",
-        "--crop-padding", "0", "--no-flip", "--no-channels-last", "--no-progress", "--no-checkpoint",
-        "--out", str(out),
-    ]  # fmt: skip
+def cell_settings(args: argparse.Namespace, workers: int, compress: str | None, out: Path) -> dict[str, Any]:
+    """One cell's `trainscale train` settings (``trainscale.fit``'s keywords) for the user's model."""
+    settings: dict[str, Any] = dict(
+        model=MODEL, model_args=[f"{k}={v}" for k, v in model_args(args).items()],
+        dataset="cifar10", train_subset=args.batch * workers * args.steps, test_subset=500,
+        epochs=2, batch_per_worker=args.batch, optimizer=optimizer_name(), lr=args.lr,
+        schedule="constant", weight_decay=0.05 if optimizer_name() == "adamw" else 5e-4,
+        crop_padding=0, flip=False, channels_last=False, progress=False, checkpoint=False, out=str(out),
+    )  # fmt: skip
     if workers > 1:
-        flags += ["--workers", str(workers)]
+        settings["workers"] = workers
+    if compress:
+        settings["compress"] = compress
     if compress == "topk":
-        flags += ["--compress", "topk", "--ratio", str(args.ratio)]
-    elif compress:
-        flags += ["--compress", compress]
+        settings["ratio"] = args.ratio
+    return settings
+
+
+def trainscale_cell(settings: dict[str, Any]) -> dict:
+    """One `trainscale train` run of the user's model; its summary."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "trainscale", "train", *flags], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "trainscale", "train", *to_argv(settings)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise SystemExit(f"trainscale train failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads((out / "summary.json").read_text())
+    return json.loads((Path(settings["out"]) / "summary.json").read_text())
 
 
 # ------------------------------------------------------------------------------------------- the bare loop
@@ -173,6 +184,17 @@ def bare_cell(args: argparse.Namespace, workers: int, result: Path) -> dict:
 # ------------------------------------------------------------------------------------------------- main
 
 
+@contextlib.contextmanager
+def user_code_importable() -> Iterator[None]:
+    """The repository's root on ``sys.path`` while the cells are checked here, as their runs find the model there
+    (they start in it, with it on PYTHONPATH)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(ROOT))
+
+
 def main() -> None:
     args = parse_args()
     if args.bare_worker:
@@ -184,9 +206,14 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="user-model-bench-") as tmp:
+        cells = [(label, workers, cell_settings(args, workers, compress, Path(tmp) / label.replace(" ", "-")))
+                 for label, workers, compress in CELLS]  # fmt: skip
+        with user_code_importable():
+            for label, _, settings in cells:
+                check_run(settings, label)
         bare = {w: bare_cell(args, w, Path(tmp) / f"bare{w}.json") for w in (1, 2)}
-        for label, workers, compress in CELLS:
-            summary = trainscale_cell(args, workers, compress, Path(tmp) / label.replace(" ", "-"))
+        for label, workers, settings in cells:
+            summary = trainscale_cell(settings)
             ips = throughput(summary)
             sent = summary.get("bytes_sent_per_step", 0.0) if workers > 1 else 0.0
             rows.append(
