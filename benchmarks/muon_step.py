@@ -1,7 +1,9 @@
-"""Muon's optimizer step on airbench94's filters: per parameter (one torch.optim.Muon per filter, the way trainscale
-stepped them before) against the batched Muon (train.muon), stacked per shape or padded into one batch, eager or
-compiled. All in one process, one after another, so the ratios compare like with like; the machine is printed, and
-the figures are saved with the settings and the environment (``--out``).
+"""Muon's optimizer step on airbench94's filters: one Muon per filter against the batched Muon, eager or compiled.
+
+Per parameter is one torch.optim.Muon per filter, the way trainscale stepped them before; the batched Muon
+(train.muon) stacks the filters per shape or pads them into one batch, each eager or compiled. All in one process,
+one after another, so the ratios compare like with like; the machine is printed, and the figures are saved with the
+settings and the environment (``--out``).
 
     .venv/bin/python benchmarks/muon_step.py                      # CPU
     .venv/bin/python benchmarks/muon_step.py --device cuda --compile

@@ -24,7 +24,6 @@ images/s over the bare loop's of the same process count, measured in the same ru
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -32,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,17 +182,6 @@ def bare_cell(args: argparse.Namespace, workers: int, result: Path) -> dict:
 # ------------------------------------------------------------------------------------------------- main
 
 
-@contextlib.contextmanager
-def user_code_importable() -> Iterator[None]:
-    """The repository's root on ``sys.path`` while the cells are checked here, as their runs find the model there
-    (they start in it, with it on PYTHONPATH)."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(ROOT))
-
-
 def main() -> None:
     args = parse_args()
     if args.bare_worker:
@@ -208,9 +195,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="user-model-bench-") as tmp:
         cells = [(label, workers, cell_settings(args, workers, compress, Path(tmp) / label.replace(" ", "-")))
                  for label, workers, compress in CELLS]  # fmt: skip
-        with user_code_importable():
-            for label, _, settings in cells:
-                check_run(settings, label)
+        for label, _, settings in cells:
+            check_run(settings, label, ROOT)
         bare = {w: bare_cell(args, w, Path(tmp) / f"bare{w}.json") for w in (1, 2)}
         for label, workers, settings in cells:
             summary = trainscale_cell(settings)

@@ -1,5 +1,7 @@
-"""How long a short `trainscale train --workers N` takes from the command line with forked workers (the default on
-the CPU) against workers that are each a new interpreter (``--start-method spawn``, as torchrun starts them).
+"""How long a short `trainscale train --workers N` takes, forked workers against a new interpreter for each.
+
+Forked workers are the default on the CPU; a new interpreter per worker is ``--start-method spawn``, as torchrun
+starts them.
 
 Both sides run the same command in a new process, as a user does, with a run so short (one epoch of a small MLP on
 synthetic images) that what is timed is the job's start and end: the launcher's imports and pre-flight, the
@@ -21,10 +23,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.app.worker_env import to_argv
+from trainscale.bench.script import COUNT, WARMUP, check_run, model_name, run_script
 from trainscale.bench.timing import Timing, paired_ratios, save_result
 from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
@@ -34,23 +38,25 @@ METHODS = ("auto", "spawn")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=COUNT, default=2)
-    p.add_argument("--model", type=model_name, default="mlp")
-    p.add_argument("--repeats", type=COUNT, default=5)
-    p.add_argument("--warmup", type=WARMUP, default=1)
-    p.add_argument("--out", default=f"runs/bench/worker-start-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    p.add_argument("--workers", type=COUNT, default=2, help="workers of the job (default 2)")
+    p.add_argument("--model", type=model_name, default="mlp", help="a registered model or an import path (mlp)")
+    p.add_argument("--repeats", type=COUNT, default=5, help="timed runs per side (default 5)")
+    p.add_argument("--warmup", type=WARMUP, default=1, help="untimed runs per side first (default 1)")
+    default = f"runs/bench/worker-start-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    p.add_argument("--out", default=default, help="the figures, with settings and environment (JSON)")
     return p.parse_args(argv)
 
 
+def settings(args: argparse.Namespace, method: str, out: Path) -> dict[str, Any]:
+    """The short run's `trainscale train` settings (``trainscale.fit``'s keywords)."""
+    return dict(
+        model=args.model, dataset="synthetic", train_subset=256, test_subset=64, batch_size=64, epochs=1,
+        progress=False, checkpoint=False, workers=args.workers, start_method=method, out=str(out),
+    )  # fmt: skip
+
+
 def command(args: argparse.Namespace, method: str, out: Path) -> list[str]:
-    run = ["--model", args.model, "--dataset", "synthetic", "--train-subset", "256", "--test-subset", "64"]
-    run += ["--batch-size", "64", "--epochs", "1", "--no-progress", "--no-checkpoint"]
-    return [sys.executable, "-m", "trainscale", "train", *run, "--workers", str(args.workers)] + [
-        "--start-method",
-        method,
-        "--out",
-        str(out),
-    ]
+    return [sys.executable, "-m", "trainscale", "train", *to_argv(settings(args, method, out))]
 
 
 def run_once(args: argparse.Namespace, method: str, folder: Path, index: int) -> tuple[float, float]:
@@ -78,6 +84,9 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, Timing]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ts-start") as tmp:
+        for method in METHODS:
+            check_run(settings(args, method, Path(tmp) / method))
     env = environment(torch.device("cpu"))
     figures = measure(args)
     print(f"{args.workers} worker(s), {args.model}, {env['cpu']} ({env['cpu_count']} cores), torch {env['torch']}")

@@ -272,9 +272,20 @@ def run() -> None:
     all was written and closed). Objects are still released and exit handlers still run; only the final search
     for reference cycles is skipped. :func:`main` itself leaves the collector alone, for callers in a process that
     goes on."""
+    current_folder_importable()
     status = main()
     gc.freeze()
     sys.exit(status)
+
+
+def current_folder_importable() -> None:
+    """The current folder first on ``sys.path``, as ``python -m trainscale`` has it: a model, dataset or optimizer
+    given by import path from the folder the command runs in imports alike whether the program started as the
+    ``trainscale`` command (whose ``sys.path`` starts with the folder of the command, not the current one) or as
+    ``python -m trainscale``, and as the workers import it (the launcher puts the folder on their PYTHONPATH)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def forked_worker(*argv: str) -> None:

@@ -6,6 +6,9 @@ worker and the import error. Tiny model, 512 images of 16x16, one epoch: each ru
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,3 +105,24 @@ def test_user_model_and_data_train_on_two_emulated_hosts(
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_run(tmp_path / "run", TENSORS, 2)
     assert summary_of(tmp_path / "run")["cluster"]["hosts"] == 2
+
+
+def test_the_trainscale_command_imports_a_package_of_the_folder_it_runs_in(tmp_path: Path) -> None:
+    """The installed `trainscale` command, not `python -m trainscale`: a console script's ``sys.path`` starts with its
+    own folder, so a package beside the user (``my_nets``, in the folder the command runs in) was not found by it
+    while ``python -m`` and the workers found it."""
+    command = Path(sys.executable).with_name("trainscale")
+    if not command.exists():
+        pytest.fail(f"no {command}: install the project first (make install)")
+    (tmp_path / "my_nets").mkdir()
+    (tmp_path / "my_nets" / "__init__.py").write_text("")
+    (tmp_path / "my_nets" / "nets.py").write_text(
+        "import torch\n\n\ndef build(num_classes=10):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, num_classes))\n"
+    )
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != tmp_path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(kept)}
+    argv = [str(command), "train", "--model", "my_nets.nets:build", "--dataset", "synthetic", "--dry-run"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == "my_nets.nets:build"

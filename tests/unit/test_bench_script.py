@@ -67,6 +67,16 @@ def test_what_stops_a_script_is_one_line_and_a_status(exc, status, line, monkeyp
     assert stopped.value.code == status and capsys.readouterr().err == line + "\n"
 
 
+def test_a_failed_child_whose_output_was_captured_shows_its_last_lines_above_the_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench.py"])
+    said = "\n".join(f"line {i}" for i in range(30)).encode() + b"\ntrainscale train: error: unknown model 'x'\n"
+    with pytest.raises(SystemExit):
+        run_script(_fail(subprocess.CalledProcessError(2, ["python", "-m", "trainscale"], b"out", said)))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "line 11" and err[-2] == "trainscale train: error: unknown model 'x'" and len(err) == 21
+    assert err[-1] == "bench.py: error: python -m trainscale exited with status 2 (its message is above)"
+
+
 def test_a_script_that_returns_exits_with_its_status():
     for returned, status in ((None, 0), (0, 0), (4, 4)):
         with pytest.raises(SystemExit) as stopped:
@@ -110,3 +120,23 @@ def test_a_device_is_one_this_machine_has_and_no_cuda_context_is_made(monkeypatc
     assert (device_name("cuda"), device_name("cuda:1")) == ("cuda", "cuda:1")
     with pytest.raises(argparse.ArgumentTypeError, match=r"^only 2 CUDA device\(s\) present$"):
         device_name("cuda:2")
+
+
+def test_a_model_by_import_path_is_found_where_the_run_will_start(tmp_path, monkeypatch):
+    """The runs a script starts are `python -m trainscale` in a folder (the current one by default), which finds
+    a package there; the check finds it alike, and leaves ``sys.path`` as it was."""
+    (tmp_path / "start" / "pkg_of_user").mkdir(parents=True)
+    (tmp_path / "start" / "pkg_of_user" / "__init__.py").write_text("")
+    (tmp_path / "start" / "pkg_of_user" / "nets.py").write_text(
+        "import torch\n\n\ndef build(num_classes=10):\n    return torch.nn.Sequential(torch.nn.Flatten(), "
+        "torch.nn.Linear(3 * 32 * 32, num_classes))\n"
+    )
+    run = {"model": "pkg_of_user.nets:build", "dataset": "synthetic", "out": str(tmp_path / "run")}
+    path = list(sys.path)
+    with pytest.raises(ConfigError, match="cannot import module 'pkg_of_user.nets'"):
+        check_run(run)
+    check_run(run, folder=tmp_path / "start")
+    sys.modules.pop("pkg_of_user.nets"), sys.modules.pop("pkg_of_user")
+    monkeypatch.chdir(tmp_path / "start")
+    check_run(run)
+    assert sys.path == path and not (tmp_path / "run").exists()

@@ -46,18 +46,27 @@ def model_name(text: str) -> str:
     raise argparse.ArgumentTypeError(MODELS.unknown_message(text))
 
 
-def check_run(flags: Mapping[str, Any], what: str = "") -> None:
+def check_run(flags: Mapping[str, Any], what: str = "", folder: Path | None = None) -> None:
     """A run the script is about to start, given by ``trainscale.fit``'s keyword settings, checked as `trainscale
     train --dry-run` checks it (values, devices, run folder, data; nothing written): a series of runs that one of them
     would refuse is refused before the first starts or anything is timed, in trainscale's own line (after ``what``,
-    which names the run where a script starts several kinds)."""
+    which names the run where a script starts several kinds). ``folder``: where the run will start (default: here);
+    importable during the check, as ``python -m trainscale`` makes it, so a model given by import path is found as
+    the run will find it."""
     from trainscale.app.config import train_settings
     from trainscale.app.dryrun import dry_run
 
+    where = str((folder or Path.cwd()).resolve())
+    added = where not in sys.path
+    if added:
+        sys.path.insert(0, where)
     try:
         dry_run(train_settings(flags))
     except TrainscaleError as err:
         raise type(err)(f"{what}: {err}" if what else str(err)) from None
+    finally:
+        if added:
+            sys.path.remove(where)
 
 
 def device_name(text: str) -> str:
@@ -84,6 +93,7 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         print(f"{prog}: error: {err}", file=sys.stderr)
         status = 2
     except subprocess.CalledProcessError as err:
+        show_captured(err)
         command = shlex.join(str(a) for a in err.cmd) if isinstance(err.cmd, list | tuple) else str(err.cmd)
         failed = f"{command[:200]} exited with status {err.returncode}"
         print(f"{prog}: error: {failed} (its message is above)", file=sys.stderr)
@@ -92,3 +102,17 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         print(f"{prog}: interrupted", file=sys.stderr)
         status = 130
     sys.exit(status)
+
+
+CAPTURED_LINES = 20
+
+
+def show_captured(err: subprocess.CalledProcessError) -> None:
+    """The last lines a failed child wrote, where the script captured them instead of letting them through, so
+    that its message is above the line that names it."""
+    captured = err.stderr or err.output
+    if not captured:
+        return
+    text = captured.decode(errors="replace") if isinstance(captured, bytes) else str(captured)
+    lines = text.rstrip().splitlines()[-CAPTURED_LINES:]
+    print("\n".join(lines), file=sys.stderr)
