@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +142,27 @@ def test_a_model_by_import_path_is_found_where_the_run_will_start(tmp_path, monk
     monkeypatch.chdir(tmp_path / "start")
     check_run(run)
     assert sys.path == path and not (tmp_path / "run").exists()
+
+
+def test_sigterm_unwinds_as_ctrl_c_does_and_the_handler_is_given_back(tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM: the script's temporary folder is removed (Python's default would leave it), one line,
+    status 143; the process's own SIGTERM handling comes back after."""
+    import os
+    import signal
+    import tempfile
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench.py"])
+    made = []
+
+    def main() -> int:
+        with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+            made.append(folder)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        run_script(main)
+    assert stopped.value.code == 143 and capsys.readouterr().err == "bench.py: terminated\n"
+    assert made and not Path(made[0]).exists() and signal.getsignal(signal.SIGTERM) is before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -82,11 +83,23 @@ def device_name(text: str) -> str:
     return text
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``timeout``'s stop) raised where the script is, as Ctrl-C raises KeyboardInterrupt:
+    the same unwinding (temporary folders removed, a child run given its moment to stop, an emulated cluster taken
+    down), where Python's default would end the process at once and leave them behind."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def run_script(main: Callable[[], int | None]) -> NoReturn:
     """Run a benchmark's ``main`` and exit with its status: a refusal of trainscale's (a setting, a model, missing
     data) is one line and status 2, as ``trainscale`` gives it; a child run that failed is one line naming it and
-    its status, below the child's own message; Ctrl-C is one line and 130."""
+    its status, below the child's own message; Ctrl-C is one line and 130, SIGTERM the same unwinding, one line and
+    143."""
     prog = Path(sys.argv[0]).name
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         status = main() or 0
     except TrainscaleError as err:
@@ -98,9 +111,12 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         failed = f"{command[:200]} exited with status {err.returncode}"
         print(f"{prog}: error: {failed} (its message is above)", file=sys.stderr)
         status = 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        status = 130
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        status = 143 if terminated else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(status)
 
 
