@@ -12,6 +12,14 @@ from subprocess import PIPE
 STOP_GRACE_S = 60.0
 
 
+def entry_point() -> list[str]:
+    """The `trainscale` command users type, installed beside this interpreter (``make install``); ``python -m
+    trainscale`` where it is not (tests run against a source tree on PYTHONPATH). The two differ in what they find on
+    ``sys.path``, and users run the command."""
+    command = Path(sys.executable).with_name("trainscale")
+    return [str(command)] if command.exists() else [sys.executable, "-m", "trainscale"]
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
@@ -19,7 +27,7 @@ def run_cli(
     stopped as a user's Ctrl-C stops it (SIGINT, so its own teardown runs: workers, namespaces, CPU groups),
     killed only if it is still there after ``STOP_GRACE_S``: a SIGKILL would leave its workers training beside
     the tests that follow."""
-    argv = [sys.executable, "-m", "trainscale", *map(str, args)]
+    argv = [*entry_point(), *map(str, args)]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with subprocess.Popen(argv, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True, env=full_env) as proc:
         try:
