@@ -123,6 +123,9 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
         return _fit_here(flags, config, job)
     if cfg.launch.hosts is not None:
         raise ConfigError("--hosts starts other machines' commands: run `trainscale train` there, not fit()")
+    from trainscale.app.worker_env import user_code_env
+
+    os.environ.update(user_code_env(cfg))  # the processes it starts import the user's code as this one did
     out = resolve_out(cfg)  # fixed here, so the result is read from the folder the workers wrote
     flags = {**flags, "out": str(out), **({"config": str(config)} if config else {})}
     cfg = cfg.replace(out=str(out))

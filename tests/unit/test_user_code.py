@@ -316,6 +316,33 @@ def test_launched_processes_get_the_folder_the_user_module_came_from(monkeypatch
     assert user_code_env(build_config({"model": "resnet20"}), {}) == {}
 
 
+def test_launched_processes_get_the_folder_an_optimizer_by_import_path_came_from() -> None:
+    cfg = build_config({"model": "resnet20", "optimizer": "tests.userpkg.opt:Plain"})
+    import tests.userpkg.opt  # noqa: F401  (the launcher has imported it by now: its checks build it)
+
+    root = str(Path(__file__).resolve().parents[2])
+    assert user_code_env(cfg, {})["PYTHONPATH"].split(os.pathsep) == list(dict.fromkeys([os.getcwd(), root]))
+
+
+def test_fit_gives_the_processes_it_starts_the_folders_of_the_users_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `trainscale train` does: a notebook's own ``sys.path`` entry reaches workers that are new interpreters."""
+    import trainscale
+    from trainscale.app import launch
+
+    seen: list[str] = []
+
+    def fake_launch(cfg: object, flags: object, job: object) -> int:
+        seen.append(os.environ.get("PYTHONPATH", ""))
+        raise KeyboardInterrupt  # stop here: nothing is trained
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        trainscale.fit(TINY, dataset=TENSORS, optimizer="tests.userpkg.opt:Plain", workers=2, progress=False)
+    assert str(Path(__file__).resolve().parents[2]) in seen[0].split(os.pathsep)
+    assert "PYTHONPATH" not in os.environ  # the caller's environment as it was
+
+
 def test_a_grid_varies_model_args_given_as_tables(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text(

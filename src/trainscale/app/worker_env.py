@@ -73,12 +73,12 @@ def worker_env(cfg: TrainConfig, threads: int, fault_log: Path | None) -> dict[s
 
 
 def user_code_env(cfg: TrainConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """PYTHONPATH for the processes a launcher starts, so they import a model or dataset given by import path
-    from where this process did: the folder its top-level package was found in (a ``sys.path`` entry a
+    """PYTHONPATH for the processes a launcher starts, so they import a model, dataset or optimizer given by
+    import path from where this process did: the folder its top-level package was found in (a ``sys.path`` entry a
     script or notebook may have added) and the current folder (which ``python -m trainscale`` searches), ahead of
     the PYTHONPATH already set. Empty when the job names no import path or the folders are there already."""
     environ = dict(os.environ) if environ is None else environ
-    paths = [p for p in (cfg.data.model, cfg.data.dataset) if is_import_path(p)]
+    paths = [p for p in (cfg.data.model, cfg.data.dataset, cfg.optim.optimizer) if is_import_path(p)]
     if not paths:
         return {}
     present = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
