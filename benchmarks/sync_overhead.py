@@ -200,6 +200,7 @@ def launch(args: argparse.Namespace, result_path: Path) -> None:
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={args.workers}",
+        f"--log-dir={result_path.parent / 'agent'}",  # torch's agent folder beside the result, not left in /tmp
         __file__,
         *sys.argv[1:],
         "--worker-result",

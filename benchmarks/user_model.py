@@ -172,7 +172,7 @@ def bare_cell(args: argparse.Namespace, workers: int, result: Path) -> dict:
         cmd = [sys.executable, __file__, *own]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}"]
-        cmd += [__file__, *own]
+        cmd += [f"--log-dir={result.parent / f'agent{workers}'}", __file__, *own]  # not left in /tmp
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"bare loop failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}")

@@ -25,10 +25,18 @@ TINY = {
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_the_script_runs_and_saves_its_figures_with_its_settings(name, tmp_path) -> None:
-    out = tmp_path / f"{name}.json"
+    """Its temporary files too are gone when it ends: its own and those of what it starts (torch's launcher makes a
+    ``torchelastic_*`` folder in the temporary folder unless given one), each process given ``temp`` as TMPDIR.
+    torch.compile's cache folder there is meant to stay (later compiles read it)."""
+    out, temp = tmp_path / "run" / f"{name}.json", tmp_path / "temp"
+    out.parent.mkdir()
+    temp.mkdir()
     argv = [sys.executable, str(BENCHMARKS / f"{name}.py"), *TINY[name], "--out", str(out)]
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ})
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run(argv, cwd=out.parent, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     saved = json.loads(out.read_text())
     assert saved["config"]["repeats"] == 1 and saved["environment"]["torch"]
-    assert [p.name for p in tmp_path.iterdir()] == [out.name], "the script wrote beside its --out"
+    assert [p.name for p in out.parent.iterdir()] == [out.name], "the script wrote beside its --out"
+    left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]  # the compiler's cache, kept
+    assert not left, f"temporary files were left behind: {left}"
