@@ -48,7 +48,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import check_run, run_script
+from trainscale.bench.script import check_run, run_child, run_script
 from trainscale.bench.timing import save_result
 from trainscale.config import MAX_WAIT_S
 from trainscale.errors import ConfigError, OneLineParser
@@ -101,7 +101,7 @@ def run_job(
         ]
         print("$", " ".join(cmd[2:]), flush=True)
         started = time.monotonic()
-        subprocess.run(cmd, check=True)
+        run_child(cmd, check=True)
         print(f"  {time.monotonic() - started:.1f} s start to end", flush=True)
     return json.loads(summary.read_text()), ft.read_events(out / ft.EVENTS_FILE)
 

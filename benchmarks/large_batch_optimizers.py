@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import check_run, run_script
+from trainscale.bench.script import check_run, run_child, run_script
 from trainscale.errors import ConfigError, OneLineParser
 from trainscale.train.optim import optimizer_info
 
@@ -86,7 +85,7 @@ def main() -> None:
         check_run(flags, f"{name} at lr {lr}")
     rows = []
     for name, lr, flags in plans:
-        status = subprocess.run([sys.executable, "-m", "trainscale", "train", *to_argv(flags)]).returncode
+        status = run_child([sys.executable, "-m", "trainscale", "train", *to_argv(flags)]).returncode
         if status:
             raise SystemExit(
                 f"{name} at lr {lr}: `trainscale train` exited with status {status} (its own message is above)"

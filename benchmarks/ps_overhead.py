@@ -36,7 +36,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from trainscale.bench.script import COUNT, WARMUP, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, model_name, run_child, run_script
 from trainscale.bench.timing import Timing, save_result, time_interleaved
 from trainscale.errors import OneLineParser
 from trainscale.models import count_parameters, create_model
@@ -267,7 +267,7 @@ def measure_cli(args: argparse.Namespace) -> dict[str, list[float]]:
         for repeat in range(args.repeats):
             for name, flags in cli_flags(args).items():
                 folder = Path(tmp) / f"{name}-{repeat}"
-                subprocess.run(
+                run_child(
                     [sys.executable, "-m", "trainscale", "train", *flags, "--out", str(folder)],
                     check=True,
                     stdout=subprocess.DEVNULL,

@@ -25,7 +25,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainscale.bench.script import COUNT, WARMUP, device_name, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, device_name, model_name, run_child, run_script
 from trainscale.errors import OneLineParser
 
 
@@ -207,7 +206,7 @@ def launch(args: argparse.Namespace, result_path: Path) -> None:
         str(result_path),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run(argv, check=True, env=env)
+    run_child(argv, check=True, env=env)
 
 
 def summarise(args: argparse.Namespace, raw: dict) -> dict:

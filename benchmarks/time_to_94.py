@@ -31,7 +31,6 @@ import argparse
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import COUNT, check_run, device_name, run_script
+from trainscale.bench.script import COUNT, check_run, device_name, run_child, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
@@ -96,7 +95,7 @@ def run_seed(out: Path, recipe: str, seed: int, device: str, precision: str, set
         *extra,
     ]
     print("$", " ".join(cmd[2:]), flush=True)
-    status = subprocess.run(cmd).returncode
+    status = run_child(cmd).returncode
     if status:
         raise SystemExit(f"seed {seed}: `trainscale train` exited with status {status} (its own message is above)")
     return json.loads((out / "summary.json").read_text())

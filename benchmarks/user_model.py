@@ -27,18 +27,18 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from trainscale.app.worker_env import to_argv
-from trainscale.bench.script import COUNT, check_run, run_script
+from trainscale.bench.script import COUNT, check_run, run_child, run_script
 from trainscale.errors import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,11 +104,12 @@ def cell_settings(args: argparse.Namespace, workers: int, compress: str | None, 
 def trainscale_cell(settings: dict[str, Any]) -> dict:
     """One `trainscale train` run of the user's model; its summary."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
+    proc = run_child(
         [sys.executable, "-m", "trainscale", "train", *to_argv(settings)],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=PIPE,
+        stderr=PIPE,
         text=True,
     )
     if proc.returncode != 0:
@@ -173,7 +174,7 @@ def bare_cell(args: argparse.Namespace, workers: int, result: Path) -> dict:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}"]
         cmd += [f"--log-dir={result.parent / f'agent{workers}'}", __file__, *own]  # not left in /tmp
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_child(cmd, stdout=PIPE, stderr=PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"bare loop failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}")
     return json.loads(result.read_text())

@@ -18,17 +18,17 @@ import argparse
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import torch
 
 from trainscale.app.worker_env import to_argv
-from trainscale.bench.script import COUNT, WARMUP, check_run, model_name, run_script
+from trainscale.bench.script import COUNT, WARMUP, check_run, model_name, run_child, run_script
 from trainscale.bench.timing import Timing, paired_ratios, save_result
 from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
@@ -63,7 +63,7 @@ def run_once(args: argparse.Namespace, method: str, folder: Path, index: int) ->
     """(wall seconds, CPU seconds of the command and its workers) of one run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command(args, method, folder / f"{method}-{index}"), check=True, capture_output=True)
+    run_child(command(args, method, folder / f"{method}-{index}"), check=True, stdout=PIPE, stderr=PIPE)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

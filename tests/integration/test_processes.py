@@ -125,3 +125,19 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
         assert not (out / ".lock").exists()
         left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
         assert not left  # torch's agent folders included; the compiler's cache is kept on purpose, one per user
+
+
+@pytest.mark.dist
+def test_sigterm_to_a_fault_tolerant_launcher_alone_stops_its_replicas_and_removes_its_folders(tmp_path, short_temp):
+    """A scheduler that signals the launcher only (not its process group; the replicas run in sessions of their
+    own): it stops as on Ctrl-C, its replicas with it, and leaves neither its temporary folder nor the lock."""
+    out = tmp_path / "run"
+    with running_job(tmp_path, out, "--fault-tolerance", until="metrics.jsonl", temp=short_temp) as (proc, tree):
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+        stderr = (tmp_path / "stderr").read_text()
+        assert "Traceback" not in stderr and "trainscale: interrupted" in stderr.splitlines()[-1], stderr[-2000:]
+        assert wait_until(lambda: not any(map(alive, tree)), 10), [p for p in tree if alive(p)]
+        assert not (out / ".lock").exists()
+        left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
+        assert not left

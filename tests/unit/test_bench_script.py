@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from trainscale.bench.script import COUNT, WARMUP, at_least, check_run, device_name, model_name, run_script
+from trainscale.bench.script import (
+    COUNT,
+    WARMUP,
+    at_least,
+    check_run,
+    device_name,
+    model_name,
+    run_child,
+    run_script,
+)
 from trainscale.errors import ConfigError, DataError
 
 
@@ -166,3 +175,50 @@ def test_sigterm_unwinds_as_ctrl_c_does_and_the_handler_is_given_back(tmp_path, 
         run_script(main)
     assert stopped.value.code == 143 and capsys.readouterr().err == "bench.py: terminated\n"
     assert made and not Path(made[0]).exists() and signal.getsignal(signal.SIGTERM) is before
+
+
+STOPPABLE_CHILD = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(0.5)  # a teardown that takes longer than the quarter second subprocess.run would give it
+    pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[2]).write_text("running")
+time.sleep(60)
+"""
+
+
+def test_a_stopped_script_gives_its_child_run_the_stop_and_the_time_to_end_itself(tmp_path, monkeypatch, capsys):
+    """SIGTERM to the script alone (a scheduler that signals the one process): the child is sent SIGTERM too and
+    ends through its own handler, where ``subprocess.run`` would have killed it a quarter second later."""
+    import os
+    import signal
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench.py"])
+    stopped_as, running = tmp_path / "stopped", tmp_path / "running"
+
+    def main() -> int:
+        def stop_when_running(signum: int, frame: object) -> None:
+            if running.exists():
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+
+        signal.signal(signal.SIGALRM, stop_when_running)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        run_child([sys.executable, "-c", STOPPABLE_CHILD, str(stopped_as), str(running)], check=True)
+        return 0
+
+    with pytest.raises(SystemExit) as stopped:
+        run_script(main)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert stopped.value.code == 143 and capsys.readouterr().err == "bench.py: terminated\n"
+    assert stopped_as.read_text() == "SIGTERM"
+
+
+def test_a_child_run_that_fails_is_a_called_process_error_with_what_it_said():
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        run_child([sys.executable, "-c", "import sys; sys.exit('no')"], check=True, stderr=subprocess.PIPE, text=True)
+    assert failed.value.returncode == 1 and failed.value.stderr.strip() == "no"
+    assert run_child([sys.executable, "-c", "print(1)"], stdout=subprocess.PIPE, text=True).stdout == "1\n"

@@ -40,7 +40,7 @@ def test_user_model_checks_every_cell_before_the_first_starts(tmp_path, monkeypa
     find it."""
     user_model = load_benchmark("user_model")
     monkeypatch.setenv("TRAINSCALE_DATA", str(cifar10_dir))
-    monkeypatch.setattr(user_model.subprocess, "run", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(user_model, "run_child", lambda *a, **k: pytest.fail("a run started"))
     monkeypatch.setattr(sys, "argv", ["user_model.py", "--tiny", "--ratio", "0", "--out", str(tmp_path / "r.json")])
     path = list(sys.path)
     with pytest.raises(ConfigError, match=r"^2 workers topk: --ratio must be in \(0, 1\], got 0.0$"):

@@ -26,7 +26,7 @@ def test_each_run_is_trainscale_train_with_the_shared_settings(tmp_path, monkeyp
         (out / "summary.json").write_text(json.dumps({"final_test_acc": 0.5, "best_test_acc": 0.6, "batch_size": 1024}))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(lbo.subprocess, "run", run)
+    monkeypatch.setattr(lbo, "run_child", run)
     checked: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(lbo, "check_run", lambda flags, what: checked.append((what, flags)))
     argv = ["--out", str(tmp_path), "--run", "lamb:0.02", "--set", "train_subset=10000", "--set", "epochs=3"]
@@ -51,7 +51,7 @@ def test_each_run_is_trainscale_train_with_the_shared_settings(tmp_path, monkeyp
     ],
 )
 def test_bad_arguments_are_one_line_before_any_run(argv, line, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(lbo.subprocess, "run", lambda cmd: pytest.fail("a run started"))
+    monkeypatch.setattr(lbo, "run_child", lambda cmd: pytest.fail("a run started"))
     monkeypatch.setattr(sys, "argv", ["large_batch_optimizers.py", "--out", str(tmp_path / "out"), *argv])
     with pytest.raises(SystemExit) as stopped:
         lbo.main()
@@ -67,7 +67,7 @@ def test_bad_arguments_are_one_line_before_any_run(argv, line, tmp_path, monkeyp
     ],
 )
 def test_settings_a_run_would_refuse_are_refused_before_the_first_run(argv, line, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(lbo.subprocess, "run", lambda cmd: pytest.fail("a run started"))
+    monkeypatch.setattr(lbo, "run_child", lambda cmd: pytest.fail("a run started"))
     monkeypatch.setattr(sys, "argv", ["large_batch_optimizers.py", "--out", str(tmp_path / "out"), *argv])
     with pytest.raises(lbo.ConfigError, match=line):
         lbo.main()

@@ -30,7 +30,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         (out / "summary.json").write_text(json.dumps(FINISHED))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(t94.subprocess, "run", run)
+    monkeypatch.setattr(t94, "run_child", run)
     return calls
 
 
@@ -77,7 +77,7 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
         (out / "summary.json").write_text(json.dumps(summary))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(t94.subprocess, "run", run)
+    monkeypatch.setattr(t94, "run_child", run)
     monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
     monkeypatch.setattr(t94, "check_run", lambda flags: None)  # the settings' own check: its own test below
     argv = ["time_to_94.py", "--recipe", "cifar10-fast", "--runs", "3", "--out", str(tmp_path)]  # its goal: accuracy
@@ -174,7 +174,7 @@ def test_the_first_seed_checked_is_the_first_not_yet_run(tmp_path) -> None:
 
 
 def test_a_failed_seed_is_one_line_with_the_status_its_run_gave(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(t94.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 2))
+    monkeypatch.setattr(t94, "run_child", lambda cmd: subprocess.CompletedProcess(cmd, 2))
     with pytest.raises(SystemExit, match=r"^seed 1: `trainscale train` exited with status 2 \(its own message"):
         t94.run_seed(tmp_path / "seed-1", "airbench94", 1, "cpu", "auto", {})
 

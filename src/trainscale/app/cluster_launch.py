@@ -39,7 +39,7 @@ from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.job import NODE_REPORT_ENV
-from trainscale.runtime.orphans import die_with_parent
+from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt
 
 STOP_GRACE_S = 15.0
 FAILURE_SETTLE_S = 3.0
@@ -136,17 +136,16 @@ class Nodes:
         self.shown: set[int] | None = None  # None: every node's messages; else only these nodes'
 
     def run(self) -> int:
-        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            for index, argv in enumerate(self.argvs):
-                self.start(index, argv)
-            return self.wait()
+            with sigterm_as_interrupt():
+                for index, argv in enumerate(self.argvs):
+                    self.start(index, argv)
+                return self.wait()
         except KeyboardInterrupt:
             self.shown = set()
             print("trainscale train: interrupted; every node of the cluster job was stopped", file=sys.stderr)
             return 130
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self.stop()
 
     def start(self, index: int, argv: list[str]) -> None:
@@ -241,7 +240,3 @@ def _node_setup(group: Path | None) -> Callable[[], None]:
             net.join_cpu_group(group)
 
     return setup
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

@@ -26,7 +26,7 @@ from pathlib import Path
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.io import atomic_write_text
 from trainscale.runtime.job import CLUSTER_ENV, this_job  # noqa: F401  (CLUSTER_ENV: `train --cluster` writes it)
-from trainscale.runtime.orphans import is_running
+from trainscale.runtime.orphans import is_running, sigterm_as_interrupt
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -285,10 +285,6 @@ def _shielded() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def destroy(name: str) -> list[str]:
     """Delete every namespace of cluster ``name`` (their veth ends and qdiscs go with them) and any CPU group a
     killed run left; returns the namespaces."""
@@ -334,19 +330,17 @@ def create(cluster: Cluster) -> None:
     """Build the cluster. Any failure, Ctrl-C or SIGTERM deletes what was made before it propagates."""
     if cluster.name in trainscale_namespaces():
         raise ConfigError(f"cluster '{cluster.name}' exists already (trainscale cluster status {cluster.name})")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        for argv in plan_switch(cluster):
-            run(argv)
-        for index in range(cluster.hosts):
-            for argv in plan_host(cluster, index):
+    with sigterm_as_interrupt():
+        try:
+            for argv in plan_switch(cluster):
                 run(argv)
-            write_hosts_file(cluster, index)
-    except BaseException:
-        destroy(cluster.name)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            for index in range(cluster.hosts):
+                for argv in plan_host(cluster, index):
+                    run(argv)
+                write_hosts_file(cluster, index)
+        except BaseException:
+            destroy(cluster.name)
+            raise
 
 
 def set_link(name: str, index: int, up: bool) -> None:

@@ -17,17 +17,23 @@ action: the process ends at once, even inside C code (a collective, an RPC wait)
 Run-folder files are replaced atomically, so what is left is at most ``.*.tmp`` debris, which the
 next writer of the folder removes. The agent's own warnings about that stop are left out of the
 launcher's output too (``become_launcher``).
+
+Launchers that start processes themselves (the fault-tolerant replicas, an emulated cluster's nodes, a
+cluster being built) take the opposite course: ``sigterm_as_interrupt`` makes a scheduler's SIGTERM unwind
+them as Ctrl-C does, so what they started is stopped and what they made is removed, where Python's default
+would end them at once and leave their temporary folder and run-folder lock behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainscale.runtime.job import LAUNCHER_PID_ENV
@@ -143,3 +149,18 @@ def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP: state ``T``); False if it is gone."""
     state = process_state(pid)
     return state is not None and state[0] == "T"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt inside the block (see the module docstring); the handler before it comes
+    back after."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

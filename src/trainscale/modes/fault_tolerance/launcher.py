@@ -26,7 +26,7 @@ from trainscale.runtime import ft
 from trainscale.runtime.faults import job_processes
 from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, NODE_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
-from trainscale.runtime.orphans import become_launcher, process_state
+from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
 
 log = logging.getLogger("trainscale.launch")
 
@@ -97,7 +97,7 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     events = Path(out or cfg.run.out) / ft.EVENTS_FILE
     workers = cfg.launch.workers or 1
     first = cfg.launch.node_rank * workers
-    with lock_run_folder(out):
+    with sigterm_as_interrupt(), lock_run_folder(out):
         if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
         with meeting_points(meeting) as points:
