@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trainscale.bench.script import COUNT, run_script
+from trainscale.bench.script import COUNT, run_child, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import OneLineParser
 from trainscale.plan.check import Check, check_run, key_of_run, method_spec, setting_for_run
@@ -45,7 +44,7 @@ MEAN_GOAL, WORST_GOAL = 0.10, 0.25
 def cli(*args: str) -> None:
     cmd = [sys.executable, "-m", "trainscale", *args]
     print("$", " ".join(cmd[2:]), flush=True)
-    subprocess.run(cmd, check=True)
+    run_child(cmd, check=True)
 
 
 def emulated_runs(dirs: list[Path]) -> list[Any]:
