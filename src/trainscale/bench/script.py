@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
+from trainscale.runtime.orphans import sigterm_as_interrupt
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -89,10 +90,6 @@ class Terminated(KeyboardInterrupt):
     down), where Python's default would end the process at once and leave them behind."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 CHILD_HEARS_S = 2.0  # a child that got the stop itself (Ctrl-C at a terminal, a process group's SIGTERM) ends in this
 CHILD_STOP_S = 60.0  # what a stopped run may take to take down its workers, servers and temporary folders
 
@@ -133,9 +130,9 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     its status, below the child's own message; Ctrl-C is one line and 130, SIGTERM the same unwinding, one line and
     143."""
     prog = Path(sys.argv[0]).name
-    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        status = main() or 0
+        with sigterm_as_interrupt(Terminated):
+            status = main() or 0
     except TrainscaleError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         status = 2
@@ -149,8 +146,6 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         terminated = isinstance(stop, Terminated)
         print(f"{prog}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         status = 143 if terminated else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     sys.exit(status)
 
 

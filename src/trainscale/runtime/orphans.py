@@ -152,15 +152,15 @@ def is_stopped(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt inside the block (see the module docstring); the handler before it comes
-    back after."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+def sigterm_as_interrupt(raised: type[KeyboardInterrupt] = KeyboardInterrupt) -> Iterator[None]:
+    """SIGTERM raises ``raised`` (KeyboardInterrupt or a subclass that tells the two stops apart) inside the block
+    (see the module docstring); the handler before it comes back after."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise raised
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
