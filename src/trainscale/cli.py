@@ -320,9 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainscaleError as exc:
         print(f"trainscale {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("trainscale: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        from trainscale.runtime.orphans import stop_report
+
+        word, status = stop_report(stop)
+        print(f"trainscale {args.command}: {word}", file=sys.stderr)
+        return status
     except BrokenPipeError:  # the reader went away (`trainscale ... | head`): what was asked is done, say nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports it

@@ -134,9 +134,9 @@ def test_sigterm_to_a_fault_tolerant_launcher_alone_stops_its_replicas_and_remov
     out = tmp_path / "run"
     with running_job(tmp_path, out, "--fault-tolerance", until="metrics.jsonl", temp=short_temp) as (proc, tree):
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == 143
         stderr = (tmp_path / "stderr").read_text()
-        assert "Traceback" not in stderr and "trainscale: interrupted" in stderr.splitlines()[-1], stderr[-2000:]
+        assert "Traceback" not in stderr and stderr.splitlines()[-1] == "trainscale train: terminated", stderr[-2000:]
         assert wait_until(lambda: not any(map(alive, tree)), 10), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
         left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]

@@ -369,10 +369,11 @@ import sys
 from pathlib import Path
 from trainscale.bench.cli import run_stoppable
 from trainscale.bench.runner import BenchOptions, run_grid
+from trainscale.runtime.orphans import stop_report
 try:
     run_stoppable(run_grid, BenchOptions(grid=Path(sys.argv[1]), out=Path(sys.argv[2]), python=sys.argv[3]))
-except KeyboardInterrupt:
-    sys.exit(130)
+except KeyboardInterrupt as stop:
+    sys.exit(stop_report(stop)[1])
 """
 
 
@@ -416,7 +417,7 @@ def test_sigterm_stops_a_bench_as_ctrl_c_does(tmp_path, fake):
     grandchild = int((tmp_path / "grandchild.pid").read_text())
     try:
         bench.terminate()
-        assert bench.wait(timeout=60) == 130
+        assert bench.wait(timeout=60) == 143
         assert _gone(train, 5) and _gone(grandchild, 5), "SIGTERM left the bench's run behind"
     finally:
         for pid in (train, grandchild):

@@ -4,11 +4,15 @@ in --mode's help, and `trainscale models` in 100 columns with recipe values as a
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from trainscale import __version__
 from trainscale.cli import main
 from trainscale.modes import list_modes
+from trainscale.runtime.orphans import Terminated, sigterm_as_interrupt
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -129,3 +133,24 @@ def test_a_bad_value_given_as_a_flag_still_names_the_flag(tmp_path, capsys):
     path = tmp_path / "run.toml"
     path.write_text('model = "mlp"\n')
     assert "--lr must be >= 0" in one_line_error(capsys, ["train", "--config", str(path), "--lr", "-1"])
+
+
+@pytest.mark.parametrize(
+    "stop, status, word", [(KeyboardInterrupt, 130, "interrupted"), (Terminated, 143, "terminated")]
+)
+def test_a_stop_is_one_line_and_the_status_a_shell_gives_the_signal(capsys, monkeypatch, stop, status, word):
+    """Ctrl-C and a scheduler's SIGTERM end every command alike: one line naming the command, 130 or 143 (before,
+    a SIGTERM that a launcher turned into an interrupt ended as if Ctrl-C had been pressed)."""
+    from trainscale import commands
+
+    def stopped(*args: object) -> int:
+        with sigterm_as_interrupt():
+            if stop is Terminated:
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise stop
+        return 0
+
+    monkeypatch.setattr(commands, "dispatch", stopped)
+    assert main(["models"]) == status
+    assert capsys.readouterr().err == f"trainscale models: {word}\n"

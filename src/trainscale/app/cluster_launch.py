@@ -39,7 +39,7 @@ from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.job import NODE_REPORT_ENV
-from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt
+from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt, stop_report
 
 STOP_GRACE_S = 15.0
 FAILURE_SETTLE_S = 3.0
@@ -141,10 +141,11 @@ class Nodes:
                 for index, argv in enumerate(self.argvs):
                     self.start(index, argv)
                 return self.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             self.shown = set()
-            print("trainscale train: interrupted; every node of the cluster job was stopped", file=sys.stderr)
-            return 130
+            word, status = stop_report(stop)
+            print(f"trainscale train: {word}; every node of the cluster job was stopped", file=sys.stderr)
+            return status
         finally:
             self.stop()
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainscale.config import bound_problem
+from trainscale.runtime.orphans import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from trainscale.bench.expand import RunSpec
@@ -121,15 +121,8 @@ def bench_command(args: argparse.Namespace) -> int:
 def run_stoppable(run: Callable[[BenchOptions], list[Any]], options: BenchOptions) -> list[Any]:
     """A scheduler's SIGTERM stops the bench as Ctrl-C does: the run in progress is stopped and a cluster the
     bench made is deleted (the default action would end the bench at once and leave both behind)."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with sigterm_as_interrupt():
         return run(options)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
-from trainscale.runtime.orphans import sigterm_as_interrupt
+from trainscale.runtime.orphans import Terminated, sigterm_as_interrupt, stop_report
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -84,12 +84,6 @@ def device_name(text: str) -> str:
     return text
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's or ``timeout``'s stop) raised where the script is, as Ctrl-C raises KeyboardInterrupt:
-    the same unwinding (temporary folders removed, a child run given its moment to stop, an emulated cluster taken
-    down), where Python's default would end the process at once and leave them behind."""
-
-
 CHILD_HEARS_S = 2.0  # a child that got the stop itself (Ctrl-C at a terminal, a process group's SIGTERM) ends in this
 CHILD_STOP_S = 60.0  # what a stopped run may take to take down its workers, servers and temporary folders
 
@@ -131,7 +125,7 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     143."""
     prog = Path(sys.argv[0]).name
     try:
-        with sigterm_as_interrupt(Terminated):
+        with sigterm_as_interrupt():
             status = main() or 0
     except TrainscaleError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -143,9 +137,8 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         print(f"{prog}: error: {failed} (its message is above)", file=sys.stderr)
         status = 1
     except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, Terminated)
-        print(f"{prog}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        status = 143 if terminated else 130
+        word, status = stop_report(stop)
+        print(f"{prog}: {word}", file=sys.stderr)
     sys.exit(status)
 
 

@@ -151,13 +151,26 @@ def is_stopped(pid: int) -> bool:
     return state is not None and state[0] == "T"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``timeout``'s stop) raised where the process is, as Ctrl-C raises
+    KeyboardInterrupt: the same unwinding, told apart where the process says how it stopped (``stop_report``)."""
+
+
+def stop_report(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """The word and exit status a stopped trainscale command ends with, the same in every command: Ctrl-C
+    ``interrupted`` and 130, SIGTERM ``terminated`` and 143 (128 plus the signal, as a shell reports it)."""
+    if isinstance(stop, Terminated):
+        return "terminated", 128 + signal.SIGTERM
+    return "interrupted", 128 + signal.SIGINT
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt(raised: type[KeyboardInterrupt] = KeyboardInterrupt) -> Iterator[None]:
-    """SIGTERM raises ``raised`` (KeyboardInterrupt or a subclass that tells the two stops apart) inside the block
-    (see the module docstring); the handler before it comes back after."""
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` (a KeyboardInterrupt) inside the block (see the module docstring); the
+    handler before it comes back after."""
 
     def interrupt(signum: int, frame: object) -> None:
-        raise raised
+        raise Terminated
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
