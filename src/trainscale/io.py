@@ -291,13 +291,23 @@ def check_folder_writable(folder: Path, flag: str = "--out") -> None:
 
 
 def check_folder_permissions(folder: Path, flag: str = "--out") -> None:
-    """``check_folder_writable`` without writing: the nearest existing ancestor must be a folder this
-    process may write into (root passes on a read-only file system; only the probe sees that)."""
+    """``check_folder_writable`` without making anything: the nearest existing ancestor must be a folder this
+    process may write into, and must take a file. The probe is an unnamed temporary file (``O_TMPFILE``; a
+    name removed at once where the file system lacks it), so a dry run leaves nothing, while permissions alone
+    would pass root on a read-only file system or on /proc."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{flag} {folder}: cannot write there ({existing} is a file); choose another {flag}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {folder}: cannot write there (no permission in {existing}); choose another {flag}")
+    try:
+        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {folder}: cannot write there ({existing} takes no new file: {exc.strerror or exc}); "
+            f"choose another {flag}"
+        ) from None
 
 
 def unwritable_reason(folder: Path, exc: OSError) -> str:

@@ -201,3 +201,16 @@ def test_download_never_renames_over_a_special_archive_path(tmp_path):
 
     archive = fifo(tmp_path / FORMATS["cifar10-binary"].archive)
     refuses(archive, lambda p: download_dataset("cifar10", tmp_path, url=(tmp_path / "none").as_uri(), progress=False))
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_a_dry_run_refuses_a_folder_that_takes_no_files_and_leaves_nothing(tmp_path, capsys):
+    """Permissions alone pass root on /proc (before, `--out /proc/x --dry-run` said all was well and the run was
+    then refused); the dry run's probe file has no name, so a folder it accepts is left as it was."""
+    from trainscale.cli import main
+
+    assert main(["train", "--out", "/proc/x", "--dry-run", "--dataset", "synthetic"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("trainscale train: error: --out /proc/x: cannot write there ("), err
+    assert main(["train", "--out", str(tmp_path / "a" / "b"), "--dry-run", "--dataset", "synthetic"]) == 0
+    assert not list(tmp_path.iterdir())
