@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainscale.errors import ConfigError, TrainscaleError
-from trainscale.runtime.job import Job, installed, this_job
+from trainscale.runtime.job import LOCAL, Job, installed, this_job
 
 if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for the commands that train
     from trainscale.modes.config import TrainConfig
@@ -31,8 +31,20 @@ def dispatch(args: argparse.Namespace, worker: Callable[..., None] | None = None
         "profile": profile,
         "plan": plan,
     }
-    with installed(Job.from_environ(os.environ)):
+    job = Job.from_environ(os.environ)
+    with installed(job), stops_as_ctrl_c(job):
         return handlers[args.command](args)
+
+
+def stops_as_ctrl_c(job: Job) -> contextlib.AbstractContextManager[None]:
+    """A process the user started unwinds on a scheduler's SIGTERM as on Ctrl-C (its run folder's lock, its
+    temporary files and the processes it started taken down; one line, status 143), where SIGTERM's default would
+    end it at once. The processes a launcher starts keep their own stops (``runtime.orphans``)."""
+    if job.role != LOCAL:
+        return contextlib.nullcontext()
+    from trainscale.runtime.orphans import sigterm_as_interrupt
+
+    return sigterm_as_interrupt()
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -31,10 +31,12 @@ from trainscale.io import (
     atomic_write_text,
     clean,
     dumps,
+    missing_folders,
     open_output,
     open_regular,
     read_json,
     read_jsonl,
+    remove_empty,
     to_toml,
 )
 from trainscale.record import (
@@ -247,14 +249,14 @@ def lock_run_folder(out: Path | None) -> Iterator[None]:
 
     ``flock`` on ``<out>/.lock``: the kernel drops it when the holder exits however it dies, so a killed
     job leaves no stale lock, at most the file, which checks and readers ignore. On leaving, the file is
-    removed while still locked, and the folder too if the lock made it and the job wrote nothing.
+    removed while still locked, and the folder too (with the parents the lock made) if the job wrote nothing.
     ``None``: no folder (a launcher on node > 0).
     """
     if out is None:
         yield
         return
     out = Path(out)
-    made = not out.exists()
+    made = missing_folders(out)
     fd = _take_lock(out)
     try:
         yield
@@ -296,11 +298,10 @@ def _same_file(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _release(out: Path, fd: int, made: bool) -> None:
+def _release(out: Path, fd: int, made: list[Path]) -> None:
     with contextlib.suppress(OSError):
         os.unlink(out / LOCK_FILE)
-        if made:
-            out.rmdir()  # fails unless empty: only a job that wrote nothing leaves no folder
+    remove_empty(made)  # only a job that wrote nothing leaves no folder (a parent shared with another job stays)
     os.close(fd)
 
 

@@ -141,3 +141,24 @@ def test_sigterm_to_a_fault_tolerant_launcher_alone_stops_its_replicas_and_remov
         assert not (out / ".lock").exists()
         left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
         assert not left
+
+
+@pytest.mark.dist
+def test_sigterm_to_a_run_in_one_process_unwinds_it_as_ctrl_c_does(tmp_path, short_temp):
+    """A scheduler's stop of `trainscale train` without workers (before: the process ended at once, saying nothing
+    and leaving its lock file): one line, status 143, its input processes stopped, nothing left in its temporary
+    folder, and the finished epoch resumable."""
+    out = tmp_path / "run"
+    proc = start(tmp_path, *LONG, "--loader-workers", "1", "--out", out, temp=short_temp)
+    pids: list[int] = []
+    try:
+        pids = wait_running(proc, out / "metrics.jsonl", tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        stderr = (tmp_path / "stderr").read_text()
+        assert [x for x in stderr.splitlines() if " INFO " not in x] == ["trainscale train: terminated"], stderr
+        assert wait_until(lambda: not any(map(alive, pids)), 5), [p for p in pids if alive(p)]
+        assert not (out / ".lock").exists() and (out / "checkpoint.pt").exists()
+        assert not [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
+    finally:
+        kill_leftovers(proc, pids)

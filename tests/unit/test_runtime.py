@@ -203,6 +203,19 @@ def test_the_run_folder_lock_refuses_a_second_holder_and_leaves_nothing(tmp_path
     assert not out.exists()  # the lock made the folder and the job wrote nothing
 
 
+def test_a_job_that_wrote_nothing_leaves_none_of_the_folders_its_lock_made(tmp_path):
+    """Also the parents (before, a run refused after its lock, such as a model that cannot take the images, left an
+    empty `runs/` behind); a parent holding another job's folder stays."""
+    with lock_run_folder(tmp_path / "runs" / "a" / "run"):
+        (tmp_path / "runs" / "b").mkdir()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["b"]
+    (tmp_path / "runs" / "b").rmdir()
+    (tmp_path / "runs").rmdir()
+    with lock_run_folder(tmp_path / "runs" / "a" / "run"):
+        assert (tmp_path / "runs" / "a" / "run" / LOCK_FILE).exists()
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_lock_file_left_by_a_killed_job_is_no_obstacle(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
