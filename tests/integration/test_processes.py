@@ -18,7 +18,7 @@ from tests.integration.cli import assert_one_line_error, run_cli, small_run
 from trainscale.bench.process import descendants
 
 LONG = (*small_run(train=512, test=128), "--epochs", "500", "--threads", "1")
-INTERRUPTED = "trainscale train: interrupted by SIGINT; workers stopped"
+INTERRUPTED = "trainscale train: interrupted; workers stopped"
 
 
 def start(tmp_path: Path, *args: object, temp: Path | None = None) -> subprocess.Popen:

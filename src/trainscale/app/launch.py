@@ -59,7 +59,7 @@ from trainscale.runtime import ft
 from trainscale.runtime.cpus import oversubscription, threads_per_worker
 from trainscale.runtime.job import Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
-from trainscale.runtime.orphans import become_launcher, die_with_parent
+from trainscale.runtime.orphans import become_launcher, die_with_parent, stop_word
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
 
@@ -308,7 +308,7 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
         )
         return 1
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
-        print(f"trainscale train: interrupted by {exc.sigval.name}; workers stopped", file=sys.stderr)
+        print(f"trainscale train: {stop_word(exc.sigval)}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
     if events is not None and plan.out is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))

@@ -156,12 +156,20 @@ class Terminated(KeyboardInterrupt):
     KeyboardInterrupt: the same unwinding, told apart where the process says how it stopped (``stop_report``)."""
 
 
+STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+def stop_word(sig: signal.Signals) -> str:
+    """How a command stopped by ``sig`` says so: Ctrl-C ``interrupted``, SIGTERM ``terminated``, any other
+    ``stopped by SIGHUP`` and the like."""
+    return STOP_WORDS.get(sig, f"stopped by {sig.name}")
+
+
 def stop_report(stop: KeyboardInterrupt) -> tuple[str, int]:
     """The word and exit status a stopped trainscale command ends with, the same in every command: Ctrl-C
     ``interrupted`` and 130, SIGTERM ``terminated`` and 143 (128 plus the signal, as a shell reports it)."""
-    if isinstance(stop, Terminated):
-        return "terminated", 128 + signal.SIGTERM
-    return "interrupted", 128 + signal.SIGINT
+    sig = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    return stop_word(sig), 128 + sig
 
 
 @contextlib.contextmanager
