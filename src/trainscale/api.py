@@ -114,7 +114,7 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
     """A model by name or import path: in this process (mode local), else through the CLI's launchers."""
     from trainscale.app.config import train_settings
     from trainscale.modes import mode_class
-    from trainscale.train.setup import resolve_out
+    from trainscale.train.setup import claimed_out
 
     cfg = train_settings(flags, config)
     if cfg.run.dry_run:
@@ -128,16 +128,16 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
     from trainscale.app.worker_env import user_code_env
 
     os.environ.update(user_code_env(cfg))  # the processes it starts import the user's code as this one did
-    out = resolve_out(cfg)  # fixed here, so the result is read from the folder the workers wrote
-    flags = {**flags, "out": str(out), **({"config": str(config)} if config else {})}
-    cfg = cfg.replace(out=str(out))
-    cause = ""
-    if cfg.launch.cluster is not None:
-        from trainscale.app.cluster_launch import cluster_main
+    with claimed_out(cfg) as out:  # fixed here, so the result is read from the folder the workers wrote
+        flags = {**flags, "out": str(out), **({"config": str(config)} if config else {})}
+        cfg = cfg.replace(out=str(out))
+        cause = ""
+        if cfg.launch.cluster is not None:
+            from trainscale.app.cluster_launch import cluster_main
 
-        status = cluster_main(cfg)
-    else:
-        status, cause = _launched(cfg, flags, job)
+            status = cluster_main(cfg)
+        else:
+            status, cause = _launched(cfg, flags, job)
     if status in STOPPED:  # Ctrl-C or SIGTERM: the workers are stopped; the caller gets what Ctrl-C gives in Python
         raise STOPPED[status]
     if status != 0:

@@ -1,6 +1,8 @@
 """Nothing already written is lost: run folders are never clobbered, resumes must match, torn files are read."""
 
 import logging
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +178,60 @@ def test_an_append_after_a_torn_line_cuts_it_off_instead_of_burying_it(tmp_path)
         f.write('{"run": 2, "sta')  # an append interrupted mid-line
     append_jsonl(ledger, {"run": 3})
     assert read_jsonl(ledger) == [{"run": 1}, {"run": 3}]
+
+
+def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run folder name of the test made in one second (other uses of the clock, logging's, untouched)."""
+    real = time.strftime
+    monkeypatch.setattr(
+        time, "strftime", lambda fmt, *t: "20260101-000000" if fmt == "%Y%m%d-%H%M%S" else real(fmt, *t)
+    )
+
+
+def test_runs_of_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """Without --out, a run whose default name a run of the same second has (a sweep of short `trainscale.fit`
+    calls; before, the second was refused: "already holds a run") gets `-2`, `-3`...; a job that takes a name
+    another took between the look and the make (started at the same time) takes the next; a job that wrote
+    nothing leaves none of the folders made for it."""
+    from trainscale.train import setup
+
+    monkeypatch.chdir(tmp_path)
+    one_second(monkeypatch)
+    config = build_config({"model": "mlp"})
+    base = tmp_path / "runs" / "mlp-cifar10-20260101-000000"
+    with setup.claimed_out(config) as first:
+        (first / "summary.json").write_text("{}")
+        assert setup.default_out_dir(config) == base.relative_to(tmp_path).with_name(f"{base.name}-2")
+        assert setup.default_out_dir(config, free=False) == first  # another process of the job: main's choice
+        with setup.claimed_out(config) as second:
+            assert second.name == f"{base.name}-2" and second.is_dir()
+        assert not second.exists()  # made here, nothing written: removed
+        real_lexists = setup.os.path.lexists
+        monkeypatch.setattr(setup.os.path, "lexists", lambda p: real_lexists(p) and p != Path(f"{first}-2"))
+        (tmp_path / f"{first}-2").mkdir()  # made by another job after this one found the name free
+        with setup.claimed_out(config) as third:
+            assert third.name == f"{base.name}-3"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [base.name, f"{base.name}-2"]
+    with setup.claimed_out(build_config({"model": "mlp", "out": "given"})) as given:
+        assert given == Path("given") and not given.exists()  # --out: made (and locked) by the run itself
+
+
+def test_a_run_that_wrote_nothing_leaves_no_runs_folder(tmp_path, monkeypatch):
+    from trainscale.train.setup import claimed_out
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError), claimed_out(build_config({"model": "mlp"})) as out:
+        assert out.is_dir()
+        raise RuntimeError
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_of_fits_in_one_second_keeps_every_run(tmp_path, monkeypatch):
+    import trainscale
+
+    monkeypatch.chdir(tmp_path)
+    one_second(monkeypatch)
+    small = {"model": "mlp", "dataset": "synthetic", "train_subset": 128, "test_subset": 64, "epochs": 1}
+    outs = [trainscale.fit(**small, lr=lr).out for lr in (0.1, 0.2)]
+    assert [Path(o).name for o in outs] == ["mlp-synthetic-20260101-000000", "mlp-synthetic-20260101-000000-2"]
+    assert all((Path(o) / "summary.json").exists() for o in outs)

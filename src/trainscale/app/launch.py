@@ -62,6 +62,7 @@ from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent, stop_word
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
+from trainscale.train.setup import claimed_out
 
 log = logging.getLogger("trainscale.launch")
 
@@ -256,9 +257,12 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None, work
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job, worker)
     plan = prepare(cfg, worker)
-    with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
-        os.environ.update(worker_env(cfg, plan.threads, fault_log))
-        return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"), worker)
+    with claimed_out(cfg) if plan.out is not None else contextlib.nullcontext(None) as out:  # node 0 owns it
+        if out is not None:
+            cfg, plan = cfg.replace(out=str(out)), dataclasses.replace(plan, out=out)
+        with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
+            os.environ.update(worker_env(cfg, plan.threads, fault_log))
+            return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"), worker)
 
 
 def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker: Worker | None = None) -> int:

@@ -41,8 +41,8 @@ from trainscale.train.schedules import create_schedule, never_steps
 from trainscale.train.setup import (
     augment_for,
     check_fits,
+    claimed_out,
     load_data,
-    resolve_out,
     run_folder,
     steps_per_epoch,
     summary_base,
@@ -111,8 +111,7 @@ def run_folder_held(cfg: TrainConfig, job: Job) -> Iterator[TrainConfig]:
     if job.by_trainscale or not is_main_process():
         yield cfg
         return
-    out = resolve_out(cfg)
-    with lock_run_folder(out):
+    with claimed_out(cfg) as out, lock_run_folder(out):
         yield cfg if cfg.run.out else cfg.replace(out=str(out))
 
 

@@ -5,9 +5,12 @@ the composition root (``app.run``) puts the pieces together with a mode."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,14 @@ from trainscale.data.download import ENV_VAR as DATA_ENV
 from trainscale.data.sharding import batches_per_epoch, check_world, train_shard_size
 from trainscale.data.user import UserSplit, load_user_data
 from trainscale.errors import ConfigError
-from trainscale.io import check_folder_permissions, check_folder_writable, read_json
+from trainscale.io import (
+    check_folder_permissions,
+    check_folder_writable,
+    missing_folders,
+    read_json,
+    remove_empty,
+    unwritable_reason,
+)
 from trainscale.models import model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.record import K
@@ -73,9 +83,17 @@ class BatchPlan:
         return cls(per_worker, global_batch, lr)
 
 
-def default_out_dir(cfg: CoreConfig) -> Path:
+def default_out_dir(cfg: CoreConfig, free: bool = True) -> Path:
+    """``runs/<model>-<dataset>-<time>``, with ``-2``, ``-3``... where a run of the same second has the name (a sweep
+    of short runs in a loop, several started at once). ``free`` False: the name without that search, as another
+    process of a job started by an outside launcher computes the one its main process chose."""
+    return next(name for name in default_names(cfg) if not (free and os.path.lexists(name)))
+
+
+def default_names(cfg: CoreConfig) -> Iterator[Path]:
     model, dataset = (name.replace(":", ".") for name in (cfg.data.model, cfg.data.dataset))
-    return Path("runs") / f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = Path("runs") / f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return itertools.chain([base], (base.with_name(f"{base.name}-{n}") for n in itertools.count(2)))
 
 
 def synthetic_size(cfg: CoreConfig, subset: int | None) -> dict[str, Any]:
@@ -188,6 +206,34 @@ def steps_per_epoch(n_train: int, workers: int, per_worker: int) -> int:
 
 def resolve_out(cfg: CoreConfig) -> Path:
     return Path(cfg.run.out) if cfg.run.out else default_out_dir(cfg)
+
+
+@contextlib.contextmanager
+def claimed_out(cfg: CoreConfig) -> Iterator[Path]:
+    """The run folder of the job about to start: ``--out``, else a default name made here, so that jobs started
+    in the same second (each seeing the name free) never share one; the folders made for it are removed on
+    leaving if the job wrote nothing there (``results.lock_run_folder``, taken after, did not make them)."""
+    if cfg.run.out:
+        yield Path(cfg.run.out)
+        return
+    names = (name for name in default_names(cfg) if not os.path.lexists(name))
+    out = next(names)
+    made = missing_folders(out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                out.mkdir()
+                break
+            except FileExistsError:  # another job made it between the look and the make: the next name
+                out = next(names)
+    except OSError as exc:
+        remove_empty(made)
+        raise ConfigError(f"--out {out}: cannot write there ({unwritable_reason(out, exc)}); give --out") from None
+    try:
+        yield out
+    finally:
+        remove_empty([out, *made])
 
 
 RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.jsonl", "config.json")  # any of them: a trainscale run
@@ -320,7 +366,9 @@ def run_folder(cfg: CoreConfig, standby: bool = False, job: Job | None = None) -
     launchers hold its lock)."""
     check_model_input(cfg)
     main = is_main_process()
-    out = resolve_out(cfg) if main or standby else None
+    out = resolve_out(cfg) if main else None
+    if standby and not main:  # the main process's choice of name, not the next free one after it
+        out = Path(cfg.run.out) if cfg.run.out else default_out_dir(cfg, free=False)
     restarted = job_restarted()
     resume = wants_resume(cfg, out if main else None, restarted)
     if out is None:
