@@ -376,6 +376,8 @@ class RunConfig(Section):
     def validate(self) -> None:
         if self.out is not None and not self.out.strip():
             raise ConfigError("--out is empty; give a folder, or leave --out out for runs/<model>-<dataset>-<time>")
+        if self.resume and self.out is None:  # else a new default folder, with no checkpoint to continue
+            raise ConfigError("--resume continues the run in --out: give --out DIR, the run folder to continue")
 
 
 @dataclass

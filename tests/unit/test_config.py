@@ -30,6 +30,7 @@ def test_layers_merge_left_to_right():
         ({"schedule": "stepp"}, "did you mean 'step'"),
         ({"milestones": [61, 41]}, "--milestones"),
         ({"out": " "}, "--out is empty; give a folder"),
+        ({"resume": True}, "--resume continues the run in --out: give --out DIR"),  # not a new default folder
     ],
 )
 def test_bad_values_name_the_problem(bad, fragment):
