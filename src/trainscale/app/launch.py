@@ -22,6 +22,7 @@ CUDA build of torch, unless the run is on the CPU by ``--device cpu``) or the la
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import getpass
 import importlib
@@ -190,14 +191,35 @@ def as_new_process() -> None:
     a KeyboardInterrupt again, until the worker asks to end quietly); the temporary folder is read again from
     TMPDIR (the launcher's job folder, ``job_temp_folder``; Python remembers the one it saw first); log lines
     name this rank, not the launcher; the user's modules are imported again (``forget_user_modules``); who it is
-    is noted for the launcher, which reaps no workers itself (``app.exits``)."""
+    is noted for the launcher, which reaps no workers itself (``app.exits``); torch's C++ log level is read
+    again from TORCH_CPP_LOG_LEVEL (``cpp_log_level_from_env``)."""
     for sig in AGENT_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     tempfile.tempdir = None
+    cpp_log_level_from_env()
     relabel(f"rank {os.environ.get('RANK', '0')}")
     forget_user_modules()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         note_worker(os.environ["TORCHELASTIC_ERROR_FILE"])  # for the launcher's triage (``app.exits``)
+
+
+CPP_LOG_LEVELS = {"INFO": 0, "WARNING": 1, "ERROR": 2, "FATAL": 3}  # c10's, as TORCH_CPP_LOG_LEVEL names them
+
+
+def cpp_log_level_from_env() -> None:
+    """torch's C++ log level as TORCH_CPP_LOG_LEVEL gives it (``worker_env`` sets ERROR for parameter-server jobs,
+    whose RPC shutdown makes TensorPipe warn of every closed connection). c10 reads the variable once, when torch
+    loads, so a worker forked from a launcher that set it later kept the launcher's level: its flag is set here.
+    A no-op where the variable is unset or unknown, or a torch build whose library lacks the flag."""
+    level = os.environ.get("TORCH_CPP_LOG_LEVEL", "").strip().upper()
+    value = CPP_LOG_LEVELS.get(level, int(level) if level.isdigit() else None)
+    if value is None:
+        return
+    import torch
+
+    with contextlib.suppress(OSError, ValueError):
+        c10 = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+        ctypes.c_int.in_dll(c10, "FLAGS_caffe2_log_level").value = value
 
 
 def forget_user_modules() -> None:
