@@ -25,11 +25,14 @@ pytestmark = [
 FT = ["--workers", "2", "--fault-tolerance", "--batch-per-worker", "32"]
 
 
-def ft_run(tmp_path, name, *extra, epochs=3, subset=512):
+def ft_run(tmp_path, name, *extra, epochs=3, subset=512, quiet=False):
+    """``quiet``: a run without faults, whose output warns of nothing (no start-up heal, no torchft server logs)."""
     settings = {**COMMON, "epochs": epochs, "train_subset": subset}
     settings.pop("batch_size")
     proc = run_cli("train", *as_flags(settings), *FT, *extra, "--out", tmp_path / name, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    noise = [line for line in proc.stderr.splitlines() if " INFO " not in line and line.strip()]
+    assert not (quiet and noise), noise
     out = tmp_path / name
     return out, json.loads((out / "summary.json").read_text())
 
@@ -43,7 +46,7 @@ def complete_record(out, epochs):
 
 def test_fault_free_replicas_learn_what_one_process_learns(tmp_path):
     run_training(build_config(COMMON, {"out": str(tmp_path / "one")}))
-    out, summary = ft_run(tmp_path, "ft", "--ft-timeout", "120")  # numerics: a loaded machine must not drop a peer
+    out, summary = ft_run(tmp_path, "ft", "--ft-timeout", "120", quiet=True)  # numerics: a loaded machine must not drop a peer
     one, two = weights(tmp_path / "one"), weights(out)
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-5, msg=key)

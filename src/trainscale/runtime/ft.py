@@ -44,10 +44,17 @@ HEARTBEAT_S = 0.1
 
 def torchft_available() -> bool:
     try:
-        import torchft  # noqa: F401
+        import_torchft()
     except ImportError:
         return False
     return True
+
+
+def import_torchft() -> None:
+    """Load torchft with its Rust servers' log level at warnings (unless RUST_LOG says otherwise): they log every
+    quorum at info, and read RUST_LOG once, when the library loads, so it must be set before the first import."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    import torchft  # noqa: F401
 
 
 def require_torchft() -> None:
@@ -64,7 +71,7 @@ def lighthouse(host: str, heartbeat_timeout_s: float, port: int = 0) -> Iterator
     A replica whose heartbeats stop for ``heartbeat_timeout_s`` leaves the next quorum; a live one that is late
     (it was sending its state to a healing peer) is waited for as long, or it would have to heal in turn, and the
     one that sends to it would be late next: with 100 ms a chaos run healed someone at every step."""
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum at info
+    import_torchft()
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(

@@ -110,7 +110,10 @@ class ReplicaSession:
         self.position = Position(**state["position"])
         if self.compression is not None and state.get("compression"):
             self.compression.load_state_dict(state["compression"])
-        log.warning("healed from a peer: epoch %d, batch %d", self.position.epoch + 1, self.position.batches)
+        if (self.position.epoch, self.position.batches) == (0, 0):  # every replica starts from one model: no fault
+            log.info("took the starting model from a peer")
+        else:
+            log.warning("healed from a peer: epoch %d, batch %d", self.position.epoch + 1, self.position.batches)
         ft.log_event("healed", step=self.manager.current_step() if self.manager else None)
 
     def quorum(self) -> None:
