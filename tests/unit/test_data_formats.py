@@ -511,6 +511,25 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_folder_as_tensors(tmp_path, "train", 224)
 
 
+def test_image_folder_labels_are_the_training_splits_classes_in_every_split(tmp_path: Path) -> None:
+    """A validation split without a class keeps the others' labels (before: each split numbered its own folders, so
+    `val/` without `ant/` labelled its cats 0, the training ants' label, and the accuracy was silently wrong); a
+    folder that would shift the labels, an empty training class or a validation class training lacks, is one
+    error naming it."""
+    make_image_folder(tmp_path)
+    for image in (tmp_path / "val" / "ant").iterdir():
+        image.unlink()
+    (tmp_path / "val" / "ant").rmdir()
+    val = load_folder_as_tensors(tmp_path, "val", 32)
+    assert val.labels.tolist() == [1, 1, 1] and val.num_classes == 2
+    (tmp_path / "val" / "bee").mkdir()
+    with pytest.raises(DataError, match=r"val has class folder\(s\) the training split lacks: bee"):
+        load_folder_as_tensors(tmp_path, "val", 32)
+    (tmp_path / "train" / "bee").mkdir()
+    with pytest.raises(DataError, match=r"class folder .*train/bee holds no .jpg/.jpeg/.png images"):
+        load_folder_as_tensors(tmp_path, "train", 32)
+
+
 # ------------------------------------------------------------------------------- registry & tensors
 
 

@@ -55,16 +55,34 @@ def find_classes(split_dir: Path) -> list[str]:
 
 
 def list_samples(root: Path, split: str) -> tuple[list[tuple[Path, int]], list[str]]:
-    """(path, class index) of every image of ``root/split`` (sorted), and the class names."""
+    """(path, class index) of every image of ``root/split`` (sorted), and the class names. The classes are the
+    training split's, in every split: a class index means one class in training and evaluation, whatever folders
+    another split lacks; a class folder of another split that training lacks, or a training class without
+    images, is refused (either would shift every later class's index between the splits)."""
     split_dir = Path(root) / split
-    classes = find_classes(split_dir)
+    classes = find_classes(Path(root) / "train")
+    extra = sorted(set(find_classes(split_dir)) - set(classes))
+    if extra:
+        raise DataError(
+            f"{split_dir} has class folder(s) the training split lacks: {', '.join(extra[:5])}; "
+            f"every class needs training images in {Path(root) / 'train'}"
+        )
     samples: list[tuple[Path, int]] = []
     for index, name in enumerate(classes):
-        files = sorted(p for p in (split_dir / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        files = images_in(split_dir / name)
+        if not files and split == "train":
+            raise DataError(f"class folder {split_dir / name} holds no .jpg/.jpeg/.png images; add some or remove it")
         samples.extend((p, index) for p in files)
     if not samples:
         raise DataError(f"no .jpg/.jpeg/.png images under {split_dir}; {LAYOUT_HINT}")
     return samples, classes
+
+
+def images_in(folder: Path) -> list[Path]:
+    """The images of one class folder, sorted; none where the folder is absent (a class another split lacks)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
 def decode_image(path: Path, image_size: int, rng: random.Random | None = None) -> np.ndarray:
