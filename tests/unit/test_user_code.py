@@ -190,6 +190,20 @@ def no_class_count() -> dict:
     return {"train": ds, "test": ds}
 
 
+def named(classes: list[str]) -> TensorDataset:
+    dataset = TensorDataset(torch.zeros(4, 3, 4, 4), torch.zeros(4, dtype=torch.long))
+    dataset.classes = classes  # type: ignore[attr-defined]  # as torchvision's ImageFolder names its folders
+    return dataset
+
+
+def val_folder_lacks_a_class() -> dict:
+    return {"train": named(["ant", "bee", "cat"]), "test": named(["ant", "cat"])}
+
+
+def classes_reordered() -> dict:
+    return {"train": named(["ant", "bee"]), "test": named(["bee", "ant"])}
+
+
 def raises() -> dict:
     raise FileNotFoundError("/data/mine/train.npy")
 
@@ -214,6 +228,8 @@ def only_mean() -> dict:
         ("mixed_kinds", "train and test must be of one kind"),
         ("pil_items", "train[0] image is a Image; return a C x H x W tensor"),
         ("no_class_count", "return num_classes with Datasets"),
+        ("val_folder_lacks_a_class", "the train and test splits name different classes (train only: bee)"),
+        ("classes_reordered", "name different classes (the same names in another order)"),
         ("raises", "failed: FileNotFoundError: /data/mine/train.npy"),
         ("only_mean", "give both mean and std, or neither"),
     ],

@@ -244,6 +244,7 @@ def _dataset_splits(data: UserData, path: str) -> tuple[DatasetSplit, DatasetSpl
             f"dataset {path}: train items are {_shape(shapes['train'])} images but test items "
             f"{_shape(shapes['test'])}; both splits need one image shape"
         )
+    check_same_classes(data, path)
     classes = data.num_classes
     if classes is None:
         names = getattr(data.train, "classes", None)
@@ -258,6 +259,28 @@ def _dataset_splits(data: UserData, path: str) -> tuple[DatasetSplit, DatasetSpl
     return (
         DatasetSplit(data.train, classes, shapes["train"], mean, std, name=f"{path} (train)"),
         DatasetSplit(data.test, classes, shapes["test"], mean, std, name=f"{path} (test)"),
+    )
+
+
+def check_same_classes(data: UserData, path: str) -> None:
+    """Splits that name their classes (torchvision's ``ImageFolder``: the sorted folder names of its own root) must
+    name the same ones in the same order: a test folder lacking a class numbers the later classes one lower, and
+    every accuracy would be measured against other classes' labels, without an error."""
+    train_names, test_names = (getattr(getattr(data, which), "classes", None) for which in ("train", "test"))
+    if train_names is None or test_names is None:
+        return
+    train, test = list(train_names), list(test_names)
+    if train == test:
+        return
+    only = [
+        f"{which} only: {', '.join(map(str, sorted(set(a) - set(b), key=str)[:3]))}"
+        for which, a, b in (("train", train, test), ("test", test, train))
+        if set(a) - set(b)
+    ]
+    detail = "; ".join(only) or "the same names in another order"
+    raise DataError(
+        f"dataset {path}: the train and test splits name different classes ({detail}), so one label would mean "
+        "two classes; build the test split with the training split's classes"
     )
 
 
