@@ -382,3 +382,27 @@ def test_run_toml_records_the_model_args_and_recreates_the_config(tmp_path: Path
     RunWriter(tmp_path).write_run_toml(cfg)
     again = train_settings({}, tmp_path / RUN_TOML)
     assert again == cfg and parse_args(again.data.model_args) == {"width": 4, "tag": "4", "x": "a,b"}
+
+
+def by_class() -> dict:
+    labels = torch.arange(4).repeat_interleave(50)  # 200 images ordered by class, as concatenated class folders are
+    images = torch.zeros(200, 3, 4, 4, dtype=torch.uint8)
+    return {"train": (images, labels), "test": (images, labels)}
+
+
+def test_a_subset_of_data_ordered_by_class_is_named_not_trained_silently() -> None:
+    """`--train-subset 60` of class-ordered tensors holds 2 of 4 classes: said once, by the run's main process
+    (before: a run that only ever saw two classes, with no sign); shuffled data, or a subset too small to hold
+    every class, says nothing."""
+    from trainscale.train.setup import load_data, subset_class_warnings
+
+    def said(dataset: str, train: int, test: int | None = None) -> list[str]:
+        cfg = build_config({"model": "mlp", "dataset": dataset, "train_subset": train, "test_subset": test})
+        return subset_class_warnings(cfg, *load_data(cfg))
+
+    assert said(f"{HERE}:by_class", 60, 200) == [
+        f"--train-subset 60: the first 60 items of {HERE}:by_class (train) hold 2 of its 4 classes (is the data "
+        "ordered by class?); a subset is the first N items, so shuffle the data first"
+    ]
+    assert said(f"{HERE}:by_class", 20) == [] and said(f"{HERE}:by_class", 200) == []
+    assert said("tests.userpkg.data:tensors", 64, 64) == []

@@ -45,6 +45,7 @@ from trainscale.train.setup import (
     load_data,
     run_folder,
     steps_per_epoch,
+    subset_class_warnings,
     summary_base,
 )
 from trainscale.train.step import torch_mode
@@ -120,6 +121,8 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     precision = Precision(cfg.run.precision, device)
     writer, resume = run_folder(cfg, standby=mode.standby_writer, job=job)
     train, test = load_data(cfg)
+    for line in subset_class_warnings(cfg, train, test) if is_main_process() else ():
+        log.warning("%s", line)
     workers = mode.data_parallel_size()
     plan = check_fits(cfg, len(train), len(test), workers)
     check_model_on_data(cfg, train, mode_class(cfg.run.mode).uses_servers)

@@ -23,6 +23,7 @@ from trainscale.data import AugmentConfig, load_dataset
 from trainscale.data.checksums import ChecksumError
 from trainscale.data.download import ENV_VAR as DATA_ENV
 from trainscale.data.sharding import batches_per_epoch, check_world, train_shard_size
+from trainscale.data.tensors import ImageTensors
 from trainscale.data.user import UserSplit, load_user_data
 from trainscale.errors import ConfigError
 from trainscale.io import (
@@ -133,6 +134,30 @@ def _subsets(
     if test_subset:
         test = test.subset(test_subset)
     return train, test
+
+
+SUBSET_SAMPLES_PER_CLASS = 10  # a shuffled subset this large misses a class with odds of about C x e^-10
+
+
+def subset_class_warnings(cfg: CoreConfig, train: UserSplit, test: UserSplit) -> list[str]:
+    """What to say of a subset (``--train-subset``, ``--test-subset``: the first N items) that holds far fewer classes
+    than the data: data ordered by class gives a run that learns, or is tested on, only the first few, with no other
+    sign. Said only where the labels are at hand (tensors) and the subset is large enough that shuffled data would
+    hold every class."""
+    said = []
+    for flag, n, split in (
+        ("--train-subset", cfg.data.train_subset, train),
+        ("--test-subset", cfg.data.test_subset, test),
+    ):
+        if not n or not isinstance(split, ImageTensors) or n < SUBSET_SAMPLES_PER_CLASS * split.num_classes:
+            continue
+        held = int(torch.unique(split.labels).numel())
+        if held < split.num_classes:
+            said.append(
+                f"{flag} {n}: the first {n} items of {split.name} hold {held} of its {split.num_classes} classes "
+                "(is the data ordered by class?); a subset is the first N items, so shuffle the data first"
+            )
+    return said
 
 
 def augment_for(cfg: CoreConfig, native: int, want: int) -> tuple[AugmentConfig, AugmentConfig]:
