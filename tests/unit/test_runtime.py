@@ -249,3 +249,22 @@ def test_a_folder_another_process_holds_is_refused_by_the_checks(tmp_path):
     finally:
         holder.communicate("", timeout=10)
     assert lock_holder(out) is None
+
+
+def test_a_stop_handler_outside_the_main_thread_changes_nothing_and_raises_nothing():
+    """`trainscale.fit(..., fault_tolerance=True)` from a thread of the user's raised "signal only works in main
+    thread" from the launcher's SIGTERM handler; there the block now runs with the process's handlers as they are."""
+    import threading
+
+    from trainscale.runtime.orphans import sigterm_as_interrupt
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def enter() -> None:
+        with sigterm_as_interrupt():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    assert seen == [before] and signal.getsignal(signal.SIGTERM) is before

@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -175,11 +176,15 @@ def stop_report(stop: KeyboardInterrupt) -> tuple[str, int]:
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises ``Terminated`` (a KeyboardInterrupt) inside the block (see the module docstring); the
-    handler before it comes back after."""
+    handler before it comes back after. Outside the main thread (``trainscale.fit`` called from a thread of the
+    user's), where Python takes no handlers and SIGTERM would not reach the block anyway, nothing changes."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise Terminated
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
