@@ -73,14 +73,21 @@ def check_output(path: Path | str, label: str = "output", probe: bool = False) -
         raise ConfigError(f"{label} {path}: cannot write there ({existing} is not a folder): choose another path")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{label} {path}: cannot write there (no permission in {existing}): choose another path")
-    if probe and existing is not None and existing == _target(path).parent:
-        try:
-            with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
-                pass
-        except OSError as exc:
-            raise ConfigError(
-                f"{label} {path}: cannot write there ({exc.strerror or exc}): choose another path"
-            ) from None
+    refused = (
+        refusal_of_a_file(existing) if probe and existing is not None and existing == _target(path).parent else None
+    )
+    if refused:
+        raise ConfigError(f"{label} {path}: cannot write there ({refused}): choose another path")
+
+
+def refusal_of_a_file(folder: Path) -> str | None:
+    """Why ``folder`` takes no new file (the OS's words), found with an unnamed temporary file (``O_TMPFILE``; a
+    name removed at once where the file system lacks it), so nothing is left; None when it takes one."""
+    try:
+        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=folder):
+            return None
+    except OSError as exc:
+        return str(exc.strerror or exc)
 
 
 def _target(path: Path) -> Path:
@@ -292,22 +299,17 @@ def check_folder_writable(folder: Path, flag: str = "--out") -> None:
 
 def check_folder_permissions(folder: Path, flag: str = "--out") -> None:
     """``check_folder_writable`` without making anything: the nearest existing ancestor must be a folder this
-    process may write into, and must take a file. The probe is an unnamed temporary file (``O_TMPFILE``; a
-    name removed at once where the file system lacks it), so a dry run leaves nothing, while permissions alone
-    would pass root on a read-only file system or on /proc."""
+    process may write into, and must take a file (``refusal_of_a_file``: permissions alone pass root on /proc)."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{flag} {folder}: cannot write there ({existing} is a file); choose another {flag}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {folder}: cannot write there (no permission in {existing}); choose another {flag}")
-    try:
-        with tempfile.TemporaryFile(prefix=".trainscale-probe-", dir=existing):
-            pass
-    except OSError as exc:
+    refused = refusal_of_a_file(existing)
+    if refused:
         raise ConfigError(
-            f"{flag} {folder}: cannot write there ({existing} takes no new file: {exc.strerror or exc}); "
-            f"choose another {flag}"
-        ) from None
+            f"{flag} {folder}: cannot write there ({existing} takes no new file: {refused}); choose another {flag}"
+        )
 
 
 def unwritable_reason(folder: Path, exc: OSError) -> str:
