@@ -554,6 +554,21 @@ def test_registry_imagefolder(tmp_path: Path) -> None:
     assert data.images.shape == (6, 3, 64, 64)
 
 
+def test_a_subset_of_an_image_folder_decodes_only_its_images_across_the_classes(tmp_path: Path) -> None:
+    """`--train-subset 2` of a folder: one image of each class, the only ones decoded (before: every image was
+    decoded and the first two kept, both of the first class, so a run trained on one class of two)."""
+    from trainscale.app.config import build_config
+    from trainscale.train.setup import load_data
+
+    make_image_folder(tmp_path)
+    cfg = build_config({"model": "mlp", "dataset": "imagefolder", "data_dir": str(tmp_path), "train_subset": 2})
+    train, test = load_data(cfg)
+    assert isinstance(train, ImageTensors) and sorted(train.labels.tolist()) == [0, 1] and len(test) == 6
+    too_many = build_config({"model": "mlp", "dataset": "imagefolder", "data_dir": str(tmp_path), "test_subset": 9})
+    with pytest.raises(ConfigError, match="asked for a subset of 9 samples but imagefolder has only 6"):
+        load_data(too_many)
+
+
 @pytest.mark.realdata
 def test_registry_real_cifar10(cifar10_dir: Path) -> None:
     data = load_dataset("cifar10", train=False, data_dir=str(cifar10_dir), download=False)

@@ -46,7 +46,9 @@ def synthetic(*, train: bool, image_size: int | None, synthetic_size: int, **_: 
 
 
 @DATASETS.register("imagefolder", num_classes=None, image_size=224, downloadable=False)
-def imagefolder(*, train: bool, data_dir: Path | str | None, image_size: int | None, **_: Any) -> ImageTensors:
+def imagefolder(
+    *, train: bool, data_dir: Path | str | None, image_size: int | None, limit: int | None = None, **_: Any
+) -> ImageTensors:
     from trainscale.data.download import ENV_VAR
     from trainscale.data.imagefolder import load_folder_as_tensors
 
@@ -56,7 +58,7 @@ def imagefolder(*, train: bool, data_dir: Path | str | None, image_size: int | N
             f"dataset 'imagefolder' needs --data-dir (or {ENV_VAR}) pointing at a folder with "
             f"train/<class>/ and val/<class>/ image folders"
         )
-    return load_folder_as_tensors(root, "train" if train else "val", image_size or 224)
+    return load_folder_as_tensors(root, "train" if train else "val", image_size or 224, limit=limit)
 
 
 def load_dataset(
@@ -68,8 +70,11 @@ def load_dataset(
     download: bool = True,
     image_size: int | None = None,
     synthetic_size: int = 50_000,
+    limit: int | None = None,
 ) -> ImageTensors:
-    """Load the training (``train=True``) or test split of a registered dataset into memory."""
+    """Load the training (``train=True``) or test split of a registered dataset into memory. ``limit``: the most
+    images a run will use (``--train-subset``, ``--test-subset``), for a dataset that can load fewer (image folders
+    decode only those, taken across the classes); the others load every image and the run takes its first ones."""
     return DATASETS.create(
         name,
         train=train,
@@ -78,6 +83,7 @@ def load_dataset(
         download=download,
         image_size=image_size,
         synthetic_size=synthetic_size,
+        limit=limit,
     )
 
 

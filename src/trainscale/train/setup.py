@@ -119,8 +119,16 @@ def load_data(cfg: CoreConfig) -> tuple[UserSplit, UserSplit]:
     synthetic = cfg.data.dataset == "synthetic"
     test_subset = cfg.data.test_subset or (SYNTHETIC_TEST_SIZE if synthetic else None)
     try:
-        train = load_dataset(cfg.data.dataset, train=True, **common, **synthetic_size(cfg, cfg.data.train_subset))
-        test = load_dataset(cfg.data.dataset, train=False, **common, **synthetic_size(cfg, test_subset))
+        train = load_dataset(
+            cfg.data.dataset,
+            train=True,
+            limit=cfg.data.train_subset,
+            **common,
+            **synthetic_size(cfg, cfg.data.train_subset),
+        )
+        test = load_dataset(
+            cfg.data.dataset, train=False, limit=test_subset, **common, **synthetic_size(cfg, test_subset)
+        )
     except ChecksumError as exc:
         raise ChecksumError(f"{exc}, or train without the check (--no-verify)") from None
     return _subsets(cfg, train, test, test_subset)
