@@ -406,3 +406,14 @@ def test_a_subset_of_data_ordered_by_class_is_named_not_trained_silently() -> No
     ]
     assert said(f"{HERE}:by_class", 20) == [] and said(f"{HERE}:by_class", 200) == []
     assert said("tests.userpkg.data:tensors", 64, 64) == []
+    assert said(f"{HERE}:folders_by_class", 60) == [  # torchvision's ImageFolder: its samples are ordered by class
+        f"--train-subset 60: the first 60 items of {HERE}:folders_by_class (train) hold 2 of its 4 classes (is the "
+        "data ordered by class?); a subset is the first N items, so shuffle the data first"
+    ]
+
+
+def folders_by_class() -> dict:
+    images, labels = by_class()["train"]
+    dataset = TensorDataset(images, labels)
+    dataset.targets = labels.tolist()  # type: ignore[attr-defined]
+    return {"train": dataset, "test": dataset, "num_classes": 4}

@@ -70,6 +70,20 @@ class DatasetSplit:
             raise ConfigError(f"asked for a subset of {n} samples but {self.name} has {len(self)}; use 1..{len(self)}")
         return replace(self, dataset=Subset(self.dataset, range(n)))
 
+    def known_labels(self) -> torch.Tensor | None:
+        """The split's labels where the dataset lists them without reading its images (torchvision's ``targets``);
+        None where it does not, or lists something else."""
+        subset = self.dataset if isinstance(self.dataset, Subset) else None
+        indices = None if subset is None else list(subset.indices)
+        targets: Any = getattr(self.dataset if subset is None else subset.dataset, "targets", None)
+        if targets is None:
+            return None
+        try:
+            labels = torch.as_tensor(targets if indices is None else [targets[i] for i in indices])
+        except (TypeError, ValueError, IndexError, RuntimeError):
+            return None
+        return labels if labels.dim() == 1 and len(labels) == len(self) and not labels.is_floating_point() else None
+
     def first_images(self, n: int) -> torch.Tensor:
         """The first ``n`` images stacked (a model's data-based initialisation)."""
         return torch.stack([torch.as_tensor(self.dataset[i][0]) for i in range(min(n, len(self)))])

@@ -150,16 +150,17 @@ SUBSET_SAMPLES_PER_CLASS = 10  # a shuffled subset this large misses a class wit
 def subset_class_warnings(cfg: CoreConfig, train: UserSplit, test: UserSplit) -> list[str]:
     """What to say of a subset (``--train-subset``, ``--test-subset``: the first N items) that holds far fewer classes
     than the data: data ordered by class gives a run that learns, or is tested on, only the first few, with no other
-    sign. Said only where the labels are at hand (tensors) and the subset is large enough that shuffled data would
-    hold every class."""
+    sign. Said only where the labels are at hand (tensors, a Dataset's ``targets``) and the subset is large enough
+    that shuffled data would hold every class."""
     said = []
     for flag, n, split in (
         ("--train-subset", cfg.data.train_subset, train),
         ("--test-subset", cfg.data.test_subset, test),
     ):
-        if not n or not isinstance(split, ImageTensors) or n < SUBSET_SAMPLES_PER_CLASS * split.num_classes:
+        labels = split.labels if isinstance(split, ImageTensors) else split.known_labels()
+        if not n or labels is None or n < SUBSET_SAMPLES_PER_CLASS * split.num_classes:
             continue
-        held = int(torch.unique(split.labels).numel())
+        held = int(torch.unique(labels).numel())
         if held < split.num_classes:
             said.append(
                 f"{flag} {n}: the first {n} items of {split.name} hold {held} of its {split.num_classes} classes "
