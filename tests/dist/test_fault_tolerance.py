@@ -46,7 +46,8 @@ def complete_record(out, epochs):
 
 def test_fault_free_replicas_learn_what_one_process_learns(tmp_path):
     run_training(build_config(COMMON, {"out": str(tmp_path / "one")}))
-    out, summary = ft_run(tmp_path, "ft", "--ft-timeout", "120", quiet=True)  # numerics: a loaded machine must not drop a peer
+    # numerics: a loaded machine must not drop a peer
+    out, summary = ft_run(tmp_path, "ft", "--ft-timeout", "120", quiet=True)
     one, two = weights(tmp_path / "one"), weights(out)
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-5, msg=key)
