@@ -144,24 +144,21 @@ def _subsets(
     return train, test
 
 
-SUBSET_SAMPLES_PER_CLASS = 10  # a shuffled subset this large misses a class with odds of about C x e^-10
-
-
 def subset_class_warnings(cfg: CoreConfig, train: UserSplit, test: UserSplit) -> list[str]:
-    """What to say of a subset (``--train-subset``, ``--test-subset``: the first N items) that holds far fewer classes
-    than the data: data ordered by class gives a run that learns, or is tested on, only the first few, with no other
+    """What to say of a subset (``--train-subset``, ``--test-subset``: the first N items) that holds at most half the
+    data's classes: data ordered by class gives a run that learns, or is tested on, only the first few, with no other
     sign. Said only where the labels are at hand (tensors, a Dataset's ``targets``) and the subset is large enough
-    that shuffled data would hold every class."""
+    (three items per class, 20 at least) that shuffled data all but never holds half the classes or fewer."""
     said = []
     for flag, n, split in (
         ("--train-subset", cfg.data.train_subset, train),
         ("--test-subset", cfg.data.test_subset, test),
     ):
         labels = split.labels if isinstance(split, ImageTensors) else split.known_labels()
-        if not n or labels is None or n < SUBSET_SAMPLES_PER_CLASS * split.num_classes:
+        if not n or labels is None or n < max(3 * split.num_classes, 20):
             continue
         held = int(torch.unique(labels).numel())
-        if held < split.num_classes:
+        if 2 * held <= split.num_classes:  # far fewer: shuffled data that misses a class or two says nothing
             said.append(
                 f"{flag} {n}: the first {n} items of {split.name} hold {held} of its {split.num_classes} classes "
                 "(is the data ordered by class?); a subset is the first N items, so shuffle the data first"
