@@ -154,8 +154,10 @@ def subset_class_warnings(cfg: CoreConfig, train: UserSplit, test: UserSplit) ->
         ("--train-subset", cfg.data.train_subset, train),
         ("--test-subset", cfg.data.test_subset, test),
     ):
+        if not n or n < max(3 * split.num_classes, 20):
+            continue
         labels = split.labels if isinstance(split, ImageTensors) else split.known_labels()
-        if not n or labels is None or n < max(3 * split.num_classes, 20):
+        if labels is None:
             continue
         held = int(torch.unique(labels).numel())
         if 2 * held <= split.num_classes:  # far fewer: shuffled data that misses a class or two says nothing
