@@ -156,6 +156,14 @@ def nan_images() -> dict:
     return {"train": _pair(images=torch.full((8, 3, 4, 4), float("nan"))), "test": _pair()}
 
 
+def channels_last() -> dict:
+    return {"train": _pair(images=torch.zeros(8, 8, 8, 3, dtype=torch.uint8)), "test": _pair()}
+
+
+def float_0_255() -> dict:
+    return {"train": _pair(images=torch.full((8, 3, 4, 4), 255.0)), "test": _pair()}
+
+
 def shapes_differ() -> dict:
     return {"train": _pair(), "test": _pair(images=torch.zeros(8, 3, 5, 5, dtype=torch.uint8))}
 
@@ -222,6 +230,8 @@ def only_mean() -> dict:
         ("count_mismatch", "train has 8 images but 7 labels"),
         ("int_images", "train images must be uint8 (0..255) or float (0..1), got torch.int32"),
         ("nan_images", "train images hold NaN or infinite values"),
+        ("channels_last", "train images of shape 8 x 8 x 8 x 3 look channels-last (N x H x W x C)"),
+        ("float_0_255", "train float images must be in 0..1, found 255 to 255: divide 0..255 images by 255"),
         ("shapes_differ", "train images are 3 x 4 x 4 but test images 3 x 5 x 5"),
         ("a_list", "returned list; return a dict with 'train' and 'test'"),
         ("unknown_key", "returned a dict with unknown key(s) 'classes'"),

@@ -169,12 +169,23 @@ def _pair(split: Any, path: str, which: str) -> tuple[torch.Tensor, torch.Tensor
         raise DataError(f"{where} images must be N x C x H x W, got shape {_shape(images.shape)}{hint}")
     if images.shape[0] == 0 or min(images.shape[1:]) < 1:
         raise DataError(f"{where} images are empty (shape {_shape(images.shape)})")
+    if images.shape[1] > 4 and images.shape[-1] in (1, 3, 4):
+        raise DataError(
+            f"{where} images of shape {_shape(images.shape)} look channels-last (N x H x W x C); give N x C x H x W: "
+            "images.permute(0, 3, 1, 2)"
+        )
     if images.dtype != torch.uint8 and not images.is_floating_point():
         raise DataError(f"{where} images must be uint8 (0..255) or float (0..1), got {images.dtype}")
     if images.is_floating_point():
         images = images.float()
         if not bool(torch.isfinite(images).all()):
             raise DataError(f"{where} images hold NaN or infinite values")
+        low, high = float(images.min()), float(images.max())
+        if low < 0.0 or high > 1.0:  # the augmentations clip to 0..1: other units would be erased, not trained on
+            raise DataError(
+                f"{where} float images must be in 0..1, found {low:g} to {high:g}: divide 0..255 images by 255 (or "
+                "give them as uint8), and give images before normalisation (mean= and std= set your own)"
+            )
     if labels.dim() != 1 or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise DataError(
             f"{where} labels must be one integer class index per image (shape N), got {labels.dtype} of "
