@@ -231,7 +231,6 @@ def only_mean() -> dict:
         ("int_images", "train images must be uint8 (0..255) or float (0..1), got torch.int32"),
         ("nan_images", "train images hold NaN or infinite values"),
         ("channels_last", "train images of shape 8 x 8 x 8 x 3 look channels-last (N x H x W x C)"),
-        ("float_0_255", "train float images must be in 0..1, found 255 to 255: divide 0..255 images by 255"),
         ("shapes_differ", "train images are 3 x 4 x 4 but test images 3 x 5 x 5"),
         ("a_list", "returned list; return a dict with 'train' and 'test'"),
         ("unknown_key", "returned a dict with unknown key(s) 'classes'"),
@@ -398,6 +397,20 @@ def by_class() -> dict:
     labels = torch.arange(4).repeat_interleave(50)  # 200 images ordered by class, as concatenated class folders are
     images = torch.zeros(200, 3, 4, 4, dtype=torch.uint8)
     return {"train": (images, labels), "test": (images, labels)}
+
+
+def test_float_images_outside_0_1_train_unless_an_augmentation_would_clip_them() -> None:
+    """0..255 float tensors are normalised by their own statistics and train; with --brightness or --contrast, which
+    clip to 0..1, they would be erased: one line, before anything runs."""
+    from trainscale.train.setup import load_data
+
+    settings = {"model": "mlp", "dataset": f"{HERE}:float_0_255"}
+    train, _ = load_data(build_config(settings))
+    assert train.images.is_floating_point() and float(train.images.max()) == 255.0
+    for flag in ("brightness", "contrast"):
+        with pytest.raises(ConfigError, match=r"^--brightness and --contrast clip images to 0..1, but the float "):
+            load_data(build_config({**settings, flag: 0.2}))
+    load_data(build_config({**settings, "dataset": "tests.userpkg.data:tensors", "brightness": 0.2}))  # uint8
 
 
 def test_a_subset_of_data_ordered_by_class_is_named_not_trained_silently() -> None:

@@ -180,12 +180,6 @@ def _pair(split: Any, path: str, which: str) -> tuple[torch.Tensor, torch.Tensor
         images = images.float()
         if not bool(torch.isfinite(images).all()):
             raise DataError(f"{where} images hold NaN or infinite values")
-        low, high = float(images.min()), float(images.max())
-        if low < 0.0 or high > 1.0:  # the augmentations clip to 0..1: other units would be erased, not trained on
-            raise DataError(
-                f"{where} float images must be in 0..1, found {low:g} to {high:g}: divide 0..255 images by 255 (or "
-                "give them as uint8), and give images before normalisation (mean= and std= set your own)"
-            )
     if labels.dim() != 1 or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise DataError(
             f"{where} labels must be one integer class index per image (shape N), got {labels.dtype} of "

@@ -111,6 +111,7 @@ def load_data(cfg: CoreConfig) -> tuple[UserSplit, UserSplit]:
     if is_import_path(cfg.data.dataset):
         data_dir = cfg.data.data_dir or os.environ.get(DATA_ENV) or None
         train, test = load_user_data(cfg.data.dataset, data_dir)
+        check_clipped_range(cfg, train)
         return _subsets(cfg, train, test, cfg.data.test_subset)
     size = cfg.data.image_size if cfg.data.dataset == "synthetic" else None
     common: dict[str, Any] = dict(
@@ -132,6 +133,22 @@ def load_data(cfg: CoreConfig) -> tuple[UserSplit, UserSplit]:
     except ChecksumError as exc:
         raise ChecksumError(f"{exc}, or train without the check (--no-verify)") from None
     return _subsets(cfg, train, test, test_subset)
+
+
+def check_clipped_range(cfg: CoreConfig, train: UserSplit) -> None:
+    """``--brightness`` and ``--contrast`` clip to 0..1, the range float images are documented in: float tensors in
+    other units (0..255, normalised already), which train as they are otherwise (normalised by their own
+    statistics), would be erased by the clip, so the two are refused together."""
+    if not (cfg.data.brightness or cfg.data.contrast) or not isinstance(train, ImageTensors):
+        return
+    if not train.images.is_floating_point():
+        return
+    low, high = float(train.images.min()), float(train.images.max())
+    if low < 0.0 or high > 1.0:
+        raise ConfigError(
+            f"--brightness and --contrast clip images to 0..1, but the float images of {train.name} span {low:g} to "
+            f"{high:g}: give them in 0..1 (0..255 ones divided by 255, or as uint8), or leave both at 0"
+        )
 
 
 def _subsets(
