@@ -25,9 +25,8 @@ from torch import nn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.runtime.job import Job
-from trainscale.runtime.orphans import Terminated
+from trainscale.runtime.orphans import stop_of_status
 
-STOPPED: dict[int, type[KeyboardInterrupt]] = {130: KeyboardInterrupt, 143: Terminated}  # a launcher's status
 INSTANCE_RECIPE = "cifar10-fast"  # a module instance's recipe (a model by import path gets "defaults")
 
 
@@ -138,8 +137,9 @@ def _fit(flags: dict[str, Any], config: str | Path | None, job: Any) -> FitResul
             status = cluster_main(cfg)
         else:
             status, cause = _launched(cfg, flags, job)
-    if status in STOPPED:  # Ctrl-C or SIGTERM: the workers are stopped; the caller gets what Ctrl-C gives in Python
-        raise STOPPED[status]
+    stop = stop_of_status(status)
+    if stop is not None:  # Ctrl-C or SIGTERM: the workers are stopped; the caller gets what Ctrl-C gives in Python
+        raise stop
     if status != 0:
         raise TrainingFailed(cause or f"the training job failed (exit status {status}); its error is printed above")
     return _read_result(out)

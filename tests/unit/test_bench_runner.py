@@ -367,11 +367,13 @@ def test_a_scale_the_grid_lacks_is_one_line_and_status_2(tmp_path, capsys, scale
 BENCH = """
 import sys
 from pathlib import Path
-from trainscale.bench.cli import run_stoppable
 from trainscale.bench.runner import BenchOptions, run_grid
+from trainscale.commands import stops_as_ctrl_c
+from trainscale.runtime.job import Job
 from trainscale.runtime.orphans import stop_report
 try:
-    run_stoppable(run_grid, BenchOptions(grid=Path(sys.argv[1]), out=Path(sys.argv[2]), python=sys.argv[3]))
+    with stops_as_ctrl_c(Job()):  # as `trainscale bench`, a command the user started, runs
+        run_grid(BenchOptions(grid=Path(sys.argv[1]), out=Path(sys.argv[2]), python=sys.argv[3]))
 except KeyboardInterrupt as stop:
     sys.exit(stop_report(stop)[1])
 """

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainscale.config import bound_problem
-from trainscale.runtime.orphans import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from trainscale.bench.expand import RunSpec
@@ -105,7 +103,7 @@ def bench_command(args: argparse.Namespace) -> int:
         check_same_plan(options, grid, specs)
         print_plan(options, grid, specs)
         return 0
-    results = run_stoppable(run_grid, options)
+    results = run_grid(options)  # a scheduler's SIGTERM stops it as Ctrl-C does (``commands.stops_as_ctrl_c``)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("ok", "skipped", "failed", "timeout")}
     print(
         f"{len(results)} run(s): "
@@ -116,13 +114,6 @@ def bench_command(args: argparse.Namespace) -> int:
         if r.status in ("failed", "timeout"):
             print(f"  {r.status}: {r.run_id}: {r.error}")
     return 1 if counts["failed"] or counts["timeout"] else 0
-
-
-def run_stoppable(run: Callable[[BenchOptions], list[Any]], options: BenchOptions) -> list[Any]:
-    """A scheduler's SIGTERM stops the bench as Ctrl-C does: the run in progress is stopped and a cluster the
-    bench made is deleted (the default action would end the bench at once and leave both behind)."""
-    with sigterm_as_interrupt():
-        return run(options)
 
 
 def print_plan(options: BenchOptions, grid: Grid, specs: list[RunSpec]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +15,7 @@ from typing import Any, NoReturn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
-from trainscale.runtime.orphans import Terminated, sigterm_as_interrupt, stop_report
+from trainscale.runtime.orphans import sigterm_as_interrupt, stop_report, stop_signal
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -97,7 +96,7 @@ def run_child(cmd: Sequence[str], check: bool = False, **popen: Any) -> subproce
         try:
             out, err = proc.communicate()
         except KeyboardInterrupt as stop:
-            _stop_child(proc, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+            _stop_child(proc, stop_signal(stop))
             raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check:

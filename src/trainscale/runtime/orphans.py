@@ -166,11 +166,22 @@ def stop_word(sig: signal.Signals) -> str:
     return STOP_WORDS.get(sig, f"stopped by {sig.name}")
 
 
+def stop_signal(stop: KeyboardInterrupt) -> signal.Signals:
+    """The signal a stop came from: SIGTERM for ``Terminated``, else Ctrl-C's SIGINT."""
+    return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+
+
 def stop_report(stop: KeyboardInterrupt) -> tuple[str, int]:
     """The word and exit status a stopped trainscale command ends with, the same in every command: Ctrl-C
     ``interrupted`` and 130, SIGTERM ``terminated`` and 143 (128 plus the signal, as a shell reports it)."""
-    sig = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    sig = stop_signal(stop)
     return stop_word(sig), 128 + sig
+
+
+def stop_of_status(status: int) -> type[KeyboardInterrupt] | None:
+    """The stop a command's exit status reports (``stop_report``'s inverse): KeyboardInterrupt for 130,
+    ``Terminated`` for 143, None for any other status."""
+    return {128 + signal.SIGINT: KeyboardInterrupt, 128 + signal.SIGTERM: Terminated}.get(status)
 
 
 @contextlib.contextmanager
