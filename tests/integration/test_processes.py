@@ -59,6 +59,11 @@ def alive(pid: int) -> bool:
     return fields[0] != "Z"  # a zombie has ended; its new parent may never reap it
 
 
+def left_in(temp: Path) -> list[str]:
+    """What a job left in its temporary folder, but torch.compile's cache (kept on purpose, one per user)."""
+    return [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+
+
 def kill_leftovers(proc: subprocess.Popen, pids: list[int]) -> None:
     for pid in [proc.pid, *pids]:
         with contextlib.suppress(OSError):
@@ -123,8 +128,7 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
         assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
         assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
-        left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
-        assert not left  # torch's agent folders included; the compiler's cache is kept on purpose, one per user
+        assert not left_in(short_temp)  # torch's agent folders included
 
 
 @pytest.mark.dist
@@ -139,8 +143,7 @@ def test_sigterm_to_a_fault_tolerant_launcher_alone_stops_its_replicas_and_remov
         assert "Traceback" not in stderr and stderr.splitlines()[-1] == "trainscale train: terminated", stderr[-2000:]
         assert wait_until(lambda: not any(map(alive, tree)), 10), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
-        left = [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
-        assert not left
+        assert not left_in(short_temp)
 
 
 @pytest.mark.dist
@@ -159,6 +162,6 @@ def test_sigterm_to_a_run_in_one_process_unwinds_it_as_ctrl_c_does(tmp_path, sho
         assert [x for x in stderr.splitlines() if " INFO " not in x] == ["trainscale train: terminated"], stderr
         assert wait_until(lambda: not any(map(alive, pids)), 5), [p for p in pids if alive(p)]
         assert not (out / ".lock").exists() and (out / "checkpoint.pt").exists()
-        assert not [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
+        assert not left_in(short_temp)
     finally:
         kill_leftovers(proc, pids)
