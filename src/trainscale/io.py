@@ -10,7 +10,7 @@ mistaken path far more often than a wish to discard it. A symlink to a regular f
 written through: its target is replaced, the link stays, and a replaced file keeps its mode (and, as root,
 its owner). Append-only logs (``grid.jsonl``, the fault log) can still end in a torn line when a process is
 killed mid-append; the reader here tolerates exactly that (a bad *last* line) and refuses a bad line anywhere
-else.
+else. Ctrl-C and SIGTERM wait for a write to end (``stops_held``), so a stopped run leaves whole files.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import json
 import logging
 import math
 import os
+import signal
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -117,29 +119,69 @@ def _match_existing(fd: int, path: Path) -> None:
             os.fchown(fd, old.st_uid, old.st_gid)
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM take effect when the block ends, through the handlers they had before it. A stop
+    raised inside C code that calls back into Python (torch.save's zip writer) leaves that code broken: the
+    writer fails with its own RuntimeError, a traceback where the user asked for a stop. A second stop while
+    one waits takes effect at once, so a write that hangs can still be stopped. Outside the main thread, where
+    Python runs no handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: handler for sig in STOPS if (handler := signal.getsignal(sig)) is not None}
+
+    def release() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        previous.clear()
+
+    def hold(signum: int, frame: object) -> None:
+        if pending:
+            release()
+            signal.raise_signal(signum)
+        pending.append(signum)
+
+    for sig in previous:
+        signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        waiting = pending[:1] if previous else []
+        release()
+        for signum in waiting:
+            signal.raise_signal(signum)
+
+
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``; a ``path``
     that exists and is not a regular file is a ConfigError, checked before writing and again just before
-    the rename (the rename never replaces anything else)."""
+    the rename (the rename never replaces anything else). A stop during the write comes after it."""
     path = Path(path)
     check_output(path)
     target = _target(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise ConfigError(f"output {path}: cannot write there ({exc.strerror or exc}): choose another path") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            _match_existing(f.fileno(), target)
-            os.fsync(f.fileno())
-        check_output(target)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with stops_held():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            raise ConfigError(f"output {path}: cannot write there ({reason}): choose another path") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                _match_existing(f.fileno(), target)
+                os.fsync(f.fileno())
+            check_output(target)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def open_regular(path: Path, flags: int, follow: bool = True) -> int:
@@ -229,7 +271,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one object as a line. A torn last line left by an interrupted append is cut off first (with a
     warning), so it never ends up as corruption in the middle of the file; the line goes out in one write."""
-    with open_output(Path(path), append=True) as f:
+    with stops_held(), open_output(Path(path), append=True) as f:
         data = Path(path).read_bytes()
         if data and not data.endswith(b"\n"):
             log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)

@@ -1,8 +1,10 @@
 import json
+import signal
 
 import pytest
+import torch
 
-from trainscale.io import atomic_write_text
+from trainscale.io import atomic_write_bytes, atomic_write_text, stops_held
 from trainscale.results import RunWriter
 from trainscale.train.trainer import step_split
 
@@ -57,6 +59,63 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left behind
+
+
+class StoppedMidway:
+    """A file whose second write brings ``sig``, as a stop that lands while torch.save is writing a checkpoint."""
+
+    def __init__(self, f, sig):
+        self.f, self.sig, self.writes = f, sig, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 2:
+            signal.raise_signal(self.sig)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+class Stopped(KeyboardInterrupt):
+    pass
+
+
+def raise_stopped(signum, frame):
+    raise Stopped
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_a_checkpoint_write_comes_after_it_and_leaves_the_whole_file(tmp_path, sig):
+    """Before: the stop was raised inside torch.save's zip writer, which then failed with its own RuntimeError
+    ("unexpected pos"): a traceback and status 1 instead of the stop's one line, and no checkpoint."""
+    path = tmp_path / "checkpoint.pt"
+    state = {"w": torch.arange(1000.0), "epoch": 3}
+    previous = signal.signal(sig, raise_stopped)
+    try:
+        with pytest.raises(Stopped):
+            atomic_write_bytes(path, lambda f: torch.save(state, StoppedMidway(f, sig)))
+        assert signal.getsignal(sig) is raise_stopped
+    finally:
+        signal.signal(sig, previous)
+    assert torch.equal(torch.load(path)["w"], state["w"])
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_a_second_stop_while_one_is_held_takes_effect_at_once():
+    """A write that hangs can still be stopped: the second Ctrl-C is not held."""
+    previous = signal.signal(signal.SIGINT, raise_stopped)
+    reached = []
+    try:
+        with pytest.raises(Stopped), stops_held():
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the first")
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the second")
+        assert signal.getsignal(signal.SIGINT) is raise_stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert reached == ["after the first"]
 
 
 def test_step_split_uses_the_same_steady_epochs_for_both_halves():
