@@ -25,7 +25,7 @@ from torch import nn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.runtime.job import Job
-from trainscale.runtime.orphans import stop_of_status
+from trainscale.stops import stop_of_status
 
 INSTANCE_RECIPE = "cifar10-fast"  # a module instance's recipe (a model by import path gets "defaults")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from trainscale.config import CoreConfig, Section, field_types, spellings
 from trainscale.errors import OneLineParser, TrainscaleError
+from trainscale.stops import exit_with, stop_report, stops_held
 
 log = logging.getLogger("trainscale")
 
@@ -271,11 +272,11 @@ def run() -> None:
     process imported (torch and its compiler: about half a second at every exit, the workers' included, after
     all was written and closed). Objects are still released and exit handlers still run; only the final search
     for reference cycles is skipped. :func:`main` itself leaves the collector alone, for callers in a process that
-    goes on."""
+    goes on. After Ctrl-C the program ends by SIGINT (``stops.exit_with``)."""
     current_folder_importable()
     status = main()
     gc.freeze()
-    sys.exit(status)
+    exit_with(status)
 
 
 def current_folder_importable() -> None:
@@ -309,8 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainscale.log import setup_logging
 
     setup_logging()
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        with stops_held():  # it imports torch, whose start-up a stop would interrupt inside its C code
+            parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+    except KeyboardInterrupt as stop:
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+        return _stopped(" ".join(["trainscale", *words[:1]]), stop)
     if extra:
         return _unknown_flags(parser, args, extra)
     try:
@@ -321,11 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainscale {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        from trainscale.runtime.orphans import stop_report
-
-        word, status = stop_report(stop)
-        print(f"trainscale {args.command}: {word}", file=sys.stderr)
-        return status
+        return _stopped(f"trainscale {args.command}", stop)
     except BrokenPipeError:  # the reader went away (`trainscale ... | head`): what was asked is done, say nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports it
@@ -335,6 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{str(exc.filename)[:120]}: " if exc.filename else ""
         print(f"trainscale {args.command}: error: {where}{exc.strerror}; check the paths given", file=sys.stderr)
         return 2
+
+
+def _stopped(command: str, stop: KeyboardInterrupt) -> int:
+    """The one line a stopped command ends with, and its status (``stops.stop_report``)."""
+    word, status = stop_report(stop)
+    print(f"{command}: {word}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -21,17 +21,16 @@ import json
 import logging
 import math
 import os
-import signal
 import stat
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import tomllib
 
 from trainscale.errors import ConfigError, DataError
+from trainscale.stops import stops_held
 
 log = logging.getLogger("trainscale.io")
 
@@ -117,44 +116,6 @@ def _match_existing(fd: int, path: Path) -> None:
     if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
         with contextlib.suppress(OSError):
             os.fchown(fd, old.st_uid, old.st_gid)
-
-
-STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def stops_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM take effect when the block ends, through the handlers they had before it. A stop
-    raised inside C code that calls back into Python (torch.save's zip writer) leaves that code broken: the
-    writer fails with its own RuntimeError, a traceback where the user asked for a stop. A second stop while
-    one waits takes effect at once, so a write that hangs can still be stopped. Outside the main thread, where
-    Python runs no handlers, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = {sig: handler for sig in STOPS if (handler := signal.getsignal(sig)) is not None}
-
-    def release() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        previous.clear()
-
-    def hold(signum: int, frame: object) -> None:
-        if pending:
-            release()
-            signal.raise_signal(signum)
-        pending.append(signum)
-
-    for sig in previous:
-        signal.signal(sig, hold)
-    try:
-        yield
-    finally:
-        waiting = pending[:1] if previous else []
-        release()
-        for signum in waiting:
-            signal.raise_signal(signum)
 
 
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:

@@ -370,7 +370,7 @@ from pathlib import Path
 from trainscale.bench.runner import BenchOptions, run_grid
 from trainscale.commands import stops_as_ctrl_c
 from trainscale.runtime.job import Job
-from trainscale.runtime.orphans import stop_report
+from trainscale.stops import stop_report
 try:
     with stops_as_ctrl_c(Job()):  # as `trainscale bench`, a command the user started, runs
         run_grid(BenchOptions(grid=Path(sys.argv[1]), out=Path(sys.argv[2]), python=sys.argv[3]))

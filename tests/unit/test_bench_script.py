@@ -23,6 +23,7 @@ from trainscale.bench.script import (
     run_script,
 )
 from trainscale.errors import ConfigError, DataError
+from trainscale.stops import Terminated
 
 
 def test_counts_are_whole_numbers_from_their_minimum():
@@ -68,7 +69,7 @@ def _fail(exc: BaseException):
             1,
             "bench.py: error: python -m trainscale train --out 'runs/a b' exited with status 3 (its message is above)",
         ),
-        (KeyboardInterrupt(), 130, "bench.py: interrupted"),
+        (Terminated(), 143, "bench.py: terminated"),
     ],
 )
 def test_what_stops_a_script_is_one_line_and_a_status(exc, status, line, monkeypatch, capsys):
@@ -76,6 +77,18 @@ def test_what_stops_a_script_is_one_line_and_a_status(exc, status, line, monkeyp
     with pytest.raises(SystemExit) as stopped:
         run_script(_fail(exc))
     assert stopped.value.code == status and capsys.readouterr().err == line + "\n"
+
+
+def test_ctrl_c_ends_a_script_by_sigint_after_its_one_line(monkeypatch, capsys):
+    """A KeyboardInterrupt that reaches the interpreter, which then ends by SIGINT without printing it
+    (``stops.exit_with``; that end is checked in a real process in test_cli_explains.py)."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench.py"])
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    with pytest.raises(KeyboardInterrupt):
+        run_script(_fail(KeyboardInterrupt()))
+    assert capsys.readouterr().err == "bench.py: interrupted\n"
+    sys.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert capsys.readouterr().err == ""
 
 
 def test_a_failed_child_whose_output_was_captured_shows_its_last_lines_above_the_line(monkeypatch, capsys):

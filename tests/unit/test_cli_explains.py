@@ -4,15 +4,20 @@ in --mode's help, and `trainscale models` in 100 columns with recipe values as a
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from trainscale import __version__
-from trainscale.cli import main
+from trainscale.cli import build_parser, main
 from trainscale.modes import list_modes
-from trainscale.runtime.orphans import Terminated, sigterm_as_interrupt
+from trainscale.runtime.orphans import sigterm_as_interrupt
+from trainscale.stops import Terminated
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -154,3 +159,56 @@ def test_a_stop_is_one_line_and_the_status_a_shell_gives_the_signal(capsys, monk
     monkeypatch.setattr(commands, "dispatch", stopped)
     assert main(["models"]) == status
     assert capsys.readouterr().err == f"trainscale models: {word}\n"
+
+
+def test_ctrl_c_while_the_command_still_imports_torch_waits_for_the_import_and_is_one_line(capsys, monkeypatch):
+    """The first second of every command imports torch (building its flags). A Ctrl-C there printed the import's
+    traceback, or, landing inside torch's C start-up, ended the process by SIGINT after its line, not with 130."""
+    from trainscale import cli
+
+    built = []
+
+    def importing() -> argparse.ArgumentParser:
+        signal.raise_signal(signal.SIGINT)
+        built.append("whole")
+        return build_parser()
+
+    monkeypatch.setattr(cli, "build_parser", importing)
+    assert main(["train", "--model", "mlp"]) == 130
+    assert built == ["whole"]
+    assert capsys.readouterr().err == "trainscale train: interrupted\n"
+
+
+CTRL_C_HANDLED = """
+import pathlib, sys, time
+from trainscale.stops import exit_with
+try:
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("cleaned up", flush=True)
+    exit_with(130)
+"""
+
+
+def test_ctrl_c_in_a_shell_loop_of_commands_stops_the_loop(tmp_path):
+    """A command that handled Ctrl-C still ends by SIGINT (a shell says 130 all the same), so that a loop of runs
+    stops: after a plain exit 130, bash takes it that the command dealt with Ctrl-C and runs the next one."""
+    script, ready = tmp_path / "command.py", tmp_path / "ready"
+    script.write_text(CTRL_C_HANDLED)
+    loop = f'for seed in 1 2; do "{sys.executable}" "{script}" "{ready}"; echo "after $seed: $?"; done'
+    proc = subprocess.Popen(
+        ["bash", "-c", loop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the shell and the command get it
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (out, err) == ("cleaned up\n", "")
+    assert proc.returncode == -signal.SIGINT

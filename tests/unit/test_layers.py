@@ -39,7 +39,11 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer("base", ("errors", "log", "registry", "config", "recipes", "io", "record", "results", "console"), loose=True),
+    Layer(
+        "base",
+        ("errors", "stops", "log", "registry", "config", "recipes", "io", "record", "results", "console"),
+        loose=True,
+    ),
     Layer("runtime", ("runtime",)),
     Layer("data+models", ("data", "models")),
     Layer("compression+train", ("compression", "train")),

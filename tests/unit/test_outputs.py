@@ -4,8 +4,9 @@ import signal
 import pytest
 import torch
 
-from trainscale.io import atomic_write_bytes, atomic_write_text, stops_held
+from trainscale.io import atomic_write_bytes, atomic_write_text
 from trainscale.results import RunWriter
+from trainscale.stops import stops_held
 from trainscale.train.trainer import step_split
 
 

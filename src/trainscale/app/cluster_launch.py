@@ -39,7 +39,8 @@ from trainscale.record import SUMMARY, K
 from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.job import NODE_REPORT_ENV
-from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt, stop_report
+from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt
+from trainscale.stops import stop_report
 
 STOP_GRACE_S = 15.0
 FAILURE_SETTLE_S = 3.0

@@ -60,9 +60,10 @@ from trainscale.runtime import ft
 from trainscale.runtime.cpus import oversubscription, threads_per_worker
 from trainscale.runtime.job import Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
-from trainscale.runtime.orphans import become_launcher, die_with_parent, stop_word
+from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import register_backend
 from trainscale.runtime.worker_errors import recorded
+from trainscale.stops import stop_word
 from trainscale.train.setup import claimed_out
 
 log = logging.getLogger("trainscale.launch")

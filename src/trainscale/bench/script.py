@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
-from trainscale.runtime.orphans import sigterm_as_interrupt, stop_report, stop_signal
+from trainscale.runtime.orphans import sigterm_as_interrupt
+from trainscale.stops import exit_with, stop_report, stop_signal
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -138,7 +139,7 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     except KeyboardInterrupt as stop:
         word, status = stop_report(stop)
         print(f"{prog}: {word}", file=sys.stderr)
-    sys.exit(status)
+    exit_with(status)
 
 
 CAPTURED_LINES = 20

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainscale.runtime.job import LAUNCHER_PID_ENV
+from trainscale.stops import Terminated
 
 log = logging.getLogger("trainscale.runtime")
 
@@ -150,38 +151,6 @@ def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP: state ``T``); False if it is gone."""
     state = process_state(pid)
     return state is not None and state[0] == "T"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's or ``timeout``'s stop) raised where the process is, as Ctrl-C raises
-    KeyboardInterrupt: the same unwinding, told apart where the process says how it stopped (``stop_report``)."""
-
-
-STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
-
-
-def stop_word(sig: signal.Signals) -> str:
-    """How a command stopped by ``sig`` says so: Ctrl-C ``interrupted``, SIGTERM ``terminated``, any other
-    ``stopped by SIGHUP`` and the like."""
-    return STOP_WORDS.get(sig, f"stopped by {sig.name}")
-
-
-def stop_signal(stop: KeyboardInterrupt) -> signal.Signals:
-    """The signal a stop came from: SIGTERM for ``Terminated``, else Ctrl-C's SIGINT."""
-    return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
-
-
-def stop_report(stop: KeyboardInterrupt) -> tuple[str, int]:
-    """The word and exit status a stopped trainscale command ends with, the same in every command: Ctrl-C
-    ``interrupted`` and 130, SIGTERM ``terminated`` and 143 (128 plus the signal, as a shell reports it)."""
-    sig = stop_signal(stop)
-    return stop_word(sig), 128 + sig
-
-
-def stop_of_status(status: int) -> type[KeyboardInterrupt] | None:
-    """The stop a command's exit status reports (``stop_report``'s inverse): KeyboardInterrupt for 130,
-    ``Terminated`` for 143, None for any other status."""
-    return {128 + signal.SIGINT: KeyboardInterrupt, 128 + signal.SIGTERM: Terminated}.get(status)
 
 
 @contextlib.contextmanager
