@@ -360,3 +360,26 @@ def test_a_fault_fires_once_when_two_threads_reach_it_together(monkeypatch):
     assert len(kills) == 1 and len(events) == 1
     faults.InjectedFault("kill", 1, 30, server=True).fire()  # another fault still fires
     assert len(kills) == 2
+
+
+class FakeReplica:
+    def __init__(self, pid: int, events: list[tuple[str, int]], done: bool = False) -> None:
+        self.pid, self.events, self.done = pid, events, done
+
+    def poll(self) -> int | None:
+        return 0 if self.done else None
+
+    def wait(self) -> int:
+        self.events.append(("wait", self.pid))
+        return -9
+
+
+def test_a_stopped_launcher_kills_every_replica_before_it_waits_for_any(monkeypatch):
+    """Killed and reaped one by one, a replica lived on to log the end of the one before it as a failure below the
+    launcher's one line for Ctrl-C."""
+    from trainscale.modes.fault_tolerance import launcher
+
+    events: list[tuple[str, int]] = []
+    monkeypatch.setattr(launcher.os, "killpg", lambda pid, sig: events.append(("kill", pid)))
+    launcher.kill_all([FakeReplica(1, events), FakeReplica(2, events, done=True), FakeReplica(3, events)])
+    assert events == [("kill", 1), ("kill", 3), ("wait", 1), ("wait", 3)]

@@ -115,11 +115,19 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
                     assert replicas is not None  # known once there are several nodes
                     wait_for_finals(events, replicas)
             finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
+                kill_all(procs)
     return status
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL to every replica still running, all of them before any is waited for: killed and reaped one by one,
+    a replica lived on to log the end of the one before it as a failure ("step N not committed") below the
+    launcher's line for a Ctrl-C."""
+    alive = [proc for proc in procs if proc.poll() is None]
+    for proc in alive:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for proc in alive:
+        proc.wait()
 
 
 def wait_for_finals(events: Path, replicas: int, timeout_s: float = FINALS_TIMEOUT_S) -> None:
