@@ -186,7 +186,7 @@ def train_worker(cfg: TrainConfig) -> int:
     from trainscale.runtime.worker_errors import PeerLost
 
     try:
-        summary, history = run_worker(cfg) if job.launched else run_training(cfg, job=job)
+        summary, history = run_worker(cfg, job) if job.launched else run_training(cfg, job=job)
     except PeerLost:  # logged as one warning already; the job's message names the peer's own failure
         return 1
     owns_folder = summary.get("out") is not None

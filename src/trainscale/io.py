@@ -118,6 +118,22 @@ def _match_existing(fd: int, path: Path) -> None:
             os.fchown(fd, old.st_uid, old.st_gid)
 
 
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def refused_by_storage(path: Path, exc: BaseException) -> ConfigError | None:
+    """One line for a write to ``path`` that failed because of the storage (a full disk, a quota, a read-only or
+    failing file system), also where a writer wrapped that error in its own (torch.save's zip writer turns it
+    into a RuntimeError, "unexpected pos"); None for any other failure."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
+            said = seen.strerror or errno.errorcode[seen.errno]
+            return ConfigError(f"cannot write {path} ({said}): make room there or choose another path")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``; a ``path``
     that exists and is not a regular file is a ConfigError, checked before writing and again just before
@@ -140,9 +156,12 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
                 os.fsync(f.fileno())
             check_output(target)
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
-            raise
+            refused = refused_by_storage(path, exc)
+            if refused is None:
+                raise
+            raise refused from None
 
 
 def open_regular(path: Path, flags: int, follow: bool = True) -> int:
@@ -232,12 +251,18 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one object as a line. A torn last line left by an interrupted append is cut off first (with a
     warning), so it never ends up as corruption in the middle of the file; the line goes out in one write."""
-    with stops_held(), open_output(Path(path), append=True) as f:
-        data = Path(path).read_bytes()
-        if data and not data.endswith(b"\n"):
-            log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
-            f.truncate(data.rfind(b"\n") + 1)
-        f.write(dumps(obj, indent=None).encode())
+    try:
+        with stops_held(), open_output(Path(path), append=True) as f:
+            data = Path(path).read_bytes()
+            if data and not data.endswith(b"\n"):
+                log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
+                f.truncate(data.rfind(b"\n") + 1)
+            f.write(dumps(obj, indent=None).encode())
+    except OSError as exc:
+        refused = refused_by_storage(path, exc)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def to_toml(values: Mapping[str, Any], tables: Mapping[str, Mapping[str, Any]] | None = None) -> str:

@@ -76,13 +76,14 @@ def stops_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM take effect when the block ends, through the handlers they had before it. A stop
     raised inside C code that calls back into Python (torch.save's zip writer) leaves that code broken: the
     writer fails with its own RuntimeError, a traceback where the user asked for a stop. A second stop while
-    one waits takes effect at once, so a write that hangs can still be stopped. Outside the main thread, where
-    Python runs no handlers, nothing changes."""
+    one waits takes effect at once, so a write that hangs can still be stopped. An ignored signal stays ignored
+    (a command started in the background of a shell ignores Ctrl-C); outside the main thread, where Python runs
+    no handlers, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
-    previous = {sig: handler for sig in STOPS if (handler := signal.getsignal(sig)) is not None}
+    previous = {sig: handler for sig in STOPS if (handler := signal.getsignal(sig)) not in (None, signal.SIG_IGN)}
 
     def release() -> None:
         for sig, handler in previous.items():

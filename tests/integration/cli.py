@@ -66,3 +66,10 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> N
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert fragment in lines[0], lines[0]
+
+
+def default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's Ctrl-C finds it. A test run started in the background
+    of a non-interactive shell (CI's `.ci/run &`) inherits SIGINT ignored, Python then installs no
+    KeyboardInterrupt handler, and the command would never see the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.cli import assert_one_line_error, run_cli
+from tests.integration.cli import assert_one_line_error, default_sigint, run_cli
 from trainscale.cli import main
 from trainscale.cluster import bench as cluster_bench
 from trainscale.cluster import owner as owners
@@ -169,13 +169,6 @@ def test_bad_inputs_are_one_line(cluster_names: Callable[[], str], capsys: pytes
         assert code == 2 and len(lines) == 1 and fragment in lines[0], (args, err)
     assert unknown not in net.trainscale_namespaces()
     assert_one_line_error(run_cli("cluster", "status", unknown), "no cluster")
-
-
-def default_sigint() -> None:
-    """In the child before exec: SIGINT as a terminal's Ctrl-C finds it. A test run started in the background
-    of a non-interactive shell (CI's `.ci/run &`) inherits SIGINT ignored, Python then installs no
-    KeyboardInterrupt handler, and `up` would never see the signal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_sigint_during_up_leaves_nothing(cluster_names: Callable[[], str]) -> None:

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.integration.cli import default_sigint
 from trainscale import __version__
 from trainscale.cli import build_parser, main
 from trainscale.modes import list_modes
@@ -174,9 +175,13 @@ def test_ctrl_c_while_the_command_still_imports_torch_waits_for_the_import_and_i
         return build_parser()
 
     monkeypatch.setattr(cli, "build_parser", importing)
-    assert main(["train", "--model", "mlp"]) == 130
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored where the tests run in the background
+    try:
+        assert main(["models"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert built == ["whole"]
-    assert capsys.readouterr().err == "trainscale train: interrupted\n"
+    assert capsys.readouterr().err == "trainscale models: interrupted\n"
 
 
 CTRL_C_HANDLED = """
@@ -198,7 +203,12 @@ def test_ctrl_c_in_a_shell_loop_of_commands_stops_the_loop(tmp_path):
     script.write_text(CTRL_C_HANDLED)
     loop = f'for seed in 1 2; do "{sys.executable}" "{script}" "{ready}"; echo "after $seed: $?"; done'
     proc = subprocess.Popen(
-        ["bash", "-c", loop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ["bash", "-c", loop],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 30

@@ -1,10 +1,13 @@
+import errno
 import json
+import os
 import signal
 
 import pytest
 import torch
 
-from trainscale.io import atomic_write_bytes, atomic_write_text
+from trainscale.errors import ConfigError
+from trainscale.io import append_jsonl, atomic_write_bytes, atomic_write_text
 from trainscale.results import RunWriter
 from trainscale.stops import stops_held
 from trainscale.train.trainer import step_split
@@ -117,6 +120,40 @@ def test_a_second_stop_while_one_is_held_takes_effect_at_once():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert reached == ["after the first"]
+
+
+class FullDisk:
+    """A file on a disk that fills after its first write."""
+
+    def __init__(self, f):
+        self.f, self.writes = f, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def test_a_full_disk_is_one_line_naming_the_file_also_inside_torch_save(tmp_path, monkeypatch):
+    """torch.save's zip writer turns the disk's OSError into its own RuntimeError ("unexpected pos"): before, a
+    traceback. The old checkpoint stays, no temporary file is left, and an append says the same."""
+    path = tmp_path / "checkpoint.pt"
+    atomic_write_bytes(path, lambda f: torch.save({"epoch": 1}, f))
+    with pytest.raises(ConfigError, match=r"cannot write .*checkpoint.pt \(No space left on device\): make room"):
+        atomic_write_bytes(path, lambda f: torch.save({"w": torch.zeros(100)}, FullDisk(f)))
+    assert torch.load(path) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("trainscale.io.dumps", full)
+    with pytest.raises(ConfigError, match=r"cannot write .*metrics.jsonl \(No space left on device\)"):
+        append_jsonl(tmp_path / "metrics.jsonl", {"epoch": 1})
 
 
 def test_step_split_uses_the_same_steady_epochs_for_both_halves():

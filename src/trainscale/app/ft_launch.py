@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainscale.modes.fault_tolerance.launcher import DEFAULT_RESTARTS, Meeting, run_replicas
+from trainscale.modes.fault_tolerance.launcher import DEFAULT_RESTARTS, Meeting, refuse_job, run_replicas
 from trainscale.modes.fault_tolerance.records import fault_records
 from trainscale.modes.ps.faults import ps_fault_record
 from trainscale.record import SUMMARY, K
@@ -20,7 +20,15 @@ from trainscale.results import RunWriter, remove_debris
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault, injected_faults
 
-__all__ = ["DEFAULT_RESTARTS", "Meeting", "fault_records", "launch_replicas", "record_faults", "record_ps_faults"]
+__all__ = [
+    "DEFAULT_RESTARTS",
+    "Meeting",
+    "fault_records",
+    "launch_replicas",
+    "record_faults",
+    "record_ps_faults",
+    "refuse_job",
+]
 
 log = logging.getLogger("trainscale.launch")
 

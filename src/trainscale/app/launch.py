@@ -47,12 +47,13 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from trainscale.app.config import TrainConfig
 from trainscale.app.exits import ChildExits, note_worker
 from trainscale.app.failures import describe_failure, every_failure, root_traceback, write_node_report
-from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults
+from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults, refuse_job
 from trainscale.app.outcome import report
 from trainscale.app.preflight import preflight
 from trainscale.app.rendezvous import bind_address, rendezvous_address, run_id
 from trainscale.app.run import run_training
 from trainscale.app.worker_env import fault_log_folder, logged_faults, train_argv, worker_args, worker_env
+from trainscale.errors import TrainscaleError
 from trainscale.log import relabel
 from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_json
@@ -385,7 +386,12 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker:
     return 0
 
 
-def run_worker(cfg: TrainConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_worker(cfg: TrainConfig, job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A worker's entry: train, with any exception recorded to the agent's error file (torch's ``@record``,
-    written atomically: see ``worker_errors``) so the parent can name the failed rank and its error."""
-    return recorded(run_training)(cfg)
+    written atomically: see ``worker_errors``) so the parent can name the failed rank and its error; a
+    fault-tolerant replica's refusal also goes to the job's launcher (``refuse_job``)."""
+    try:
+        return recorded(run_training)(cfg)
+    except TrainscaleError as refused:
+        refuse_job(job, refused)
+        raise

@@ -3,7 +3,8 @@
 ``TRAINSCALE_FAULT=ACTION:rank=R:epoch=E:step=S`` makes global rank R, on the first attempt only
 (TORCHELASTIC_RESTART_COUNT 0 or unset), do ACTION just before step S (0-based) of epoch E (1-based,
 as in metrics.jsonl): ``kill`` sends itself SIGKILL (a crashed or OOM-killed worker), ``raise`` raises
-a RuntimeError (a bug). A restarted worker never fires again, so a run with --max-restarts can finish.
+a RuntimeError (a bug), ``refuse`` a ConfigError (a refusal that a restart would meet again, as a full disk).
+A restarted worker never fires again, so a run with --max-restarts can finish.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from trainscale.runtime.job import FAULT_ENV, NODE_ENV, Job  # noqa: F401  (NODE
 log = logging.getLogger("trainscale.runtime")
 
 ENV_VAR = FAULT_ENV
-ACTIONS = ("kill", "raise")
+ACTIONS = ("kill", "raise", "refuse")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,10 @@ class Fault:
         )
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"{ENV_VAR}: injected failure in rank {self.rank} at epoch {self.epoch} step {self.step}")
+        where = f"in rank {self.rank} at epoch {self.epoch} step {self.step}"
+        if self.action == "refuse":
+            raise ConfigError(f"{ENV_VAR}: injected refusal {where}")
+        raise RuntimeError(f"{ENV_VAR}: injected failure {where}")
 
 
 def parse_fault(text: str) -> Fault:
@@ -82,7 +86,14 @@ class FaultyBatches:
         return getattr(self.inner, name)
 
     def epoch(self, epoch: int) -> Iterator[Any]:
-        for step, batch in enumerate(self.inner.epoch(epoch)):
+        return self._firing(self.inner.epoch(epoch), epoch)
+
+    def lazy_epoch(self, epoch: int) -> Iterator[Any]:
+        """The batches as a fault-tolerant replica walks them (``ReplicaBatches``)."""
+        return self._firing(self.inner.lazy_epoch(epoch), epoch)
+
+    def _firing(self, batches: Iterator[Any], epoch: int) -> Iterator[Any]:
+        for step, batch in enumerate(batches):
             if epoch + 1 == self.fault.epoch and step == self.fault.step:
                 self.fault.fire()
             yield batch

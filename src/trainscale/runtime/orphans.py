@@ -44,9 +44,17 @@ log = logging.getLogger("trainscale.runtime")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+AGENT_LOGGERS = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.multiprocessing.spawn",  # the forked workers' process context
+)
 DEATH_SIGNAL_NOTICE = "Received %s death signal, shutting down workers"  # their templates in torch 2.13
-CLOSING_SIGNAL_NOTICES = ("Sending process %s closing signal %s", "Closing process %s via signal %s")  # new, forked
+CLOSING_SIGNAL_NOTICES = (  # new processes, forked ones, the forked ones' context after one failed
+    "Sending process %s closing signal %s",
+    "Closing process %s via signal %s",
+    "Terminating process %s via signal SIGTERM",
+)
 FAILED_NOTICES = (
     "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
     "failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)",

@@ -14,17 +14,30 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainscale.errors import TrainscaleError
+from trainscale.io import atomic_write_text
 from trainscale.log import relabel
 from trainscale.results import lock_run_folder
 from trainscale.runtime import ft
 from trainscale.runtime.faults import job_processes
-from trainscale.runtime.job import ADDRESS_ENV, BARRIER_ENV, EVENTS_ENV, NODE_ENV, OWNER_ENV, REPLICA_ENV, REPLICAS_ENV
+from trainscale.runtime.job import (
+    ADDRESS_ENV,
+    BARRIER_ENV,
+    EVENTS_ENV,
+    NODE_ENV,
+    OWNER_ENV,
+    REFUSAL_ENV,
+    REPLICA_ENV,
+    REPLICAS_ENV,
+    Job,
+)
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
 
@@ -34,6 +47,7 @@ DEFAULT_RESTARTS = 5
 WATCH_INTERVAL_S = 0.2
 HEARTBEAT_TIMEOUT_S = 1.0
 FINALS_TIMEOUT_S = 60.0
+REFUSAL_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -71,10 +85,13 @@ def meeting_points(meeting: Meeting) -> Iterator[tuple[str, str]]:
         yield lighthouse, barrier
 
 
-def replica_env(cfg: Any, index: int, points: tuple[str, str], meeting: Meeting, events: Path) -> dict[str, str]:
+def replica_env(
+    cfg: Any, index: int, points: tuple[str, str], meeting: Meeting, events: Path, refusal: Path
+) -> dict[str, str]:
     """The environment of replica ``index``'s agent: this launcher's, and who the replica is (``runtime.job``)."""
     env = {
         **os.environ,
+        REFUSAL_ENV: str(refusal),
         REPLICA_ENV: str(index),
         REPLICAS_ENV: str(job_processes(cfg.launch)),
         ft.LIGHTHOUSE_ENV: points[0],
@@ -97,19 +114,22 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     events = Path(out or cfg.run.out) / ft.EVENTS_FILE
     workers = cfg.launch.workers or 1
     first = cfg.launch.node_rank * workers
-    with sigterm_as_interrupt(), lock_run_folder(out):
+    with sigterm_as_interrupt(), lock_run_folder(out), tempfile.TemporaryDirectory(prefix="ts-ft-") as temp:
         if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
+        refusal = Path(temp) / "refusal"
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
             procs = [
                 subprocess.Popen(
-                    [sys.executable, *argv], env=replica_env(cfg, i, points, meeting, events), start_new_session=True
+                    [sys.executable, *argv],
+                    env=replica_env(cfg, i, points, meeting, events, refusal),
+                    start_new_session=True,
                 )
                 for i in range(first, first + workers)
             ]
             try:
-                status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S)
+                status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S, refusal)
                 if status == 0 and out is not None and cfg.launch.nnodes > 1:
                     replicas = job_processes(cfg.launch)
                     assert replicas is not None  # known once there are several nodes
@@ -117,6 +137,20 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
             finally:
                 kill_all(procs)
     return status
+
+
+def refuse_job(job: Job, refused: TrainscaleError) -> None:
+    """In a replica's worker that refuses to go on (bad input, a full disk: a TrainscaleError), have the job's
+    launcher end the job with that line, and wait for it. Failed, the worker would be restarted by its agent into
+    the same refusal, and once the other replicas finished the job ended as if all was well: a checkpoint the full
+    disk refused went unsaid. Where the line cannot be handed over, the worker fails as any other."""
+    if job.refusal is None:
+        return
+    try:
+        atomic_write_text(job.refusal, f"replica {job.replica}: {refused}\n")
+    except (OSError, TrainscaleError):
+        return
+    time.sleep(REFUSAL_WAIT_S)  # the launcher, watching every WATCH_INTERVAL_S, ends the job long before
 
 
 def kill_all(procs: list[subprocess.Popen]) -> None:
@@ -142,11 +176,15 @@ def wait_for_finals(events: Path, replicas: int, timeout_s: float = FINALS_TIMEO
     log.warning("not every replica logged its end within %.0f s of node 0's", timeout_s)
 
 
-def watch(procs: list[subprocess.Popen], stopped_limit_s: float) -> int:
+def watch(procs: list[subprocess.Popen], stopped_limit_s: float, refusal: Path) -> int:
     """Wait for every replica agent; kill workers stopped for longer than ``stopped_limit_s``. A failed
-    agent (out of restarts, or a user error) ends the job with its status."""
+    agent (out of restarts, or a user error) ends the job with its status, a worker's refusal (``refuse_job``)
+    with its one line and status 2."""
     stopped_since: dict[int, float] = {}
     while True:
+        if refusal.exists():
+            print(f"trainscale train: error: {refusal.read_text().strip()}", file=sys.stderr)
+            return 2
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
