@@ -23,7 +23,7 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -121,17 +121,21 @@ def _match_existing(fd: int, path: Path) -> None:
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 
-def refused_by_storage(path: Path, exc: BaseException) -> ConfigError | None:
-    """One line for a write to ``path`` that failed because of the storage (a full disk, a quota, a read-only or
-    failing file system), also where a writer wrapped that error in its own (torch.save's zip writer turns it
-    into a RuntimeError, "unexpected pos"); None for any other failure."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
-            said = seen.strerror or errno.errorcode[seen.errno]
-            return ConfigError(f"cannot write {path} ({said}): make room there or choose another path")
-        seen = seen.__cause__ or seen.__context__
-    return None
+@contextlib.contextmanager
+def storage_refusals(path: Path) -> Iterator[None]:
+    """A write to ``path`` that fails because of the storage (a full disk, a quota, a read-only or failing file
+    system) is one ConfigError line, also where a writer wrapped the OSError in its own (torch.save's zip writer
+    turns it into a RuntimeError, "unexpected pos"); any other failure passes as it is."""
+    try:
+        yield
+    except BaseException as exc:
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
+                said = seen.strerror or errno.errorcode[seen.errno]
+                raise ConfigError(f"cannot write {path} ({said}): make room there or choose another path") from None
+            seen = seen.__cause__ or seen.__context__
+        raise
 
 
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
@@ -148,20 +152,18 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> None:
         except OSError as exc:
             reason = exc.strerror or exc
             raise ConfigError(f"output {path}: cannot write there ({reason}): choose another path") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                _match_existing(f.fileno(), target)
-                os.fsync(f.fileno())
-            check_output(target)
-            os.replace(tmp, target)
-        except BaseException as exc:
-            Path(tmp).unlink(missing_ok=True)
-            refused = refused_by_storage(path, exc)
-            if refused is None:
+        with storage_refusals(path):
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    write(f)
+                    f.flush()
+                    _match_existing(f.fileno(), target)
+                    os.fsync(f.fileno())
+                check_output(target)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
                 raise
-            raise refused from None
 
 
 def open_regular(path: Path, flags: int, follow: bool = True) -> int:
@@ -251,18 +253,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one object as a line. A torn last line left by an interrupted append is cut off first (with a
     warning), so it never ends up as corruption in the middle of the file; the line goes out in one write."""
-    try:
-        with stops_held(), open_output(Path(path), append=True) as f:
-            data = Path(path).read_bytes()
-            if data and not data.endswith(b"\n"):
-                log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
-                f.truncate(data.rfind(b"\n") + 1)
-            f.write(dumps(obj, indent=None).encode())
-    except OSError as exc:
-        refused = refused_by_storage(path, exc)
-        if refused is None:
-            raise
-        raise refused from None
+    with stops_held(), storage_refusals(path), open_output(Path(path), append=True) as f:
+        data = Path(path).read_bytes()
+        if data and not data.endswith(b"\n"):
+            log.warning("%s: dropping a torn last line (an interrupted write) before appending", path)
+            f.truncate(data.rfind(b"\n") + 1)
+        f.write(dumps(obj, indent=None).encode())
 
 
 def to_toml(values: Mapping[str, Any], tables: Mapping[str, Mapping[str, Any]] | None = None) -> str:

@@ -22,6 +22,7 @@ class Terminated(KeyboardInterrupt):
     KeyboardInterrupt: the same unwinding, told apart where the process says how it stopped (``stop_report``)."""
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and a scheduler's stop
 STOP_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 
@@ -68,9 +69,6 @@ def exit_with(status: int) -> NoReturn:
     raise KeyboardInterrupt
 
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def stops_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM take effect when the block ends, through the handlers they had before it. A stop
@@ -83,7 +81,9 @@ def stops_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    previous = {sig: handler for sig in STOPS if (handler := signal.getsignal(sig)) not in (None, signal.SIG_IGN)}
+    previous = {
+        sig: handler for sig in STOP_SIGNALS if (handler := signal.getsignal(sig)) not in (None, signal.SIG_IGN)
+    }
 
     def release() -> None:
         for sig, handler in previous.items():

@@ -27,6 +27,7 @@ from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.io import atomic_write_text
 from trainscale.runtime.job import CLUSTER_ENV, this_job  # noqa: F401  (CLUSTER_ENV: `train --cluster` writes it)
 from trainscale.runtime.orphans import is_running, sigterm_as_interrupt
+from trainscale.stops import STOP_SIGNALS
 
 log = logging.getLogger("trainscale.cluster")
 
@@ -277,7 +278,7 @@ def leftover_cpu_groups() -> set[str]:
 @contextlib.contextmanager
 def _shielded() -> Iterator[None]:
     """Ignore Ctrl-C and SIGTERM while tearing down, so the teardown itself always completes."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -38,12 +38,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainscale.runtime.job import LAUNCHER_PID_ENV
-from trainscale.stops import Terminated
+from trainscale.stops import STOP_SIGNALS, Terminated
 
 log = logging.getLogger("trainscale.runtime")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AGENT_LOGGERS = (
     "torch.distributed.elastic.agent.server.api",
     "torch.distributed.elastic.multiprocessing.api",
