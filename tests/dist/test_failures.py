@@ -93,6 +93,35 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
 
 
 @pytest.mark.dist
+def test_with_restarts_a_refusal_ends_the_job_at_once_with_its_line(tmp_path):
+    """A refusal that a restart would meet again (a full disk refusing the checkpoint; injected here, once): before,
+    the agent restarted the workers into it --max-restarts times, each time after the work up to it, its notices
+    of the failed worker above the line. Now the first refusal ends the job: its line, status 2, no restart."""
+    proc = run_cli(
+        "train",
+        *flags(SMALL),
+        "--workers",
+        "2",
+        "--max-restarts",
+        "2",
+        "--out",
+        tmp_path / "run",
+        timeout=300,
+        env={"TRAINSCALE_FAULT": "refuse:rank=1:epoch=2:step=1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        "trainscale train: error: worker rank 1 (local rank 1) failed: ConfigError: "
+        "TRAINSCALE_FAULT: injected refusal in rank 1 at epoch 2 step 1"
+    ), proc.stderr[-3000:]
+    noise = [x for x in proc.stderr.splitlines() if " INFO " not in x and "injecting 'refuse'" not in x]
+    assert noise == [last], noise
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1  # the first epoch's, kept; not resumed and retried
+
+
+@pytest.mark.dist
 def test_under_an_external_torchrun_workers_join_and_survive_a_restart(tmp_path):
     """`torchrun ... -m trainscale train` just joins (no second launcher), and a restart by torchrun's own
     agent (which keeps its store across attempts) resumes too."""

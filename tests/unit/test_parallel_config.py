@@ -1,5 +1,6 @@
 """Sync-mode settings: flags, mode resolution, hosts files, fault specs, failure messages, scaling."""
 
+import os
 import socket
 from types import SimpleNamespace
 
@@ -185,6 +186,40 @@ def test_failure_kinds_come_from_the_exception_type_not_its_text():
             1: failure("", exitcode=-9, timestamp=5),
         }
     )[0].startswith("worker rank 1")
+
+
+def test_a_refusal_is_handed_to_the_launcher_once_whole_and_wakes_its_agent(tmp_path, monkeypatch):
+    """A worker's refusal where restarts would meet it again (``refuse_job``): the first refusing process publishes
+    its line and sends its launcher SIGTERM (the agent then stops the job); a second refusal, as every rank meeting
+    the same bad input, leaves the first line and signals nothing; a fault-tolerant replica's launcher watches the
+    file, so it is not signalled; no job asked for it (no ``Job.refusal``): nothing happens."""
+    import signal
+
+    from trainscale.app import failures as module
+    from trainscale.runtime.job import Job
+
+    monkeypatch.setattr(module, "REFUSAL_WAIT_S", 0.0)
+    woken: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda sig, frame: woken.append(sig))
+    try:
+        path = tmp_path / "refusal"
+        module.refuse_job(Job(rank=3, local_rank=1, launcher_pid=os.getpid()), ConfigError("full"))
+        assert not path.exists() and woken == []
+        module.refuse_job(Job(rank=3, local_rank=1, refusal=path, launcher_pid=os.getpid()), ConfigError("full"))
+        assert path.read_text() == "worker rank 3 (local rank 1) failed: ConfigError: full\n"
+        assert woken == [signal.SIGTERM]
+        server = Job(rank=4, local_rank=2, refusal=path, launcher_pid=os.getpid())
+        module.refuse_job(server, ConfigError("later"), first_server=2)
+        assert path.read_text().startswith("worker rank 3") and woken == [signal.SIGTERM]
+        path.unlink()
+        module.refuse_job(server, ConfigError("bad"), first_server=2)
+        assert path.read_text().startswith("parameter server rank 4 (local rank 2) failed: ConfigError: bad")
+        path.unlink()
+        module.refuse_job(Job(replica=1, refusal=path, launcher_pid=os.getpid()), ConfigError("full"))
+        assert path.read_text() == "replica 1: full\n" and len(woken) == 2
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["refusal"]  # no partial file beside it
 
 
 def test_scaling_efficiency():

@@ -1,5 +1,6 @@
 """A node's failed workers, triaged: which rank's failure caused the others', in one line, and the node report
-that lets a parent of several nodes (``train --cluster``) name the root cause among them.
+that lets a parent of several nodes (``train --cluster``) name the root cause among them; and a worker's refusal
+handed to its launcher where a restart would meet it again (``refuse_job``).
 
 torch's agent hands over every failed process (``ProcessFailure``) with what the worker recorded through
 ``@record`` (``runtime.worker_errors``: message, failure kind, nanosecond stamp).
@@ -9,15 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from trainscale.errors import TrainscaleError
 from trainscale.io import atomic_write_text, dumps
+from trainscale.runtime.job import Job
 
 CONSEQUENCES = ("peer", "stopped")  # failure kinds caused by another process's failure (see worker_errors)
+REFUSAL_WAIT_S = 30.0  # a refusing worker's wait for its launcher to end the job (it takes a fraction of a second)
 
 
 def recorded_field(failure: ProcessFailure, key: str) -> Any:
@@ -84,19 +89,15 @@ def write_node_report(failures: dict[int, ProcessFailure], message: str, status:
     """For a parent that runs several nodes (``train --cluster``) and must name the root cause among
     them: this node's failure line, whether it is a consequence, and when it was recorded, at ``path``
     (``Job.node_report``; None: no such parent)."""
+    failure = failures[root_cause(failures)]
+    write_report(path, message, status, is_consequence(failure), failure_time_ns(failure))
+
+
+def write_report(path: Path | None, message: str, status: int, consequence: bool, time_ns: int) -> None:
+    """The node report's one writer (``write_node_report``; a refusal's, which has no failed process)."""
     if path:
-        failure = failures[root_cause(failures)]
-        atomic_write_text(
-            Path(path),
-            dumps(
-                {
-                    "message": message,
-                    "status": status,
-                    "consequence": is_consequence(failure),
-                    "time_ns": failure_time_ns(failure),
-                }
-            ),
-        )
+        report = {"message": message, "status": status, "consequence": consequence, "time_ns": time_ns}
+        atomic_write_text(Path(path), dumps(report))
 
 
 def every_failure(
@@ -128,9 +129,52 @@ def describe_failure(failures: dict[int, ProcessFailure], first_server: int | No
     modes, local ranks from this one on are servers, and are named so."""
     rank = root_cause(failures)
     failure = failures[rank]
-    kind = "parameter server" if first_server is not None and failure.local_rank >= first_server else "worker"
-    line = f"{kind} rank {rank} (local rank {failure.local_rank}) failed: {failure_text(failure)}"
+    line = failed_line(rank, failure.local_rank, failure_text(failure), first_server)
     others = sorted(r for r in failures if r != rank)
     if others:
         line += f"; the other workers were stopped (rank {', '.join(map(str, others))})"
     return line, 2 if failure.exitcode == 2 or recorded_kind(failure) == "user" else 1
+
+
+def failed_line(rank: int, local_rank: int, text: str, first_server: int | None = None) -> str:
+    """How the job's one line names a failed process: its role, rank and local rank, then what it said."""
+    kind = "parameter server" if first_server is not None and local_rank >= first_server else "worker"
+    return f"{kind} rank {rank} (local rank {local_rank}) failed: {text}"
+
+
+def refuse_job(job: Job, refused: TrainscaleError, first_server: int | None = None) -> None:
+    """In a worker that refuses to go on (bad input it alone could see, a full disk: a TrainscaleError) where its
+    launcher would restart it into the same refusal (``Job.refusal`` set: a fault-tolerant replica, or a job with
+    ``--max-restarts``), have the launcher end the job with the refusal's line, and wait for it. Restarted, a
+    full disk cost every restart's work before the same line, and in a fault-tolerant job the refusal went unsaid
+    once the other replicas finished. The first refusing process speaks (the line is published whole, once: a
+    second refusal, as every rank meeting the same bad input, finds it there); a fault-tolerant job's launcher
+    watches for it, a job's elastic agent is told by SIGTERM (``app.launch.run_agents``). Where the line cannot be
+    handed over, the worker fails as any other."""
+    if job.refusal is None:
+        return
+    if job.replica is not None:
+        line = f"replica {job.replica}: {refused}"
+    else:
+        line = failed_line(job.rank, job.local_rank, f"{type(refused).__name__}: {refused}", first_server)
+    try:
+        first = publish_once(job.refusal, line + "\n")
+    except (OSError, TrainscaleError):
+        return
+    if first and job.replica is None and job.launcher_pid:
+        os.kill(job.launcher_pid, signal.SIGTERM)
+    time.sleep(REFUSAL_WAIT_S)  # the launcher ends the job long before
+
+
+def publish_once(path: Path, text: str) -> bool:
+    """``text`` at ``path`` whole, unless something is there already (False): written beside it, then linked,
+    which fails where the name exists, so a reader never sees part of it and a second writer never replaces it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    atomic_write_text(partial, text)
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        return False
+    finally:
+        partial.unlink(missing_ok=True)
+    return True

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainscale.modes.fault_tolerance.launcher import DEFAULT_RESTARTS, Meeting, refuse_job, run_replicas
+from trainscale.modes.fault_tolerance.launcher import DEFAULT_RESTARTS, Meeting, run_replicas
 from trainscale.modes.fault_tolerance.records import fault_records
 from trainscale.modes.ps.faults import ps_fault_record
 from trainscale.record import SUMMARY, K
@@ -27,7 +27,6 @@ __all__ = [
     "launch_replicas",
     "record_faults",
     "record_ps_faults",
-    "refuse_job",
 ]
 
 log = logging.getLogger("trainscale.launch")

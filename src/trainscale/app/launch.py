@@ -33,6 +33,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,8 +47,15 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
 from trainscale.app.exits import ChildExits, note_worker
-from trainscale.app.failures import describe_failure, every_failure, root_traceback, write_node_report
-from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults, refuse_job
+from trainscale.app.failures import (
+    describe_failure,
+    every_failure,
+    refuse_job,
+    root_traceback,
+    write_node_report,
+    write_report,
+)
+from trainscale.app.ft_launch import DEFAULT_RESTARTS, Meeting, launch_replicas, record_ps_faults
 from trainscale.app.outcome import report
 from trainscale.app.preflight import preflight
 from trainscale.app.rendezvous import bind_address, rendezvous_address, run_id
@@ -59,7 +67,7 @@ from trainscale.record import SUMMARY, K
 from trainscale.results import lock_run_folder, read_json
 from trainscale.runtime import ft
 from trainscale.runtime.cpus import oversubscription, threads_per_worker
-from trainscale.runtime.job import Job, this_job
+from trainscale.runtime.job import REFUSAL_ENV, Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import register_backend
@@ -84,6 +92,7 @@ class LaunchPlan:
     out: Path | None
     threads: int
     logs: Path | None = None  # the agent's folder for the workers' error files (``job_temp_folder``)
+    refusal: Path | None = None  # where a worker's refusal ends the job without a restart (``refuse_job``)
     start_method: str = "spawn"  # "fork": the agent forks the workers from this process (``start_method``)
 
 
@@ -286,7 +295,10 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None, work
             cfg, plan = cfg.replace(out=str(out)), dataclasses.replace(plan, out=out)
         with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
             os.environ.update(worker_env(cfg, plan.threads, fault_log))
-            return run_agents(cfg, flags, dataclasses.replace(plan, logs=temp / "agent"), worker)
+            restarted = cfg.launch.max_restarts > 0 and not cfg.replication.fault_tolerance
+            plan = dataclasses.replace(plan, logs=temp / "agent", refusal=temp / "refusal" if restarted else None)
+            with environ({REFUSAL_ENV: str(plan.refusal)} if plan.refusal is not None else {}):
+                return run_agents(cfg, flags, plan, worker)
 
 
 def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker: Worker | None = None) -> int:
@@ -336,6 +348,8 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
         )
         return 1
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
+        if plan.refusal is not None and plan.refusal.exists():  # or a worker's refusal did (``refuse_job``)
+            return refused(plan.refusal)
         print(f"trainscale train: {stop_word(exc.sigval)}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)
     if events is not None and plan.out is not None and (plan.out / SUMMARY).exists():
@@ -350,6 +364,15 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
             return 1
     report(cfg, plan.out)
     return 0
+
+
+def refused(refusal: Path) -> int:
+    """End the job with a worker's refusal (``refuse_job``), whose SIGTERM had the agent stop the workers: its
+    line, and status 2 as for any bad input, with no restart."""
+    line = refusal.read_text().strip()
+    write_report(this_job().node_report, line, 2, False, time.time_ns())
+    print(f"trainscale train: error: {line}", file=sys.stderr)
+    return 2
 
 
 def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker: Worker | None = None) -> int:
@@ -389,9 +412,9 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker:
 def run_worker(cfg: TrainConfig, job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A worker's entry: train, with any exception recorded to the agent's error file (torch's ``@record``,
     written atomically: see ``worker_errors``) so the parent can name the failed rank and its error; a
-    fault-tolerant replica's refusal also goes to the job's launcher (``refuse_job``)."""
+    refusal where a restart would meet it again also goes to the job's launcher (``refuse_job``)."""
     try:
         return recorded(run_training)(cfg)
-    except TrainscaleError as refused:
-        refuse_job(job, refused)
+    except TrainscaleError as refusal:
+        refuse_job(job, refusal, cfg.launch.workers if cfg.ps.servers else None)
         raise

@@ -28,7 +28,7 @@ REPLICAS_ENV = "TRAINSCALE_FT_REPLICAS"
 BARRIER_ENV = "TRAINSCALE_FT_BARRIER"  # host:port of the fault-tolerant launcher's start-barrier store
 EVENTS_ENV = "TRAINSCALE_FT_EVENTS"  # the job's fault log (JSON lines)
 OWNER_ENV = "TRAINSCALE_FT_LAUNCHER_PID"  # the launcher that holds the run folder's lock
-REFUSAL_ENV = "TRAINSCALE_FT_REFUSAL"  # where a replica's worker tells the launcher it refuses to go on
+REFUSAL_ENV = "TRAINSCALE_REFUSAL"  # where a worker tells its launcher it refuses to go on (app.failures.refuse_job)
 ADDRESS_ENV = "TRAINSCALE_FT_ADDRESS"  # where this node's replicas listen (127.0.0.1 on one machine)
 NODE_ENV = "TRAINSCALE_NODE_RANK"  # the node (emulated host) a fault-tolerant replica runs on
 NODE_REPORT_ENV = "TRAINSCALE_NODE_REPORT"  # where a node writes its failure for `train --cluster`
@@ -61,7 +61,7 @@ class Job:
     barrier: str | None = None  # host:port of the replicas' start barrier
     address: str | None = None  # where this node's replicas listen
     fault_log: Path | None = None  # the job's fault log (fault-tolerant and parameter-server jobs)
-    refusal: Path | None = None  # where a fault-tolerant replica's worker says it refuses to go on
+    refusal: Path | None = None  # where a worker says it refuses to go on, where restarts would meet it again
     node_report: Path | None = None  # where this node reports its failure to `train --cluster`
     cluster: dict[str, Any] | None = field(default=None, hash=False, compare=False)  # emulated cluster's facts
     fault: str = ""  # test-only fault injection (``runtime.faults``)

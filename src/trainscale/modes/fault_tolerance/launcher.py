@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainscale.errors import TrainscaleError
-from trainscale.io import atomic_write_text
 from trainscale.log import relabel
 from trainscale.results import lock_run_folder
 from trainscale.runtime import ft
@@ -36,7 +34,6 @@ from trainscale.runtime.job import (
     REFUSAL_ENV,
     REPLICA_ENV,
     REPLICAS_ENV,
-    Job,
 )
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
@@ -47,7 +44,6 @@ DEFAULT_RESTARTS = 5
 WATCH_INTERVAL_S = 0.2
 HEARTBEAT_TIMEOUT_S = 1.0
 FINALS_TIMEOUT_S = 60.0
-REFUSAL_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -139,20 +135,6 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     return status
 
 
-def refuse_job(job: Job, refused: TrainscaleError) -> None:
-    """In a replica's worker that refuses to go on (bad input, a full disk: a TrainscaleError), have the job's
-    launcher end the job with that line, and wait for it. Failed, the worker would be restarted by its agent into
-    the same refusal, and once the other replicas finished the job ended as if all was well: a checkpoint the full
-    disk refused went unsaid. Where the line cannot be handed over, the worker fails as any other."""
-    if job.refusal is None:
-        return
-    try:
-        atomic_write_text(job.refusal, f"replica {job.replica}: {refused}\n")
-    except (OSError, TrainscaleError):
-        return
-    time.sleep(REFUSAL_WAIT_S)  # the launcher, watching every WATCH_INTERVAL_S, ends the job long before
-
-
 def kill_all(procs: list[subprocess.Popen]) -> None:
     """SIGKILL to every replica still running, all of them before any is waited for: killed and reaped one by one,
     a replica lived on to log the end of the one before it as a failure ("step N not committed") below the
@@ -178,8 +160,8 @@ def wait_for_finals(events: Path, replicas: int, timeout_s: float = FINALS_TIMEO
 
 def watch(procs: list[subprocess.Popen], stopped_limit_s: float, refusal: Path) -> int:
     """Wait for every replica agent; kill workers stopped for longer than ``stopped_limit_s``. A failed
-    agent (out of restarts, or a user error) ends the job with its status, a worker's refusal (``refuse_job``)
-    with its one line and status 2."""
+    agent (out of restarts, or a user error) ends the job with its status, a worker's refusal
+    (``app.failures.refuse_job``) with its one line and status 2."""
     stopped_since: dict[int, float] = {}
     while True:
         if refusal.exists():
