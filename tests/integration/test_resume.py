@@ -3,6 +3,7 @@ is given nothing but its folder (`trainscale train --out DIR --resume`): its set
 run.toml."""
 
 import json
+import logging
 
 import torch
 
@@ -63,3 +64,20 @@ def test_resume_is_bit_exact(tmp_path, monkeypatch):
     ]
     assert [r["step"] for r in steps[1]] == [4, 6, 10, 12, 16, 18]  # every 4 steps of 6 and each epoch's last
     assert [(r["loss"], r["lr"]) for r in steps[0]] == [(r["loss"], r["lr"]) for r in steps[1]]
+
+
+def test_resuming_with_more_epochs_says_once_what_it_does_to_the_learning_rate(tmp_path, caplog):
+    """A finished one-cycle run resumed with more --epochs goes on at a rate its own schedule never had there (the
+    schedule is computed for the new length): said in one warning, with both rates, and recorded as trained."""
+    base = dict(model="mlp", dataset="synthetic", train_subset=256, test_subset=64, epochs=2, batch_size=64)
+    base.update(lr=0.2, schedule="onecycle", progress=False, threads=1)
+    run_training(build_config(base, {"out": str(tmp_path / "run")}))
+    with caplog.at_level(logging.WARNING, logger="trainscale"):
+        run_training(build_config({**base, "epochs": 3}, {"out": str(tmp_path / "run"), "resume": True}))
+    said = [r.getMessage() for r in caplog.records if "over the run's" in r.getMessage()]
+    assert said == [
+        "--epochs 3 over the run's 2: its onecycle schedule is now computed for 3 epochs, so epoch 3 starts at "
+        "lr 0.08421 where the run's own schedule had 0"
+    ], said
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["epoch"] == 3 and rows[-1]["lr"] > 0

@@ -1,7 +1,7 @@
 import pytest
 
 from trainscale.app.config import TrainConfig
-from trainscale.train.schedules import create_schedule, list_schedules, never_steps
+from trainscale.train.schedules import create_schedule, length_change, list_schedules, never_steps
 
 
 def lr(cfg: TrainConfig, t: float) -> float:
@@ -59,3 +59,20 @@ def test_a_run_whose_every_step_has_lr_0_is_found():
     assert not never_steps(
         create_schedule(TrainConfig.flat(schedule="constant", epochs=1)), epochs=1, steps_per_epoch=1
     )
+
+
+def test_a_resume_with_more_epochs_says_what_an_epoch_shaped_schedule_becomes():
+    """One-cycle and cosine are computed for the run's length: resumed with more --epochs, the rate where the run
+    goes on is not its own schedule's (one-cycle's 0 at the end of 24 epochs is 0.4 x 6/23.75 over 30); a step
+    schedule's milestones and an explicit warm-up stay put, so nothing is said; nor for the same length."""
+    onecycle = TrainConfig.flat(schedule="onecycle", lr=0.4, epochs=30)
+    assert length_change(onecycle, 24, 24, 0.4) == (
+        "--epochs 30 over the run's 24: its onecycle schedule is now computed for 30 epochs, so epoch 25 starts "
+        "at lr 0.1011 where the run's own schedule had 0"
+    )
+    assert "epoch 11 starts at lr 0.3" in (length_change(onecycle, 24, 10, 0.4) or "")  # an interrupted run too
+    assert "cosine" in (length_change(TrainConfig.flat(schedule="cosine", lr=0.1, epochs=20), 10, 10, 0.1) or "")
+    step = TrainConfig.flat(schedule="step", lr=0.1, epochs=90, milestones=[41, 61], gamma=0.1)
+    warm = TrainConfig.flat(schedule="constant", lr=0.1, epochs=90, warmup_epochs=5)
+    assert length_change(step, 82, 82, 0.1) is None and length_change(warm, 82, 3, 0.1) is None
+    assert length_change(onecycle, 30, 12, 0.4) is None and length_change(onecycle, 0, 12, 0.4) is None

@@ -22,7 +22,7 @@ import torch
 from trainscale.cluster.seam import with_cluster
 from trainscale.data import Batches, DeviceBatches, ImageTensors
 from trainscale.data.user import DatasetSplit, LoaderBatches
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, DataError
 from trainscale.models import count_parameters
 from trainscale.modes import Mode, create_mode, mode_class
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
@@ -30,14 +30,14 @@ from trainscale.modes.config import TrainConfig
 from trainscale.modes.fault_tolerance import JobFinished
 from trainscale.modes.fault_tolerance.replicated import with_fault_tolerance
 from trainscale.record import SUMMARY, K, merge
-from trainscale.results import RunWriter, lock_run_folder, read_summary
+from trainscale.results import RunWriter, lock_run_folder, read_json, read_summary
 from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
 from trainscale.train import Trainer, build_optimizer, built_model
 from trainscale.train.precision import Precision, resolve_device, resolve_precision
-from trainscale.train.schedules import create_schedule, never_steps
+from trainscale.train.schedules import create_schedule, length_change, never_steps
 from trainscale.train.setup import (
     augment_for,
     check_fits,
@@ -183,6 +183,10 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     )
     if resume:
         trainer.resume()
+        if writer is not None and is_main_process():  # before this run's config.json replaces the run's
+            change = length_change(cfg, recorded_epochs(writer.out), trainer.state.next_epoch, plan.lr)
+            if change:
+                log.warning("%s", change)
     if writer is not None and is_main_process() and job.writes_folder_first:
         # not another replica (replica 0 checks the folder is free, then writes), nor a restart (written already)
         writer.write_run_toml(recorded_settings(cfg, facts["name"] if facts else None))
@@ -203,6 +207,14 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
             }
         )
     return trainer
+
+
+def recorded_epochs(out: Path) -> int:
+    """The length the run in ``out`` was started with (its ``config.json``; 0 where none says)."""
+    try:
+        return int(read_json(out / "config.json").get("epochs") or 0)
+    except (OSError, DataError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def step_wrapping(optimizer_as_built: bool, bare: bool, train_model: torch.nn.Module) -> str:

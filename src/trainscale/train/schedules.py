@@ -73,3 +73,23 @@ def onecycle(cfg: CoreConfig) -> Schedule:
 @SCHEDULES.register("cosine")
 def cosine(cfg: CoreConfig) -> Schedule:
     return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.optim.epochs) / cfg.optim.epochs))
+
+
+def length_change(cfg: CoreConfig, recorded_epochs: int, at_epoch: int, lr: float) -> str | None:
+    """What a resume with more ``--epochs`` than the run was started with does to its learning rate, in one line
+    (None: nothing). An epoch-shaped schedule (one-cycle, cosine, a warm-up that is a share of the run) is
+    computed for the new length, so where the run goes on its rate is not the one its own schedule had there
+    (one-cycle's 0 at the end becomes the middle of a decay); a step schedule's milestones stay where they were.
+    ``lr``: the base rate the schedule multiplies; ``at_epoch``: the first epoch the resumed run trains (0-based)."""
+    if recorded_epochs <= 0 or recorded_epochs == cfg.optim.epochs:
+        return None
+    before, after = create_schedule(cfg.replace(epochs=recorded_epochs)), create_schedule(cfg)
+    points = [float(e) for e in range(at_epoch, min(recorded_epochs, cfg.optim.epochs) + 1)]
+    if all(math.isclose(before(t), after(t), rel_tol=1e-9, abs_tol=1e-12) for t in points):
+        return None
+    t = float(at_epoch)
+    return (
+        f"--epochs {cfg.optim.epochs} over the run's {recorded_epochs}: its {cfg.optim.schedule} schedule is now "
+        f"computed for {cfg.optim.epochs} epochs, so epoch {at_epoch + 1} starts at lr {lr * after(t):.4g} where "
+        f"the run's own schedule had {lr * before(t):.4g}"
+    )
