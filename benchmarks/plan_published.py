@@ -9,10 +9,11 @@ the links and how the system moves gradients (its mode). Rows on one GPU are the
 scored. Goal: mean absolute error <= 10% overall and in every regime, no point off by more than 2x.
 
 What a framework reaches of the hardware no spec gives, so each all-reduce row is also planned with its framework's
-figures (its fraction of the links inside and between hosts, its cost per step, and what a host's input pipeline
-feeds, as ``trainscale plan`` takes them: ``--intra-efficiency``, ``--efficiency``, ``--step-overhead``,
-``--host-images-per-sec``), fitted on the framework's other published tables and never on the row's own (leave one
-table out). That plan is scored first; the same rows blind to the framework follow.
+figures (its fraction of the links inside and between hosts, its cost per step, the share of its all-reduce that
+hides under backward, and what a host's input pipeline feeds, as ``trainscale plan`` takes them:
+``--intra-efficiency``, ``--efficiency``, ``--step-overhead``, ``--overlap``, ``--host-images-per-sec``), fitted
+on the framework's other published tables and never on the row's own (leave one table out). That plan is scored
+first; the same rows blind to the framework follow.
 
     python benchmarks/plan_published.py             # the table per source, regime and framework
     python benchmarks/plan_published.py --rows      # and every row
@@ -28,7 +29,7 @@ row, then carried to the hosts; and the rows on more than two hosts as one who a
 (``--two-host-images-per-sec``: the link's achieved fraction of its line rate fitted to the two-host row). They use
 more published figures per table, so they are shown beside the goal, not in it.
 
-It plans; it measures nothing, so it runs anywhere (about 15 s on two cores, the fits included) and its figures
+It plans; it measures nothing, so it runs anywhere (about a minute on two cores, the fits included) and its figures
 do not depend on the machine.
 """
 
@@ -50,7 +51,15 @@ from trainscale.errors import ConfigError, OneLineParser
 from trainscale.plan.costs import Link
 from trainscale.plan.describe import parse_link
 from trainscale.plan.plan import GPU_OVERLAP, GPU_STEP_SHARE
-from trainscale.plan.predict import PSLayout, Setting, fit_link_efficiency, fit_step_overhead, predict
+from trainscale.plan.predict import (
+    Prediction,
+    PSLayout,
+    Setting,
+    fed_step,
+    fit_link_efficiency,
+    fit_step_overhead,
+    predict,
+)
 from trainscale.plan.profile import Profile
 from trainscale.plan.synthetic import synthetic_profile
 
@@ -237,13 +246,15 @@ def profile_of(row: Row, calibration: Row) -> Profile:
 class Figures:
     """What one framework reaches of the hardware, held for every row of that framework: its all-reduce's
     fraction of the devices' link inside a host and of the line rate between hosts, its cost per synchronised step,
-    and for each input pipeline (a host's CPUs, the framework's loader and the images it decodes: the system, the
+    the share of its all-reduce that hides under backward (how it buckets gradients and when it reduces them), and
+    for each input pipeline (a host's CPUs, the framework's loader and the images it decodes: the system, the
     loader and the model's data) the images/s a host feeds its GPUs."""
 
     intra_efficiency: float = 1.0
     efficiency: float = 1.0
     host_images_per_sec: tuple[tuple[tuple[str, str, str], float], ...] = ()
     step_overhead: float = 0.0
+    overlap: float | None = None  # the share of its all-reduce that hides under backward (None: the system's)
 
     def ceiling(self, key: tuple[str, str, str] | None) -> float | None:
         """The images/s the pipeline ``key`` feeds a host (None: no pipeline, or none fitted)."""
@@ -270,20 +281,38 @@ class Case:
     scale: float = 1.0
     local: bool = False
     pipeline: tuple[str, str, str] | None = field(init=False)
+    unfed: dict[tuple[Any, ...], Prediction] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.pipeline = pipeline(self.row)
 
     def plan(self, figures: Figures = BLIND) -> float:
+        if figures == BLIND or self.local:
+            return self._plan(self.setting)
+        key = (figures.intra_efficiency, figures.efficiency, figures.step_overhead, self._overlap(figures))
+        if key not in self.unfed:  # the plan before the host's input pipeline, which the fits try many of
+            self.unfed[key] = predict(self.profile, self._with(figures))
+        p = self.unfed[key]
+        batch = p.images_per_sec * p.step_seconds / p.workers
+        step = fed_step(p.step_seconds, self.setting.per_host, batch, figures.ceiling(self.pipeline))
+        return p.workers * batch / step * self.scale
+
+    def _with(self, figures: Figures) -> Setting:
+        """The row's setting as the framework's figures (all but its input pipeline's) change it."""
         setting = self.setting
-        if figures != BLIND:
-            setting = replace(
-                setting,
-                intra_efficiency=setting.intra_efficiency * figures.intra_efficiency,
-                efficiency=setting.efficiency * figures.efficiency,
-                host_images_per_sec=figures.ceiling(self.pipeline),
-                step_overhead=setting.step_overhead + figures.step_overhead,
-            )
+        return replace(
+            setting,
+            intra_efficiency=setting.intra_efficiency * figures.intra_efficiency,
+            efficiency=setting.efficiency * figures.efficiency,
+            host_images_per_sec=None,
+            step_overhead=setting.step_overhead + figures.step_overhead,
+            overlap=self._overlap(figures),
+        )
+
+    def _overlap(self, figures: Figures) -> float:
+        return self.setting.overlap if figures.overlap is None else figures.overlap
+
+    def _plan(self, setting: Setting) -> float:
         p = predict(self.profile, setting)
         if self.local:  # the host's GPUs first reduce their gradients into one (and copy it back): a ring on PCIe
             per_host = self.row.gpus // self.row.hosts
@@ -369,6 +398,7 @@ INTRA_GRID = (1.0, 0.7, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05, 0.035, 0.025, 0
 INTER_GRID = (1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05)
 CEILING_GRID = (None, *(round(100 * 1.5**k) for k in range(16)))  # images/s per host: none, 100 to 43,789
 STEP_GRID = (0.0, *(1e-3 * 1.5**k for k in range(14)))  # seconds per synchronised step: none, 1 ms to 194 ms
+OVERLAP_GRID = (None, 0.0, 0.25, 0.5, 0.75, 1.0)  # the share of the all-reduce hidden under backward
 PASSES = 10  # coordinate descent stops where a pass changes nothing (within this many)
 
 
@@ -395,11 +425,14 @@ def pipeline(row: Row) -> tuple[str, str, str] | None:
 
 
 def fit_figures(cases: list[Case], errors: dict[tuple[Any, ...], float] | None = None) -> Figures:
-    """The figures that plan ``cases`` (rows of one framework) with the least mean absolute error: coordinate
-    descent over grids until a pass changes nothing (the fraction of the devices' link with each pipeline's best
-    ceiling at it, then the cost per step, then the fraction of the line rate between hosts); a grid starts at the
-    blind value, which wins ties. Only all-reduce rows take them. ``errors``: a cache of each row's error by the
-    figures it reads."""
+    """The figures that plan ``cases`` (rows of one framework) with the least mean absolute error: for each overlap
+    of its grid, coordinate descent over the other figures' grids until a pass changes nothing (the fraction of the
+    devices' link with each pipeline's best ceiling at it, then the cost per step, then the fraction of the line rate
+    between hosts), and the overlap whose descent ends lowest. The overlap is held through each descent, not made
+    one more coordinate: it and the link fractions both set what the wire costs a step, so a descent that moved it
+    stopped where one compensated for the other (rows made from known figures were not planned back). Each grid
+    starts at the blind value, which wins ties. Only all-reduce rows take them. ``errors``: a cache of each row's
+    error by the figures it reads."""
     cases = [c for c in cases if c.row.mode in ALL_REDUCE]
     errors = {} if errors is None else errors
 
@@ -411,6 +444,7 @@ def fit_figures(cases: list[Case], errors: dict[tuple[Any, ...], float] | None =
                 figures.intra_efficiency,
                 figures.efficiency,
                 figures.step_overhead,
+                figures.overlap,
                 figures.ceiling(c.pipeline),
             )
             if key not in errors:
@@ -418,24 +452,27 @@ def fit_figures(cases: list[Case], errors: dict[tuple[Any, ...], float] | None =
             total += errors[key]
         return total
 
-    figures = BLIND
     keys = sorted({c.pipeline for c in cases if c.pipeline is not None})
+    several_hosts = any(c.row.hosts > 1 for c in cases)
 
-    def with_intra(value: float) -> Figures:  # and each pipeline's best ceiling at it (they are independent)
-        chosen = replace(figures, intra_efficiency=value)
-        for key in keys:
-            chosen = min((chosen.with_ceiling(key, v) for v in CEILING_GRID), key=error)
-        return chosen
+    def descend(figures: Figures) -> Figures:
+        def with_intra(value: float) -> Figures:  # and each pipeline's best ceiling at it (they are independent)
+            chosen = replace(figures, intra_efficiency=value)
+            for key in keys:
+                chosen = min((chosen.with_ceiling(key, v) for v in CEILING_GRID), key=error)
+            return chosen
 
-    for _ in range(PASSES):
-        start = figures
-        figures = min((with_intra(v) for v in INTRA_GRID), key=error)
-        figures = min((replace(figures, step_overhead=v) for v in STEP_GRID), key=error)
-        if any(c.row.hosts > 1 for c in cases):
-            figures = min((replace(figures, efficiency=v) for v in INTER_GRID), key=error)
-        if figures == start:
-            break
-    return figures
+        for _ in range(PASSES):
+            start = figures
+            figures = min((with_intra(v) for v in INTRA_GRID), key=error)
+            figures = min((replace(figures, step_overhead=v) for v in STEP_GRID), key=error)
+            if several_hosts:
+                figures = min((replace(figures, efficiency=v) for v in INTER_GRID), key=error)
+            if figures == start:
+                break
+        return figures
+
+    return min((descend(replace(BLIND, overlap=v)) for v in OVERLAP_GRID), key=error)
 
 
 def by_framework(cases: list[Case]) -> dict[str, list[Case]]:
@@ -525,6 +562,7 @@ def print_frameworks(cases: list[Case]) -> None:
         f = fit_figures(members)
         flags = f"--intra-efficiency {f.intra_efficiency:.3g} --efficiency {f.efficiency:.3g}"
         flags += f" --step-overhead {1e3 * f.step_overhead:.1f}ms"
+        flags += f" --overlap {f.overlap:.2g}" if f.overlap is not None else ""
         ceilings = "; ".join(
             f"{model} on {system} ({feed}): --host-images-per-sec {v:,.0f}"
             for (system, feed, model), v in f.host_images_per_sec

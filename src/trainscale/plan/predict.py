@@ -203,8 +203,7 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
     ](profile, setting)
     step = compute + part.exposed
     batch = (setting.batch_size or profile.batch_size) * setting.accumulate
-    if setting.host_images_per_sec:  # the host's input pipeline feeds all its devices: a floor under the step
-        step = max(step, setting.per_host * batch / setting.host_images_per_sec)
+    step = fed_step(step, setting.per_host, batch, setting.host_images_per_sec)
     images = setting.workers * batch / step
     return Prediction(
         setting.workers,
@@ -219,6 +218,12 @@ def predict(profile: Profile, setting: Setting) -> Prediction:
         compute / step,
         part.link_bytes,
     )
+
+
+def fed_step(step: float, per_host: int, batch: int, host_images_per_sec: float | None) -> float:
+    """``step`` no shorter than a host's input pipeline takes to feed its ``per_host`` devices ``batch`` images each
+    (None: no limit)."""
+    return max(step, per_host * batch / host_images_per_sec) if host_images_per_sec else step
 
 
 def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: float) -> float:
