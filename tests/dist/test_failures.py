@@ -63,20 +63,15 @@ def test_a_raising_worker_stops_the_job_with_its_error(tmp_path):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
+def restarted_with_fault(out, fault: str, restarts: int) -> subprocess.CompletedProcess:
+    """Two workers of ``SMALL`` with ``--max-restarts restarts`` and the test-only fault ``fault``."""
+    argv = ["train", *flags(SMALL), "--workers", "2", "--max-restarts", str(restarts), "--out", out]
+    return run_cli(*argv, timeout=300, env={"TRAINSCALE_FAULT": fault})
+
+
 @pytest.mark.dist
 def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
-    proc = run_cli(
-        "train",
-        *flags(SMALL),
-        "--workers",
-        "2",
-        "--max-restarts",
-        "1",
-        "--out",
-        tmp_path / "run",
-        timeout=300,
-        env={"TRAINSCALE_FAULT": "kill:rank=1:epoch=2:step=1"},
-    )
+    proc = restarted_with_fault(tmp_path / "run", "kill:rank=1:epoch=2:step=1", restarts=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SIGKILL" in proc.stderr or "exitcode: -9" in proc.stderr  # the kill really happened
     assert "resumed from" in proc.stderr
@@ -97,18 +92,7 @@ def test_with_restarts_a_refusal_ends_the_job_at_once_with_its_line(tmp_path):
     """A refusal that a restart would meet again (a full disk refusing the checkpoint; injected here, once): before,
     the agent restarted the workers into it --max-restarts times, each time after the work up to it, its notices
     of the failed worker above the line. Now the first refusal ends the job: its line, status 2, no restart."""
-    proc = run_cli(
-        "train",
-        *flags(SMALL),
-        "--workers",
-        "2",
-        "--max-restarts",
-        "2",
-        "--out",
-        tmp_path / "run",
-        timeout=300,
-        env={"TRAINSCALE_FAULT": "refuse:rank=1:epoch=2:step=1"},
-    )
+    proc = restarted_with_fault(tmp_path / "run", "refuse:rank=1:epoch=2:step=1", restarts=2)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (
