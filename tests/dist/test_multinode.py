@@ -6,8 +6,10 @@ to local processes to the bit)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -83,3 +85,28 @@ def test_a_server_killed_on_one_node_restarts_the_job_on_both_and_it_resumes(tmp
     assert "results in" in outputs[0][0] and "run folder is on node 0" in outputs[1][0]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.dist
+def test_a_refusal_on_a_node_that_does_not_host_ends_the_other_at_once(tmp_path, monkeypatch):
+    """With --max-restarts a worker's refusal ends its node's job without a restart (a restart meets it again);
+    the node closes the rendezvous as it goes, so node 0 ends too, saying another node ended the job, instead of
+    waiting --rdzv-timeout (120 s here) for a node that will not come back."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    host = start_node(0, endpoint, tmp_path / "run", "--max-restarts", "2")
+    monkeypatch.setenv("TRAINSCALE_FAULT", "refuse:rank=any:epoch=1:step=2")  # node 1's worker, whatever its rank
+    other = start_node(1, endpoint, tmp_path / "node1", "--max-restarts", "2")
+    (_, host_err), (_, other_err) = host.communicate(timeout=300), other.communicate(timeout=300)
+    assert time.monotonic() - start < 60, host_err[-3000:]
+    assert other.returncode == 2, other_err[-3000:]
+    assert re.fullmatch(
+        r"trainscale train: error: worker rank \d \(local rank 0\) failed: ConfigError: TRAINSCALE_FAULT: "
+        r"injected refusal in rank \d at epoch 1 step 2",
+        other_err.strip().splitlines()[-1],
+    ), other_err[-3000:]
+    assert host.returncode == 1, host_err[-3000:]
+    assert host_err.strip().splitlines()[-1] == (
+        f"trainscale train: error: another node ended the job (it closed the rendezvous at {endpoint}); "
+        "its own output says why"
+    ), host_err[-3000:]

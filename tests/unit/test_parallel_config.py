@@ -128,6 +128,7 @@ def test_bad_hosts_files(tmp_path, text, fragment):
 
 def test_fault_spec():
     assert parse_fault("kill:rank=1:epoch=2:step=3") == Fault("kill", 1, 2, 3)
+    assert parse_fault("refuse:rank=any:epoch=2:step=3") == Fault("refuse", None, 2, 3)
     for bad in ("explode:rank=1:epoch=1:step=0", "kill:rank=1", "raise:rank=a:epoch=1:step=0"):
         with pytest.raises(ConfigError, match="ACTION:rank=R:epoch=E:step=S"):
             parse_fault(bad)

@@ -42,7 +42,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
@@ -70,7 +70,7 @@ from trainscale.runtime.cpus import oversubscription, threads_per_worker
 from trainscale.runtime.job import REFUSAL_ENV, Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent
-from trainscale.runtime.rendezvous import register_backend
+from trainscale.runtime.rendezvous import close_rendezvous, register_backend
 from trainscale.runtime.worker_errors import recorded
 from trainscale.stops import stop_word
 from trainscale.train.setup import claimed_out
@@ -341,6 +341,13 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
             file=sys.stderr,
         )
         return status
+    except RendezvousClosedError:  # another node's agent ended the job for good (its workers failed or refused)
+        print(
+            f"trainscale train: error: another node ended the job (it closed the rendezvous at {plan.endpoint}); "
+            "its own output says why",
+            file=sys.stderr,
+        )
+        return 1
     except RendezvousError as exc:
         print(
             f"trainscale train: error: rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}",
@@ -349,6 +356,8 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
         return 1
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         if plan.refusal is not None and plan.refusal.exists():  # or a worker's refusal did (``refuse_job``)
+            if cfg.launch.nnodes > 1 and not plan.is_host:
+                close_rendezvous(plan.endpoint, plan.run_id, cfg.launch.nnodes)
             return refused(plan.refusal)
         print(f"trainscale train: {stop_word(exc.sigval)}; workers stopped", file=sys.stderr)
         return 128 + int(exc.sigval)

@@ -1,6 +1,7 @@
 """TEST-ONLY fault injection for the failure and restart tests: never set this in real runs.
 
-``TRAINSCALE_FAULT=ACTION:rank=R:epoch=E:step=S`` makes global rank R, on the first attempt only
+``TRAINSCALE_FAULT=ACTION:rank=R:epoch=E:step=S`` makes global rank R (``rank=any``: every rank that has the
+variable, as the one node of a multi-node job given it, whatever rank it was given), on the first attempt only
 (TORCHELASTIC_RESTART_COUNT 0 or unset), do ACTION just before step S (0-based) of epoch E (1-based,
 as in metrics.jsonl): ``kill`` sends itself SIGKILL (a crashed or OOM-killed worker), ``raise`` raises
 a RuntimeError (a bug), ``refuse`` a ConfigError (a refusal that a restart would meet again, as a full disk).
@@ -14,7 +15,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from trainscale.config import LaunchConfig, Section, option
@@ -32,7 +33,7 @@ ACTIONS = ("kill", "raise", "refuse")
 @dataclass(frozen=True)
 class Fault:
     action: str
-    rank: int
+    rank: int | None  # None: any rank
     epoch: int
     step: int
 
@@ -52,8 +53,9 @@ def parse_fault(text: str) -> Fault:
     """``kill:rank=1:epoch=2:step=3`` -> Fault; anything else is a ConfigError naming the format."""
     action, *pairs = text.split(":")
     try:
-        fields = {k: int(v) for k, v in (p.split("=", 1) for p in pairs)}
-        fault = Fault(action, fields.pop("rank"), fields.pop("epoch"), fields.pop("step"))
+        fields = dict(p.split("=", 1) for p in pairs)
+        rank = fields.pop("rank")
+        fault = Fault(action, None if rank == "any" else int(rank), int(fields.pop("epoch")), int(fields.pop("step")))
     except (ValueError, KeyError):
         fault, fields = None, {}
     if fault is None or fields or action not in ACTIONS:
@@ -69,7 +71,7 @@ def fault_for(rank: int, job: Job) -> Fault | None:
     if not text or job.restarts > 0:
         return None
     fault = parse_fault(text)
-    return fault if fault.rank == rank else None
+    return replace(fault, rank=rank) if fault.rank in (None, rank) else None
 
 
 class FaultyBatches:

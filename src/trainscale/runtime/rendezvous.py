@@ -51,3 +51,16 @@ def register_backend() -> str:
     """Make ``BACKEND`` known to torch's rendezvous registry (idempotent); returns its name for LaunchConfig."""
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     return BACKEND
+
+
+def close_rendezvous(endpoint: str, run_id: str, nodes: int) -> None:
+    """Mark the job's rendezvous closed, so the other nodes' agents end at their next look instead of waiting
+    ``--rdzv-timeout`` for this node to come back: what torch's agent does itself when its workers fail for good,
+    and not when a signal stops it, as this node's did for a worker's refusal (``app.failures.refuse_job``). From a
+    node that does not host the rendezvous (the host's end takes its store with it); a store already gone is left
+    at that."""
+    params = RendezvousParameters(BACKEND, endpoint, run_id, nodes, nodes, is_host=False, read_timeout=10)
+    try:
+        _create_handler(params).shutdown()
+    except (RuntimeError, OSError, ValueError, dist.DistError):
+        return
