@@ -110,3 +110,23 @@ def test_a_refusal_on_a_node_that_does_not_host_ends_the_other_at_once(tmp_path,
         f"trainscale train: error: another node ended the job (it closed the rendezvous at {endpoint}); "
         "its own output says why"
     ), host_err[-3000:]
+
+
+@pytest.mark.dist
+def test_a_refusal_on_node_0_ends_the_other_node_with_one_line(tmp_path, monkeypatch):
+    """Node 0 hosts the rendezvous store, so its end takes the store along: the other node ends at once too, with
+    one line of its own (before: about 30 lines of torch's C++ warnings of the lost store, stacks included, and
+    'RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.')."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TRAINSCALE_FAULT", "refuse:rank=any:epoch=1:step=2")  # node 0's worker, whatever its rank
+    host = start_node(0, endpoint, tmp_path / "run", "--max-restarts", "2")
+    monkeypatch.delenv("TRAINSCALE_FAULT")
+    other = start_node(1, endpoint, tmp_path / "node1", "--max-restarts", "2")
+    (_, host_err), (_, other_err) = host.communicate(timeout=300), other.communicate(timeout=300)
+    assert host.returncode == 2 and "injected refusal" in host_err.strip().splitlines()[-1], host_err[-3000:]
+    assert other.returncode == 1, other_err[-3000:]
+    said = [x for x in other_err.splitlines() if " INFO " not in x and "failed (exitcode: " not in x]
+    assert said == [
+        f"trainscale train: error: lost the rendezvous at {endpoint}: node 0's launcher ended or cannot be reached; "
+        "its own output says why"
+    ], other_err[-3000:]

@@ -233,3 +233,27 @@ def test_forked_workers_train_as_new_interpreters_do(tmp_path):
     forked, spawned = rows
     for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
         assert forked[key] == pytest.approx(spawned[key], abs=1e-6), (key, forked, spawned)
+
+
+def test_a_forked_worker_takes_torchs_cpp_log_level_back_from_a_quieted_launcher(monkeypatch):
+    """A launcher of a node that does not host the rendezvous quiets torch's C++ warnings while its agent runs
+    (``store_warnings_quiet``); a worker it forks starts as a new interpreter would: TORCH_CPP_LOG_LEVEL's level,
+    else torch's own (WARNING), not the launcher's ERROR."""
+    from trainscale.app.launch import CPP_LOG_LEVELS, cpp_log_level, cpp_log_level_from_env, store_warnings_quiet
+
+    before = cpp_log_level()
+    assert before is not None
+    try:
+        with store_warnings_quiet(True):
+            assert cpp_log_level() == CPP_LOG_LEVELS["ERROR"]
+            monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+            cpp_log_level_from_env()  # what a forked worker does first (``as_new_process``)
+            assert cpp_log_level() == CPP_LOG_LEVELS["WARNING"]
+            monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+            cpp_log_level_from_env()
+            assert cpp_log_level() == CPP_LOG_LEVELS["ERROR"]
+        assert cpp_log_level() == before  # the launcher's own level back after its agent
+        with store_warnings_quiet(False):
+            assert cpp_log_level() == before
+    finally:
+        cpp_log_level(before)

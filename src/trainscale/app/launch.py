@@ -42,7 +42,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainscale.app.config import TrainConfig
@@ -219,18 +219,43 @@ CPP_LOG_LEVELS = {"INFO": 0, "WARNING": 1, "ERROR": 2, "FATAL": 3}  # c10's, as 
 
 def cpp_log_level_from_env() -> None:
     """torch's C++ log level as TORCH_CPP_LOG_LEVEL gives it (``worker_env`` sets ERROR for parameter-server jobs,
-    whose RPC shutdown makes TensorPipe warn of every closed connection). c10 reads the variable once, when torch
-    loads, so a worker forked from a launcher that set it later kept the launcher's level: its flag is set here.
-    A no-op where the variable is unset or unknown, or a torch build whose library lacks the flag."""
-    level = os.environ.get("TORCH_CPP_LOG_LEVEL", "").strip().upper()
+    whose RPC shutdown makes TensorPipe warn of every closed connection), else torch's own (WARNING). c10 reads the
+    variable once, when torch loads, so a worker forked from a launcher kept the launcher's level (set later, or
+    quieted: ``store_warnings_quiet``): its flag is set here. A no-op for an unknown level, or a torch build whose
+    library lacks the flag."""
+    level = os.environ.get("TORCH_CPP_LOG_LEVEL", "").strip().upper() or "WARNING"
     value = CPP_LOG_LEVELS.get(level, int(level) if level.isdigit() else None)
-    if value is None:
-        return
+    if value is not None:
+        cpp_log_level(value)
+
+
+def cpp_log_level(value: int | None = None) -> int | None:
+    """c10's log level (``CPP_LOG_LEVELS``) as it was, then set to ``value`` where given; None where the library
+    has no such flag."""
     import torch
 
-    with contextlib.suppress(OSError, ValueError):
+    try:
         c10 = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
-        ctypes.c_int.in_dll(c10, "FLAGS_caffe2_log_level").value = value
+        flag = ctypes.c_int.in_dll(c10, "FLAGS_caffe2_log_level")
+    except (OSError, ValueError):
+        return None
+    was = int(flag.value)
+    if value is not None:
+        flag.value = value
+    return was
+
+
+@contextlib.contextmanager
+def store_warnings_quiet(quiet: bool) -> Iterator[None]:
+    """torch's C++ warnings off in this launcher while its agent runs, where ``quiet``: a node that does not host
+    the rendezvous, whose agent's C++ code speaks only of the store's connection, about 30 lines with a stack each
+    time node 0's launcher ends, above the one line this launcher says then (``run_agents``)."""
+    before = cpp_log_level(CPP_LOG_LEVELS["ERROR"]) if quiet else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            cpp_log_level(before)
 
 
 def forget_user_modules() -> None:
@@ -330,7 +355,8 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
             if events is not None and not cfg.run.resume and events.exists():
                 events.unlink()
             entry, args = worker_entry(plan, flags, worker)
-            elastic_launch(launch_config(cfg, plan), entry)(*args)
+            with store_warnings_quiet(cfg.launch.nnodes > 1 and not plan.is_host):
+                elastic_launch(launch_config(cfg, plan), entry)(*args)
     except ChildFailedError as exc:
         failures = failures_of(exc, exits)
         message, status = describe_failure(failures, cfg.launch.workers if cfg.ps.servers else None)
@@ -345,6 +371,13 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
         print(
             f"trainscale train: error: another node ended the job (it closed the rendezvous at {plan.endpoint}); "
             "its own output says why",
+            file=sys.stderr,
+        )
+        return 1
+    except RendezvousConnectionError:
+        print(
+            f"trainscale train: error: lost the rendezvous at {plan.endpoint}: node 0's launcher ended or cannot be "
+            "reached; its own output says why",
             file=sys.stderr,
         )
         return 1

@@ -47,6 +47,7 @@ AGENT_LOGGERS = (
     "torch.distributed.elastic.agent.server.api",
     "torch.distributed.elastic.multiprocessing.api",
     "torch.multiprocessing.spawn",  # the forked workers' process context
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
 )
 DEATH_SIGNAL_NOTICE = "Received %s death signal, shutting down workers"  # their templates in torch 2.13
 CLOSING_SIGNAL_NOTICES = (  # new processes, forked ones, the forked ones' context after one failed
@@ -54,6 +55,7 @@ CLOSING_SIGNAL_NOTICES = (  # new processes, forked ones, the forked ones' conte
     "Closing process %s via signal %s",
     "Terminating process %s via signal SIGTERM",
 )
+UNCLOSED_NOTICE = "has failed to shutdown the rendezvous"  # the store is gone: the launcher's line says so
 FAILED_NOTICES = (
     "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
     "failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)",
@@ -72,7 +74,8 @@ def become_launcher(restarts: bool = False) -> None:
 
 class AgentStopNotices(logging.Filter):
     """Drops torch's agent's notices of how it stops a job: "Received SIGINT death signal, shutting down
-    workers", "Sending process N closing signal" and, in a job that restarts no worker (``restarts`` False),
+    workers", "Sending process N closing signal", "... has failed to shutdown the rendezvous" (its store went with
+    node 0's launcher, which the launcher's line says) and, in a job that restarts no worker (``restarts`` False),
     "failed (exitcode: 1) local_rank: ..." (the launcher says in one line why the job stopped, naming the failed
     rank and the ones stopped after it; in a job that restarts workers, that notice is the news of a restart,
     kept without the traceback of the agent's own exception that comes with it for forked workers)."""
@@ -85,7 +88,7 @@ class AgentStopNotices(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in FAILED_NOTICES and self.restarts:
             record.exc_info, record.exc_text = None, None
-        return record.msg not in self.dropped
+        return record.msg not in self.dropped and UNCLOSED_NOTICE not in str(record.msg)
 
 
 def end_with_launcher(launcher: int | None) -> None:
