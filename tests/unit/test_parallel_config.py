@@ -250,3 +250,23 @@ def test_endpoint_checks():
         wait_reachable("127.0.0.1", port, timeout_s=1)
     with pytest.raises(ConfigError, match="cannot reach the rendezvous endpoint"):
         wait_reachable("127.0.0.1", port, timeout_s=0.5)
+
+
+def test_a_lost_rendezvous_is_named_by_what_ended_it():
+    """A closed rendezvous is another node's end; a lost store, node 0's (never said on node 0 itself, whose own
+    store it is); anything else keeps torch's words."""
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
+
+    from trainscale.app.launch import LaunchPlan, rendezvous_failure
+
+    node1, node0 = LaunchPlan("h:29400", False, "r", None, 1), LaunchPlan("h:29400", True, "r", None, 1)
+    assert rendezvous_failure(RendezvousClosedError(), node1).startswith("another node ended the job (it closed")
+    assert rendezvous_failure(RendezvousConnectionError("x"), node1).startswith("lost the rendezvous at h:29400")
+    assert rendezvous_failure(RendezvousConnectionError("x"), node0) == (
+        "rendezvous at h:29400 failed: RendezvousConnectionError: x"
+    )
+    assert "RendezvousTimeoutError" in rendezvous_failure(RendezvousTimeoutError("late"), node1)

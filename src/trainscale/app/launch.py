@@ -367,25 +367,8 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
             file=sys.stderr,
         )
         return status
-    except RendezvousClosedError:  # another node's agent ended the job for good (its workers failed or refused)
-        print(
-            f"trainscale train: error: another node ended the job (it closed the rendezvous at {plan.endpoint}); "
-            "its own output says why",
-            file=sys.stderr,
-        )
-        return 1
-    except RendezvousConnectionError:
-        print(
-            f"trainscale train: error: lost the rendezvous at {plan.endpoint}: node 0's launcher ended or cannot be "
-            "reached; its own output says why",
-            file=sys.stderr,
-        )
-        return 1
     except RendezvousError as exc:
-        print(
-            f"trainscale train: error: rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}",
-            file=sys.stderr,
-        )
+        print(f"trainscale train: error: {rendezvous_failure(exc, plan)}", file=sys.stderr)
         return 1
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent has stopped the workers
         if plan.refusal is not None and plan.refusal.exists():  # or a worker's refusal did (``refuse_job``)
@@ -406,6 +389,19 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
             return 1
     report(cfg, plan.out)
     return 0
+
+
+def rendezvous_failure(exc: RendezvousError, plan: LaunchPlan) -> str:
+    """What ended this node's part in the rendezvous, in one line: another node that closed it (its workers failed
+    for good, or refused), node 0's store gone (its launcher ended, or the network between), or torch's words."""
+    if isinstance(exc, RendezvousClosedError):
+        return f"another node ended the job (it closed the rendezvous at {plan.endpoint}); its own output says why"
+    if isinstance(exc, RendezvousConnectionError) and not plan.is_host:
+        return (
+            f"lost the rendezvous at {plan.endpoint}: node 0's launcher ended or cannot be reached; its own output "
+            "says why"
+        )
+    return f"rendezvous at {plan.endpoint} failed: {type(exc).__name__}: {exc}"
 
 
 def refused(refusal: Path) -> int:
