@@ -137,10 +137,13 @@ def test_a_replica_killed_in_a_round_of_periodic_averaging(tmp_path):
 def test_a_replica_that_refuses_to_go_on_ends_the_job_with_its_line(tmp_path, short_temp):
     """A refusal that a restart would meet again (a full disk refusing the checkpoint; injected here, once): before,
     the replica's agent restarted it, and once the other replica finished, the job ended with status 0 as if all
-    was well, the refusal unsaid. Its launcher's temporary folder is gone with it."""
+    was well, the refusal unsaid. Its launcher's temporary folder is gone with it, the killed replicas' folders
+    too, with a TMPDIR too long to hand down as theirs (before: they stayed there)."""
     settings = {**COMMON, "epochs": 3, "train_subset": 512}
     settings.pop("batch_size")
-    fault = {"TRAINSCALE_FAULT": "refuse:rank=0:epoch=2:step=0", "TMPDIR": str(short_temp)}
+    long_temp = short_temp / ("t" * 80)
+    long_temp.mkdir()
+    fault = {"TRAINSCALE_FAULT": "refuse:rank=0:epoch=2:step=0", "TMPDIR": str(long_temp)}
     proc = run_cli("train", *as_flags(settings), *FT, "--out", tmp_path / "run", timeout=300, env=fault)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -148,4 +151,4 @@ def test_a_replica_that_refuses_to_go_on_ends_the_job_with_its_line(tmp_path, sh
     assert re.fullmatch(f"trainscale train: error: replica [01]: {said}", last), proc.stderr[-3000:]
     noise = [x for x in proc.stderr.splitlines() if " INFO " not in x and "injecting 'refuse'" not in x]
     assert noise == [last], noise  # no restart (the agent's notice of a failed worker), no lost step
-    assert not [p.name for p in short_temp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert not [p.name for p in long_temp.iterdir() if not p.name.startswith("torchinductor_")]

@@ -97,14 +97,16 @@ class LaunchPlan:
 
 
 @contextlib.contextmanager
-def job_temp_folder() -> Iterator[Path]:
+def job_temp_folder(parent: Path | None = None) -> Iterator[Path]:
     """A folder of this launcher's, removed with it, for what a job would otherwise leave in the temporary folder:
     torch's elastic agent keeps its workers' error files in a folder it never removes (here: ``agent/``), and a
     worker stopped by a signal ends without Python's clean-up (``runtime.orphans``), so its own temporary files
     (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR,
-    unless its path is too long for the Unix sockets made in it (then they keep the usual one). torch's compiler
-    cache keeps its usual place, so compiled kernels are still reused across runs."""
-    with tempfile.TemporaryDirectory(prefix="ts") as folder:
+    unless its path is too long for the Unix sockets made in it (then they keep the usual one). ``parent``: where
+    to make it (a fault-tolerant replica's is in its launcher's, ``Job.temp_root``, so it goes with the launcher's
+    even where the replica was killed and its folder could not be TMPDIR). torch's compiler cache keeps its usual
+    place, so compiled kernels are still reused across runs."""
+    with tempfile.TemporaryDirectory(prefix="ts", dir=parent) as folder:
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()
         short = len(folder) <= SOCKET_FOLDER_MAX
         with environ({"TMPDIR": folder, "TORCHINDUCTOR_CACHE_DIR": cache} if short else {}):
@@ -429,7 +431,7 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker:
     )
     become_launcher(restarts=True)
     relabel(f"replica {job.replica} agent")
-    with job_temp_folder() as temp:
+    with job_temp_folder(job.temp_root) as temp:
         config = dataclasses.replace(
             launch_config(cfg.replace(nnodes=1), dataclasses.replace(plan, logs=temp / "agent")),
             nproc_per_node=1,

@@ -28,6 +28,7 @@ REPLICAS_ENV = "TRAINSCALE_FT_REPLICAS"
 BARRIER_ENV = "TRAINSCALE_FT_BARRIER"  # host:port of the fault-tolerant launcher's start-barrier store
 EVENTS_ENV = "TRAINSCALE_FT_EVENTS"  # the job's fault log (JSON lines)
 OWNER_ENV = "TRAINSCALE_FT_LAUNCHER_PID"  # the launcher that holds the run folder's lock
+TEMP_ENV = "TRAINSCALE_FT_TEMP"  # the fault-tolerant launcher's temporary folder, where its replicas keep theirs
 REFUSAL_ENV = "TRAINSCALE_REFUSAL"  # where a worker tells its launcher it refuses to go on (app.failures.refuse_job)
 ADDRESS_ENV = "TRAINSCALE_FT_ADDRESS"  # where this node's replicas listen (127.0.0.1 on one machine)
 NODE_ENV = "TRAINSCALE_NODE_RANK"  # the node (emulated host) a fault-tolerant replica runs on
@@ -62,6 +63,7 @@ class Job:
     address: str | None = None  # where this node's replicas listen
     fault_log: Path | None = None  # the job's fault log (fault-tolerant and parameter-server jobs)
     refusal: Path | None = None  # where a worker says it refuses to go on, where restarts would meet it again
+    temp_root: Path | None = None  # where a fault-tolerant replica keeps its temporary folder (its launcher's)
     node_report: Path | None = None  # where this node reports its failure to `train --cluster`
     cluster: dict[str, Any] | None = field(default=None, hash=False, compare=False)  # emulated cluster's facts
     fault: str = ""  # test-only fault injection (``runtime.faults``)
@@ -91,6 +93,7 @@ class Job:
             address=env.get(ADDRESS_ENV) or None,
             fault_log=_path(env, EVENTS_ENV),
             refusal=_path(env, REFUSAL_ENV),
+            temp_root=_path(env, TEMP_ENV),
             node_report=_path(env, NODE_REPORT_ENV),
             cluster=json.loads(cluster) if cluster else None,
             fault=env.get(FAULT_ENV, ""),

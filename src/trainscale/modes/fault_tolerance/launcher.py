@@ -34,6 +34,7 @@ from trainscale.runtime.job import (
     REFUSAL_ENV,
     REPLICA_ENV,
     REPLICAS_ENV,
+    TEMP_ENV,
 )
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
@@ -82,12 +83,15 @@ def meeting_points(meeting: Meeting) -> Iterator[tuple[str, str]]:
 
 
 def replica_env(
-    cfg: Any, index: int, points: tuple[str, str], meeting: Meeting, events: Path, refusal: Path
+    cfg: Any, index: int, points: tuple[str, str], meeting: Meeting, events: Path, temp: Path
 ) -> dict[str, str]:
-    """The environment of replica ``index``'s agent: this launcher's, and who the replica is (``runtime.job``)."""
+    """The environment of replica ``index``'s agent: this launcher's, and who the replica is (``runtime.job``);
+    ``temp``: this launcher's temporary folder, which holds the replicas' own (removed with it, also where a
+    replica was killed, and where it could not become their TMPDIR) and the refusal file (``refusal_file``)."""
     env = {
         **os.environ,
-        REFUSAL_ENV: str(refusal),
+        REFUSAL_ENV: str(refusal_file(temp)),
+        TEMP_ENV: str(temp),
         REPLICA_ENV: str(index),
         REPLICAS_ENV: str(job_processes(cfg.launch)),
         ft.LIGHTHOUSE_ENV: points[0],
@@ -102,6 +106,11 @@ def replica_env(
     return env
 
 
+def refusal_file(temp: Path) -> Path:
+    """Where a replica's worker hands its refusal to this launcher (``app.failures.refuse_job``)."""
+    return temp / "refusal"
+
+
 def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) -> int:
     """Run this node's replicas to the end, holding the run folder's lock; returns the job's exit status (the
     first failed replica's). ``out``: the run folder on node 0 (which records the faults), None on the others."""
@@ -113,13 +122,13 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     with sigterm_as_interrupt(), lock_run_folder(out), tempfile.TemporaryDirectory(prefix="ts-ft-") as temp:
         if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
-        refusal = Path(temp) / "refusal"
+        refusal = refusal_file(Path(temp))
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
             procs = [
                 subprocess.Popen(
                     [sys.executable, *argv],
-                    env=replica_env(cfg, i, points, meeting, events, refusal),
+                    env=replica_env(cfg, i, points, meeting, events, Path(temp)),
                     start_new_session=True,
                 )
                 for i in range(first, first + workers)
