@@ -20,14 +20,7 @@ from trainscale.results import RunWriter, remove_debris
 from trainscale.runtime import ft
 from trainscale.runtime.faults import InjectedFault, injected_faults
 
-__all__ = [
-    "DEFAULT_RESTARTS",
-    "Meeting",
-    "fault_records",
-    "launch_replicas",
-    "record_faults",
-    "record_ps_faults",
-]
+__all__ = ["DEFAULT_RESTARTS", "Meeting", "fault_records", "launch_replicas", "record_faults", "record_ps_faults"]
 
 log = logging.getLogger("trainscale.launch")
 

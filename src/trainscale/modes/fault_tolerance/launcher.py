@@ -119,22 +119,22 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     events = Path(out or cfg.run.out) / ft.EVENTS_FILE
     workers = cfg.launch.workers or 1
     first = cfg.launch.node_rank * workers
-    with sigterm_as_interrupt(), lock_run_folder(out), tempfile.TemporaryDirectory(prefix="ts-ft-") as temp:
+    with sigterm_as_interrupt(), lock_run_folder(out), tempfile.TemporaryDirectory(prefix="ts-ft-") as made:
         if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
-        refusal = refusal_file(Path(temp))
+        temp = Path(made)
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
             procs = [
                 subprocess.Popen(
                     [sys.executable, *argv],
-                    env=replica_env(cfg, i, points, meeting, events, Path(temp)),
+                    env=replica_env(cfg, i, points, meeting, events, temp),
                     start_new_session=True,
                 )
                 for i in range(first, first + workers)
             ]
             try:
-                status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S, refusal)
+                status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S, refusal_file(temp))
                 if status == 0 and out is not None and cfg.launch.nnodes > 1:
                     replicas = job_processes(cfg.launch)
                     assert replicas is not None  # known once there are several nodes
