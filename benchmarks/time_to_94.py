@@ -133,11 +133,15 @@ def spread(values: list[float]) -> tuple[float, float]:
 def row_of(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
     """One finished seed's figures, from its summary.json."""
     scope = summary[K.reference_scope]
+    fit, steps = summary.get(K.data_init_seconds) or 0.0, summary[K.total_train_seconds]
     return {
         "seed": seed,
         "acc": scope["test_acc"],
         "reference_seconds": scope["seconds"],
-        "train_seconds": summary[K.total_train_seconds],
+        "train_seconds": steps,
+        "data_init_seconds": fit,
+        "final_eval_seconds": scope["seconds"] - steps - fit,
+        "eval_forward": summary.get(K.eval_forward),
         "steady_epoch_seconds": summary.get(K.steady_epoch_seconds),
         "gpu_clock_mhz": summary.get(K.gpu_clock_mhz),
         "gpu_power_w": summary.get(K.gpu_power_w),
@@ -171,6 +175,11 @@ def report(rows: list[dict[str, Any]], found: dict[str, Any], recipe: str, machi
         steady = f", a steady epoch {r['steady_epoch_seconds']:.3f} s" if r.get("steady_epoch_seconds") else ""
         if r.get("gpu_clock_mhz"):
             steady += f" at {r['gpu_clock_mhz']:.0f} MHz, {r.get('gpu_power_w') or 0.0:.0f} W"
+        if r.get("final_eval_seconds") is not None:
+            steady += (
+                f"; whitening fit {1000 * r['data_init_seconds']:.0f} ms, final evaluation "
+                f"{1000 * r['final_eval_seconds']:.0f} ms ({r.get('eval_forward') or 'eager'})"
+            )
         print(
             f"  seed {r['seed']}: {100 * r['acc']:.2f}% in {r['reference_seconds']:.2f} s (reference scope), "
             f"{r['train_seconds']:.2f} s of training steps{steady}; warm-up and compilation before the timer "

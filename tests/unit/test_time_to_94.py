@@ -62,6 +62,8 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
         "reference_scope": {"test_acc": 0.94, "seconds": 1.5, "scope": "airbench's"},
         "out": "x",
         "total_train_seconds": 1.4,
+        "data_init_seconds": 0.02,
+        "eval_forward": "compiled",
         "steady_epoch_seconds": 0.17,
         "precision": "bf16",
     }
@@ -87,6 +89,9 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
     partial = json.loads((tmp_path / "result.json").read_text())
     assert (partial["complete"], partial["runs_done"], partial["runs_asked"]) == (False, 2, 3)
     assert [r["seed"] for r in partial["runs"]] == [0, 1] and partial["runs"][0]["steady_epoch_seconds"] == 0.17
+    first = partial["runs"][0]  # the scope's other two parts, apart: where a run's time beyond its steps goes
+    assert first["data_init_seconds"] == 0.02 and first["final_eval_seconds"] == pytest.approx(0.08)
+    assert first["eval_forward"] == "compiled"
     assert partial["reference_seconds_mean"] == 1.5 and partial["precision"] == "bf16" and not partial["goal_met"]
     assert t94.main() == 0
     done = json.loads((tmp_path / "result.json").read_text())
