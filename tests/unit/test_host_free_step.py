@@ -376,13 +376,31 @@ def test_selective_tta_gives_the_extra_views_to_the_least_confident_fraction_onl
     full = predict(model, x, flip=True, translate=1)
     model.calls.clear()
     mixed = predict_selective(model, x, flip=True, translate=1, select=0.25)
-    assert model.calls == [8, 2, 2, 2, 2, 2, 2]  # the plain view, then 6 views of the 2 least sure images
+    assert model.calls == [8, 10]  # the plain view, then the 5 other views of the 2 least sure images at once
     plain = model(x).float()
     unsure = [1, 3]  # the dimmest: logits closest to a tie
     torch.testing.assert_close(mixed[unsure], full[unsure])
     sure = [i for i in range(8) if i not in unsure]
     torch.testing.assert_close(mixed[sure], plain[sure])
     torch.testing.assert_close(predict_selective(model, x, True, 1, 1.0), full)
+
+
+def test_selective_views_in_one_forward_are_predicts_views_and_stay_within_twice_the_batch() -> None:
+    """The chosen images' five extra views go through the model together, in forwards of at most twice the
+    evaluation batch: with every image chosen, a conv net's logits are ``predict``'s to rounding."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+    sizes: list[int] = []
+    net.register_forward_pre_hook(lambda _, args: sizes.append(args[0].shape[0]))
+    net.eval()
+    x = torch.randn(8, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        full = predict(net, x, flip=True, translate=1)
+        sizes.clear()
+        every = predict_selective(net, x, flip=True, translate=1, select=0.999)  # k = 8 of 8, not predict's path
+    assert sizes == [8, 16, 16, 8]  # the plain view, then 40 extra views in forwards of at most 16
+    torch.testing.assert_close(every, full, rtol=1e-5, atol=1e-6)
 
 
 def test_the_warm_up_meets_every_evaluation_batch_size() -> None:
