@@ -332,7 +332,7 @@ class RunConfig(Section):
         "default",
         "torch.compile's mode for a compiled, graphed or captured step and --compile: default, or max-autotune (times "
         "several kernels for each convolution and matrix product in the warm-up: minutes on a machine's first "
-        "run, cached after)",
+        "run, cached after; the evaluation's compiled forward keeps the default)",
         choices=COMPILE_MODES,
     )
     keep_memory: bool = option(

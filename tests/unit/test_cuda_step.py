@@ -163,7 +163,7 @@ def test_the_compiled_evaluation_predicts_as_the_eager_one_and_compiles_nothing_
     torch._dynamo.reset()
     model, _ = setup("sgd")
     model = model.to(CUDA).eval()
-    compiled = compiled_eval(model, "default")
+    compiled = compiled_eval(model)
     x = torch.randn(96, 3, 32, 32, device=CUDA).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         for n in (96, 40):

@@ -615,7 +615,7 @@ def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compile
     model, _ = setup("sgd")
     data = synthetic_dataset(100, 32, seed=3)
     test = DeviceBatches(data, 32, train=False, augment=None, device=CPU, channels_last=True)
-    compiled = compiled_eval(model, "default", backend="aot_eager")
+    compiled = compiled_eval(model, backend="aot_eager")
     compiled.eval()
     prec = Precision("fp32", CPU)
     with torch.no_grad():
@@ -653,6 +653,22 @@ def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_pat
     assert trainer._eval_forward("compiled") is trainer.model
 
 
+def test_the_evaluation_compiles_in_the_default_mode_beside_a_max_autotuned_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max-autotune would time every convolution again for each evaluation batch shape: the evaluation's forward
+    takes torch.compile's default mode whatever ``--compile-mode`` says."""
+    modes: list[Any] = []
+    monkeypatch.setattr(
+        torch, "compile", lambda model, **kw: modes.append(kw.get("mode")) or torch.nn.Sequential(model)
+    )
+    trainer = build_trainer(
+        build_config(SMALL_RUN, {"out": str(tmp_path), "compile_mode": "max-autotune"}), CPU, LocalMode(), Job()
+    )
+    trainer.precision = Precision("fp32", torch.device("cuda"))
+    assert trainer._eval_forward("captured") is not trainer.model and modes == [None]
+
+
 def test_a_run_beside_a_compiled_step_evaluates_with_the_compiled_forward(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -660,7 +676,7 @@ def test_a_run_beside_a_compiled_step_evaluates_with_the_compiled_forward(
     of a model that is no ``nn.Sequential``: a compiled module is never tested for truth (its ``len()`` raises)."""
 
     def forward(self: trainer_module.Trainer, kind: str) -> torch.nn.Module:
-        return self.model if kind == "eager" else compiled_eval(self.model, "default", backend="aot_eager")
+        return self.model if kind == "eager" else compiled_eval(self.model, backend="aot_eager")
 
     monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", forward)
     with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):

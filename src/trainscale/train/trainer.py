@@ -263,7 +263,7 @@ class Trainer:
         unwarmed = self.train_model is not self.model  # set in ``__post_init__``: the model, or its wrapper
         if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile or unwarmed:
             return self.model
-        return compiled_eval(self.model, self.cfg.run.compile_mode)
+        return compiled_eval(self.model)
 
     def _evaluate_with(self, model: nn.Module) -> None:
         self.eval_model = model
