@@ -388,18 +388,22 @@ def test_selective_tta_gives_the_extra_views_to_the_least_confident_fraction_onl
 def test_selective_views_in_one_forward_are_predicts_views_and_stay_within_twice_the_batch() -> None:
     """The chosen images' five extra views go through the model together, in forwards of at most twice the
     evaluation batch: with every image chosen, a conv net's logits are ``predict``'s to rounding."""
+    CL = torch.channels_last
     torch.manual_seed(0)
     nn = torch.nn
     net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
     sizes: list[int] = []
+    layouts: list[bool] = []
     net.register_forward_pre_hook(lambda _, args: sizes.append(args[0].shape[0]))
+    net.register_forward_pre_hook(lambda _, args: layouts.append(args[0].is_contiguous(memory_format=CL)))
     net.eval()
-    x = torch.randn(8, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 8, 8).contiguous(memory_format=CL)
     with torch.no_grad():
         full = predict(net, x, flip=True, translate=1)
         sizes.clear()
         every = predict_selective(net, x, flip=True, translate=1, select=0.999)  # k = 8 of 8, not predict's path
     assert sizes == [8, 16, 16, 8]  # the plain view, then 40 extra views in forwards of at most 16
+    assert all(layouts)  # in the layout they came in (index_select alone would give NCHW)
     torch.testing.assert_close(every, full, rtol=1e-5, atol=1e-6)
 
 

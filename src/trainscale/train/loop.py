@@ -453,8 +453,8 @@ def predict_selective(
     Selective test-time augmentation: the extra views change mostly the predictions that were close calls, so
     most of TTA's gain costs a fraction of its passes. The count per batch is fixed by the batch size (static
     shapes), and the choice is made on the device (no sync). The chosen images' plain logits are the ones already
-    made, and their extra views go through the model together (``extra_views``): one forward where ``predict``
-    makes five, each of a fifth the size, which on a GPU costs the host fewer launches and fills the device better."""
+    made, and their five extra views go through the model together (``extra_views``): one forward where separate
+    views take five, each a fifth the size, which on a GPU costs the host fewer launches and fills the device better."""
     if select >= 1.0 or not flip:
         return predict(model, images, flip, translate)
     logits = model(images).float()
@@ -463,7 +463,8 @@ def predict_selective(
         return logits
     unsure = logits.softmax(1).amax(1).topk(k, largest=False).indices
     plain = logits.index_select(0, unsure)
-    views = extra_views(model, images.index_select(0, unsure), translate, limit=2 * images.shape[0])
+    chosen = images.index_select(0, unsure).contiguous(memory_format=memory_format(images))  # index_select: NCHW
+    views = extra_views(model, chosen, translate, limit=2 * images.shape[0])
     averaged = 0.5 * (plain + views[0])
     if translate:  # predict's weights: a half for the plain view and its mirror, an eighth for each other view
         averaged = 0.5 * averaged + 0.125 * (views[1] + views[2] + views[3] + views[4])
