@@ -40,7 +40,7 @@ from trainscale.runtime import cluster as net
 from trainscale.runtime.cpus import cpu_count
 from trainscale.runtime.job import NODE_REPORT_ENV
 from trainscale.runtime.orphans import die_with_parent, sigterm_as_interrupt
-from trainscale.stops import stop_report
+from trainscale.stops import stop_report, stops_held
 
 STOP_GRACE_S = 15.0
 FAILURE_SETTLE_S = 3.0
@@ -153,15 +153,16 @@ class Nodes:
     def start(self, index: int, argv: list[str]) -> None:
         group = self.groups[index] if self.groups else None
         env = {**self.env, NODE_REPORT_ENV: str(self.report_path(index))}
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=None if index == 0 else subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_node_setup(group),
-        )
-        self.procs.append(proc)
+        with stops_held():  # a stop while the node starts comes once it is in ``procs``, so ``stop`` ends it too
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=None if index == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_node_setup(group),
+            )
+            self.procs.append(proc)
         relay = threading.Thread(target=self.relay, args=(index, proc.stderr), daemon=True)
         relay.start()
         self.relays.append(relay)

@@ -62,15 +62,25 @@ def stop(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
     """Stop the child and every process it started (collected before any of them dies)."""
     tree = [proc.pid, *descendants(proc.pid)]
     _signal_all(proc.pid, tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    alive = [pid for pid in tree if is_running(pid)]
+    alive = _alive_until(tree, deadline)
     if alive:
         log.warning("run did not stop in %.0f s after SIGTERM; killing %d process(es)", grace, len(alive))
         _signal_all(proc.pid, alive, signal.SIGKILL)
     proc.wait()
+
+
+def _alive_until(pids: list[int], deadline: float) -> list[int]:
+    """Those of ``pids`` still running at ``deadline``, or none as soon as all are gone: the child may end before
+    the processes it started have (a node that takes a moment to stop its workers), and the bench must not go on
+    (or end) while any of them runs."""
+    while (alive := [pid for pid in pids if is_running(pid)]) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS / 10)
+    return alive
 
 
 def _signal_all(group: int, pids: list[int], sig: signal.Signals) -> None:

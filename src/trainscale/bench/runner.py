@@ -24,6 +24,7 @@ import logging
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,7 @@ from trainscale.cluster.bench import cluster_for
 from trainscale.io import append_jsonl, atomic_write_text, dumps, open_output, read_json
 from trainscale.record import SUMMARY, K
 from trainscale.results import LOCK_FILE, in_use_message, lock_holder, lock_run_folder
+from trainscale.stops import stops_held
 
 log = logging.getLogger("trainscale.bench")
 
@@ -204,11 +206,14 @@ def run_one(options: BenchOptions, spec: RunSpec, resume: bool, bar: tqdm | None
         log_file.write(f"--- attempt of {_now()}: {shlex.join(cmd)}\n".encode())
     offset = (folder / LOG).stat().st_size  # this attempt's output starts here
     start = time.monotonic()
-    proc = process.start(cmd, folder / LOG, env)
+    proc: subprocess.Popen | None = None
     try:
+        with stops_held():  # a Ctrl-C while the child starts comes once it is known, so it is stopped too
+            proc = process.start(cmd, folder / LOG, env)
         timed_out = process.wait(proc, options.timeout, lambda: _show_epoch(bar, spec, folder))
     except BaseException:  # Ctrl-C or any error here: never leave the run behind
-        process.stop(proc)
+        if proc is not None:
+            process.stop(proc)
         raise
     if timed_out:
         process.stop(proc)

@@ -38,6 +38,7 @@ from trainscale.runtime.job import (
 )
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
+from trainscale.stops import stops_held
 
 log = logging.getLogger("trainscale.launch")
 
@@ -125,15 +126,17 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
         temp = Path(made)
         with meeting_points(meeting) as points:
             log.info("starting %d fault-tolerant replica(s) (lighthouse %s)", workers, points[0])
-            procs = [
-                subprocess.Popen(
-                    [sys.executable, *argv],
-                    env=replica_env(cfg, i, points, meeting, events, temp),
-                    start_new_session=True,
-                )
-                for i in range(first, first + workers)
-            ]
+            procs: list[subprocess.Popen] = []
             try:
+                with stops_held():  # a stop while the replicas start comes once all are in ``procs``
+                    procs.extend(
+                        subprocess.Popen(
+                            [sys.executable, *argv],
+                            env=replica_env(cfg, i, points, meeting, events, temp),
+                            start_new_session=True,
+                        )
+                        for i in range(first, first + workers)
+                    )
                 status = watch(procs, cfg.replication.ft_timeout + HEARTBEAT_TIMEOUT_S, refusal_file(temp))
                 if status == 0 and out is not None and cfg.launch.nnodes > 1:
                     replicas = job_processes(cfg.launch)
