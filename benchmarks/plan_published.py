@@ -778,17 +778,24 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
     """Whether the plan answers "does adding GPUs pay?" as the publication does: along each series (same source,
     system, model, batch, mode and data, growing GPUs), the sign of each step's change in throughput, counting a
     published change under 3% as "no gain" (within a page's run-to-run noise)."""
-    series: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
+    series: dict[tuple[Any, ...], list[tuple[int, float, float, Row]]] = defaultdict(list)
     for r, planned, _ in results:
         key = (r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)
-        series[key].append((r.gpus, r.images_per_sec, planned))
-    agree = total = 0
+        series[key].append((r.gpus, r.images_per_sec, planned, r))
+    total, disagree = 0, []
     for points in series.values():
-        points = sorted({p[0]: p for p in points}.values())
-        for (_, pub0, plan0), (_, pub1, plan1) in zip(points, points[1:]):
+        points = sorted({p[0]: p for p in points}.values(), key=lambda p: p[0])
+        for (gpus0, pub0, plan0, _), (gpus1, pub1, plan1, r) in zip(points, points[1:]):
             total += 1
-            agree += (pub1 > 1.03 * pub0) == (plan1 > 1.03 * plan0)
-    print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {agree / max(total, 1):7.0%}")
+            if (pub1 > 1.03 * pub0) != (plan1 > 1.03 * plan0):
+                disagree.append(
+                    f"  disagrees: {r.source}, {framework_of(r) if r.series else r.system}, {r.model} {r.precision} "
+                    f"batch {r.batch}: "
+                    f"{gpus0} -> {gpus1} GPUs published {pub1 / pub0 - 1:+.1%}, planned {plan1 / plan0 - 1:+.1%}"
+                )
+    print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {1 - len(disagree) / max(total, 1):7.0%}")
+    for line in disagree:
+        print(line)
 
 
 def ordering(results: list[tuple[Row, float, float]]) -> None:
