@@ -101,13 +101,12 @@ def job_temp_folder(parent: Path | None = None) -> Iterator[Path]:
     """A folder of this launcher's, removed with it, for what a job would otherwise leave in the temporary folder:
     torch's elastic agent keeps its workers' error files in a folder it never removes (here: ``agent/``), and a
     worker stopped by a signal ends without Python's clean-up (``runtime.orphans``), so its own temporary files
-    (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR.
-    Its path must be short enough for the Unix sockets made in it: under a TMPDIR too deep for them it is made in
-    /tmp instead (where, unlike the deep one, a DataLoader's workers can start); only where no short folder can be
-    written do the processes keep the usual TMPDIR. ``parent``: where to make it (a fault-tolerant replica's is in
-    its launcher's, ``Job.temp_root``, so it goes with the launcher's even where the replica was killed). torch's
-    compiler cache keeps its usual place, so compiled kernels are still reused across runs."""
-    with tempfile.TemporaryDirectory(prefix="ts", dir=_short_parent(parent)) as folder:
+    (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR,
+    unless its path is too long for the Unix sockets made in it (then they keep the usual one). ``parent``: where
+    to make it (a fault-tolerant replica's is in its launcher's, ``Job.temp_root``, so it goes with the launcher's
+    even where the replica was killed and its folder could not be TMPDIR). torch's compiler cache keeps its usual
+    place, so compiled kernels are still reused across runs."""
+    with tempfile.TemporaryDirectory(prefix="ts", dir=parent) as folder:
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()
         short = len(folder) <= SOCKET_FOLDER_MAX
         with environ({"TMPDIR": folder, "TORCHINDUCTOR_CACHE_DIR": cache} if short else {}):
@@ -117,18 +116,6 @@ def job_temp_folder(parent: Path | None = None) -> Iterator[Path]:
 # A Unix socket's path holds at most 107 bytes; multiprocessing puts its sockets 33 bytes deep into TMPDIR
 # (pymp-XXXXXXXX/listener-XXXXXXXX), so a longer TMPDIR would make DataLoader workers fail.
 SOCKET_FOLDER_MAX = 107 - 34
-
-
-def _short_parent(parent: Path | None) -> str | Path | None:
-    """``parent`` (None: the temporary folder), or /tmp where a job's folder there would be too deep for its
-    sockets and /tmp is a folder this process can write."""
-    base = str(parent) if parent is not None else tempfile.gettempdir()
-    if len(os.path.join(base, "ts" + "x" * 8)) <= SOCKET_FOLDER_MAX:
-        return parent
-    return SHORT_TEMP if os.path.isdir(SHORT_TEMP) and os.access(SHORT_TEMP, os.W_OK | os.X_OK) else parent
-
-
-SHORT_TEMP = "/tmp"  # where a job's folder goes when the temporary folder is too deep for its sockets
 
 
 def inductor_cache_dir() -> str:
