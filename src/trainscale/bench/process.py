@@ -62,12 +62,7 @@ def stop(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
     """Stop the child and every process it started (collected before any of them dies)."""
     tree = [proc.pid, *descendants(proc.pid)]
     _signal_all(proc.pid, tree, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    alive = _alive_until(tree, deadline)
+    alive = _alive_until(tree, time.monotonic() + grace)
     if alive:
         log.warning("run did not stop in %.0f s after SIGTERM; killing %d process(es)", grace, len(alive))
         _signal_all(proc.pid, alive, signal.SIGKILL)
