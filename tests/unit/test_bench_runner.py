@@ -61,6 +61,10 @@ GRID = """
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Path:
+    return fake_python(tmp_path)
+
+
+def fake_python(tmp_path: Path) -> Path:
     """An executable that runs FAKE_TRAIN with this interpreter (the runner calls it as `python`)."""
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_TRAIN)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_bench_runner import FAKE_TRAIN, options  # the runner's stand-in for `trainscale train`
+from tests.unit.test_bench_runner import fake_python, options  # the runner's stand-in for `trainscale train`
 from trainscale.app.cluster_launch import Nodes
 from trainscale.bench import process
 from trainscale.bench.runner import run_grid
@@ -63,13 +63,9 @@ def test_a_stop_while_a_node_starts_stops_that_node(
 def test_a_stop_while_a_benchs_run_starts_stops_that_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list
 ) -> None:
-    script, exe = tmp_path / "fake_train.py", tmp_path / "fakepython"
-    script.write_text(FAKE_TRAIN)
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
-    exe.chmod(0o755)
     monkeypatch.setattr(process, "start", stopped_as_it_starts(process.start, started))
     with pytest.raises(Terminated), sigterm_as_interrupt():
-        run_grid(options(tmp_path, exe, "[0.7, 0.1]"))
+        run_grid(options(tmp_path, fake_python(tmp_path), "[0.7, 0.1]"))
     assert len(started) == 1 and started[0].poll() is not None, "the run that was starting outlived the stop"
 
 
