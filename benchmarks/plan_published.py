@@ -755,6 +755,7 @@ def report(results: list[tuple[Row, float, float]]) -> None:
                 f"{max(errs, key=abs):+7.1%}"
             )
     direction(results)
+    host_limits(results)
     ordering(results)
     held = [e for r, _, e in results if not calibrating(r)]
     print(f"{'held out (all but the calibration tables)':56} {len(held):6d} {_mae(held):7.1%}")
@@ -796,6 +797,47 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
     print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {1 - len(disagree) / max(total, 1):7.0%}")
     for line in disagree:
         print(line)
+
+
+def host_limits(results: list[tuple[Row, float, float]]) -> None:
+    """Whether the plan answers "where does adding hosts stop paying?" as the publication does: along each series
+    that spans hosts (the rows of ``direction``'s series, each host count at its most GPUs), the first host count
+    that gains under 3% over the one before, or none within the published range."""
+    series: dict[tuple[Any, ...], dict[int, tuple[int, float, float, Row]]] = defaultdict(dict)
+    for r, planned, _ in results:
+        key = (r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)
+        best = series[key].get(r.hosts)
+        if best is None or r.gpus > best[0]:
+            series[key][r.hosts] = (r.gpus, r.images_per_sec, planned, r)
+    total, disagree = 0, []
+    for by_hosts in series.values():
+        if max(by_hosts) < 2:
+            continue
+        points = [by_hosts[h] for h in sorted(by_hosts)]
+        total += 1
+        published, planned = _stop(points, 1), _stop(points, 2)
+        if published != planned:
+            r = points[-1][3]
+            disagree.append(
+                f"  disagrees: {r.source}, {framework_of(r) if r.series else r.system}, {r.model} {r.precision} "
+                f"batch {r.batch}: published {_hosts(published, r.hosts)}, planned {_hosts(planned, r.hosts)}"
+            )
+    print(f"{'where adding hosts stops paying (agrees)':56} {total:6d} {1 - len(disagree) / max(total, 1):7.0%}")
+    for line in disagree:
+        print(line)
+
+
+def _stop(points: list[tuple[int, float, float, Row]], which: int) -> int | None:
+    """The host count of the first of ``points`` (by hosts) that gains under 3% over the one before (``which``:
+    1 published, 2 planned throughput), or None."""
+    for before, after in zip(points, points[1:]):
+        if after[which] <= 1.03 * before[which]:
+            return after[3].hosts
+    return None
+
+
+def _hosts(stop: int | None, last: int) -> str:
+    return f"pays up to {last} hosts" if stop is None else f"stops paying at {stop} hosts"
 
 
 def ordering(results: list[tuple[Row, float, float]]) -> None:

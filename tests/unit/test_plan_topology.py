@@ -552,3 +552,22 @@ def test_params_far_from_the_named_model_are_said_in_the_plan():
     assert "note: --model resnet50 has 23,520,842 parameters here" in origin
     _, origin = compute_scale(PlanConfig(model="resnet9", **{**given, "params": 6_500_000}), make_profile(), None)
     assert "note:" not in origin
+
+
+def test_where_adding_hosts_stops_paying_is_the_first_host_count_that_gains_under_3_percent(published, capsys):
+    """Each host count at its most GPUs; a series on one host is not counted."""
+    row = published.Row("src", "sys", "resnet50", 1, 1, 64, "allreduce", "synthetic", 100.0, "here")
+
+    def at(gpus: int, hosts: int, images_per_sec: float, planned: float, model: str = "resnet50") -> tuple:
+        r = dataclasses.replace(row, gpus=gpus, hosts=hosts, images_per_sec=images_per_sec, model=model)
+        return r, planned, planned / images_per_sec - 1
+
+    stops = [at(4, 1, 50, 50), at(8, 1, 100, 100), at(16, 2, 190, 150), at(32, 4, 192, 250)]
+    agrees = [at(8, 1, 100, 100, "vgg16"), at(16, 2, 150, 160, "vgg16"), at(32, 4, 300, 320, "vgg16")]
+    one_host = [at(1, 1, 10, 10, "alexnet"), at(8, 1, 9, 80, "alexnet")]
+    published.host_limits(stops + agrees + one_host)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[-2:] == ["2", "50%"]
+    assert out[1:] == [
+        "  disagrees: src, sys, resnet50 fp32 batch 64: published stops paying at 4 hosts, planned pays up to 4 hosts"
+    ]
