@@ -138,7 +138,8 @@ def test_a_replica_that_refuses_to_go_on_ends_the_job_with_its_line(tmp_path, sh
     """A refusal that a restart would meet again (a full disk refusing the checkpoint; injected here, once): before,
     the replica's agent restarted it, and once the other replica finished, the job ended with status 0 as if all
     was well, the refusal unsaid. Its launcher's temporary folder is gone with it, the killed replicas' folders
-    too, with a TMPDIR too long to hand down as theirs (before: they stayed there)."""
+    too, under a TMPDIR too deep for their sockets (the launcher's is then made in /tmp; before, the replicas kept
+    the deep one and their folders stayed there)."""
     settings = {**COMMON, "epochs": 3, "train_subset": 512}
     settings.pop("batch_size")
     long_temp = short_temp / ("t" * 80)

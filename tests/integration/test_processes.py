@@ -119,8 +119,13 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launc
     ids=["sync", "async", "loader-workers"],
 )
 def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
-    out = tmp_path / "run"
-    with running_job(tmp_path, out, *mode, until="metrics.jsonl", temp=short_temp) as (proc, tree):
+    """With DataLoader workers, under a TMPDIR too deep for their sockets: the job makes its temporary folder in
+    /tmp and runs (before, the workers could not start), and leaves nothing in that TMPDIR."""
+    out, temp = tmp_path / "run", short_temp
+    if "--loader-workers" in mode:
+        temp = short_temp / ("t" * 80)
+        temp.mkdir()
+    with running_job(tmp_path, out, *mode, until="metrics.jsonl", temp=temp) as (proc, tree):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         assert proc.wait(timeout=60) == -signal.SIGINT  # a shell says 130
         stderr = (tmp_path / "stderr").read_text()
@@ -128,7 +133,7 @@ def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
         assert [x for x in stderr.splitlines() if x.strip() and " INFO " not in x] == [INTERRUPTED], stderr
         assert wait_until(lambda: not any(map(alive, tree)), 5), [p for p in tree if alive(p)]
         assert not (out / ".lock").exists()
-        assert not left_in(short_temp)  # torch's agent folders included
+        assert not left_in(temp)  # torch's agent folders included
 
 
 @pytest.mark.dist
@@ -150,9 +155,12 @@ def test_sigterm_to_a_fault_tolerant_launcher_alone_stops_its_replicas_and_remov
 def test_sigterm_to_a_run_in_one_process_unwinds_it_as_ctrl_c_does(tmp_path, short_temp):
     """A scheduler's stop of `trainscale train` without workers (before: the process ended at once, saying nothing
     and leaving its lock file): one line, status 143, its input processes stopped, nothing left in its temporary
-    folder, and the finished epoch resumable."""
-    out = tmp_path / "run"
-    proc = start(tmp_path, *LONG, "--loader-workers", "1", "--out", out, temp=short_temp)
+    folder, and the finished epoch resumable. That folder is too deep for the input processes' sockets: the run
+    trains with a short one of its own (``runtime.tempdir``; before, it waited forever for input processes that
+    could not hand over a batch)."""
+    out, deep = tmp_path / "run", short_temp / ("t" * 80)
+    deep.mkdir()
+    proc = start(tmp_path, *LONG, "--loader-workers", "1", "--out", out, temp=deep)
     pids: list[int] = []
     try:
         pids = wait_running(proc, out / "metrics.jsonl", tmp_path)
@@ -162,6 +170,6 @@ def test_sigterm_to_a_run_in_one_process_unwinds_it_as_ctrl_c_does(tmp_path, sho
         assert [x for x in stderr.splitlines() if " INFO " not in x] == ["trainscale train: terminated"], stderr
         assert wait_until(lambda: not any(map(alive, pids)), 5), [p for p in pids if alive(p)]
         assert not (out / ".lock").exists() and (out / "checkpoint.pt").exists()
-        assert not left_in(short_temp)
+        assert not left_in(deep)
     finally:
         kill_leftovers(proc, pids)

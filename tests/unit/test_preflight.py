@@ -93,7 +93,8 @@ def test_a_jobs_temporary_files_go_to_a_folder_of_the_launcher_that_goes_with_it
     import os
     import tempfile
 
-    from trainscale.app.launch import SOCKET_FOLDER_MAX, job_temp_folder
+    from trainscale.app.launch import job_temp_folder
+    from trainscale.runtime import tempdir
 
     monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.setenv("TMPDIR", "/tmp")
@@ -103,9 +104,51 @@ def test_a_jobs_temporary_files_go_to_a_folder_of_the_launcher_that_goes_with_it
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/torchinductor_")  # not in the job's folder
         (folder / "left-by-a-worker").write_text("x")
     assert not folder.exists() and os.environ["TMPDIR"] == "/tmp" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-    deep = tmp_path / ("d" * SOCKET_FOLDER_MAX)  # too deep for the Unix sockets made in it: left as it was
+    deep = tmp_path / ("d" * tempdir.SOCKET_FOLDER_MAX)  # too deep for the Unix sockets made in it
     deep.mkdir()
     monkeypatch.setenv("TMPDIR", str(deep))
     monkeypatch.setattr(tempfile, "tempdir", None)
+    with job_temp_folder() as folder:  # so the job's is made in /tmp, and handed down
+        assert os.environ["TMPDIR"] == str(folder) and folder.parent == Path("/tmp")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(deep))  # the cache keeps its usual place
+        with job_temp_folder(folder) as inner:  # a replica's goes in its launcher's, gone with it if killed
+            assert inner.parent == folder and os.environ["TMPDIR"] == str(inner)
+    assert not folder.exists() and os.environ["TMPDIR"] == str(deep)
+    with job_temp_folder(deep) as folder:  # a parent given too deep: kept (the folder goes with it), not handed down
+        assert folder.parent == deep and os.environ["TMPDIR"] == str(deep)
+    monkeypatch.setattr(tempdir, "SHORT_TEMP", str(tmp_path / "none"))  # no short folder to be had: as it was
     with job_temp_folder() as folder:
         assert os.environ["TMPDIR"] == str(deep) and folder.parent == deep
+
+
+SHORT_FOR_ITS_RUN = """
+import multiprocessing.util, os, tempfile
+from trainscale.runtime.tempdir import socket_safe_tempdir
+deep = tempfile.gettempdir()
+with socket_safe_tempdir():
+    inside = tempfile.gettempdir()
+    pymp = multiprocessing.util.get_temp_dir()  # where a DataLoader's workers make their sockets
+    print(inside, pymp, os.environ["TMPDIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"])
+assert tempfile.gettempdir() == os.environ["TMPDIR"] == deep and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+"""
+
+
+def test_a_run_in_one_process_under_a_deep_tmpdir_trains_with_a_short_folder_gone_at_exit(tmp_path):
+    """Its DataLoader workers' sockets fit there; torch's compiler cache stays where it would be."""
+    import os
+    import subprocess
+    import sys
+
+    from trainscale.runtime.tempdir import SOCKET_FOLDER_MAX
+
+    deep = tmp_path / ("d" * SOCKET_FOLDER_MAX)
+    deep.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", SHORT_FOR_ITS_RUN], capture_output=True, text=True, env={**env, "TMPDIR": str(deep)}
+    )
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    inside, pymp, tmpdir, cache = done.stdout.split()
+    assert Path(inside).parent == Path("/tmp") and tmpdir == inside and Path(pymp).parent == Path(inside)
+    assert cache.startswith(str(deep / "torchinductor_"))
+    assert not Path(inside).exists() and list(deep.iterdir()) == []

@@ -24,11 +24,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import getpass
 import importlib
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -71,6 +69,7 @@ from trainscale.runtime.job import REFUSAL_ENV, Job, this_job
 from trainscale.runtime.network import LOCALHOST, free_port
 from trainscale.runtime.orphans import become_launcher, die_with_parent
 from trainscale.runtime.rendezvous import close_rendezvous, register_backend
+from trainscale.runtime.tempdir import compiler_cache, environ, launcher_temp_parent, short_enough
 from trainscale.runtime.worker_errors import recorded
 from trainscale.stops import stop_word
 from trainscale.train.setup import claimed_out
@@ -101,31 +100,17 @@ def job_temp_folder(parent: Path | None = None) -> Iterator[Path]:
     """A folder of this launcher's, removed with it, for what a job would otherwise leave in the temporary folder:
     torch's elastic agent keeps its workers' error files in a folder it never removes (here: ``agent/``), and a
     worker stopped by a signal ends without Python's clean-up (``runtime.orphans``), so its own temporary files
-    (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR,
-    unless its path is too long for the Unix sockets made in it (then they keep the usual one). ``parent``: where
-    to make it (a fault-tolerant replica's is in its launcher's, ``Job.temp_root``, so it goes with the launcher's
-    even where the replica was killed and its folder could not be TMPDIR). torch's compiler cache keeps its usual
-    place, so compiled kernels are still reused across runs."""
-    with tempfile.TemporaryDirectory(prefix="ts", dir=parent) as folder:
-        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()
-        short = len(folder) <= SOCKET_FOLDER_MAX
-        with environ({"TMPDIR": folder, "TORCHINDUCTOR_CACHE_DIR": cache} if short else {}):
+    (the ``pymp-*`` folders of DataLoader workers) stay; the processes it starts get this folder as their TMPDIR.
+    It is made in /tmp where the usual temporary folder is too deep for the Unix sockets made in it
+    (``runtime.tempdir``); only where no short folder can be had do the processes keep the usual TMPDIR.
+    ``parent``: where to make it (a fault-tolerant replica's is in its launcher's, ``Job.temp_root``, so it goes
+    with the launcher's even where the replica was killed). torch's compiler cache keeps its usual place, so
+    compiled kernels are still reused across runs."""
+    where = parent if parent is not None else launcher_temp_parent("ts")
+    with tempfile.TemporaryDirectory(prefix="ts", dir=where) as folder:
+        short = short_enough(folder)
+        with environ({"TMPDIR": folder, "TORCHINDUCTOR_CACHE_DIR": compiler_cache()} if short else {}):
             yield Path(folder)
-
-
-# A Unix socket's path holds at most 107 bytes; multiprocessing puts its sockets 33 bytes deep into TMPDIR
-# (pymp-XXXXXXXX/listener-XXXXXXXX), so a longer TMPDIR would make DataLoader workers fail.
-SOCKET_FOLDER_MAX = 107 - 34
-
-
-def inductor_cache_dir() -> str:
-    """Where torch's compiler keeps its cache when no variable says: ``torchinductor_<user>`` in the temporary
-    folder (torch's default, worked out here without importing the compiler)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 @contextlib.contextmanager
@@ -146,21 +131,6 @@ def signal_handlers_kept() -> Iterator[None]:
 
 
 AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-@contextlib.contextmanager
-def environ(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment (so in every process it starts) while the block runs."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def launched_by_trainscale(job: Job) -> bool:

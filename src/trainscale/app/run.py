@@ -35,6 +35,7 @@ from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
+from trainscale.runtime.tempdir import socket_safe_tempdir
 from trainscale.train import Trainer, build_optimizer, built_model
 from trainscale.train.precision import Precision, resolve_device, resolve_precision
 from trainscale.train.schedules import create_schedule, length_change, never_steps
@@ -91,7 +92,7 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     mode = with_fault_tolerance(mode, cfg, job)
-    with mode.session(device), run_folder_held(cfg, job) as held:
+    with mode.session(device), socket_safe_tempdir(), run_folder_held(cfg, job) as held:
         trainer = build_trainer(held, device, mode, job)
         try:
             summary = trainer.fit()

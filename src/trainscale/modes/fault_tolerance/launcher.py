@@ -38,6 +38,7 @@ from trainscale.runtime.job import (
 )
 from trainscale.runtime.network import check_port_free, interface_of, parse_endpoint
 from trainscale.runtime.orphans import become_launcher, process_state, sigterm_as_interrupt
+from trainscale.runtime.tempdir import launcher_temp_parent
 from trainscale.stops import stops_held
 
 log = logging.getLogger("trainscale.launch")
@@ -120,7 +121,11 @@ def run_replicas(cfg: Any, argv: list[str], out: Path | None, meeting: Meeting) 
     events = Path(out or cfg.run.out) / ft.EVENTS_FILE
     workers = cfg.launch.workers or 1
     first = cfg.launch.node_rank * workers
-    with sigterm_as_interrupt(), lock_run_folder(out), tempfile.TemporaryDirectory(prefix="ts-ft-") as made:
+    with (
+        sigterm_as_interrupt(),
+        lock_run_folder(out),
+        tempfile.TemporaryDirectory(prefix="ts-ft-", dir=launcher_temp_parent("ts-ft-")) as made,
+    ):
         if out is not None and not cfg.run.resume and events.exists():
             events.unlink()
         temp = Path(made)
