@@ -1,0 +1,49 @@
+"""A run's trainer (its DDP wrapper holds the process group) is released inside the mode's session, before the
+session destroys the group: freed after it, when ``run_training`` returned, gloo's teardown now and then waited
+forever for peers that had already gone (a three-host job whose agents then waited 300 s at their exit
+barrier)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from trainscale.app import run
+from trainscale.app.config import build_config
+
+SMALL = dict(model="mlp", dataset="synthetic", train_subset=128, test_subset=64, batch_size=64, epochs=1)
+
+
+def test_the_trainer_is_gone_before_the_modes_session_ends(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    seen: dict[str, Any] = {}
+    build, create = run.build_trainer, run.create_mode
+
+    def built(*args: Any, **kwargs: Any) -> Any:
+        trainer = build(*args, **kwargs)
+        seen["trainer"] = weakref.ref(trainer)
+        return trainer
+
+    def created(*args: Any, **kwargs: Any) -> Any:
+        mode = create(*args, **kwargs)
+        session = mode.session
+
+        @contextlib.contextmanager
+        def watched(device: Any) -> Iterator[None]:
+            with session(device):
+                yield
+                gc.collect()  # as the sync mode's session does before it destroys the group
+                seen["alive at the end"] = seen["trainer"]() is not None
+
+        mode.session = watched
+        return mode
+
+    monkeypatch.setattr(run, "build_trainer", built)
+    monkeypatch.setattr(run, "create_mode", created)
+    summary, rows = run.run_training(build_config({**SMALL, "progress": False, "out": str(tmp_path / "run")}))
+    assert summary["epochs_completed"] == 1 and len(rows) == 1
+    assert seen["alive at the end"] is False
