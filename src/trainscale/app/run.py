@@ -93,10 +93,10 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     mode = with_fault_tolerance(mode, cfg, job)
     with mode.session(device), socket_safe_tempdir(), run_folder_held(cfg, job) as held:
-        return fit(build_trainer(held, device, mode, job))
+        return train_and_release(build_trainer(held, device, mode, job))
 
 
-def fit(trainer: Trainer) -> Result:
+def train_and_release(trainer: Trainer) -> Result:
     """Train; the summary and the per-epoch rows. The trainer goes with this call, inside the mode's session: its
     DDP wrapper holds the process group, which must be freed before the session destroys it (freed later, when
     ``run_training`` returned, gloo's teardown now and then waited forever for peers that had gone)."""
