@@ -1,7 +1,6 @@
 """A run's trainer (its DDP wrapper holds the process group) is released inside the mode's session, before the
-session destroys the group: freed after it, when ``run_training`` returned, gloo's teardown now and then waited
-forever for peers that had already gone (a three-host job whose agents then waited 300 s at their exit
-barrier)."""
+session destroys the group: freed after it, when ``run_training`` returned, a worker of a three-host job now and
+then hung there, and the other nodes' agents waited 300 s at their exit barrier."""
 
 from __future__ import annotations
 
