@@ -5,6 +5,7 @@ then hung there, and the other nodes' agents waited 300 s at their exit barrier.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import weakref
 from collections.abc import Iterator
@@ -14,11 +15,14 @@ import pytest
 
 from trainscale.app import run
 from trainscale.app.config import build_config
+from trainscale.runtime.job import this_job
 
 SMALL = dict(model="mlp", dataset="synthetic", train_subset=128, test_subset=64, batch_size=64, epochs=1)
 
 
-def test_the_trainer_is_gone_before_the_modes_session_ends(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def watch(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What the run's trainer was, and whether it was alive when the mode's session ended (after the session's
+    collection of reference cycles, as the sync mode's does before it destroys the group)."""
     seen: dict[str, Any] = {}
     build, create = run.build_trainer, run.create_mode
 
@@ -34,15 +38,36 @@ def test_the_trainer_is_gone_before_the_modes_session_ends(monkeypatch: pytest.M
         @contextlib.contextmanager
         def watched(device: Any) -> Iterator[None]:
             with session(device):
-                yield
-                gc.collect()  # as the sync mode's session does before it destroys the group
-                seen["alive at the end"] = seen["trainer"]() is not None
+                try:
+                    yield
+                finally:
+                    gc.collect()
+                    seen["alive at the end"] = seen["trainer"]() is not None
 
         mode.session = watched
         return mode
 
     monkeypatch.setattr(run, "build_trainer", built)
     monkeypatch.setattr(run, "create_mode", created)
+    return seen
+
+
+def test_the_trainer_is_gone_before_the_modes_session_ends(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    seen = watch(monkeypatch)
     summary, rows = run.run_training(build_config({**SMALL, "progress": False, "out": str(tmp_path / "run")}))
     assert summary["epochs_completed"] == 1 and len(rows) == 1
     assert seen["alive at the end"] is False
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_a_failed_workers_trainer_goes_before_the_session_ends_a_local_runs_stays_to_debug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, launched: bool
+) -> None:
+    """The traceback of a failure holds the frames that held the trainer: a worker's are cleared, so the trainer
+    goes before the group is destroyed; a run in one process has no group, and keeps them for a debugger."""
+    seen = watch(monkeypatch)
+    monkeypatch.setattr(run.Trainer, "fit", lambda self: 1 / 0)
+    job = dataclasses.replace(this_job(), launched=launched)
+    with pytest.raises(ZeroDivisionError):
+        run.run_training(build_config({**SMALL, "progress": False, "out": str(tmp_path / "run")}), job=job)
+    assert seen["alive at the end"] is not launched

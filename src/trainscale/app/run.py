@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,12 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     mode = with_fault_tolerance(mode, cfg, job)
     with mode.session(device), socket_safe_tempdir(), run_folder_held(cfg, job) as held:
-        return train_and_release(build_trainer(held, device, mode, job))
+        try:
+            return train_and_release(build_trainer(held, device, mode, job))
+        except BaseException as failed:
+            if job.launched:  # the trainer, in a finished frame's locals, goes too (a local run keeps them to debug)
+                traceback.clear_frames(failed.__traceback__)
+            raise
 
 
 def train_and_release(trainer: Trainer) -> Result:
