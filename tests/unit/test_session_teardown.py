@@ -1,6 +1,8 @@
-"""A run's trainer (its DDP wrapper holds the process group) is released inside the mode's session, before the
-session destroys the group: freed after it, when ``run_training`` returned, a worker of a three-host job now and
-then hung there, and the other nodes' agents waited 300 s at their exit barrier."""
+"""A run's trainer and model (DDP's wrapper holds the process group) are released inside the mode's session,
+before the session destroys the group. Freed after it, when ``run_training`` returned, the group's destructor ran
+in a worker holding Python's lock, waiting for gloo's thread, which was freeing a finished barrier's tensors and
+waited for that lock: a deadlock, now and then, in a worker of a three-host job, whose other nodes' agents then
+waited 300 s at their exit barrier."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     def built(*args: Any, **kwargs: Any) -> Any:
         trainer = build(*args, **kwargs)
-        seen["trainer"] = weakref.ref(trainer)
+        seen["trainer"], seen["model"] = weakref.ref(trainer), weakref.ref(trainer.train_model or trainer.model)
         return trainer
 
     def created(*args: Any, **kwargs: Any) -> Any:
@@ -42,7 +44,7 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                     yield
                 finally:
                     gc.collect()
-                    seen["alive at the end"] = seen["trainer"]() is not None
+                    seen["alive at the end"] = seen["trainer"]() is not None or seen["model"]() is not None
 
         mode.session = watched
         return mode

@@ -104,9 +104,9 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
 
 def train_and_release(trainer: Trainer) -> Result:
     """Train; the summary and the per-epoch rows. The trainer goes with this call, inside the mode's session: its
-    DDP wrapper holds the process group, which must be freed before the session destroys it (``process_group``
-    says why; freed later, when ``run_training`` returned, a worker of a three-host job now and then hung there
-    after its last epoch)."""
+    DDP wrapper holds the process group, which must be freed before the session destroys it (freed later, when
+    ``run_training`` returned, the group's destructor, run holding Python's lock, waited for gloo's thread, which
+    waited for that lock to free a finished barrier's tensors: a deadlock, now and then)."""
     try:
         summary = trainer.fit()
     except JobFinished:
