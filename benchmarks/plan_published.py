@@ -775,14 +775,23 @@ def report(results: list[tuple[Row, float, float]]) -> None:
     )
 
 
+def series_key(r: Row) -> tuple[Any, ...]:
+    """The rows of one scaling series: same source, system, model, batch, mode, data and table, growing GPUs."""
+    return r.source, r.system, r.model, r.batch, r.mode, r.data, r.series
+
+
+def series_name(r: Row) -> str:
+    """A series as the disagreement lines name it."""
+    return f"{r.source}, {framework_of(r) if r.series else r.system}, {r.model} {r.precision} batch {r.batch}"
+
+
 def direction(results: list[tuple[Row, float, float]]) -> None:
     """Whether the plan answers "does adding GPUs pay?" as the publication does: along each series (same source,
     system, model, batch, mode and data, growing GPUs), the sign of each step's change in throughput, counting a
     published change under 3% as "no gain" (within a page's run-to-run noise)."""
     series: dict[tuple[Any, ...], list[tuple[int, float, float, Row]]] = defaultdict(list)
     for r, planned, _ in results:
-        key = (r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)
-        series[key].append((r.gpus, r.images_per_sec, planned, r))
+        series[series_key(r)].append((r.gpus, r.images_per_sec, planned, r))
     total, disagree = 0, []
     for points in series.values():
         points = sorted({p[0]: p for p in points}.values(), key=lambda p: p[0])
@@ -790,8 +799,7 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
             total += 1
             if (pub1 > 1.03 * pub0) != (plan1 > 1.03 * plan0):
                 disagree.append(
-                    f"  disagrees: {r.source}, {framework_of(r) if r.series else r.system}, {r.model} {r.precision} "
-                    f"batch {r.batch}: "
+                    f"  disagrees: {series_name(r)}: "
                     f"{gpus0} -> {gpus1} GPUs published {pub1 / pub0 - 1:+.1%}, planned {plan1 / plan0 - 1:+.1%}"
                 )
     print(f"{'adding GPUs pays (direction agrees)':56} {total:6d} {1 - len(disagree) / max(total, 1):7.0%}")
@@ -801,14 +809,13 @@ def direction(results: list[tuple[Row, float, float]]) -> None:
 
 def host_limits(results: list[tuple[Row, float, float]]) -> None:
     """Whether the plan answers "where does adding hosts stop paying?" as the publication does: along each series
-    that spans hosts (the rows of ``direction``'s series, each host count at its most GPUs), the first host count
+    that spans hosts (``series_key``'s, each host count at its most GPUs), the first host count
     that gains under 3% over the one before, or none within the published range."""
     series: dict[tuple[Any, ...], dict[int, tuple[int, float, float, Row]]] = defaultdict(dict)
     for r, planned, _ in results:
-        key = (r.source, r.system, r.model, r.batch, r.mode, r.data, r.series)
-        best = series[key].get(r.hosts)
+        best = series[series_key(r)].get(r.hosts)
         if best is None or r.gpus > best[0]:
-            series[key][r.hosts] = (r.gpus, r.images_per_sec, planned, r)
+            series[series_key(r)][r.hosts] = (r.gpus, r.images_per_sec, planned, r)
     total, disagree = 0, []
     for by_hosts in series.values():
         if max(by_hosts) < 2:
@@ -819,8 +826,8 @@ def host_limits(results: list[tuple[Row, float, float]]) -> None:
         if published != planned:
             r = points[-1][3]
             disagree.append(
-                f"  disagrees: {r.source}, {framework_of(r) if r.series else r.system}, {r.model} {r.precision} "
-                f"batch {r.batch}: published {_hosts(published, r.hosts)}, planned {_hosts(planned, r.hosts)}"
+                f"  disagrees: {series_name(r)}: "
+                f"published {_hosts(published, r.hosts)}, planned {_hosts(planned, r.hosts)}"
             )
     print(f"{'where adding hosts stops paying (agrees)':56} {total:6d} {1 - len(disagree) / max(total, 1):7.0%}")
     for line in disagree:
