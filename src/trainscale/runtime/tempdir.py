@@ -56,8 +56,7 @@ def socket_safe_tempdir() -> Iterator[None]:
     DataLoader workers, which hand batches over sockets made there (under a deeper one they fail, and the run
     waits for them forever). The folder is removed at exit, after multiprocessing removes the ``pymp-*`` folder
     it made in it for the rest of the process's life."""
-    parent = launcher_temp_parent("ts")
-    if parent is None or short_enough(tempfile.gettempdir()):
+    if short_enough(tempfile.gettempdir()) or (parent := launcher_temp_parent("ts")) is None:
         yield
         return
     folder = tempfile.mkdtemp(prefix="ts", dir=parent)
