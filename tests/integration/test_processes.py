@@ -59,6 +59,13 @@ def alive(pid: int) -> bool:
     return fields[0] != "Z"  # a zombie has ended; its new parent may never reap it
 
 
+def too_deep(short_temp: Path) -> Path:
+    """A TMPDIR inside ``short_temp`` too deep for the Unix sockets of DataLoader workers (98 characters)."""
+    deep = short_temp / ("t" * 80)
+    deep.mkdir()
+    return deep
+
+
 def left_in(temp: Path) -> list[str]:
     """What a job left in its temporary folder, but torch.compile's cache (kept on purpose, one per user)."""
     return [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
@@ -121,10 +128,7 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_workers_die_with_a_launc
 def test_ctrl_c_stops_the_job_with_one_line(tmp_path, short_temp, mode):
     """With DataLoader workers, under a TMPDIR too deep for their sockets: the job makes its temporary folder in
     /tmp and runs (before, the workers could not start), and leaves nothing in that TMPDIR."""
-    out, temp = tmp_path / "run", short_temp
-    if "--loader-workers" in mode:
-        temp = short_temp / ("t" * 80)
-        temp.mkdir()
+    out, temp = tmp_path / "run", too_deep(short_temp) if "--loader-workers" in mode else short_temp
     with running_job(tmp_path, out, *mode, until="metrics.jsonl", temp=temp) as (proc, tree):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         assert proc.wait(timeout=60) == -signal.SIGINT  # a shell says 130
@@ -158,8 +162,7 @@ def test_sigterm_to_a_run_in_one_process_unwinds_it_as_ctrl_c_does(tmp_path, sho
     folder, and the finished epoch resumable. That folder is too deep for the input processes' sockets: the run
     trains with a short one of its own (``runtime.tempdir``; before, it waited forever for input processes that
     could not hand over a batch)."""
-    out, deep = tmp_path / "run", short_temp / ("t" * 80)
-    deep.mkdir()
+    out, deep = tmp_path / "run", too_deep(short_temp)
     proc = start(tmp_path, *LONG, "--loader-workers", "1", "--out", out, temp=deep)
     pids: list[int] = []
     try:
