@@ -11,6 +11,7 @@ written again after every seed, so a benchmark stopped by a time limit still lea
 finished (``complete``: false, ``runs_done`` of ``runs_asked``).
 
     .venv/bin/python benchmarks/time_to_94.py --runs 5 --out runs/time-to-94            # CPU, bf16 where native (auto)
+    .venv/bin/python benchmarks/time_to_94.py --runs 5 --first-seed 5 --out runs/t94-more  # five more seeds: 5-9
     .venv/bin/python benchmarks/time_to_94.py --runs 10 --device cuda --out runs/t94-gpu
     .venv/bin/python benchmarks/time_to_94.py --recipe cifar10-fast --runs 5 --device cuda --out runs/r9-gpu
     .venv/bin/python benchmarks/time_to_94.py --recipe speedrun94 --runs 25 --device cuda --out runs/sr94-gpu
@@ -40,7 +41,7 @@ import torch
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
-from trainscale.bench.script import COUNT, check_run, device_name, run_child, run_script
+from trainscale.bench.script import COUNT, at_least, check_run, device_name, run_child, run_script
 from trainscale.bench.timing import save_result
 from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
@@ -52,6 +53,7 @@ GOALS = {
     ("airbench94", "cuda"): 2.5,
     ("speedrun94", "cuda"): 1.1,
 }  # seconds, reference scope
+SEED = at_least(0)
 
 
 def finished(out: Path, seed: int) -> dict[str, Any] | None:
@@ -207,6 +209,7 @@ def result(
         "complete": complete,
         "runs_done": len(rows),
         "runs_asked": args.runs,
+        "first_seed": args.first_seed,
         "runs": rows,
         **found,
         "goal_met": found["goal_met"] and complete,  # a goal is over the runs asked for, never over a part
@@ -219,11 +222,18 @@ def result(
     }
 
 
+def seeds(args: argparse.Namespace) -> range:
+    """The series' seeds: ``--runs`` of them from ``--first-seed``."""
+    return range(args.first_seed, args.first_seed + args.runs)
+
+
 def first_run(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     """The settings of the series' first seed as ``trainscale.fit`` takes them, in the first seed folder not yet
     there (the others are finished runs, or are kept aside and run again)."""
-    fresh = [args.out / f"seed-{seed}" for seed in range(args.runs) if not (args.out / f"seed-{seed}").exists()]
-    run = dict(recipe=args.recipe, seed=0, device=args.device, precision=args.precision, target_acc=TARGET)
+    fresh = [args.out / f"seed-{seed}" for seed in seeds(args) if not (args.out / f"seed-{seed}").exists()]
+    run = dict(
+        recipe=args.recipe, seed=args.first_seed, device=args.device, precision=args.precision, target_acc=TARGET
+    )
     return {**run, "progress": False, **({"out": str(fresh[0])} if fresh else {}), **settings}
 
 
@@ -235,7 +245,13 @@ def main() -> int:
         choices=("airbench94", "speedrun94", "cifar10-fast"),
         help="airbench94 (default), speedrun94 (its faster variant) or cifar10-fast (ResNet-9, 24 epochs)",
     )
-    parser.add_argument("--runs", type=COUNT, default=5, help="seeds 0..N-1 (default 5)")
+    parser.add_argument("--runs", type=COUNT, default=5, help="how many seeds (default 5)")
+    parser.add_argument(
+        "--first-seed",
+        type=SEED,
+        default=0,
+        help="the first seed (default 0): the runs take seeds S..S+N-1",
+    )
     parser.add_argument("--device", type=device_name, default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
         "--precision",
@@ -268,7 +284,7 @@ def main() -> int:
     machine = env["device_name"] if args.device.startswith("cuda") else f"{env['cpu']}, {env['cpu_count']} CPUs"
     rows: list[dict[str, Any]] = []
     run = run_seed_here if args.one_process else run_seed
-    for seed in range(args.runs):
+    for seed in seeds(args):
         summary = run(args.out / f"seed-{seed}", args.recipe, seed, args.device, args.precision, settings)
         rows.append(row_of(seed, summary))
         saved = result(rows, args, summary, env)

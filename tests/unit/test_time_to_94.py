@@ -16,6 +16,15 @@ from tests.scripts import load_benchmark
 t94 = load_benchmark("time_to_94")
 
 FINISHED = {"reference_scope": {"test_acc": 0.94, "seconds": 1.0}, "out": "x"}
+SUMMARY = {  # what a finished seed's summary.json holds of what the benchmark reads
+    "reference_scope": {"test_acc": 0.94, "seconds": 1.5, "scope": "airbench's"},
+    "out": "x",
+    "total_train_seconds": 1.4,
+    "data_init_seconds": 0.02,
+    "eval_forward": "compiled",
+    "steady_epoch_seconds": 0.17,
+    "precision": "bf16",
+}
 
 
 @pytest.fixture
@@ -58,15 +67,6 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
 ) -> None:
     """A time limit that stops the benchmark in its third seed: result.json holds the first two, marked
     incomplete and not meeting the goal (a goal is over the runs asked for); the next invocation reuses them."""
-    summary = {
-        "reference_scope": {"test_acc": 0.94, "seconds": 1.5, "scope": "airbench's"},
-        "out": "x",
-        "total_train_seconds": 1.4,
-        "data_init_seconds": 0.02,
-        "eval_forward": "compiled",
-        "steady_epoch_seconds": 0.17,
-        "precision": "bf16",
-    }
     started: list[int] = []
 
     def run(cmd: list[str]) -> Any:
@@ -76,7 +76,7 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
             raise KeyboardInterrupt  # the limit's signal, as the benchmark meets it
         out = Path(cmd[cmd.index("--out") + 1])
         out.mkdir(parents=True)
-        (out / "summary.json").write_text(json.dumps(summary))
+        (out / "summary.json").write_text(json.dumps(SUMMARY))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(t94, "run_child", run)
@@ -167,7 +167,9 @@ def test_settings_a_run_would_refuse_are_refused_before_the_first_seed(argv, lin
 
 
 def test_the_first_seed_checked_is_the_first_not_yet_run(tmp_path) -> None:
-    args = t94.argparse.Namespace(recipe="airbench94", runs=3, device="cpu", precision="auto", out=tmp_path)
+    args = t94.argparse.Namespace(
+        recipe="airbench94", runs=3, first_seed=0, device="cpu", precision="auto", out=tmp_path
+    )
     (tmp_path / "seed-0").mkdir()
     assert t94.first_run(args, {"epochs": 2}) == dict(
         recipe="airbench94", seed=0, device="cpu", precision="auto", target_acc=t94.TARGET, progress=False,
@@ -176,6 +178,28 @@ def test_the_first_seed_checked_is_the_first_not_yet_run(tmp_path) -> None:
     for seed in (1, 2):
         (tmp_path / f"seed-{seed}").mkdir()
     assert "out" not in t94.first_run(args, {})
+
+
+def test_first_seed_runs_the_seeds_after_it(tmp_path, monkeypatch) -> None:
+    """``--first-seed 5 --runs 2``: seeds 5 and 6, each in its own folder, and result.json says where it began."""
+    seeds: list[str] = []
+
+    def run(cmd: list[str]) -> Any:
+        seeds.append(cmd[cmd.index("--seed") + 1])
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps(SUMMARY))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(t94, "run_child", run)
+    monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
+    monkeypatch.setattr(t94, "check_run", lambda flags: None)
+    argv = ["--recipe", "cifar10-fast", "--runs", "2", "--first-seed", "5", "--out", str(tmp_path)]
+    monkeypatch.setattr(t94.sys, "argv", ["time_to_94.py", *argv])
+    assert t94.main() == 0
+    assert seeds == ["5", "6"] and sorted(p.name for p in tmp_path.iterdir()) == ["result.json", "seed-5", "seed-6"]
+    done = json.loads((tmp_path / "result.json").read_text())
+    assert done["first_seed"] == 5 and [r["seed"] for r in done["runs"]] == [5, 6] and done["complete"]
 
 
 def test_a_failed_seed_is_one_line_with_the_status_its_run_gave(tmp_path, monkeypatch) -> None:
