@@ -2,31 +2,32 @@
 
 The network is a small ViT written outside the package (``tests/userpkg/nets.py``: ``vit``), given to trainscale by
 import path exactly as a user would (``--model tests.userpkg.nets:vit --model-arg dim=... depth=...``), trained
-with AdamW when this trainscale has it (``--optimizer adamw``), else with SGD (said in the output, and the bare loop
-uses the same optimizer). Cells, each run twice (``--epochs 2``) so the figure is the steady second epoch:
+with AdamW on both sides. Cells (``--cells``, default all), each run for two epochs so the figure is the steady second
+epoch:
 
-- 1 process: ``trainscale train`` (local mode) against a bare single-process loop;
-- 2 workers: ``trainscale train --workers 2`` with no compression, with ``--compress topk`` and with ``--compress
-  bf16``, each against a bare ``DistributedDataParallel`` loop of 2 processes started by ``torch.distributed.run``
-  (dense fp32 all-reduce, DDP's own C++ hook).
+- ``local``, 1 process: ``trainscale train`` (local mode) against a bare single-process loop;
+- ``sync``, ``topk``, ``bf16``, 2 workers: ``trainscale train --workers 2`` with no compression, with ``--compress
+  topk`` and with ``--compress bf16``, each against a bare ``DistributedDataParallel`` loop of 2 processes started by
+  ``torch.distributed.run`` (dense fp32 all-reduce, DDP's own C++ hook).
 
 Images/s: trainscale's steady training throughput (``record.throughput``: the epochs after the first; training
-steps only); the bare loop times its second pass over the same number of steps, device-synchronised. Both sides: the
-same CIFAR-10 subset, per-worker batch, fp32, channels-last off, no augmentation (``--crop-padding 0 --no-flip``),
-threads split over the workers alike. Bytes per step: what a worker hands to collectives per step (trainscale's
-``bytes_sent_per_step``; the bare loop: the fp32 gradient, 4 bytes per parameter). The ratio column is trainscale's
-images/s over the bare loop's of the same process count, measured in the same run of this script.
+steps only); the bare loop times its second pass over the same number of steps. Both sides: the same CIFAR-10
+subset, per-worker batch, fp32, channels-last off, no augmentation (``--crop-padding 0 --no-flip``), threads split
+over the workers alike. Bytes per step: what a worker hands to collectives per step (trainscale's
+``bytes_sent_per_step``; the bare loop: the fp32 gradient, 4 bytes per parameter). Each of ``--repeats`` rounds runs
+the bare loops and then every cell, one after another, so drift hits both sides of a round alike; a cell's ratio is
+the median over the rounds of its images/s over the bare loop's of the same process count in the same round.
 
     TRAINSCALE_DATA=/path/to/cifar-10-batches-bin python benchmarks/user_model.py
-    python benchmarks/user_model.py --tiny          # a check that it runs: tiny model, a few steps (no figures)
+    python benchmarks/user_model.py --tiny --repeats 1   # a check that it runs: tiny model, a few steps (no figures)
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,11 +40,19 @@ import torch.nn.functional as F
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.script import COUNT, check_run, run_child, run_script
+from trainscale.bench.timing import save_result
 from trainscale.errors import OneLineParser
+from trainscale.record import throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tests.userpkg.nets:vit"
-CELLS = (("1 process", 1, None), ("2 workers", 2, None), ("2 workers topk", 2, "topk"), ("2 workers bf16", 2, "bf16"))
+CELLS = {  # name: (label, workers, compressor)
+    "local": ("1 process", 1, None),
+    "sync": ("2 workers", 2, None),
+    "topk": ("2 workers topk", 2, "topk"),
+    "bf16": ("2 workers bf16", 2, "bf16"),
+}
+OPTIMIZER = "adamw"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=COUNT, default=40, help="steps per epoch (the train subset is sized by it)")
     p.add_argument("--ratio", type=float, default=0.01, help="Top-k's kept fraction")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--repeats", type=COUNT, default=3, help="rounds of every cell and the bare loops (default 3)")
+    p.add_argument("--cells", nargs="+", choices=tuple(CELLS), default=list(CELLS), help="which cells (default all)")
     p.add_argument("--tiny", action="store_true", help="dim 16, depth 1, batch 8, 3 steps: checks that it runs")
     p.add_argument("--out", default=f"runs/bench/user_model-{time.strftime('%Y%m%d-%H%M%S')}.json")
     p.add_argument("--bare-worker", default=None, help=argparse.SUPPRESS)  # a bare-loop process: its result file
@@ -61,19 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.dim, args.depth, args.batch, args.steps = 16, 1, 8, 3
     return args
-
-
-@functools.cache
-def optimizer_name() -> str:
-    """AdamW where this trainscale's config takes it, else SGD (the fallback is printed with the results)."""
-    from trainscale.app.config import build_config
-    from trainscale.errors import TrainscaleError
-
-    try:
-        build_config({"optimizer": "adamw", "dataset": "synthetic"})
-    except TrainscaleError:
-        return "sgd"
-    return "adamw"
 
 
 def model_args(args: argparse.Namespace) -> dict[str, int]:
@@ -88,8 +86,8 @@ def cell_settings(args: argparse.Namespace, workers: int, compress: str | None, 
     settings: dict[str, Any] = dict(
         model=MODEL, model_args=[f"{k}={v}" for k, v in model_args(args).items()],
         dataset="cifar10", train_subset=args.batch * workers * args.steps, test_subset=500,
-        epochs=2, batch_per_worker=args.batch, optimizer=optimizer_name(), lr=args.lr,
-        schedule="constant", weight_decay=0.05 if optimizer_name() == "adamw" else 5e-4,
+        epochs=2, batch_per_worker=args.batch, optimizer=OPTIMIZER, lr=args.lr,
+        schedule="constant", weight_decay=0.05,
         crop_padding=0, flip=False, channels_last=False, progress=False, checkpoint=False, out=str(out),
     )  # fmt: skip
     if workers > 1:
@@ -141,12 +139,7 @@ def bare_worker(args: argparse.Namespace) -> None:
     if world > 1:
         dist.init_process_group("gloo")
         model = DistributedDataParallel(model)
-    params = model.parameters()
-    opt = (
-        torch.optim.AdamW(params, lr=args.lr, weight_decay=0.05)
-        if optimizer_name() == "adamw"
-        else torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=5e-4)
-    )
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     seconds = 0.0
     for _ in range(2):
         start = time.perf_counter()
@@ -188,55 +181,83 @@ def main() -> None:
     if args.bare_worker:
         bare_worker(args)
         return
-    from trainscale.io import atomic_write_text
-    from trainscale.record import throughput
     from trainscale.train.environment import environment
 
-    rows = []
+    chosen = {name: CELLS[name] for name in args.cells}
     with tempfile.TemporaryDirectory(prefix="user-model-bench-") as tmp:
-        cells = [(label, workers, cell_settings(args, workers, compress, Path(tmp) / label.replace(" ", "-")))
-                 for label, workers, compress in CELLS]  # fmt: skip
-        for label, _, settings in cells:
-            check_run(settings, label, ROOT)
-        bare = {w: bare_cell(args, w, Path(tmp) / f"bare{w}.json") for w in (1, 2)}
-        for label, workers, settings in cells:
-            summary = trainscale_cell(settings)
-            ips = throughput(summary)
-            sent = summary.get("bytes_sent_per_step", 0.0) if workers > 1 else 0.0
-            rows.append(
-                {
-                    "cell": label,
-                    "images_per_sec": ips,
-                    "bare_images_per_sec": bare[workers]["images_per_sec"],
-                    "ratio": ips / bare[workers]["images_per_sec"],
-                    "bytes_per_step": sent,
-                    "bare_bytes_per_step": bare[workers]["bytes_per_step"] if workers > 1 else 0.0,
-                    "test_acc": summary.get("final_test_acc"),
-                }
-            )
-    opt = optimizer_name()
+        for name, (label, workers, compress) in chosen.items():
+            check_run(cell_settings(args, workers, compress, Path(tmp) / f"{name}-0"), label, ROOT)
+        rounds = [one_round(args, chosen, Path(tmp) / f"round-{r}") for r in range(args.repeats)]
+    rows = [cell_row(name, chosen[name], [r[name] for r in rounds]) for name in chosen]
     result = {
+        "config": {k: v for k, v in vars(args).items() if k != "bare_worker"},
         "model": MODEL,
         "model_args": model_args(args),
-        "optimizer": opt,
-        "batch_per_worker": args.batch,
-        "steps_per_epoch": args.steps,
+        "optimizer": OPTIMIZER,
         "rows": rows,
         "environment": environment(torch.device("cpu")),
     }
-    if opt != "adamw":
-        print("note: this trainscale has no --optimizer adamw; both sides use SGD (momentum 0.9)")
-    print(f"{MODEL} {model_args(args)}, {opt}, batch {args.batch} per worker, {args.steps} steps per epoch")
-    print(f"{'cell':<16} {'img/s':>8} {'bare img/s':>10} {'ratio':>6} {'bytes/step':>11} {'bare bytes':>11}")
-    for r in rows:
-        print(
-            f"{r['cell']:<16} {r['images_per_sec']:>8.1f} {r['bare_images_per_sec']:>10.1f} {r['ratio']:>6.3f} "
-            f"{r['bytes_per_step']:>11.0f} {r['bare_bytes_per_step']:>11.0f}"
-        )
+    print_rows(args, rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    save_result(out, result)
     print(f"results in {out}")
+
+
+def one_round(args: argparse.Namespace, cells: dict[str, tuple[str, int, str | None]], folder: Path) -> dict:
+    """One round: the bare loops of the process counts the cells use, then each cell; per cell, both sides'
+    images/s and bytes per step."""
+    folder.mkdir()
+    bare = {w: bare_cell(args, w, folder / f"bare{w}.json") for w in sorted({c[1] for c in cells.values()})}
+    found = {}
+    for name, (_, workers, compress) in cells.items():
+        summary = trainscale_cell(cell_settings(args, workers, compress, folder / name))
+        found[name] = {
+            "images_per_sec": throughput(summary),
+            "bare_images_per_sec": bare[workers]["images_per_sec"],
+            "bytes_per_step": summary.get("bytes_sent_per_step", 0.0) if workers > 1 else 0.0,
+            "bare_bytes_per_step": bare[workers]["bytes_per_step"] if workers > 1 else 0.0,
+            "test_acc": summary.get("final_test_acc"),
+        }
+    return found
+
+
+def cell_row(name: str, cell: tuple[str, int, str | None], rounds: list[dict]) -> dict:
+    """A cell's figures over the rounds: images/s of each side (each round's, mean, spread), the median of the
+    rounds' ratios, the bytes per step (the same every round)."""
+    ours, bare = ([r[k] for r in rounds] for k in ("images_per_sec", "bare_images_per_sec"))
+    return {
+        "cell": name,
+        "label": cell[0],
+        "workers": cell[1],
+        "images_per_sec": spread(ours),
+        "bare_images_per_sec": spread(bare),
+        "ratio": statistics.median(a / b for a, b in zip(ours, bare)),
+        "ratios": [a / b for a, b in zip(ours, bare)],
+        "bytes_per_step": rounds[-1]["bytes_per_step"],
+        "bare_bytes_per_step": rounds[-1]["bare_bytes_per_step"],
+        "test_acc": [r["test_acc"] for r in rounds],
+    }
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "each": values,
+        "mean": statistics.fmean(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def print_rows(args: argparse.Namespace, rows: list[dict]) -> None:
+    print(f"{MODEL} {model_args(args)}, {OPTIMIZER}, batch {args.batch} per worker, {args.steps} steps per epoch, "
+          f"{args.repeats} round(s): images/s mean +- spread, the median of the rounds' ratios")  # fmt: skip
+    print(f"{'cell':<16} {'img/s':>14} {'bare img/s':>14} {'ratio':>6} {'bytes/step':>11} {'bare bytes':>11}")
+    for r in rows:
+        ours, bare = (f"{r[k]['mean']:.1f} +- {r[k]['stdev']:.1f}" for k in ("images_per_sec", "bare_images_per_sec"))
+        print(
+            f"{r['label']:<16} {ours:>14} {bare:>14} {r['ratio']:>6.3f} "
+            f"{r['bytes_per_step']:>11.0f} {r['bare_bytes_per_step']:>11.0f}"
+        )
 
 
 if __name__ == "__main__":
