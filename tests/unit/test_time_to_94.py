@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -43,6 +44,30 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return calls
 
 
+@pytest.fixture
+def series(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A series through ``main`` with each seed's `trainscale train` replaced by one that writes ``SUMMARY``:
+    ``started`` lists the seeds in the order they started; the first start of seed ``stop_at`` is stopped as a
+    time limit stops the benchmark. The settings' own check and the machine's description are left out (their own
+    tests are below)."""
+    state = SimpleNamespace(started=[], stop_at=None)
+
+    def run(cmd: list[str]) -> Any:
+        seed = int(cmd[cmd.index("--seed") + 1])
+        state.started.append(seed)
+        if seed == state.stop_at and state.started.count(seed) == 1:
+            raise KeyboardInterrupt  # the limit's signal, as the benchmark meets it
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps(SUMMARY))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(t94, "run_child", run)
+    monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
+    monkeypatch.setattr(t94, "check_run", lambda flags: None)
+    return state
+
+
 def test_a_finished_seed_is_reused(tmp_path: Path, launched: list[list[str]]) -> None:
     out = tmp_path / "seed-0"
     out.mkdir()
@@ -63,25 +88,11 @@ def test_an_interrupted_seed_runs_again_and_its_folder_is_kept(tmp_path: Path, l
 
 
 def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, series: SimpleNamespace
 ) -> None:
     """A time limit that stops the benchmark in its third seed: result.json holds the first two, marked
     incomplete and not meeting the goal (a goal is over the runs asked for); the next invocation reuses them."""
-    started: list[int] = []
-
-    def run(cmd: list[str]) -> Any:
-        seed = int(cmd[cmd.index("--seed") + 1])
-        started.append(seed)
-        if seed == 2 and started.count(2) == 1:
-            raise KeyboardInterrupt  # the limit's signal, as the benchmark meets it
-        out = Path(cmd[cmd.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "summary.json").write_text(json.dumps(SUMMARY))
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(t94, "run_child", run)
-    monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
-    monkeypatch.setattr(t94, "check_run", lambda flags: None)  # the settings' own check: its own test below
+    series.stop_at = 2
     argv = ["time_to_94.py", "--recipe", "cifar10-fast", "--runs", "3", "--out", str(tmp_path)]  # its goal: accuracy
     monkeypatch.setattr(t94.sys, "argv", argv)
     with pytest.raises(KeyboardInterrupt):
@@ -95,7 +106,7 @@ def test_a_stopped_series_leaves_the_figures_of_the_seeds_it_finished(
     assert partial["reference_seconds_mean"] == 1.5 and partial["precision"] == "bf16" and not partial["goal_met"]
     assert t94.main() == 0
     done = json.loads((tmp_path / "result.json").read_text())
-    assert (done["complete"], done["runs_done"], done["goal_met"]) == (True, 3, True) and started == [0, 1, 2, 2]
+    assert (done["complete"], done["runs_done"], done["goal_met"]) == (True, 3, True) and series.started == [0, 1, 2, 2]
 
 
 def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
@@ -180,24 +191,13 @@ def test_the_first_seed_checked_is_the_first_not_yet_run(tmp_path) -> None:
     assert "out" not in t94.first_run(args, {})
 
 
-def test_first_seed_runs_the_seeds_after_it(tmp_path, monkeypatch) -> None:
+def test_first_seed_runs_the_seeds_after_it(tmp_path, monkeypatch, series) -> None:
     """``--first-seed 5 --runs 2``: seeds 5 and 6, each in its own folder, and result.json says where it began."""
-    seeds: list[str] = []
-
-    def run(cmd: list[str]) -> Any:
-        seeds.append(cmd[cmd.index("--seed") + 1])
-        out = Path(cmd[cmd.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "summary.json").write_text(json.dumps(SUMMARY))
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(t94, "run_child", run)
-    monkeypatch.setattr(t94, "environment", lambda device: {"cpu": "a CPU", "cpu_count": 2})
-    monkeypatch.setattr(t94, "check_run", lambda flags: None)
     argv = ["--recipe", "cifar10-fast", "--runs", "2", "--first-seed", "5", "--out", str(tmp_path)]
     monkeypatch.setattr(t94.sys, "argv", ["time_to_94.py", *argv])
     assert t94.main() == 0
-    assert seeds == ["5", "6"] and sorted(p.name for p in tmp_path.iterdir()) == ["result.json", "seed-5", "seed-6"]
+    assert series.started == [5, 6]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json", "seed-5", "seed-6"]
     done = json.loads((tmp_path / "result.json").read_text())
     assert done["first_seed"] == 5 and [r["seed"] for r in done["runs"]] == [5, 6] and done["complete"]
 
