@@ -245,11 +245,12 @@ def main() -> int:
         choices=("airbench94", "speedrun94", "cifar10-fast"),
         help="airbench94 (default), speedrun94 (its faster variant) or cifar10-fast (ResNet-9, 24 epochs)",
     )
-    parser.add_argument("--runs", type=COUNT, default=5, help="how many seeds (default 5)")
+    parser.add_argument("--runs", type=COUNT, default=5, metavar="N", help="how many seeds (default 5)")
     parser.add_argument(
         "--first-seed",
         type=SEED,
         default=0,
+        metavar="S",
         help="the first seed (default 0): the runs take seeds S..S+N-1",
     )
     parser.add_argument("--device", type=device_name, default="cpu", help="cpu (default) or cuda")
