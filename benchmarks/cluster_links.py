@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -131,7 +130,7 @@ def main() -> None:
         return worker(args)
     import torch
 
-    from trainscale.bench.timing import save_result
+    from trainscale.bench.timing import mean_and_spread, save_result
     from trainscale.runtime import cluster as net
     from trainscale.train.environment import environment
 
@@ -144,7 +143,7 @@ def main() -> None:
             result = run_cell(hosts, rate, args)
             for name, model in models(result, hosts, rate).items():
                 seconds = result[name]
-                mean, spread = statistics.fmean(seconds), statistics.stdev(seconds) if len(seconds) > 1 else 0.0
+                mean, spread = mean_and_spread(seconds)
                 cells.append(
                     {
                         "hosts": hosts,

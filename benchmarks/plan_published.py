@@ -813,9 +813,9 @@ def host_limits(results: list[tuple[Row, float, float]]) -> None:
     that gains under 3% over the one before, or none within the published range."""
     series: dict[tuple[Any, ...], dict[int, tuple[int, float, float, Row]]] = defaultdict(dict)
     for r, planned, _ in results:
-        best = series[series_key(r)].get(r.hosts)
-        if best is None or r.gpus > best[0]:
-            series[series_key(r)][r.hosts] = (r.gpus, r.images_per_sec, planned, r)
+        by_hosts = series[series_key(r)]
+        if r.hosts not in by_hosts or r.gpus > by_hosts[r.hosts][0]:
+            by_hosts[r.hosts] = (r.gpus, r.images_per_sec, planned, r)
     total, disagree = 0, []
     for by_hosts in series.values():
         if max(by_hosts) < 2:

@@ -37,7 +37,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from trainscale.bench.script import COUNT, WARMUP, model_name, run_child, run_script
-from trainscale.bench.timing import Timing, save_result, time_interleaved
+from trainscale.bench.timing import Timing, mean_and_spread, save_result, time_interleaved
 from trainscale.errors import OneLineParser
 from trainscale.models import count_parameters, create_model
 from trainscale.record import K
@@ -189,8 +189,8 @@ class _timed_split:
 
 
 def _mean_sd(values: list[float], steps: int) -> dict[str, float]:
-    per_step = [1e3 * v / steps for v in values]
-    return {"mean": statistics.fmean(per_step), "stdev": statistics.stdev(per_step) if len(per_step) > 1 else 0.0}
+    mean, stdev = mean_and_spread([1e3 * v / steps for v in values])
+    return {"mean": mean, "stdev": stdev}
 
 
 def _ms(t: Timing, steps: int) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
 from trainscale.bench.script import COUNT, WARMUP, run_script
-from trainscale.bench.timing import save_result
+from trainscale.bench.timing import mean_and_spread, save_result
 from trainscale.errors import OneLineParser
 from trainscale.train.environment import environment
 
@@ -128,7 +127,7 @@ def main() -> None:
         mb = n * 4 / 1e6
         for transport, res in results.items():
             t = res[name]
-            mean, sd = statistics.fmean(t), statistics.stdev(t) if len(t) > 1 else 0.0
+            mean, sd = mean_and_spread(t)
             print(f"{name:>10} {mb:6.2f} {transport:>9} {1e3 * mean:10.2f} ± {1e3 * sd:5.2f}  {2 * mb / mean:16.0f}")
     save_result(
         Path(args.out),

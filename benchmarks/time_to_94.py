@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ import torch
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.grid import GridError, parse_sets, set_argument
 from trainscale.bench.script import COUNT, at_least, check_run, device_name, run_child, run_script
-from trainscale.bench.timing import save_result
+from trainscale.bench.timing import mean_and_spread, save_result
 from trainscale.errors import ConfigError, OneLineParser, TrainscaleError
 from trainscale.record import K
 from trainscale.train.environment import environment
@@ -128,10 +127,6 @@ def run_seed_here(
         raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None
 
 
-def spread(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def row_of(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
     """One finished seed's figures, from its summary.json."""
     scope = summary[K.reference_scope]
@@ -156,7 +151,7 @@ def row_of(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
 def figures(rows: list[dict[str, Any]], recipe: str, device: str) -> dict[str, Any]:
     """Mean and spread of the finished runs, and whether they meet the recipe's goal."""
     acc, ref, steps = ([r[k] for r in rows] for k in ("acc", "reference_seconds", "train_seconds"))
-    (acc_m, acc_s), (ref_m, ref_s), (steps_m, steps_s) = spread(acc), spread(ref), spread(steps)
+    (acc_m, acc_s), (ref_m, ref_s), (steps_m, steps_s) = map(mean_and_spread, (acc, ref, steps))
     goal = GOALS.get((recipe, "cuda" if device.startswith("cuda") else "cpu"))
     met = acc_m >= TARGET and (goal is None or all(r["reference_seconds"] < goal for r in rows))
     return {

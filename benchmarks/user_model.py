@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from trainscale.app.worker_env import to_argv
 from trainscale.bench.script import COUNT, check_run, run_child, run_script
-from trainscale.bench.timing import save_result
+from trainscale.bench.timing import mean_and_spread, save_result
 from trainscale.errors import OneLineParser
 from trainscale.record import throughput
 
@@ -241,11 +241,8 @@ def cell_row(name: str, cell: tuple[str, int, str | None], rounds: list[dict]) -
 
 
 def spread(values: list[float]) -> dict[str, Any]:
-    return {
-        "each": values,
-        "mean": statistics.fmean(values),
-        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-    }
+    mean, stdev = mean_and_spread(values)
+    return {"each": values, "mean": mean, "stdev": stdev}
 
 
 def print_rows(args: argparse.Namespace, rows: list[dict]) -> None:

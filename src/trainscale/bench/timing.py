@@ -16,6 +16,11 @@ from trainscale.io import atomic_write_text, dumps
 from trainscale.train.precision import synchronize
 
 
+def mean_and_spread(values: list[float]) -> tuple[float, float]:
+    """The mean of a benchmark's repeats and their spread (the sample standard deviation; 0 for one repeat)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 @dataclass
 class Timing:
     """Seconds per repeat; ``mean`` and ``stdev`` over the repeats (warm-up already excluded)."""
@@ -28,12 +33,11 @@ class Timing:
 
     @property
     def stdev(self) -> float:
-        return statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+        return mean_and_spread(self.seconds)[1]
 
     def rate(self, items: int) -> tuple[float, float]:
         """Items per second: mean and spread (stdev) over repeats."""
-        rates = [items / s for s in self.seconds]
-        return statistics.fmean(rates), statistics.stdev(rates) if len(rates) > 1 else 0.0
+        return mean_and_spread([items / s for s in self.seconds])
 
 
 def paired_ratios(numerator: Timing, denominator: Timing) -> list[float]:
