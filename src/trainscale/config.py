@@ -215,7 +215,12 @@ class OptimConfig(Section):
         "named training settings for every setting left unset (default: the model's "
         "own; `trainscale models --recipes` lists them)",
     )
-    epochs: int = option(24, "number of epochs")
+    epochs: float = option(
+        24,
+        "number of epochs; a fraction trains the last one in part (7.5: seven epochs, then the first half of the "
+        "eighth's steps, the schedule ending there)",
+        above=0,
+    )
     batch_size: int = option(512, "global batch size, split across workers")
     batch_per_worker: int | None = option(None, "batch per worker instead (global = this x workers)")
     lr: float = option(0.4, "peak/base learning rate")
@@ -297,6 +302,29 @@ class OptimConfig(Section):
         "workers, one all-reduce per step; an epoch of only skipped steps still stops)",
         choices=("stop", "skip"),
     )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.epochs, float) and self.epochs.is_integer():
+            self.epochs = int(self.epochs)  # 8.0 from the command line is the recipe's 8, also in summary.json
+        super().__post_init__()
+
+    @property
+    def epoch_count(self) -> int:
+        """The epochs the run walks, the last of them in part where ``epochs`` has a fraction."""
+        return math.ceil(self.epochs)
+
+    def steps_in_epoch(self, epoch: int, steps: int) -> int:
+        """How many of an epoch's ``steps`` epoch ``epoch`` (0-based) trains: all, but in the last epoch of a
+        fractional ``epochs``, those that bring the run to ``epochs`` x ``steps`` steps (rounded up, so at least
+        one): the run's length in steps, as airbench counts it, whatever the batch."""
+        if epoch + 1 < self.epoch_count or not steps:
+            return steps
+        total = math.ceil(self.epochs * steps - 1e-9)  # 7.6 x 25 is 190.00000000000003 in floats
+        return max(1, min(steps, total - epoch * steps))
+
+    def total_steps(self, steps: int) -> int:
+        """The steps a worker takes in the whole run, its epochs ``steps`` long."""
+        return (self.epoch_count - 1) * steps + self.steps_in_epoch(self.epoch_count - 1, steps)
 
     def validate(self) -> None:
         """The choices whose names the engine does not register elsewhere (the rest: ``train.checks``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainscale.record import K
+from trainscale.record import K, finished
 
 Column = tuple[str, str, Callable[[Any], str]]
 
@@ -57,6 +57,12 @@ def exchange_line(summary: dict[str, Any]) -> str:
     return "exchange per step (ms): " + ", ".join(parts)
 
 
+def _epochs_done(summary: dict[str, Any]) -> Any:
+    """The epochs the run trained: its ``--epochs`` once it finished (2.5 where the third trained in part), else
+    the count it finished."""
+    return f"{summary[K.epochs]:g}" if finished(summary) else summary.get(K.epochs_completed)
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     env = summary.get(K.environment) or {}
     ttt = summary.get(K.time_to_target_seconds)
@@ -66,7 +72,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary[K.world_size]} worker(s), global batch {summary[K.batch_size]}, {summary[K.precision]}, "
         f"{env.get('device_name', '?')}",
         f"best test acc {_pct(summary.get(K.best_test_acc))}, final {_pct(summary.get(K.final_test_acc))} "
-        f"after {summary.get(K.epochs_completed)} epoch(s)",
+        f"after {_epochs_done(summary)} epoch(s)",
         f"training {summary[K.total_train_seconds]:.1f} s, {_num('.1f')(summary.get(K.mean_epoch_seconds))} s/epoch, "
         f"{_num('.0f')(summary.get(K.samples_per_sec))} img/s, peak memory "
         f"{_num('.0f')(summary.get(K.peak_memory_mb))} MB",

@@ -14,6 +14,7 @@ prints the documentation's tables of the keys (with a path: rewrites them there)
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -77,7 +78,12 @@ class K:
     dataset = Key("dataset", str, "", "the dataset's registered name")
     mode = Key("mode", str, "", "the training mode")
     world_size = Key("world_size", int, "processes", "workers in the process group (fault tolerance: replicas)", BOTH)
-    epochs = Key("epochs", int, "epochs", "epochs the run was asked for")
+    epochs = Key(
+        "epochs",
+        float,
+        "epochs",
+        "epochs the run was asked for (a fraction: its last epoch trained that part of its steps)",
+    )
     batch_size = Key("batch_size", int, "images", "global batch: images per optimizer step over all workers")
     batch_per_worker = Key("batch_per_worker", int, "images", "each worker's share of a step's batch")
     lr = Key("lr", float, "", "learning rate: the run's peak after batch scaling; per epoch, at its last step", BOTH)
@@ -139,15 +145,19 @@ class K:
     bytes_scope = Key("bytes_scope", str, "", "what the parameter server's byte counts include")
 
     # --- the run's results (train.trainer)
-    epochs_completed = Key("epochs_completed", int, "epochs", "epochs finished (less than epochs: cut short)")
+    epochs_completed = Key(
+        "epochs_completed", int, "epochs", "epochs finished, a partial last one counted (fewer than epochs: cut short)"
+    )
     best_test_acc = Key("best_test_acc", float, FRACTION, "best top-1 test accuracy of any evaluated epoch")
     final_test_acc = Key("final_test_acc", float, FRACTION, "top-1 test accuracy of the last epoch")
     ema_final_test_acc = Key(
         "ema_final_test_acc", float, FRACTION, "--ema: the weight average's top-1 test accuracy at the last epoch"
     )
     ema_best_test_acc = Key("ema_best_test_acc", float, FRACTION, "--ema: the weight average's best test accuracy")
-    mean_epoch_seconds = Key("mean_epoch_seconds", float, S, "mean training time of an epoch")
-    steady_epoch_seconds = Key("steady_epoch_seconds", float, S, "mean training time of the epochs after the first")
+    mean_epoch_seconds = Key("mean_epoch_seconds", float, S, "mean training time of an epoch (whole epochs only)")
+    steady_epoch_seconds = Key(
+        "steady_epoch_seconds", float, S, "mean training time of the whole epochs after the first"
+    )
     samples_per_sec = Key("samples_per_sec", float, "images/s", "training throughput, all workers", BOTH)
     peak_memory_mb = Key(
         "peak_memory_mb",
@@ -333,6 +343,15 @@ EPOCH_FIELDS = (
 # Scaling efficiency: ``(throughput_N / N) / (throughput_B / B)``: 1.0 means perfect linear scaling; with a
 # 1-worker baseline (B = 1) this is throughput_N / (N x throughput_1). Throughput is training images per second
 # over all workers, steady-state (epochs after the first, which carries warm-up) when the run has several.
+def finished(summary: Mapping[str, Any], epochs: Any = None) -> bool:
+    """Whether the run's ``epochs_completed`` covers every epoch it was asked for (``epochs``, else its own
+    ``epochs``): a fractional length's last epoch counts as one, trained in part."""
+    asked = summary.get(K.epochs) if epochs is None else epochs
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)):
+        return False
+    return summary.get(K.epochs_completed) == math.ceil(asked)
+
+
 def throughput(summary: dict[str, Any]) -> float:
     """Training images/s of a run summary (steady state when available)."""
     steady = summary.get(K.steady_epoch_seconds)

@@ -15,7 +15,7 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
     "args, fragment",
     [
         (("--model", "resnet23"), "unknown model 'resnet23' (did you mean 'resnet32'?)"),
-        (("--epochs", "0"), "--epochs must be a positive integer"),
+        (("--epochs", "0"), "--epochs must be a positive number"),
         (("--eval-every", "-1"), "--eval-every must be 0 (the last epoch only) or a positive number of epochs"),
         (("--batch-size", "-4"), "--batch-size must be a positive integer"),
         (("--batch-size", "many"), "--batch-size: expected a whole number (e.g. 512, 25000000 or 25e6), got 'many'"),

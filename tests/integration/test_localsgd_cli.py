@@ -21,7 +21,7 @@ SYN = (
 )
 
 
-def train(out: Path, *args: str, epochs: int = 2) -> dict:
+def train(out: Path, *args: str, epochs: float = 2) -> dict:
     run = run_cli("train", *SYN, "--epochs", str(epochs), "--out", out, *args, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
@@ -55,6 +55,15 @@ def test_diloco_with_outer_lr_1_and_no_momentum_is_localsgd(tmp_path: Path) -> N
     )
     assert_close(tmp_path / "local", tmp_path / "diloco", atol=1e-6)
     assert summary["rounds"] == 6  # 8 steps per epoch: rounds after steps 3 and 6, and one to end it
+
+
+def test_a_fractional_length_ends_its_partial_epoch_with_a_round(tmp_path: Path) -> None:
+    """--epochs 1.5 at 8 steps an epoch: both workers train 4 steps of the second epoch, with a round after its
+    third and one to end it (5 in all, 3 for the first epoch)."""
+    summary = train(tmp_path / "d", "--mode", "diloco", "--sync-every", "3", epochs=1.5)
+    rows = [json.loads(line) for line in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_samples"] for r in rows] == [1024, 512]
+    assert summary["epochs"] == 1.5 and summary["epochs_completed"] == 2 and summary["rounds"] == 5
 
 
 def test_diloco_resumes_bit_for_bit(tmp_path: Path) -> None:

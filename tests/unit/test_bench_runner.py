@@ -304,7 +304,7 @@ def test_cli_set_overrides_the_grid_in_the_dry_run(tmp_path, capsys):
             "--set epochz=2: unknown key 'epochz' (did you mean 'epochs'?); --set takes the "
             "`trainscale train` flags (see `trainscale train --help`)",
         ),
-        (["--set", "epochs=two"], "--set epochs=\"two\": 'epochs' must be int, got 'two'"),
+        (["--set", "epochs=two"], "--set epochs=\"two\": 'epochs' must be float, got 'two'"),
         (
             ["--set", "out=x"],
             "--set out=\"x\": key 'out' is set by `trainscale bench` for each run; it cannot be given with --set",

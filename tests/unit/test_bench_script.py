@@ -117,7 +117,7 @@ def test_a_run_is_checked_as_its_dry_run_would_check_it_and_nothing_is_written(t
     """The settings' refusal keeps its class (a ConfigError, a DataError: exit 2 either way) and gets the run's
     name in front; a run that would start passes and leaves no folder behind."""
     out = str(tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"^lamb at lr 1: --epochs must be a positive integer, got 0$"):
+    with pytest.raises(ConfigError, match=r"^lamb at lr 1: --epochs must be a positive number, got 0$"):
         check_run({"model": "resnet20", "epochs": 0, "out": out}, "lamb at lr 1")
     monkeypatch.setenv("TRAINSCALE_DATA", str(tmp_path / "nothing"))
     with pytest.raises(DataError, match=r"^cifar10 files not found in"):

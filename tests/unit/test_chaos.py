@@ -76,7 +76,7 @@ def test_the_parameter_server_goals(mode, lost, skipped, met):
         (["--heartbeat-timeout", "1e300"], "--heartbeat-timeout must be a positive number of seconds"),
         (["--bandwidth", "10furlongs"], "--bandwidth must look like 500kbit"),
         (["--kinds", "kill,melt"], "--kinds: choose from kill, hang, link"),
-        (["--set", "epochs=abc"], "'epochs' must be int"),
+        (["--set", "epochs=abc"], "'epochs' must be float"),
         (["--set", "epochs"], "give KEY=VALUE"),
         (["--set", "bogus=1"], "unknown key 'bogus'"),
         (["--seed", "x"], "invalid int value"),
@@ -105,7 +105,7 @@ def test_good_arguments_carry_the_checked_job_settings():
 
 def test_the_job_settings_go_through_trains_dry_run_first(tmp_path):
     args = chaos.parse_args(["--set", "epochs=-2", "--out", str(tmp_path / "c")])
-    with pytest.raises(chaos.ConfigError, match=r"^the job's settings: --epochs must be a positive integer, got -2$"):
+    with pytest.raises(chaos.ConfigError, match=r"^the job's settings: --epochs must be a positive number, got -2$"):
         chaos.dry_run(args, chaos.job_settings(args))
     args = chaos.parse_args(["--set", "mode=ps-sync", "--set", "servers=0", "--out", str(tmp_path / "c")])
     with pytest.raises(chaos.ConfigError, match="^the job's settings: --mode ps-sync needs --servers"):

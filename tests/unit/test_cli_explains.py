@@ -68,7 +68,7 @@ def test_help_shows_the_defaults_that_matter(capsys):
     text = train_help(capsys)
     assert "import path package.module:function (default: from the recipe, else resnet9)" in text
     assert "(default: cifar10)" in text
-    assert "number of epochs (default: from the recipe, else 24)" in text
+    assert "the schedule ending there) (default: from the recipe, else 24)" in text
     assert "(default: fp32)" in text
 
 

@@ -19,7 +19,7 @@ def test_layers_merge_left_to_right():
 @pytest.mark.parametrize(
     "bad, fragment",
     [
-        ({"epochs": 0}, "--epochs must be a positive integer"),
+        ({"epochs": 0}, "--epochs must be a positive number"),
         ({"batch_size": -1}, "--batch-size must be a positive integer"),
         ({"precision": "fp8"}, "--precision must be one of"),
         ({"momentum": 1.5}, "--momentum"),

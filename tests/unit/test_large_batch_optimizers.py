@@ -62,7 +62,7 @@ def test_bad_arguments_are_one_line_before_any_run(argv, line, tmp_path, monkeyp
 @pytest.mark.parametrize(
     "argv, line",
     [
-        (["--set", "epochs=0"], "sgd at lr 0.8: --epochs must be a positive integer, got 0"),
+        (["--set", "epochs=0"], "sgd at lr 0.8: --epochs must be a positive number, got 0"),
         (["--run", "sgd:0.1", "--run", "lamb:1", "--set", "weight_decay=-1"], "sgd at lr 0.1: --weight-decay"),
     ],
 )

@@ -83,8 +83,9 @@ def test_a_new_mode_is_one_class_with_its_own_section(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "values, fragment",
     [
-        ({"epochs": "1"}, "must be an integer, got '1' (str)"),
-        ({"epochs": True}, "must be an integer, got True (bool)"),
+        ({"batch_size": "1"}, "must be an integer, got '1' (str)"),
+        ({"batch_size": True}, "must be an integer, got True (bool)"),
+        ({"epochs": "1"}, "must be a number, got '1' (str)"),
         ({"lr": "0.1"}, "must be a number, got '0.1' (str)"),
         ({"milestones": "41,61"}, "must be a list of numbers, got '41,61' (str)"),
         ({"flip": 1}, "must be true or false, got 1 (int)"),
@@ -127,7 +128,7 @@ def test_the_wire_counter_hands_every_hook_it_does_not_wrap_to_the_mode():
                 return lambda *args: calls.append(name) or value(*args)
             return value
 
-    wrapped = WireCounter(Recording(), 4, {"interface": "lo"})
+    wrapped = WireCounter(Recording(), lambda epoch: 4, {"interface": "lo"})
     hooks = [name for name, member in inspect.getmembers(Callbacks) if callable(member) and not name.startswith("_")]
     arguments = {"before_fit": (dict, dict), "epoch_samples": (3,), "load_state_dict": ({},)}
     for name in hooks:

@@ -54,11 +54,12 @@ def test_every_schedule_is_bounded(name):
 
 def test_a_run_whose_every_step_has_lr_0_is_found():
     one_cycle = create_schedule(TrainConfig.flat(schedule="onecycle", epochs=1))
-    assert never_steps(one_cycle, epochs=1, steps_per_epoch=1)  # its one step sits at the start, lr 0
-    assert not never_steps(one_cycle, epochs=1, steps_per_epoch=4)
-    assert not never_steps(
-        create_schedule(TrainConfig.flat(schedule="constant", epochs=1)), epochs=1, steps_per_epoch=1
-    )
+    assert never_steps(one_cycle, total=1, steps_per_epoch=1)  # its one step sits at the start, lr 0
+    assert not never_steps(one_cycle, total=4, steps_per_epoch=4)
+    assert not never_steps(create_schedule(TrainConfig.flat(schedule="constant", epochs=1)), total=1, steps_per_epoch=1)
+    half = create_schedule(TrainConfig.flat(schedule="onecycle", epochs=0.5))
+    assert never_steps(half, total=1, steps_per_epoch=2)  # half an epoch of 2 steps: one step, at lr 0
+    assert not never_steps(half, total=2, steps_per_epoch=4)
 
 
 def test_a_resume_with_more_epochs_says_what_an_epoch_shaped_schedule_becomes():

@@ -145,7 +145,7 @@ def test_one_process_fits_each_seed_here_with_fresh_compile_caches(
     "argv, line",
     [
         (["--set", "nosuchkey=1"], "argument --set: nosuchkey=1: unknown key 'nosuchkey'; --set takes the `trainscale"),
-        (["--set", "epochs=x"], "argument --set: epochs=\"x\": 'epochs' must be int, got 'x'"),
+        (["--set", "epochs=x"], "argument --set: epochs=\"x\": 'epochs' must be float, got 'x'"),
         (["--set", "epochs=2", "--set", "epochs=3"], "--set epochs=3: 'epochs' is given twice with --set; keep one"),
         (["--device", "mps"], "argument --device: --device 'mps' is not supported; use auto, cpu, cuda or cuda:N"),
     ],
@@ -162,7 +162,7 @@ def test_a_bad_set_is_one_line_before_any_seed_runs(argv, line, tmp_path, monkey
 @pytest.mark.parametrize(
     "argv, line",
     [
-        (["--set", "epochs=0"], "--epochs must be a positive integer, got 0"),
+        (["--set", "epochs=0"], "--epochs must be a positive number, got 0"),
         (["--precision", "fp8"], "--precision"),
     ],
 )

@@ -436,7 +436,7 @@ def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> dict
     return {**merged, "batch_size": fits}
 
 
-def fit_schedule(recipe: Mapping[str, Any], length: int | None, epochs: int) -> dict[str, Any]:
+def fit_schedule(recipe: Mapping[str, Any], length: float | None, epochs: float) -> dict[str, Any]:
     """The recipe's step milestones and warm-up scaled to ``epochs`` when the user asks for another length than
     the recipe's (He et al.'s /10 at epochs 83 and 124 of 164 is at 1.0 and 1.5 of 2 epochs): the shape of the
     schedule is the recipe's, its length the user's. A milestone stays 1-based (M: from M - 1 epochs of training

@@ -352,9 +352,9 @@ def run_agents(cfg: TrainConfig, flags: dict[str, Any], plan: LaunchPlan, worker
     if events is not None and plan.out is not None and (plan.out / SUMMARY).exists():
         record_ps_faults(plan.out, logged_faults(cfg))
         done = read_json(plan.out / SUMMARY).get(K.epochs_completed, 0)
-        if done < cfg.optim.epochs:  # every worker died, each one survivable on its own
+        if done < cfg.optim.epoch_count:  # every worker died, each one survivable on its own
             print(
-                f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.optim.epochs} "
+                f"trainscale train: error: every worker died; the run folder holds {done} of {cfg.optim.epoch_count} "
                 "epoch(s); --resume continues from the last one",
                 file=sys.stderr,
             )

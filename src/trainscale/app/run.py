@@ -160,18 +160,19 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     if cfg.run.compile:
         model.compile(mode=torch_mode(cfg.run.compile_mode, graphed=False))
     schedule = create_schedule(cfg)
-    if is_main_process() and never_steps(schedule, cfg.optim.epochs, len(train_batches)):
+    steps = cfg.optim.total_steps(len(train_batches))
+    if is_main_process() and never_steps(schedule, steps, len(train_batches)):
         log.warning(
             "the %s schedule gives every one of this run's %d step(s) a learning rate of 0, so it learns nothing: "
             "give it more steps (more --epochs, a smaller --batch-size) or another --schedule",
             cfg.optim.schedule,
-            cfg.optim.epochs * len(train_batches),
+            steps,
         )
     built = build_optimizer(cfg, model, plan.lr)
     optimizer = mode.wrap_optimizer(built, model)  # PS modes: push/pull
     train_batches, test_batches = mode.wrap_batches(train_batches, test_batches)
     facts = job.cluster  # on an emulated cluster: count the bytes its interfaces send
-    callbacks = with_cluster(mode, len(train_batches), facts)
+    callbacks = with_cluster(mode, functools.partial(cfg.optim.steps_in_epoch, steps=len(train_batches)), facts)
     train_model = mode.wrap_model(model, device)
     trainer = Trainer(
         cfg=cfg,
@@ -222,10 +223,10 @@ def build_trainer(cfg: TrainConfig, device: torch.device, mode: Mode, job: Job) 
     return trainer
 
 
-def recorded_epochs(out: Path) -> int:
+def recorded_epochs(out: Path) -> float:
     """The length the run in ``out`` was started with (its ``config.json``; 0 where none says)."""
     try:
-        return int(read_json(out / "config.json").get("epochs") or 0)
+        return float(read_json(out / "config.json").get("epochs") or 0)
     except (OSError, DataError, ValueError, TypeError, AttributeError):
         return 0
 

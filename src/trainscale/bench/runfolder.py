@@ -18,7 +18,7 @@ from trainscale.bench.expand import HASH_EXCLUDE, RunSpec, defaults
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, dumps
 from trainscale.io import to_toml as io_to_toml
-from trainscale.record import SUMMARY, K
+from trainscale.record import SUMMARY, finished
 from trainscale.results import LAUNCHER_FILES
 
 MARKER, RUN_TOML, LOG, ERROR = LAUNCHER_FILES  # what train accepts in a new run's folder
@@ -46,7 +46,7 @@ def folder_state(folder: Path, spec: RunSpec) -> State:
     _check_marker(folder, spec)
     _check_config(folder, spec)
     summary = _read(folder / SUMMARY)
-    if summary and summary.get(K.epochs_completed) == spec.config["epochs"]:
+    if summary and finished(summary, spec.config["epochs"]):
         return State.DONE
     return State.RESUME if (folder / "checkpoint.pt").exists() else State.TODO
 

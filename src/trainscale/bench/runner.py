@@ -39,7 +39,7 @@ from trainscale.bench.grid import Grid, GridError, check_sets, load_grid, set_te
 from trainscale.bench.runfolder import ERROR, LOG, State, folder_state, write_run_files
 from trainscale.cluster.bench import cluster_for
 from trainscale.io import append_jsonl, atomic_write_text, dumps, open_output, read_json
-from trainscale.record import SUMMARY, K
+from trainscale.record import SUMMARY, finished
 from trainscale.results import LOCK_FILE, in_use_message, lock_holder, lock_run_folder
 from trainscale.stops import stops_held
 
@@ -239,7 +239,7 @@ def _result(
     timeout: float | None,
     offset: int = 0,
 ) -> RunResult:
-    complete = _completed(folder) == spec.config["epochs"]
+    complete = finished(_summary(folder), spec.config["epochs"])
     if not timed_out and code == 0 and complete:
         return RunResult(spec.run_id, spec.name, "ok", seconds, code)
     tail = _tail(folder / LOG, offset)
@@ -255,11 +255,12 @@ def _result(
     return RunResult(spec.run_id, spec.name, "timeout" if timed_out else "failed", seconds, code, error)
 
 
-def _completed(folder: Path) -> int | None:
+def _summary(folder: Path) -> dict[str, Any]:
     try:
-        return json.loads((folder / SUMMARY).read_text()).get(K.epochs_completed)
+        summary = json.loads((folder / SUMMARY).read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _tail(path: Path, offset: int = 0) -> list[str]:

@@ -27,6 +27,7 @@ class OnCluster(WireCounter):
         return [*self.inner.derived_stats(), projected]
 
 
-def with_cluster(callbacks: Callbacks, steps_per_epoch: int, facts: dict[str, Any] | None) -> Callbacks:
-    """``callbacks`` as a run on the emulated cluster ``facts`` describes needs them (None: on no cluster)."""
-    return OnCluster(callbacks, steps_per_epoch, facts) if facts else callbacks
+def with_cluster(callbacks: Callbacks, steps_in_epoch: Callable[[int], int], facts: dict[str, Any] | None) -> Callbacks:
+    """``callbacks`` as a run on the emulated cluster ``facts`` describes needs them (None: on no cluster);
+    ``steps_in_epoch(epoch)``: the steps a worker takes in that epoch."""
+    return OnCluster(callbacks, steps_in_epoch, facts) if facts else callbacks

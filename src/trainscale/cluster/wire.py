@@ -12,6 +12,7 @@ of its own: the host of the replica that writes the run folder).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,14 +31,16 @@ class WireCounter(Forwarding):
     initial parameter broadcast from rank 0: a whole model); once every rank has reached the barrier they
     have all been received, so they are counted in the window they belong to, on both sides."""
 
-    def __init__(self, inner: Callbacks, steps_per_epoch: int, facts: dict[str, Any]) -> None:
+    def __init__(self, inner: Callbacks, steps_in_epoch: Callable[[int], int], facts: dict[str, Any]) -> None:
         super().__init__(inner)
-        self.steps, self.facts = max(1, steps_per_epoch), facts
+        self.steps_in_epoch, self.facts = steps_in_epoch, facts
+        self.steps = 1
         self.start = (0, 0)
         self.epochs: list[tuple[float, float]] = []
 
     def before_train_epoch(self, epoch: int) -> None:
         self.inner.before_train_epoch(epoch)
+        self.steps = max(1, self.steps_in_epoch(epoch))
         barrier()
         self.start = interface_counters(self.facts["interface"])
 

@@ -40,7 +40,7 @@ def ddp_kwargs(plan: CompressionSpec, model: nn.Module) -> dict[str, Any]:
     return ddp_kwargs_for(plan.granularity, model) if plan.enabled else {}
 
 
-def validate_compression(cfg: CompressionConfig, seed: int, epochs: int) -> CompressionSpec:
+def validate_compression(cfg: CompressionConfig, seed: int, epochs: float) -> CompressionSpec:
     """The method exists and takes the given parameters with valid values; the warm-up fits the run."""
     plan = plan_from_config(cfg, seed)
     plan.warn_if_unwise()

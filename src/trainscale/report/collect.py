@@ -17,7 +17,7 @@ from typing import Any
 
 from trainscale.errors import ConfigError, DataError
 from trainscale.io import read_json, read_jsonl
-from trainscale.record import RUN_TOML, SUMMARY, K
+from trainscale.record import RUN_TOML, SUMMARY, K, finished
 from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
@@ -103,9 +103,7 @@ def plain_record(folder: Path, warnings: list[str] | None = None) -> RunRecord:
     """A run folder made by `trainscale train` directly: ok only when its summary covers every epoch."""
     record = read_run(RunRecord(folder, "ok"), warnings)
     summary = record.summary
-    if record.ok and (
-        summary.get(K.epochs_completed) is None or summary.get(K.epochs_completed) != summary.get(K.epochs)
-    ):
+    if record.ok and not finished(summary):
         record.status = "incomplete"
         record.error = f"{summary.get(K.epochs_completed)} of {summary.get(K.epochs)} epochs finished"
     return record

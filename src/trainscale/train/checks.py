@@ -21,7 +21,6 @@ from trainscale.train.step import refusal, step_blockers
 
 def validate_engine(cfg: CoreConfig) -> None:
     """Ranges and names of the engine's settings."""
-    require(cfg.optim.epochs > 0, f"--epochs must be a positive integer, got {cfg.optim.epochs}")
     require(cfg.optim.batch_size > 0, f"--batch-size must be a positive integer, got {cfg.optim.batch_size}")
     require(
         cfg.optim.batch_per_worker is None or cfg.optim.batch_per_worker > 0,

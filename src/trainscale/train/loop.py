@@ -11,6 +11,7 @@ progress bar), then summed over ranks, so the same code serves one process and m
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import time
@@ -295,14 +296,18 @@ def train_one_epoch(
     step_fn: StepFn | None = None,
     step_log: StepLog | None = None,
     options: StepOptions = StepOptions(),
+    max_steps: int | None = None,
 ) -> PassStats:
     """Train over this rank's shard of epoch ``epoch``; ``seconds`` covers the whole pass, device-synced.
+    ``max_steps``: stop after that many steps (the last epoch of a fractional ``--epochs``); the learning rate
+    still follows the whole epoch's clock, so the schedule ends where the run does.
     ``nonfinite``: what a NaN/inf step does, ``stop`` training or be ``skip``ped (see ``NonFiniteSkipper``).
     ``step_fn``: a compiled step (``train.step``) in place of the eager one (``--nonfinite stop`` only).
     ``step_log``: live metrics every few steps (``steplog``); the progress bar shows only on a terminal."""
     model.train()
     acc = Accumulator(precision.device)
-    steps = len(batches)
+    full = len(batches)
+    steps = full if max_steps is None else min(full, max_steps)
     guard: NonFiniteGuard | NonFiniteSkipper = (
         NonFiniteGuard(precision.device, epoch, lr_at, steps)
         if nonfinite == "stop"
@@ -322,8 +327,9 @@ def train_one_epoch(
     run = EpochStep(model, optimizer, scaler, precision, lr_at, label_smoothing, guard, acc, step_fn, options)
     if step_log is not None:
         step_log.start_epoch(epoch, steps, acc, start)
-    for step, (images, labels) in enumerate(batches.epoch(epoch)):
-        loss = run(step, epoch + getattr(batches, "progress", step / steps), images, labels)
+    source = batches.epoch(epoch)
+    for step, (images, labels) in enumerate(source if steps == full else itertools.islice(source, steps)):
+        loss = run(step, epoch + getattr(batches, "progress", step / full), images, labels)
         if step == 0:
             first_loss = loss.detach().clone()
         guard.between_steps(step)

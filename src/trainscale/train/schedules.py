@@ -25,10 +25,9 @@ def create_schedule(cfg: CoreConfig) -> Schedule:
     return lambda t: shape(t) * min(1.0, t / warmup)
 
 
-def never_steps(schedule: Schedule, epochs: int, steps_per_epoch: int) -> bool:
-    """Whether ``schedule`` gives every step of the run a learning rate of 0 (one-cycle over a single step
-    does): such a run trains nothing. At most ~100,000 steps are looked at, spread over the run."""
-    total = epochs * steps_per_epoch
+def never_steps(schedule: Schedule, total: int, steps_per_epoch: int) -> bool:
+    """Whether ``schedule`` gives every one of the run's ``total`` steps a learning rate of 0 (one-cycle over a
+    single step does): such a run trains nothing. At most ~100,000 steps are looked at, spread over the run."""
     stride = max(1, total // 100_000)
     return all(schedule(i / steps_per_epoch) == 0 for i in range(0, total, stride))
 
@@ -75,7 +74,7 @@ def cosine(cfg: CoreConfig) -> Schedule:
     return lambda t: 0.5 * (1 + math.cos(math.pi * min(t, cfg.optim.epochs) / cfg.optim.epochs))
 
 
-def length_change(cfg: CoreConfig, recorded_epochs: int, at_epoch: int, lr: float) -> str | None:
+def length_change(cfg: CoreConfig, recorded_epochs: float, at_epoch: int, lr: float) -> str | None:
     """What a resume with more ``--epochs`` than the run was started with does to its learning rate, in one line
     (None: nothing). An epoch-shaped schedule (one-cycle, cosine, a warm-up that is a share of the run) is
     computed for the new length, so where the run goes on its rate is not the one its own schedule had there
@@ -84,12 +83,12 @@ def length_change(cfg: CoreConfig, recorded_epochs: int, at_epoch: int, lr: floa
     if recorded_epochs <= 0 or recorded_epochs == cfg.optim.epochs:
         return None
     before, after = create_schedule(cfg.replace(epochs=recorded_epochs)), create_schedule(cfg)
-    points = [float(e) for e in range(at_epoch, min(recorded_epochs, cfg.optim.epochs) + 1)]
+    points = [float(e) for e in range(at_epoch, math.ceil(min(recorded_epochs, cfg.optim.epochs)) + 1)]
     if all(math.isclose(before(t), after(t), rel_tol=1e-9, abs_tol=1e-12) for t in points):
         return None
     t = float(at_epoch)
     return (
-        f"--epochs {cfg.optim.epochs} over the run's {recorded_epochs}: its {cfg.optim.schedule} schedule is now "
-        f"computed for {cfg.optim.epochs} epochs, so epoch {at_epoch + 1} starts at lr {lr * after(t):.4g} where "
+        f"--epochs {cfg.optim.epochs:g} over the run's {recorded_epochs:g}: its {cfg.optim.schedule} schedule is "
+        f"now computed for {cfg.optim.epochs:g} epochs, so epoch {at_epoch + 1} starts at lr {lr * after(t):.4g} where "
         f"the run's own schedule had {lr * before(t):.4g}"
     )

@@ -392,9 +392,13 @@ def check_resume_matches(recorded: dict[str, Any], cfg: CoreConfig) -> None:
             f"--resume: the run in {cfg.run.out} was started with other settings: {'; '.join(differ)}; "
             "resume with its settings or start a new run with another --out"
         )
-    if now["epochs"] < recorded.get("epochs", 0):
+    was = recorded.get("epochs", 0)
+    if now["epochs"] < was:
+        raise ConfigError(f"--resume: --epochs {now['epochs']:g} is fewer than the run's {was:g}; epochs may only grow")
+    if now["epochs"] != was and not float(was).is_integer():
         raise ConfigError(
-            f"--resume: --epochs {now['epochs']} is fewer than the run's {recorded['epochs']}; epochs may only grow"
+            f"--resume: --epochs {now['epochs']:g} over the run's {was:g}, whose last epoch trains in part: resume it "
+            f"with --epochs {was:g}, or start a new run with another --out"
         )
 
 

@@ -186,7 +186,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self.callbacks.before_fit(self.heal_state, self.heal_from)
-        if is_main_process() and self.state.next_epoch < self.cfg.optim.epochs:
+        if is_main_process() and self.state.next_epoch < self.cfg.optim.epoch_count:
             log.info("%s", self.start_line())
         choice = choose_step(
             self.cfg.run.train_step,
@@ -205,7 +205,7 @@ class Trainer:
         if isinstance(self.step_fn, CapturedStep):
             self.step_fn.seal()
         with heap_frozen():
-            for epoch in range(self.state.next_epoch, self.cfg.optim.epochs):
+            for epoch in range(self.state.next_epoch, self.cfg.optim.epoch_count):
                 row = self.run_epoch(epoch)
                 self._record(row)
                 barrier()
@@ -413,6 +413,7 @@ class Trainer:
                 self.step_fn,
                 self.step_log,
                 self.step_options,
+                self.cfg.optim.steps_in_epoch(epoch, len(self.train_batches)),
             )
         if train.skipped_steps and is_main_process():
             log.warning(
@@ -423,7 +424,7 @@ class Trainer:
         self.callbacks.after_train_epoch(self.model)
         self.trained_steps = train.steps
         train.samples = self.callbacks.epoch_samples(train.samples)
-        last = epoch + 1 == self.cfg.optim.epochs
+        last = epoch + 1 == self.cfg.optim.epoch_count
         translate = self.cfg.optim.tta_translate if last else 0
         select = self.cfg.optim.tta_select if last else 1.0
         test = (
@@ -446,10 +447,12 @@ class Trainer:
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
         if averaged:
             tested += f" (EMA: {averaged.acc:.4f})"
+        part = "" if train.steps == len(self.train_batches) else f" ({train.steps} of {len(self.train_batches)} steps)"
         log.info(
-            "epoch %d/%d: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s",
+            "epoch %d/%d%s: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s",
             epoch + 1,
-            self.cfg.optim.epochs,
+            self.cfg.optim.epoch_count,
+            part,
             train.loss,
             train.acc,
             tested,
@@ -469,7 +472,7 @@ class Trainer:
     def evaluates(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every ``eval_every``-th and the last."""
         every = self.cfg.run.eval_every
-        return epoch + 1 == self.cfg.optim.epochs or (every > 0 and (epoch + 1) % every == 0)
+        return epoch + 1 == self.cfg.optim.epoch_count or (every > 0 and (epoch + 1) % every == 0)
 
     def freeze_finished(self, epoch: int) -> None:
         """A parameter whose training has ended (``model.train_until``; its lr is zero from then on) stops taking
@@ -538,7 +541,8 @@ class Trainer:
 
     def _reference_scope(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Only for a run that has finished all its epochs (the reference times a whole run)."""
-        if not rows or self.state.next_epoch < self.cfg.optim.epochs or rows[-1][K.epoch] != self.cfg.optim.epochs:
+        count = self.cfg.optim.epoch_count
+        if not rows or self.state.next_epoch < count or rows[-1][K.epoch] != count:
             return None
         if not self.cfg.optim.recipe or get_recipe(self.cfg.optim.recipe).reference is None:
             return None  # the reference's scope means something only for a run of the reference's recipe
@@ -577,11 +581,17 @@ class Trainer:
             },
         }
 
+    def _whole_epochs(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of whole epochs: the last epoch of a fractional ``--epochs`` trains part of its steps, so its
+        seconds are no epoch's (its step time is a step's like any other)."""
+        optim = self.cfg.optim
+        return rows if optim.epoch_count == optim.epochs else [r for r in rows if r[K.epoch] != optim.epoch_count]
+
     def _average_results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         return _average_results_of(rows) if self.ema is not None else {}
 
     def _results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        seconds = [r[K.epoch_seconds] for r in rows]
+        seconds = [r[K.epoch_seconds] for r in self._whole_epochs(rows)]
         samples = sum(r[K.train_samples] for r in rows)
         return {
             K.epochs_completed: self.state.next_epoch,

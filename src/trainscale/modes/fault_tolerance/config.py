@@ -52,7 +52,7 @@ class ReplicationConfig(Section):
     def check_steps(cls, cfg: Any, steps_per_epoch: int) -> None:
         """Each injected fault within the job's committed steps (every replica takes ``steps_per_epoch`` an epoch)."""
         if cfg.replication.fault_tolerance:
-            check_fault_steps(cfg.faults, cfg.optim.epochs * steps_per_epoch, "committed steps")
+            check_fault_steps(cfg.faults, cfg.optim.total_steps(steps_per_epoch), "committed steps")
 
 
 FT_MODES = ("sync", "localsgd", "diloco")
@@ -66,6 +66,11 @@ def validate_fault_tolerance(cfg: Any) -> None:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
     if cfg.run.mode not in FT_MODES:
         raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.run.mode}")
+    if cfg.optim.epoch_count != cfg.optim.epochs:
+        raise ConfigError(
+            f"--fault-tolerance trains whole epochs (its replicas walk each epoch to its end), not --epochs "
+            f"{cfg.optim.epochs:g}: give a whole number"
+        )
     ft.require_torchft()
     if cfg.run.precision == "fp16":
         raise ConfigError(

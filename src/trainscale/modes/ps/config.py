@@ -77,7 +77,7 @@ class PSConfig(Section):
             f"ends with an average; give --average-every 1..{steps_per_epoch}, or more data per worker",
         )
         workers = job_processes(cfg.launch) or 1
-        check_fault_steps(cfg.faults, cfg.optim.epochs * steps_per_epoch * workers, "steps (pushes) in all")
+        check_fault_steps(cfg.faults, cfg.optim.total_steps(steps_per_epoch) * workers, "steps (pushes) in all")
 
 
 def parse_async_momentum(text: str) -> float | None:
@@ -117,6 +117,11 @@ def validate_ps(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig, compression:
     """Parameter-server settings of a run whose mode is one of ``PS_MODES``, against the rest of ``cfg`` (their
     ranges: ``PSConfig.validate``)."""
     mode = cfg.run.mode
+    _require(
+        cfg.optim.epoch_count == cfg.optim.epochs,
+        f"--mode {mode} trains whole epochs (a worker's shard and the batches it takes over run to the epoch's end), "
+        f"not --epochs {cfg.optim.epochs:g}: give a whole number",
+    )
     _require(ps.servers >= 1, f"--mode {mode} needs --servers S >= 1 (parameter-server shards per node)")
     _require(ps.staleness is None or mode == "async", "--staleness bounds ASGD; use it with --mode async")
     _require(ps.average_every is None or mode == "ma", "--average-every is the period of --mode ma")
