@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import shlex
 import statistics
@@ -227,7 +228,7 @@ def _show_epoch(bar: tqdm | None, spec: RunSpec, folder: Path) -> None:
         done = sum(1 for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip())
     except OSError:
         done = 0
-    bar.set_postfix_str(f"{spec.name} epoch {done}/{spec.config['epochs']}")
+    bar.set_postfix_str(f"{spec.name} epoch {done}/{math.ceil(spec.config['epochs'])}")  # 2.5: the third in part
 
 
 def _result(
