@@ -5,20 +5,11 @@ import json
 
 import pytest
 
+from tests.unit.small import SMALL_RUN
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 
-SMALL = dict(
-    model="mlp",
-    dataset="synthetic",
-    train_subset=256,
-    test_subset=64,
-    batch_size=64,
-    epochs=3,
-    progress=False,
-    threads=1,
-    checkpoint=False,
-)
+SMALL = {**SMALL_RUN, "epochs": 3, "checkpoint": False}
 
 
 @pytest.mark.parametrize("every, evaluated", [(1, [1, 2, 3]), (2, [2, 3]), (0, [3])])

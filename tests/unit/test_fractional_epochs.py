@@ -5,6 +5,7 @@ so in one line."""
 
 import pytest
 
+from tests.unit.small import SMALL_RUN
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 from trainscale.errors import ConfigError
@@ -14,16 +15,7 @@ from trainscale.report.collect import plain_record
 from trainscale.train.schedules import create_schedule
 from trainscale.train.setup import check_resume_matches
 
-SMALL = dict(
-    model="mlp",
-    dataset="synthetic",
-    train_subset=256,
-    test_subset=64,
-    batch_size=64,
-    progress=False,
-    threads=1,
-    checkpoint=False,
-)
+SMALL = {**SMALL_RUN, "checkpoint": False}
 
 
 @pytest.mark.parametrize(

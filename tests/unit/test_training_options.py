@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.unit.small import SMALL_RUN
 from trainscale.app.config import build_config
 from trainscale.app.run import run_training
 from trainscale.errors import ConfigError
@@ -18,16 +19,7 @@ from trainscale.train.precision import Precision
 from trainscale.train.schedules import create_schedule, warmup_epochs
 
 CPU = Precision("fp32", torch.device("cpu"))
-SMALL = dict(
-    model="mlp",
-    dataset="synthetic",
-    train_subset=256,
-    test_subset=64,
-    batch_size=64,
-    epochs=1,
-    progress=False,
-    threads=1,
-)
+SMALL = {**SMALL_RUN, "epochs": 1}
 
 
 def bn_free() -> nn.Module:
