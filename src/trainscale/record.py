@@ -339,10 +339,6 @@ EPOCH_FIELDS = (
 )
 
 
-# --- figures derived from summaries (the trainer's scaling_efficiency, the report's throughput columns).
-# Scaling efficiency: ``(throughput_N / N) / (throughput_B / B)``: 1.0 means perfect linear scaling; with a
-# 1-worker baseline (B = 1) this is throughput_N / (N x throughput_1). Throughput is training images per second
-# over all workers, steady-state (epochs after the first, which carries warm-up) when the run has several.
 def finished(summary: Mapping[str, Any], epochs: Any = None) -> bool:
     """Whether the run's ``epochs_completed`` covers every epoch it was asked for (``epochs``, else its own
     ``epochs``): a fractional length's last epoch counts as one, trained in part."""
@@ -352,6 +348,10 @@ def finished(summary: Mapping[str, Any], epochs: Any = None) -> bool:
     return summary.get(K.epochs_completed) == math.ceil(asked)
 
 
+# --- figures derived from summaries (the trainer's scaling_efficiency, the report's throughput columns).
+# Scaling efficiency: ``(throughput_N / N) / (throughput_B / B)``: 1.0 means perfect linear scaling; with a
+# 1-worker baseline (B = 1) this is throughput_N / (N x throughput_1). Throughput is training images per second
+# over all workers, steady-state (epochs after the first, which carries warm-up) when the run has several.
 def throughput(summary: dict[str, Any]) -> float:
     """Training images/s of a run summary (steady state when available)."""
     steady = summary.get(K.steady_epoch_seconds)
