@@ -226,14 +226,15 @@ def cell_row(name: str, cell: tuple[str, int, str | None], rounds: list[dict]) -
     """A cell's figures over the rounds: images/s of each side (each round's, mean, spread), the median of the
     rounds' ratios, the bytes per step (the same every round)."""
     ours, bare = ([r[k] for r in rounds] for k in ("images_per_sec", "bare_images_per_sec"))
+    ratios = [a / b for a, b in zip(ours, bare)]
     return {
         "cell": name,
         "label": cell[0],
         "workers": cell[1],
         "images_per_sec": spread(ours),
         "bare_images_per_sec": spread(bare),
-        "ratio": statistics.median(a / b for a, b in zip(ours, bare)),
-        "ratios": [a / b for a, b in zip(ours, bare)],
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
         "bytes_per_step": rounds[-1]["bytes_per_step"],
         "bare_bytes_per_step": rounds[-1]["bare_bytes_per_step"],
         "test_acc": [r["test_acc"] for r in rounds],

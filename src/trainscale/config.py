@@ -313,6 +313,11 @@ class OptimConfig(Section):
         """The epochs the run walks, the last of them in part where ``epochs`` has a fraction."""
         return math.ceil(self.epochs)
 
+    @property
+    def partial_last_epoch(self) -> bool:
+        """Whether ``epochs`` has a fraction, so that the last epoch trains only part of its steps."""
+        return self.epoch_count != self.epochs
+
     def steps_in_epoch(self, epoch: int, steps: int) -> int:
         """How many of an epoch's ``steps`` epoch ``epoch`` (0-based) trains: all, but in the last epoch of a
         fractional ``epochs``, those that bring the run to ``epochs`` x ``steps`` steps (rounded up, so at least

@@ -447,7 +447,8 @@ class Trainer:
         tested = f"test loss {test.loss:.4f} acc {test.acc:.4f}" if test else "not evaluated (--eval-every)"
         if averaged:
             tested += f" (EMA: {averaged.acc:.4f})"
-        part = "" if train.steps == len(self.train_batches) else f" ({train.steps} of {len(self.train_batches)} steps)"
+        full = len(self.train_batches)
+        part = "" if train.steps == full else f" ({train.steps} of {full} steps)"
         log.info(
             "epoch %d/%d%s: train loss %.4f acc %.4f | %s | %.1fs, %.0f img/s",
             epoch + 1,
@@ -585,7 +586,7 @@ class Trainer:
         """The rows of whole epochs: the last epoch of a fractional ``--epochs`` trains part of its steps, so its
         seconds are no epoch's (its step time is a step's like any other)."""
         optim = self.cfg.optim
-        return rows if optim.epoch_count == optim.epochs else [r for r in rows if r[K.epoch] != optim.epoch_count]
+        return [r for r in rows if r[K.epoch] != optim.epoch_count] if optim.partial_last_epoch else rows
 
     def _average_results(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         return _average_results_of(rows) if self.ema is not None else {}

@@ -66,7 +66,7 @@ def validate_fault_tolerance(cfg: Any) -> None:
         raise ConfigError("--inject-fault needs --fault-tolerance (a plain sync job stops at the first dead worker)")
     if cfg.run.mode not in FT_MODES:
         raise ConfigError(f"--fault-tolerance works with --mode {', '.join(FT_MODES)}, not {cfg.run.mode}")
-    if cfg.optim.epoch_count != cfg.optim.epochs:
+    if cfg.optim.partial_last_epoch:
         raise ConfigError(
             f"--fault-tolerance trains whole epochs (its replicas walk each epoch to its end), not --epochs "
             f"{cfg.optim.epochs:g}: give a whole number"

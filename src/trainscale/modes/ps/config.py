@@ -118,7 +118,7 @@ def validate_ps(cfg: CoreConfig, ps: PSConfig, faults: FaultConfig, compression:
     ranges: ``PSConfig.validate``)."""
     mode = cfg.run.mode
     _require(
-        cfg.optim.epoch_count == cfg.optim.epochs,
+        not cfg.optim.partial_last_epoch,
         f"--mode {mode} trains whole epochs (a worker's shard and the batches it takes over run to the epoch's end), "
         f"not --epochs {cfg.optim.epochs:g}: give a whole number",
     )
