@@ -106,7 +106,8 @@ class K:
         "eval_forward",
         str,
         "",
-        "how evaluation ran the model: compiled (on a GPU, beside a compiled training step) or eager",
+        "how evaluation ran the model: captured (CUDA graphs, beside the captured training step), compiled (on a "
+        "GPU, beside a compiled training step) or eager",
     )
 
     # --- what the mode says about itself (Mode.describe)

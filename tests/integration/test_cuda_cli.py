@@ -67,6 +67,17 @@ def test_compiled_bf16_on_cuda_is_the_default_device(tmp_path):
     assert summary_of(out)["environment"]["device"] == "cuda:0"  # auto picks CUDA when present
 
 
+def test_the_record_recipe_trains_and_evaluates_in_captured_graphs(tmp_path):
+    """``--train-step auto`` on one GPU: the captured step, and the evaluation's forwards captured beside it
+    (selective test-time views included), both recorded in summary.json."""
+    out = tmp_path / "run"
+    proc = run_cli("train", "--recipe", "speedrun94", *SYN, "--epochs", "2", "--out", out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = summary_of(out)
+    assert (summary["train_step"], summary["eval_forward"]) == ("captured", "captured"), summary["train_step_reason"]
+    assert summary["final_test_acc"] is not None and summary["warmup_seconds"] > 0
+
+
 def test_nccl_sync_with_sync_bn_and_compressed_gradients(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(

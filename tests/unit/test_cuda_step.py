@@ -16,7 +16,7 @@ from trainscale.data import AugmentConfig, DeviceBatches, synthetic_dataset
 from trainscale.train import loop
 from trainscale.train.loop import EpochStep, NonFiniteGuard, predict, predict_selective, train_one_epoch
 from trainscale.train.precision import Precision
-from trainscale.train.step import CapturedStep, compiled_eval, make_step
+from trainscale.train.step import CapturedForward, CapturedStep, compiled_eval, make_step
 
 pytestmark = pytest.mark.gpu
 
@@ -172,6 +172,39 @@ def test_the_compiled_evaluation_predicts_as_the_eager_one_and_compiles_nothing_
         for n in (96, 40):
             torch.testing.assert_close(all_views(compiled, x[:n]), all_views(model, x[:n]), rtol=1e-3, atol=1e-3)
     assert counters["stats"]["unique_graphs"] == warmed
+
+
+def test_the_captured_evaluation_predicts_as_the_eager_one_with_one_replay_a_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CapturedForward`` (what a run beside the captured step evaluates with) gives the eager logits of every
+    view and the selective ones, reads weights changed in place after its capture, captures nothing more once
+    each shape has been met, and a forward is one graph replay: no kernel launched on its own, no wait for the
+    device, no copy from the host."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch._dynamo.reset()
+    model, _ = setup("sgd")
+    model = model.to(CUDA).eval()
+    captured = CapturedForward(compiled_eval(model)).eval()
+    x = torch.randn(96, 3, 32, 32, device=CUDA).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for n in (96, 40):
+            all_views(captured, x[:n])
+        graphs = len(captured.graphs)
+        for p in model.parameters():
+            p.mul_(1.05)
+        for n in (96, 40):
+            torch.testing.assert_close(all_views(captured, x[:n]), all_views(model, x[:n]), rtol=1e-3, atol=1e-3)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            captured(x)
+    assert len(captured.graphs) == graphs
+    names = [e.name for e in prof.events()]
+    assert names.count("cudaGraphLaunch") == 1
+    assert not [n for n in names if n in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")][2:]
+    assert not WAITS & set(names)
+    assert not [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.name.startswith("Memcpy HtoD")]
 
 
 def all_views(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

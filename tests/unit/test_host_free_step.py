@@ -34,6 +34,7 @@ from trainscale.train.optimizers import build_optimizer
 from trainscale.train.precision import Precision
 from trainscale.train.step import (
     CAPTURE_WARM_STEPS,
+    CapturedForward,
     CapturedStep,
     StepChoice,
     StepNotCaptured,
@@ -637,17 +638,61 @@ def test_a_compiled_evaluation_predicts_as_the_eager_one_and_the_warm_up_compile
     assert counters["stats"]["unique_graphs"] == warmed
 
 
+def test_a_captured_evaluation_predicts_as_the_eager_one_with_a_graph_per_shape() -> None:
+    """``CapturedForward`` (captured by ``replaying`` on a CPU, which keeps a CUDA graph's contract: one output
+    tensor per graph, rewritten at each replay) gives the eager accuracy and loss with every view and selective
+    ones, reads the weights where they are at each replay, keeps one graph per shape and layout the evaluation
+    meets, and hands out logits that the next call of the same shape does not overwrite."""
+    model, _ = setup("sgd")
+    data = synthetic_dataset(100, 32, seed=3)
+    test = DeviceBatches(data, 32, train=False, augment=None, device=CPU, channels_last=True)
+    captured = CapturedForward(compiled_eval(model, backend="aot_eager"), capture=replaying)
+    prec = Precision("fp32", CPU)
+    evaluate(captured, test, prec, True, 1, 0.25)
+    shapes = {key[:2] for key in captured.graphs}
+    assert len(shapes) == len(captured.graphs) == 4  # the batch of 32, the last of 4, their selected views
+    for p in model.parameters():
+        p.data.mul_(1.1)
+    for flip, translate, select in ((True, 1, 0.25), (True, 0, 1.0)):
+        eager = evaluate(model, test, prec, flip, translate, select)
+        got = evaluate(captured, test, prec, flip, translate, select)
+        assert got.acc == eager.acc
+        assert got.loss == pytest.approx(eager.loss, rel=1e-5)
+    assert len(captured.graphs) == 4
+    x = next(iter(test.epoch(0)))[0]
+    with torch.no_grad():
+        plain, mirrored = captured(x), captured(x.flip(3))
+        torch.testing.assert_close(plain, model(x))
+        torch.testing.assert_close(mirrored, model(x.flip(3)))
+
+
+def test_a_captured_evaluation_captures_nothing_with_gradients_or_in_train_mode() -> None:
+    """Only an evaluation's forward (no gradients, eval mode) is captured: a replayed graph keeps no autograd
+    history and runs BatchNorm with the statistics it was captured with."""
+    model, _ = setup("sgd")
+    captured = CapturedForward(compiled_eval(model, backend="aot_eager"), capture=replaying)
+    x = torch.randn(8, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    captured.eval()
+    assert captured(x).requires_grad
+    captured.train()
+    with torch.no_grad():
+        captured(x)
+    assert not captured.graphs
+
+
 def test_the_evaluation_is_compiled_beside_a_compiled_step_on_a_gpu_only(tmp_path: Any) -> None:
-    """``_eval_forward``: the model compiled for evaluation on a GPU beside a compiled, graphed or captured step;
-    the module itself beside the eager step, on a CPU, where ``--compile`` compiled it already and under a
-    wrapper (DDP), where no warm-up runs."""
+    """``_eval_forward``: the model compiled for evaluation on a GPU beside a compiled, graphed or captured step,
+    and captured in CUDA graphs beside the captured step; the module itself beside the eager step, on a CPU,
+    where ``--compile`` compiled it already and under a wrapper (DDP), where no warm-up runs."""
     trainer = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job())
     assert trainer._eval_forward("captured") is trainer.model
     trainer.precision = Precision("fp32", torch.device("cuda"))
     assert trainer._eval_forward("eager") is trainer.model
     for kind in ("compiled", "graphed", "captured"):
-        compiled = trainer._eval_forward(kind)
-        assert compiled is not trainer.model and getattr(compiled, "_orig_mod", None) is trainer.model
+        forward = trainer._eval_forward(kind)
+        assert isinstance(forward, CapturedForward) == (kind == "captured")
+        compiled = forward.compiled if isinstance(forward, CapturedForward) else forward
+        assert getattr(compiled, "_orig_mod", None) is trainer.model
     trainer.cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "compile": True})
     assert trainer._eval_forward("captured") is trainer.model
     trainer.cfg, trainer.train_model = (
@@ -673,21 +718,37 @@ def test_the_evaluation_compiles_in_the_default_mode_beside_a_max_autotuned_step
     assert trainer._eval_forward("captured") is not trainer.model and modes == [None]
 
 
-def test_a_run_beside_a_compiled_step_evaluates_with_the_compiled_forward(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+def eval_forwards(kind: str) -> Any:
+    """A ``Trainer._eval_forward`` that gives what a GPU run evaluates with, on a CPU: ``compiled_eval``'s module
+    (``aot_eager``), captured by ``replaying`` for ``captured``; the model itself for ``eager``."""
+
+    def forward(self: trainer_module.Trainer, step_kind: str) -> torch.nn.Module:
+        if kind == "eager" or step_kind == "eager":
+            return self.model
+        compiled = compiled_eval(self.model, backend="aot_eager")
+        return CapturedForward(compiled, capture=replaying) if kind == "captured" else compiled
+
+    return forward
+
+
+@pytest.mark.parametrize("kind", ["compiled", "captured"])
+def test_a_run_beside_a_compiled_step_evaluates_as_an_eager_evaluation_does(
+    kind: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole run (warm-up, every evaluation) with ``compiled_eval``'s module, as on a GPU (``aot_eager`` here),
-    of a model that is no ``nn.Sequential``: a compiled module is never tested for truth (its ``len()`` raises)."""
-
-    def forward(self: trainer_module.Trainer, kind: str) -> torch.nn.Module:
-        return self.model if kind == "eager" else compiled_eval(self.model, backend="aot_eager")
-
-    monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", forward)
-    with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
-        cfg = build_config(SMALL_RUN, {"out": str(tmp_path), "model": "resnet20", "epochs": 1})
-        summary = build_trainer(cfg, CPU, LocalMode(), Job()).fit()
-    assert summary["eval_forward"] == "compiled" and summary["train_step"] == "compiled"
-    assert summary["final_test_acc"] is not None
+    and with it captured (``replaying`` here), of a model that is no ``nn.Sequential`` (a compiled module is never
+    tested for truth: its ``len()`` raises): every epoch's test figures are those of an eager evaluation."""
+    histories, summaries = [], []
+    for forward in (kind, "eager"):
+        monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", eval_forwards(forward))
+        out = tmp_path / forward
+        with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
+            cfg = build_config(SMALL_RUN, {"out": str(out), "model": "resnet20", "tta": True})
+            summaries.append(build_trainer(cfg, CPU, LocalMode(), Job()).fit())
+        histories.append([(r["test_acc"], r["test_loss"]) for r in read_history(out)])
+    assert summaries[0]["eval_forward"] == kind and summaries[0]["train_step"] == "compiled"
+    assert [acc for acc, _ in histories[0]] == [acc for acc, _ in histories[1]]
+    assert [loss for _, loss in histories[0]] == pytest.approx([loss for _, loss in histories[1]], rel=1e-5)
 
 
 class Broken(torch.nn.Module):
@@ -697,14 +758,31 @@ class Broken(torch.nn.Module):
         raise RuntimeError("cannot compile this graph")
 
 
-def test_a_compiled_evaluation_that_fails_in_the_warm_up_leaves_the_step_and_evaluates_eagerly(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+def refusing_capture(run: Any) -> Any:
+    raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+
+@pytest.mark.parametrize(
+    ("forward", "falls_back_to", "said"),
+    [
+        (lambda model: Broken(), "eager", "the compiled evaluation failed in the warm-up (RuntimeError: cannot "
+         "compile this graph); evaluating eagerly"),
+        (lambda model: CapturedForward(compiled_eval(model, backend="aot_eager"), capture=refusing_capture),
+         "compiled", "the captured evaluation failed in the warm-up (RuntimeError: CUDA error: operation not "
+         "permitted when stream is capturing); evaluating with the compiled forward"),
+    ],
+)  # fmt: skip
+def test_an_evaluation_that_fails_in_the_warm_up_leaves_the_step_and_evaluates_with_the_next_forward(
+    forward: Any, falls_back_to: str, said: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
-    monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", lambda self, kind: Broken())
+    """A captured evaluation that cannot be captured evaluates with the compiled forward, a compiled one that
+    cannot compile eagerly; the training step stays, and the log says why."""
+    monkeypatch.setattr(trainer_module.Trainer, "_eval_forward", lambda self, kind: forward(self.model))
     with step_chosen(StepChoice("compiled", "asked for"), aot_eager_step):
         summary = build_trainer(build_config(SMALL_RUN, {"out": str(tmp_path)}), CPU, LocalMode(), Job()).fit()
-    assert summary["eval_forward"] == "eager" and summary["train_step"] == "compiled"
+    assert summary["eval_forward"] == falls_back_to and summary["train_step"] == "compiled"
     assert summary["final_test_acc"] is not None
+    assert said in caplog.text
 
 
 def test_auto_compiles_only_the_models_of_trainscale() -> None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from functools import partial
+from typing import Protocol, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -180,6 +181,50 @@ def compiled_eval(model: nn.Module, backend: str = "inductor") -> nn.Module:
     return cast(nn.Module, compiled)
 
 
+class CapturedForward(nn.Module):
+    """The evaluation's forward (``compiled_eval``'s module) captured as a CUDA graph for each input shape, layout
+    and dtype it meets under ``torch.no_grad`` in eval mode, and replayed with one launch where the compiled
+    forward launches each of its kernels from Python: the launches, not the kernels, bound a small network's
+    evaluation (speedrun94's final one took 39-84 ms on an H200, three times what its forwards' kernels take at
+    the training step's rate). Beside the captured
+    training step (``_eval_forward``), whose warm-up meets every shape an evaluation takes; a shape met later is
+    captured then (an evaluation changes no state, so capturing on the run's data is only slower), and a call
+    with gradients or in train mode runs the compiled forward as it is.
+
+    The logits are copied out of the graph's output at each call, so that a caller may keep them past the next
+    (``predict`` averages a view with its mirror, which has the same shape); that copy lets every graph share one
+    memory pool. The graphs read the parameters and BatchNorm statistics where they are, so the weights must be
+    updated in place (the optimizer, ``load_state_dict`` and the whitening fit do). ``capture``: as
+    ``cuda_graph_capture`` (tests give one that runs on a CPU)."""
+
+    def __init__(self, forward: nn.Module, capture: Capture | None = None) -> None:
+        super().__init__()
+        self.compiled, self.capture = forward, capture
+        self.graphs: dict[tuple[object, ...], tuple[torch.Tensor, Callable[[], None], torch.Tensor]] = {}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or self.training:
+            return cast(torch.Tensor, self.compiled(images))
+        device = images.device.type
+        autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        key = (images.shape, images.stride(), images.dtype, autocast)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = self._capture(images)
+        static, replay, output = entry
+        static.copy_(images)
+        replay()
+        return output.clone()
+
+    def _capture(self, images: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None], torch.Tensor]:
+        if self.capture is None:  # one pool for all: each graph's output is copied out before the next replays
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            self.capture = partial(cuda_graph_capture, pool=pool, stream=stream)
+        static = images.clone()
+        replay, (output,) = self.capture(lambda: (self.compiled(static),))
+        return static, replay, output
+
+
 def correct_count(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """How many of ``logits``' top classes are the ``labels`` (a 0-dim device tensor, no sync)."""
     return (logits.argmax(dim=1) == labels).sum()
@@ -235,21 +280,33 @@ def compiled_step(
 
 
 Outputs = tuple[torch.Tensor, torch.Tensor]
-Capture = Callable[[Callable[[], Outputs]], tuple[Callable[[], None], Outputs]]
+Written = TypeVar("Written", bound=tuple[torch.Tensor, ...])
 
 
-def cuda_graph_capture(run: Callable[[], Outputs]) -> tuple[Callable[[], None], Outputs]:
+class Capture(Protocol):
+    """``cuda_graph_capture``'s signature (tests give one that runs on a CPU)."""
+
+    def __call__(self, run: Callable[[], Written]) -> tuple[Callable[[], None], Written]: ...
+
+
+def cuda_graph_capture(
+    run: Callable[[], Written],
+    pool: torch.cuda._POOL_HANDLE | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> tuple[Callable[[], None], Written]:
     """``run`` taken ``CAPTURE_WARM_STEPS`` times on a side stream (torch.compile compiles, cuDNN picks its kernels,
     the allocator settles: none of that may happen inside a capture), then captured as one CUDA graph. Returns
-    the graph's replay and the tensors it writes its outputs into at every replay. The capture runs nothing."""
-    side = torch.cuda.Stream()
+    the graph's replay and the tensors it writes its outputs into at every replay. The capture runs nothing.
+    ``pool`` and ``stream``: a memory pool (``torch.cuda.graph_pool_handle``) and the side stream shared with
+    other captures, for graphs none of which is replayed while another's outputs are still to be read."""
+    side = torch.cuda.Stream() if stream is None else stream
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(CAPTURE_WARM_STEPS):
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):  # the stream warmed up: its cuBLAS workspace exists
+    with torch.cuda.graph(graph, stream=side, pool=pool):  # the stream warmed up: its cuBLAS workspace exists
         outputs = run()
     return graph.replay, outputs
 

@@ -50,6 +50,7 @@ from trainscale.train.loop import (
 from trainscale.train.precision import Precision, peak_memory_mb, reset_peak_memory, synchronize
 from trainscale.train.step import (
     FALLBACK,
+    CapturedForward,
     CapturedStep,
     StepFn,
     choose_step,
@@ -258,16 +259,19 @@ class Trainer:
 
     def _eval_forward(self, kind: str) -> nn.Module:
         """What evaluates: on a GPU beside a compiled training step, the model compiled for the evaluation's shapes
-        too (``step.compiled_eval``); the module itself elsewhere, where ``--compile`` compiled it already, and
+        too (``step.compiled_eval``), and beside the captured step those compiled forwards captured as CUDA graphs
+        (``step.CapturedForward``); the module itself elsewhere, where ``--compile`` compiled it already, and
         under a wrapper (DDP), where no warm-up runs to compile it (and to fall back if it fails)."""
         unwarmed = self.train_model is not self.model  # set in ``__post_init__``: the model, or its wrapper
         if kind == "eager" or self.precision.device.type != "cuda" or self.cfg.run.compile or unwarmed:
             return self.model
-        return compiled_eval(self.model)
+        compiled = compiled_eval(self.model)
+        return CapturedForward(compiled) if kind == "captured" else compiled
 
     def _evaluate_with(self, model: nn.Module) -> None:
         self.eval_model = model
-        self.summary_base[K.eval_forward] = "eager" if model is self.model else "compiled"
+        forward = "captured" if isinstance(model, CapturedForward) else "compiled"
+        self.summary_base[K.eval_forward] = "eager" if model is self.model else forward
 
     def _warm_up_or_fall_back(self) -> float:
         """The warm-up; where ``--train-step auto`` chose a step that fails to compile or capture there, the next
@@ -323,16 +327,25 @@ class Trainer:
 
     def _warm_eval(self, size: int, layout: torch.memory_format) -> None:
         """The evaluation of every batch size the test set yields, with every view the run's evaluations take;
-        where the compiled evaluation fails here, the run evaluates eagerly (its training step stays)."""
-        try:
-            self._eval_shapes(self.eval_model, size, layout)
-        except Exception as exc:  # torch.compile's failures have no common type
-            if self.eval_model is self.model:
-                raise
-            failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            log.warning("the compiled evaluation failed in the warm-up (%s); evaluating eagerly", failure)
-            self._evaluate_with(self.model)
-            self._eval_shapes(self.model, size, layout)
+        where the captured evaluation fails here, the run evaluates with the compiled forward, and where that
+        fails, eagerly (its training step stays)."""
+        while True:
+            try:
+                self._eval_shapes(self.eval_model, size, layout)
+                return
+            except Exception as exc:  # torch.compile's and CUDA graphs' failures have no common type
+                if self.eval_model is self.model:
+                    raise
+                failed = self.summary_base[K.eval_forward]
+                nxt = self.eval_model.compiled if isinstance(self.eval_model, CapturedForward) else self.model
+                self._evaluate_with(nxt)
+                failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                log.warning(
+                    "the %s evaluation failed in the warm-up (%s); evaluating %s",
+                    failed,
+                    failure,
+                    "eagerly" if nxt is self.model else "with the compiled forward",
+                )
 
     def _eval_shapes(self, model: nn.Module, size: int, layout: torch.memory_format) -> None:
         model.eval()
