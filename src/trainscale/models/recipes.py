@@ -180,8 +180,8 @@ register_recipe(
     "speedrun94",
     source="trainscale's speed recipe after the published facts of the 2025 CIFAR-10 speed record: the airbench94 "
     "recipe at batch 1536 (learning rates scaled linearly, Muon's not), SiLU, test-time augmentation for the "
-    "least confident 25% of each test batch only; with the graph-captured step 93.97% mean over 20 runs in 1.73 s "
-    "on an H100 and 93.96% over 25 runs in 1.65 s on an H200, in airbench's scope (2.22 s with the eager step)",
+    "least confident 25% of each test batch only; with the whole step captured as one CUDA graph 93.94% mean over "
+    "25 runs in 1.14 s on an H200, in airbench's scope (2.22 s with the eager step)",
     reference=AIRBENCH94.reference,
     **{**AIRBENCH94.settings, "model": "speedrun94", "batch_size": SPEEDRUN94_BATCH, "tta_select": 0.25},
 )
