@@ -18,6 +18,7 @@ first; the same rows blind to the framework follow.
     python benchmarks/plan_published.py             # the table per source, regime and framework
     python benchmarks/plan_published.py --rows      # and every row
     python benchmarks/plan_published.py --frameworks  # and each framework's figures fitted on all of its tables
+    python benchmarks/plan_published.py --held-out  # and the sources held out of the set, planned from specs alone
 
 After the goal's verdict, the floor of any plan that is not told the framework: where tables of several frameworks
 (or one framework's options) share everything a plan is given, the least error a plan whose efficiency only grows with
@@ -64,6 +65,7 @@ from trainscale.plan.profile import Profile
 from trainscale.plan.synthetic import synthetic_profile
 
 DATA = Path(__file__).resolve().parents[1] / "configs" / "published"
+HELD_OUT = DATA / "held-out"  # sources never fitted on nor counted in the set: how the planner does on others
 MEAN_GOAL, WORST_RATIO = 0.10, 2.0
 # The rows the NCCL overlap is calibrated on (``--calibrate``); every other row is held out.
 CALIBRATION = ("DLPerf (OneFlow's framework benchmark)", "NGC PyTorch (APEX DDP")
@@ -163,9 +165,11 @@ class Row:
         return f"{'one host' if self.hosts == 1 else 'multi-host'}, {kind}"
 
 
-def load_rows() -> list[Row]:
+def load_rows(folder: Path = DATA) -> list[Row]:
+    """The rows of ``folder``'s CSV files: the validation set's (``configs/published``), or those held out of it
+    (``HELD_OUT``)."""
     rows = []
-    for path in sorted(DATA.glob("*.csv")):
+    for path in sorted(folder.glob("*.csv")):
         with path.open(newline="") as f:
             for raw in csv.DictReader(f):
                 rows.append(
@@ -193,7 +197,12 @@ def systems() -> dict[str, dict[str, Any]]:
     """The systems, each NCCL system with the calibrated ``[nccl]`` figures unless it gives its own."""
     known = tomllib.loads((DATA / "systems.toml").read_text())
     nccl = known.pop("nccl", {})
-    return {name: {**nccl, **system} if "nvlink" in system else system for name, system in known.items()}
+    return {name: {**nccl, **system} if uses_nccl(system) else system for name, system in known.items()}
+
+
+def uses_nccl(system: dict[str, Any]) -> bool:
+    """An NVLink system, or one whose publication says its all-reduce is NCCL's over PCIe."""
+    return "nvlink" in system or system.get("allreduce") == "nccl"
 
 
 def calibrating(row: Row) -> bool:
@@ -209,12 +218,12 @@ def setting_for(row: Row, system: dict[str, Any]) -> tuple[Setting, int]:
     per_host = row.gpus // row.hosts
     pcie = _link(system, "pcie_per_gpu", "pcie_latency") if "pcie_per_gpu" in system else None
     nic = _link(system, "nic", "nic_latency") if "nic" in system else None
-    if row.mode == "allreduce":  # NCCL all-reduce: NVLink inside a host, the hosts' NICs between them
+    if row.mode == "allreduce":  # NCCL all-reduce: NVLink (else PCIe) inside a host, the hosts' NICs between them
         return Setting(
             row.hosts,
             per_host,
             nic,
-            _link(system, "nvlink", "nvlink_latency"),
+            _link(system, "nvlink", "nvlink_latency") if "nvlink" in system else pcie,
             "sync",
             algorithm="auto",
             grad_scale=row.grad_bytes / 4,
@@ -520,6 +529,11 @@ def main() -> None:
     parser.add_argument(
         "--frameworks", action="store_true", help="print each framework's figures fitted on all of its tables"
     )
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="then plan the sources held out of the set (configs/published/held-out), blind, from specs alone",
+    )
     args = parser.parse_args()
     rows, known = load_rows(), systems()
     if args.calibrate:
@@ -553,6 +567,36 @@ def main() -> None:
         )
     if args.frameworks:
         print_frameworks(cases)
+    if args.held_out:
+        held_out(load_rows(HELD_OUT), known)
+
+
+def held_out(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
+    """Sources kept out of the set, planned as a user who knows neither the framework nor the machine beyond its
+    specs would plan them: from each table's one-GPU figure, the system's links and the NCCL figures of the set
+    (``[nccl]``), nothing fitted on them. The error per system (with whether its GPUs have peer access), per peer
+    access and overall, and whether adding GPUs pays."""
+    singles = one_gpu_rows(rows)
+    scored = [r for r in rows if r.gpus > 1]
+    cases = [case_of(r, singles[r.calibration_key], known[r.system]) for r in scored if r.calibration_key in singles]
+    if len(cases) < len(scored):
+        print(f"skipped (no one-GPU figure at the same batch): {len(scored) - len(cases)} of {len(scored)} rows")
+    results = [_scored(c, c.plan()) for c in cases]
+    print("held out of the set, planned blind from each table's one-GPU figure and the system's specs:")
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r, _, err in results:
+        access = known[r.system].get("peer_access", "all")
+        groups[f"source: {r.source}"].append(err)
+        groups[f"system: {r.system} (peer access: {access})"].append(err)
+        groups[f"peer access between the GPUs: {access}"].append(err)
+        groups[f"precision: {r.precision}"].append(err)
+    print(f"{'':56} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
+    for name, errs in sorted(groups.items(), key=lambda kv: (kv[0].split(":")[0] != "source", kv[0])):
+        print(f"{name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} {max(errs, key=abs):+7.1%}")
+    direction(results)
+    errs = [e for _, _, e in results]
+    worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
+    print(f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x")
 
 
 def print_frameworks(cases: list[Case]) -> None:

@@ -231,6 +231,24 @@ def test_published_validation_set_is_complete(published):
     assert len(measured_two) == sum(r.hosts > 2 and r.mode == "allreduce" for r in rows) > 50
 
 
+def test_held_out_sources_are_complete_and_kept_out_of_the_set(published):
+    """The held-out rows (``--held-out``) name where they are from and what was assumed, plan on systems that say
+    whether their GPUs have peer access, calibrate on a one-GPU row of their own table (but the one whose table
+    has none at its batch), and are neither fitted on nor counted in the validation set."""
+    bench = published
+    rows, known = bench.load_rows(bench.HELD_OUT), bench.systems()
+    assert len(rows) > 200 and not {r.where for r in rows} & {r.where for r in bench.load_rows()}
+    assert all(r.where and r.assumed and r.series and "peer_access" in known[r.system] for r in rows)
+    singles = bench.one_gpu_rows(rows)
+    missing = [r for r in rows if r.gpus > 1 and r.calibration_key not in singles]
+    assert [(r.system, r.model, r.precision, r.gpus) for r in missing] == [
+        ("lambda-a100-pcie", "inception_v3", "fp16", 4)
+    ]
+    pcie = bench.setting_for(next(r for r in rows if r.system == "lambda-a100-pcie"), known["lambda-a100-pcie"])[0]
+    assert pcie.intra is not None and pcie.intra.bandwidth == pytest.approx(31.5e9)  # NCCL over PCIe 4.0 x16
+    assert known["lambda-a100-pcie"]["overlap"] == known["dgx1v"]["overlap"]  # the set's NCCL figures
+
+
 def test_the_floor_of_a_framework_blind_plan_is_the_best_guess_that_grows_with_the_step(published):
     """Rows a plan cannot tell apart but by their one-GPU step: a longer step may only scale better. Where the
     published rows do so, a plan can follow them exactly; where the shorter step scales better, the best plan is
