@@ -186,10 +186,9 @@ class CapturedForward(nn.Module):
     and dtype it meets under ``torch.no_grad`` in eval mode, and replayed with one launch where the compiled
     forward launches each of its kernels from Python: the launches, not the kernels, bound a small network's
     evaluation (speedrun94's final one took 39-84 ms on an H200, three times what its forwards' kernels take at
-    the training step's rate). Beside the captured
-    training step (``_eval_forward``), whose warm-up meets every shape an evaluation takes; a shape met later is
-    captured then (an evaluation changes no state, so capturing on the run's data is only slower), and a call
-    with gradients or in train mode runs the compiled forward as it is.
+    the training step's rate). Beside the captured training step (``_eval_forward``), whose warm-up meets every
+    shape an evaluation takes; a shape met later is captured then (an evaluation changes no state, so capturing on
+    the run's data is only slower), and a call with gradients or in train mode runs the compiled forward as it is.
 
     The logits are copied out of the graph's output at each call, so that a caller may keep them past the next
     (``predict`` averages a view with its mirror, which has the same shape); that copy lets every graph share one
