@@ -57,6 +57,7 @@ from trainscale.plan.predict import (
     PSLayout,
     Setting,
     fed_step,
+    fit_intra_efficiency,
     fit_link_efficiency,
     fit_step_overhead,
     predict,
@@ -597,6 +598,31 @@ def held_out(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
     errs = [e for _, _, e in results]
     worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
     print(f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x")
+    from_two_devices(cases, known)
+
+
+def from_two_devices(cases: list[Case], known: dict[str, dict[str, Any]]) -> None:
+    """The rows of more than two GPUs planned as a user who measured two of them would
+    (``trainscale plan --two-device-images-per-sec``): the link's achieved fraction inside the host fitted to the
+    same table's two-GPU row, then held for four and eight; beside the blind plan of the same rows."""
+    two = {series_key(c.row): c for c in cases if c.row.gpus == 2}
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for c in cases:
+        pair = two.get(series_key(c.row))
+        if c.row.gpus <= 2 or pair is None:
+            continue
+        fraction = fit_intra_efficiency(pair.profile, pair.setting, pair.row.images_per_sec / pair.scale)
+        planned = predict(c.profile, replace(c.setting, intra_efficiency=fraction)).images_per_sec * c.scale
+        errs = (planned / c.row.images_per_sec - 1, c.plan() / c.row.images_per_sec - 1)
+        groups[f"peer access between the GPUs: {known[c.row.system].get('peer_access', 'all')}"].append(errs)
+        groups[f"system: {c.row.system}"].append(errs)
+    print("the rows of more than two GPUs, from their table's two-GPU row (--two-device-images-per-sec, not blind):")
+    for name, pairs in sorted(groups.items()):
+        fitted = [f for f, _ in pairs]
+        print(
+            f"{name:56} {len(pairs):6d} {_mae(fitted):7.1%} {statistics.mean(fitted):+7.1%} "
+            f"{max(fitted, key=abs):+7.1%}   (blind: {_mae([b for _, b in pairs]):.1%})"
+        )
 
 
 def print_frameworks(cases: list[Case]) -> None:

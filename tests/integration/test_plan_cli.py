@@ -184,6 +184,19 @@ def test_a_latency_flag_replaces_the_cluster_files_and_only_slows_the_step(main_
             ("--workers-per-host", "2", "--intra-bandwidth", "1gbit", "--intra-efficiency", "1.5"),
             "--intra-efficiency must be a positive number and <= 1, got 1.5",
         ),
+        (
+            ("--hosts", "1", "--workers-per-host", "4", "--intra-bandwidth", "1gbit", "--intra-efficiency", "0.5")
+            + ("--two-device-images-per-sec", "100"),
+            "or --intra-efficiency, not both",
+        ),
+        (
+            ("--hosts", "1", "--workers-per-host", "4", "--two-device-images-per-sec", "100"),
+            "give its rate (--intra-bandwidth",
+        ),
+        (
+            ("--hosts", "2", "--bandwidth", "1gbit", "--two-device-images-per-sec", "100"),
+            "this plan has one worker per host: give --workers-per-host",
+        ),
     ],
 )
 def test_bad_plan_input_is_one_line(main_cli, profile, args, fragment):

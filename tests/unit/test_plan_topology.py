@@ -26,7 +26,14 @@ from trainscale.plan.costs import (
     server_loads,
     tree,
 )
-from trainscale.plan.predict import PSLayout, Setting, fit_link_efficiency, fit_step_overhead, predict
+from trainscale.plan.predict import (
+    PSLayout,
+    Setting,
+    fit_intra_efficiency,
+    fit_link_efficiency,
+    fit_step_overhead,
+    predict,
+)
 
 GB = 1e9
 FABRIC = Fabric(2, 4, Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
@@ -464,6 +471,72 @@ class TestFittedToTwoHosts:
             )
         with pytest.raises(ConfigError, match="needs --one-host-images-per-sec"):
             setting_from(dataclasses.replace(cfg, two_host_images_per_sec=two), profile)
+
+
+class TestFittedToTwoDevices:
+    """The achieved fraction of the link between a host's devices fitted to a throughput measured on two of them
+    (plan --two-device-images-per-sec): what a spec does not say, GPUs without peer access above all."""
+
+    def test_by_hand(self):
+        # two devices of one host, nothing hidden: the ring moves the gradients once, 0.1 s at the link's rate;
+        # measured 128 images in 0.7 s is 0.3 s of compute and 0.4 s on the link: a quarter of its rate
+        profile = make_profile()
+        host = Setting(1, 8, None, Link(profile.gradient_bytes / 0.1), overlap=0.0)
+        assert predict(profile, dataclasses.replace(host, per_host=2)).step_seconds == pytest.approx(0.4)
+        assert fit_intra_efficiency(profile, host, 128 / 0.7) == pytest.approx(0.25, rel=1e-9)
+
+    def test_two_devices_reproduce_the_measurement_and_the_fraction_carries_to_more(self):
+        profile = make_profile()
+        host = Setting(1, 8, None, Link(10 * GB, 1e-6), overlap=0.3)
+        two = dataclasses.replace(host, per_host=2)
+        measured = 0.6 * predict(profile, two).images_per_sec
+        fraction = fit_intra_efficiency(profile, host, measured)
+        assert 0 < fraction < 1
+        assert predict(profile, dataclasses.replace(two, intra_efficiency=fraction)).images_per_sec == pytest.approx(
+            measured, rel=1e-6
+        )
+        slower = Link(host.intra.bandwidth * fraction, host.intra.latency)
+        assert predict(profile, dataclasses.replace(host, intra_efficiency=fraction)) == predict(
+            profile, dataclasses.replace(host, intra=slower)
+        )
+
+    def test_a_lower_measurement_is_a_slower_link_and_one_at_or_above_the_plan_its_full_rate(self):
+        profile = make_profile()
+        host = Setting(1, 4, None, Link(10 * GB, 1e-6), overlap=0.0)
+        planned = predict(profile, dataclasses.replace(host, per_host=2)).images_per_sec
+        fractions = [fit_intra_efficiency(profile, host, f * planned) for f in (1.3, 1.0, 0.9, 0.5)]
+        assert fractions[:2] == [1.0, 1.0] and 1 > fractions[2] > fractions[3] > 0
+
+    def test_a_gap_the_link_cannot_explain_other_modes_and_no_link_are_refused(self):
+        profile = make_profile()
+        host = Setting(1, 4, None, Link(1e15), overlap=0.0)  # the link costs nothing even at 1e-4 of this rate
+        with pytest.raises(ConfigError, match="inside a host the plan of two devices trains faster.*not the link"):
+            fit_intra_efficiency(profile, host, 10.0)
+        with pytest.raises(ConfigError, match=r"a host's devices \(--mode sync\), not --mode ps-sync"):
+            fit_intra_efficiency(profile, dataclasses.replace(host, mode="ps-sync"), 100.0)
+        with pytest.raises(ConfigError, match="give --intra-bandwidth, or a cluster file with"):
+            fit_intra_efficiency(profile, dataclasses.replace(host, intra=None), 100.0)
+
+    def test_a_fitted_efficiency_replaces_the_cluster_files_and_each_bad_input_is_one_line(self):
+        from trainscale.plan.plan import PlanConfig, setting_from
+
+        profile = make_profile()
+        cfg = PlanConfig(cluster="example-a100-ib", step_time="100ms", batch_size=64, hosts=1)
+        given, _, _ = setting_from(cfg, profile)
+        two = predict(profile, dataclasses.replace(given, per_host=2)).images_per_sec
+        fitted, _, origin = setting_from(dataclasses.replace(cfg, two_device_images_per_sec=0.5 * two), profile)
+        assert fitted.intra_efficiency < given.intra_efficiency and "fitted to your two devices' " in origin
+        assert "the devices' link at its full rate" not in origin
+        refusals = {
+            "or --intra-efficiency, not both": dict(two_device_images_per_sec=two, intra_efficiency=0.5),
+            "this plan has one worker per host": dict(two_device_images_per_sec=two, workers_per_host=1),
+        }
+        for message, change in refusals.items():
+            with pytest.raises(ConfigError, match=message):
+                setting_from(dataclasses.replace(cfg, **change), profile)
+        bare = PlanConfig(params=25_000_000, step_time="100ms", batch_size=64, hosts=1, workers_per_host=8)
+        with pytest.raises(ConfigError, match=r"give its rate \(--intra-bandwidth"):
+            setting_from(dataclasses.replace(bare, two_device_images_per_sec=100.0), profile)
 
 
 def test_a_bandwidth_sweep_and_the_crossovers_charge_the_transports_efficiency():

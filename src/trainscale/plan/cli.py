@@ -395,6 +395,7 @@ def run_plan(cfg: PlanConfig) -> int:
             **setting.framework_costs(),
             "one_host_images_per_sec": cfg.one_host_images_per_sec,
             "two_host_images_per_sec": cfg.two_host_images_per_sec,
+            "two_device_images_per_sec": cfg.two_device_images_per_sec,
         },
     }
     if axes:

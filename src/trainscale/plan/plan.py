@@ -24,7 +24,14 @@ from trainscale.plan.describe import (
 )
 from trainscale.plan.inputs import InputRate
 from trainscale.plan.methods import parse_spec
-from trainscale.plan.predict import MODES, PSLayout, Setting, fit_link_efficiency, fit_step_overhead
+from trainscale.plan.predict import (
+    MODES,
+    PSLayout,
+    Setting,
+    fit_intra_efficiency,
+    fit_link_efficiency,
+    fit_step_overhead,
+)
 from trainscale.plan.profile import Profile, load_profile
 from trainscale.plan.synthetic import synthetic_profile
 from trainscale.runtime.cluster import format_rate
@@ -133,6 +140,12 @@ class PlanConfig(Section):
         None,
         "and the images/s you measured on two such hosts: the plan fits the link's achieved fraction of its line "
         "rate between hosts to it (with --one-host-images-per-sec)",
+        above=0,
+    )
+    two_device_images_per_sec: float | None = option(
+        None,
+        "images/s you measured on two workers of one host (same model, batch and framework): the plan fits the "
+        "achieved fraction of the link between a host's workers to it (GPUs without peer access reach far less)",
         above=0,
     )
     mode: str = option("sync", "sync, ps-sync, async, localsgd or diloco", choices=MODES)
@@ -362,6 +375,11 @@ def setting_from(cfg: PlanConfig, profile: Profile) -> tuple[Setting, ClusterSpe
     setting = _setting(cfg, hosts, per_host, inter, intra, system, scale)
     if on_gpu and "step_overhead" in assumed:
         setting = replace(setting, step_share=GPU_STEP_SHARE)
+    if cfg.two_device_images_per_sec is not None:
+        intra_given = cfg.intra_bandwidth is not None or (cluster is not None and cluster.intra is not None)
+        setting, note = fitted_to_two_devices(cfg, profile, setting, intra_given)
+        origin += note
+        assumed = [k for k in assumed if k != "intra_efficiency"]
     if cfg.one_host_images_per_sec is not None:
         setting, note = fitted_to_one_host(cfg, profile, setting)
         origin += note
@@ -494,6 +512,42 @@ def fitted_to_one_host(cfg: PlanConfig, profile: Profile, setting: Setting) -> t
     return replace(setting, step_overhead=overhead), (
         f"; framework cost per step {1e3 * overhead:.1f} ms, fitted to your one host's {rate:,.0f} images/s "
         f"(--one-host-images-per-sec)"
+    )
+
+
+def fitted_to_two_devices(
+    cfg: PlanConfig, profile: Profile, setting: Setting, intra_given: bool
+) -> tuple[Setting, str]:
+    """``setting`` with the link between a host's workers at the fraction of its rate fitted to a throughput the
+    user measured on two of them (``--two-device-images-per-sec``), and what the plan says of it. The fit
+    replaces a cluster file's intra-host efficiency; it comes before ``--one-host-images-per-sec``'s. A fraction
+    needs the link's rate (``intra_given``), not the unlimited link a plan takes when none is given."""
+    rate = cfg.two_device_images_per_sec
+    assert rate is not None  # called only when given
+    if setting.per_host < 2:
+        raise ConfigError(
+            "--two-device-images-per-sec fits the link between a host's workers, and this plan has one worker per "
+            "host: give --workers-per-host"
+        )
+    if cfg.intra_efficiency is not None:
+        raise ConfigError(
+            "give --two-device-images-per-sec (the devices' link's efficiency is fitted to it) or "
+            "--intra-efficiency, not both"
+        )
+    if not intra_given:
+        raise ConfigError(
+            "--two-device-images-per-sec fits the achieved fraction of the link between a host's workers: give "
+            "its rate (--intra-bandwidth, or a cluster file's [link.intra])"
+        )
+    fraction = fit_intra_efficiency(profile, setting, rate)
+    if fraction == 1.0:
+        return replace(setting, intra_efficiency=1.0), (
+            f"; your two devices' {rate:,.0f} images/s (--two-device-images-per-sec) is at or above this plan's: "
+            "the link between a host's workers at its full rate"
+        )
+    return replace(setting, intra_efficiency=fraction), (
+        f"; the link between a host's workers at {fraction:.1%} of its rate, fitted to your two devices' "
+        f"{rate:,.0f} images/s (--two-device-images-per-sec)"
     )
 
 

@@ -16,6 +16,7 @@ profile) times ``compute_scale`` when the plan is for another device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -244,40 +245,62 @@ def fit_step_overhead(profile: Profile, setting: Setting, host_images_per_sec: f
     return measured_step - plain.compute_seconds - plain.comm_seconds
 
 
-LOWEST_EFFICIENCY = 1e-4  # a link between hosts fitted slower than this is not the link: refused
+LOWEST_EFFICIENCY = 1e-4  # a link fitted slower than this is not the link: refused
 
 
 def fit_link_efficiency(profile: Profile, setting: Setting, two_host_images_per_sec: float) -> float:
     """The fraction of the line rate between hosts (``setting.efficiency``) at which two hosts of ``setting``, its cost
     per step included, train at ``two_host_images_per_sec``, a throughput measured there: what the transport, its
     stack and the way the framework drives it really achieve (1 when the plan at line rate is already at or below
-    the measurement). A plan is never faster on a slower link, so the fraction is found by bisection."""
-    if setting.mode != "sync":
-        raise ConfigError(
-            f"--two-host-images-per-sec calibrates the synchronous all-reduce's link between hosts (--mode sync), "
-            f"not --mode {setting.mode}"
-        )
-    if setting.inter is None:
-        raise ConfigError(
-            "--two-host-images-per-sec needs the link between hosts: give --bandwidth, or a cluster file with "
-            "[link.inter]"
-        )
+    the measurement)."""
+    _fittable(setting, setting.inter, "--two-host-images-per-sec", "between hosts", "--bandwidth", "[link.inter]")
 
     def rate(fraction: float) -> float:
         return predict(profile, replace(setting, hosts=2, efficiency=fraction)).images_per_sec
 
-    if rate(1.0) <= two_host_images_per_sec:
-        return 1.0
-    if rate(LOWEST_EFFICIENCY) > two_host_images_per_sec:
+    return _fitted_fraction(rate, two_host_images_per_sec, "--two-host-images-per-sec", "two hosts", "between hosts")
+
+
+def fit_intra_efficiency(profile: Profile, setting: Setting, two_device_images_per_sec: float) -> float:
+    """The fraction of the devices' link (``setting.intra_efficiency``) at which two devices of one host of
+    ``setting`` train at ``two_device_images_per_sec``, a throughput measured there: what the framework's
+    all-reduce reaches of that link, which a spec does not say (GPUs without peer access reach each other through
+    host memory; 1 when the plan at the link's rate is already at or below the measurement). It is held for every
+    device count, so a host whose devices share a path (host memory) that two do not fill is planned too fast."""
+    flag = "--two-device-images-per-sec"
+    _fittable(setting, setting.intra, flag, "between a host's devices", "--intra-bandwidth", "[link.intra]")
+
+    def rate(fraction: float) -> float:
+        return predict(profile, replace(setting, hosts=1, per_host=2, intra_efficiency=fraction)).images_per_sec
+
+    return _fitted_fraction(rate, two_device_images_per_sec, flag, "two devices", "inside a host")
+
+
+def _fittable(setting: Setting, link: Link | None, flag: str, where: str, rate_flag: str, table: str) -> None:
+    """A link's fraction is fitted for the synchronous all-reduce only, and only where the link is given."""
+    if setting.mode != "sync":
         raise ConfigError(
-            f"--two-host-images-per-sec {two_host_images_per_sec:g}: even at {LOWEST_EFFICIENCY:g} of the line rate "
-            f"between hosts the plan of two hosts trains faster ({rate(LOWEST_EFFICIENCY):,.0f} images/s), so the "
-            "gap is not the link; check that both figures are for the same model, batch and workers per host"
+            f"{flag} calibrates the synchronous all-reduce's link {where} (--mode sync), not --mode {setting.mode}"
+        )
+    if link is None:
+        raise ConfigError(f"{flag} needs the link {where}: give {rate_flag}, or a cluster file with {table}")
+
+
+def _fitted_fraction(rate: Callable[[float], float], measured: float, flag: str, what: str, link: str) -> float:
+    """The fraction of a link's rate at which ``rate`` (the plan's images/s at that fraction) meets ``measured``;
+    a plan is never faster on a slower link, so it is found by bisection (on a log scale)."""
+    if rate(1.0) <= measured:
+        return 1.0
+    if rate(LOWEST_EFFICIENCY) > measured:
+        raise ConfigError(
+            f"{flag} {measured:g}: even at {LOWEST_EFFICIENCY:g} of the link's rate {link} the plan of {what} "
+            f"trains faster ({rate(LOWEST_EFFICIENCY):,.0f} images/s), so the gap is not the link; check that both "
+            "figures are for the same model, batch and workers per host"
         )
     low, high = LOWEST_EFFICIENCY, 1.0
     for _ in range(60):
         middle = math.sqrt(low * high)
-        low, high = (middle, high) if rate(middle) <= two_host_images_per_sec else (low, middle)
+        low, high = (middle, high) if rate(middle) <= measured else (low, middle)
     return math.sqrt(low * high)
 
 
