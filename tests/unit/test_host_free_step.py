@@ -642,7 +642,8 @@ def test_a_captured_evaluation_predicts_as_the_eager_one_with_a_graph_per_shape(
     """``CapturedForward`` (captured by ``replaying`` on a CPU, which keeps a CUDA graph's contract: one output
     tensor per graph, rewritten at each replay) gives the eager accuracy and loss with every view and selective
     ones, reads the weights where they are at each replay, keeps one graph per shape and layout the evaluation
-    meets, and hands out logits that the next call of the same shape does not overwrite."""
+    meets (a batch in another layout is copied into the captured one), and hands out logits that the next call of
+    the same shape does not overwrite."""
     model, _ = setup("sgd")
     data = synthetic_dataset(100, 32, seed=3)
     test = DeviceBatches(data, 32, train=False, augment=None, device=CPU, channels_last=True)
@@ -664,6 +665,8 @@ def test_a_captured_evaluation_predicts_as_the_eager_one_with_a_graph_per_shape(
         plain, mirrored = captured(x), captured(x.flip(3))
         torch.testing.assert_close(plain, model(x))
         torch.testing.assert_close(mirrored, model(x.flip(3)))
+        torch.testing.assert_close(captured(x.contiguous()), plain)  # NCHW: copied into the channels_last graph
+    assert len(captured.graphs) == 4
 
 
 def test_a_captured_evaluation_captures_nothing_with_gradients_or_in_train_mode() -> None:

@@ -182,13 +182,14 @@ def compiled_eval(model: nn.Module, backend: str = "inductor") -> nn.Module:
 
 
 class CapturedForward(nn.Module):
-    """The evaluation's forward (``compiled_eval``'s module) captured as a CUDA graph for each input shape, layout
-    and dtype it meets under ``torch.no_grad`` in eval mode, and replayed with one launch where the compiled
-    forward launches each of its kernels from Python: the launches, not the kernels, bound a small network's
-    evaluation (speedrun94's final one took 39-84 ms on an H200, three times what its forwards' kernels take at
-    the training step's rate). Beside the captured training step (``_eval_forward``), whose warm-up meets every
-    shape an evaluation takes; a shape met later is captured then (an evaluation changes no state, so capturing on
-    the run's data is only slower), and a call with gradients or in train mode runs the compiled forward as it is.
+    """The evaluation's forward (``compiled_eval``'s module) captured as a CUDA graph for each input shape and dtype
+    it meets under ``torch.no_grad`` in eval mode (in the layout first met), and replayed with one launch where the
+    compiled forward launches each of its kernels from Python: the launches, not the kernels, bound a small
+    network's evaluation (speedrun94's final one took 39-84 ms on an H200, three times what its forwards' kernels
+    take at the training step's rate). Beside the captured training step (``_eval_forward``), whose warm-up meets
+    every shape an evaluation takes; a shape met later is captured then (an evaluation changes no state, so
+    capturing on the run's data is only slower), and a call with gradients or in train mode runs the compiled
+    forward as it is.
 
     The logits are copied out of the graph's output at each call, so that a caller may keep them past the next
     (``predict`` averages a view with its mirror, which has the same shape); that copy lets every graph share one
@@ -206,7 +207,7 @@ class CapturedForward(nn.Module):
             return cast(torch.Tensor, self.compiled(images))
         device = images.device.type
         autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        key = (images.shape, images.stride(), images.dtype, autocast)
+        key = (images.shape, images.dtype, autocast)  # another layout is copied into the captured one
         entry = self.graphs.get(key)
         if entry is None:
             entry = self.graphs[key] = self._capture(images)
