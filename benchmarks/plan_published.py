@@ -593,11 +593,10 @@ def held_out(rows: list[Row], known: dict[str, dict[str, Any]]) -> None:
         groups[f"precision: {r.precision}"].append(err)
     print(f"{'':56} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
     for name, errs in sorted(groups.items(), key=lambda kv: (kv[0].split(":")[0] != "source", kv[0])):
-        print(f"{name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} {max(errs, key=abs):+7.1%}")
+        print(_error_line(name, errs))
     direction(results)
     errs = [e for _, _, e in results]
-    worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
-    print(f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x")
+    print(f"{_error_head('overall', errs)}   worst ratio {_worst_ratio(errs):.2f}x")
     from_two_devices(cases, known)
 
 
@@ -618,11 +617,7 @@ def from_two_devices(cases: list[Case], known: dict[str, dict[str, Any]]) -> Non
         groups[f"system: {c.row.system}"].append(errs)
     print("the rows of more than two GPUs, from their table's two-GPU row (--two-device-images-per-sec, not blind):")
     for name, pairs in sorted(groups.items()):
-        fitted = [f for f, _ in pairs]
-        print(
-            f"{name:56} {len(pairs):6d} {_mae(fitted):7.1%} {statistics.mean(fitted):+7.1%} "
-            f"{max(fitted, key=abs):+7.1%}   (blind: {_mae([b for _, b in pairs]):.1%})"
-        )
+        print(f"{_error_line(name, [f for f, _ in pairs])}   (blind: {_mae([b for _, b in pairs]):.1%})")
 
 
 def print_frameworks(cases: list[Case]) -> None:
@@ -820,22 +815,16 @@ def report(results: list[tuple[Row, float, float]]) -> None:
     print(f"{'':56} {'points':>6} {'MAE':>7} {'bias':>7} {'worst':>7}")
     for kind, groups in by.items():
         for name, errs in sorted(groups.items()):
-            print(
-                f"{kind + ': ' + name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%} "
-                f"{max(errs, key=abs):+7.1%}"
-            )
+            print(_error_line(f"{kind}: {name}", errs))
     direction(results)
     host_limits(results)
     ordering(results)
     held = [e for r, _, e in results if not calibrating(r)]
     print(f"{'held out (all but the calibration tables)':56} {len(held):6d} {_mae(held):7.1%}")
     errs = [e for _, _, e in results]
-    worst = max(max(1 + e, 1 / (1 + e)) for e in errs)
+    worst = _worst_ratio(errs)
     over = sum(e > 0 for e in errs) / len(errs)
-    print(
-        f"{'overall':56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}   worst ratio {worst:.2f}x, "
-        f"over-predicted {over:.0%}"
-    )
+    print(f"{_error_head('overall', errs)}   worst ratio {worst:.2f}x, over-predicted {over:.0%}")
     misses = [f"{name} {_mae(e):.2%}" for name, e in sorted(by["regime"].items()) if _mae(e) > MEAN_GOAL]
     misses += [f"overall {_mae(errs):.2%}"] if _mae(errs) > MEAN_GOAL else []
     misses += [f"a point off by {worst:.2f}x"] if worst > WORST_RATIO else []
@@ -938,6 +927,21 @@ def ordering(results: list[tuple[Row, float, float]]) -> None:
 
 def _mae(errs: list[float]) -> float:
     return statistics.mean(abs(e) for e in errs)
+
+
+def _error_head(name: str, errs: list[float]) -> str:
+    """The start of a line of the error tables: the points, the mean absolute error and the bias."""
+    return f"{name:56} {len(errs):6d} {_mae(errs):7.1%} {statistics.mean(errs):+7.1%}"
+
+
+def _error_line(name: str, errs: list[float]) -> str:
+    """One line of the error tables: ``_error_head``'s and the worst error."""
+    return f"{_error_head(name, errs)} {max(errs, key=abs):+7.1%}"
+
+
+def _worst_ratio(errs: list[float]) -> float:
+    """How many times off the worst point is, either way."""
+    return max(max(1 + e, 1 / (1 + e)) for e in errs)
 
 
 if __name__ == "__main__":

@@ -540,15 +540,14 @@ def fitted_to_two_devices(
             "its rate (--intra-bandwidth, or a cluster file's [link.intra])"
         )
     fraction = fit_intra_efficiency(profile, setting, rate)
-    if fraction == 1.0:
-        return replace(setting, intra_efficiency=1.0), (
-            f"; your two devices' {rate:,.0f} images/s (--two-device-images-per-sec) is at or above this plan's: "
-            "the link between a host's workers at its full rate"
-        )
-    return replace(setting, intra_efficiency=fraction), (
-        f"; the link between a host's workers at {fraction:.1%} of its rate, fitted to your two devices' "
+    note = (
+        f"; your two devices' {rate:,.0f} images/s (--two-device-images-per-sec) is at or above this plan's: "
+        "the link between a host's workers at its full rate"
+        if fraction == 1.0
+        else f"; the link between a host's workers at {fraction:.1%} of its rate, fitted to your two devices' "
         f"{rate:,.0f} images/s (--two-device-images-per-sec)"
     )
+    return replace(setting, intra_efficiency=fraction), note
 
 
 def fitted_to_two_hosts(cfg: PlanConfig, profile: Profile, setting: Setting) -> tuple[Setting, str]:
