@@ -64,6 +64,64 @@ def test_profile_without_overlap_measures_none(tmp_path):
     assert (p.overlap, p.step_overhead, p.bucket_overhead, p.overlap_seconds) == (None, None, None, {})
 
 
+@pytest.mark.parametrize(
+    "device, visible, expected",
+    [
+        ("cpu", 0, ("cpu", "cpu")),  # two gloo ranks
+        ("cuda", 1, None),  # NCCL takes one rank per GPU: no second one here
+        ("cuda", 2, ("cuda:0", "cuda:1")),
+        ("cuda:1", 4, ("cuda:1", "cuda:0")),  # the profiled GPU keeps rank 0; the first other one is its peer
+    ],
+)
+def test_the_overlap_pair_is_two_cpu_ranks_or_the_profiled_gpu_and_another(monkeypatch, device, visible, expected):
+    import torch
+
+    from trainscale.plan.profile import pair_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    pair = pair_devices(torch.device(device))
+    assert (None if pair is None else tuple(str(d) for d in pair)) == expected
+
+
+@pytest.mark.parametrize("devices", [("cuda:0", "cuda:0"), ("cpu", "cuda:0")])
+def test_a_pair_refuses_one_gpu_twice_or_a_cpu_beside_a_gpu(devices):
+    import torch
+
+    from trainscale.runtime.process_group import loopback_pair
+
+    with pytest.raises(ValueError, match="two different GPUs"):
+        with loopback_pair((torch.device(devices[0]), torch.device(devices[1]))):
+            pass
+
+
+def test_a_one_gpu_profile_gives_ddps_cost_and_says_why_not_the_overlap(monkeypatch, capsys):
+    """On a machine with one GPU the profile measures DDP's per-step cost (no peer needed) and says that the
+    overlap needs a second GPU; the plan then takes it from published NCCL runs."""
+    from trainscale.plan import cli
+    from trainscale.plan.plan import GPU_OVERLAP, PlanConfig, setting_from
+    from trainscale.plan.profile import ProfileConfig
+
+    gpu = dataclasses.replace(make_profile(), step_overhead=0.0012, environment={"device": "cuda:0"})
+    monkeypatch.setattr(cli, "profile_command", lambda cfg: gpu)
+    assert cli.run_profile(ProfileConfig()) == 0
+    out = capsys.readouterr().out
+    assert "DDP's cost per step 1.2 ms; overlap and per-bucket cost not measured: NCCL takes one rank per GPU" in out
+    setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="10gbit"), gpu)
+    assert (setting.overlap, setting.step_overhead) == (GPU_OVERLAP, 0.0012)
+    assert "DDP's cost per step 1.2 ms" in origin and "as published NCCL runs show" in origin
+
+
+def test_a_gpu_overlap_names_nccl():
+    from trainscale.plan.cli import overlap_text
+
+    seconds = {"backward": 0.1, "exposed": 0.02, "comm": 0.03, "schedule_bound": 0.01}
+    on = {"cpu": "gloo, two ranks here", "cuda:0": "NCCL, with a second GPU of this machine"}
+    for device, pair in on.items():
+        p = dataclasses.replace(make_profile(), overlap=0.5, overlap_seconds=seconds, environment={"device": device})
+        assert f"alone ({pair})" in overlap_text(p)
+
+
 class TestPlanUsesTheMeasurement:
     def _plan(self, tmp_path, capsys, profile, **extra):
         from trainscale.plan.cli import run_plan

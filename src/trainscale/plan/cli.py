@@ -46,8 +46,8 @@ def run_profile(cfg: ProfileConfig) -> int:
         print(f"  {overlap_text(p)}")
     elif cfg.overlap and not p.on_cpu:
         print(
-            "  overlap and DDP's per-step and per-bucket costs not measured on a GPU yet (the plan says what it "
-            "assumes)"
+            f"  DDP's cost per step {_ms(p.step_overhead or 0.0)} ms; overlap and per-bucket cost not measured: NCCL "
+            "takes one rank per GPU and this machine has one (the plan says what it assumes)"
         )
     if p.input_images_per_sec is not None:
         print(
@@ -71,10 +71,14 @@ def overlap_text(p: Profile) -> str:
     cost = "" if p.step_overhead is None else f"; DDP's cost per step {_ms(p.step_overhead)} ms"
     cost += "" if p.bucket_overhead is None else f", per bucket {1e6 * p.bucket_overhead:.0f} us"
     return (
-        f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone (gloo, two ranks here), backward "
+        f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone ({_pair(p)}), backward "
         f"{_ms(m['backward'])} ms; launched from backward they lengthen it by {_ms(m['exposed'])} ms (perfect "
         f"overlap: {_ms(m['schedule_bound'])} ms, none: {_ms(m['comm'])} ms){_clipped(p)}{cost}"
     )
+
+
+def _pair(p: Profile) -> str:
+    return "gloo, two ranks here" if p.on_cpu else "NCCL, with a second GPU of this machine"
 
 
 def _clipped(p: Profile) -> str:

@@ -2,13 +2,15 @@
 per step: measured for ``trainscale profile``, so that a plan uses figures of the user's device instead of
 assuming perfect overlap and free frameworks.
 
-Two gloo ranks of this process (``runtime.process_group.loopback_pair``, joined over 127.0.0.1) all-reduce
-buffers of the model's bucket sizes, in DDP's launch order: first alone, which gives the communication's own
-time; then launched from DDP's hook while backward runs, rank 1 mirroring rank 0 from a thread. The backward
-that carried them, minus the backward alone, is what was exposed. A perfect overlap would still expose what
-the schedule cannot hide (buckets start when ready and run one after another); no overlap exposes all of it.
-The overlap is where the measured exposure falls between the two. Both ranks' reductions run on this machine,
-where a real peer's would run on its own host, so the figure errs low (towards less overlap).
+Two ranks of this process (``runtime.process_group.loopback_pair``: gloo over 127.0.0.1 on a CPU, NCCL
+between the profiled GPU and a second one of the machine) all-reduce buffers of the model's bucket sizes, in
+DDP's launch order: first alone, which gives the communication's own time; then launched from DDP's hook while
+backward runs, rank 1 mirroring rank 0 from a thread. The backward that carried them, minus the backward alone,
+is what was exposed. A perfect overlap would still expose what the schedule cannot hide (buckets start when
+ready and run one after another); no overlap exposes all of it. The overlap is where the measured exposure falls
+between the two. On a CPU both ranks' reductions run on this machine's cores, where a real peer's would run on
+its own host, so the figure errs low (towards less overlap); on GPUs NCCL's kernels share the profiled GPU with
+backward's as they do in training, over the link between the two GPUs rather than the cluster's.
 
 The per-step cost is a DDP step (with a hook that hands its bucket straight back) minus a plain step of the
 same model: DDP's bucket copies and bookkeeping, which a one-device run does not pay. The per-bucket cost is a
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from trainscale.plan.costs import overlapped_finish
+from trainscale.train.precision import synchronize
 
 Round = list[int] | None  # the bucket sizes (bytes) rank 1 all-reduces next; None: stop
 
@@ -64,16 +67,17 @@ def schedule_bound(ready: list[float], comm: list[float], backward: float) -> fl
     return max(0.0, overlapped_finish(ready, comm) - backward)
 
 
-def _buffers(sizes: list[int]) -> list[torch.Tensor]:
-    return [torch.zeros(max(1, n // 4)) for n in sizes]
+def _buffers(sizes: list[int], device: torch.device) -> list[torch.Tensor]:
+    return [torch.zeros(max(1, n // 4), device=device) for n in sizes]
 
 
 class Peer:
-    """Rank 1 of a loopback pair on its own thread: it all-reduces each round of bucket sizes it is given,
-    in order, so that rank 0's collectives find their partner."""
+    """Rank 1 of a loopback pair on its own thread (and its own device): it all-reduces each round of bucket
+    sizes it is given, in order, so that rank 0's collectives find their partner."""
 
-    def __init__(self, group: Any) -> None:  # a gloo group: torch's stubs omit its collectives
+    def __init__(self, group: Any, device: torch.device) -> None:  # torch's stubs omit a backend's collectives
         self.group = group
+        self.device = device
         self.rounds: queue.Queue[Round] = queue.Queue()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="trainscale-overlap-peer", daemon=True)
@@ -81,9 +85,12 @@ class Peer:
 
     def _run(self) -> None:
         try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
             while (sizes := self.rounds.get()) is not None:
-                for buffer in _buffers(sizes):
+                for buffer in _buffers(sizes, self.device):
                     self.group.allreduce([buffer]).wait()
+                synchronize(self.device)
         except BaseException as exc:  # reported by stop()
             self.error = exc
 
@@ -94,23 +101,26 @@ class Peer:
             raise RuntimeError(f"the overlap measurement's peer failed: {self.error}") from self.error
 
 
-def comm_alone(group: Any, peer: Peer, sizes: list[int], repeats: int) -> list[float]:
-    """Median seconds of each bucket's all-reduce with nothing else running (rank 0's side)."""
+def comm_alone(group: Any, peer: Peer, sizes: list[int], repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each bucket's all-reduce with nothing else running (rank 0's side, on ``device``; on a
+    GPU until its stream has finished it, not only until NCCL has queued it)."""
     samples: list[list[float]] = [[] for _ in sizes]
-    buffers = _buffers(sizes)
+    buffers = _buffers(sizes, device)
     for _ in range(repeats):
         peer.rounds.put(sizes)
         for i, buffer in enumerate(buffers):
+            synchronize(device)
             start = time.perf_counter()
             group.allreduce([buffer]).wait()
+            synchronize(device)
             samples[i].append(time.perf_counter() - start)
     return [statistics.median(s) for s in samples]
 
 
-def per_collective(group: Any, peer: Peer, repeats: int, count: int = 8) -> float:
+def per_collective(group: Any, peer: Peer, repeats: int, device: torch.device, count: int = 8) -> float:
     """Median seconds of a one-element all-reduce with the peer: the part of a bucket's collective that does not
     depend on its size (``count`` of them a round, ``repeats`` rounds)."""
-    return statistics.median(comm_alone(group, peer, [4] * count, repeats))
+    return statistics.median(comm_alone(group, peer, [4] * count, repeats, device))
 
 
 def allreduce_hook(state, bucket):  # unannotated: DDP rejects string annotations on a hook

@@ -91,8 +91,9 @@ class ProfileConfig(Section):
     repeats: int = option(10, "timed steps (medians and spread are over these)")
     overlap: bool = option(
         True,
-        "also measure how much of a bucket's all-reduce hides under backward here (gloo between two ranks of "
-        "this process over 127.0.0.1) and what DDP costs per step; the plan uses both (CPU only for now)",
+        "also measure what DDP costs per step and how much of a bucket's all-reduce hides under backward here "
+        "(two ranks of this process: gloo over 127.0.0.1 on a CPU, NCCL between this GPU and a second one of the "
+        "machine); the plan uses them",
     )
     warmup: int = option(3, "untimed steps first (allocation, DDP's bucket rebuild, caches)")
     input_data: str | None = option(
@@ -373,20 +374,41 @@ def check_profile_config(cfg: ProfileConfig) -> list[MethodSpec]:
 
 
 class _Recorder:
-    """Each bucket's index, size and ready time in the current step (filled by :func:`_record_hook`); with a
+    """Each bucket's index, size and ready mark in the current step (filled by :func:`_record_hook`); with a
     ``group``, the hook all-reduces the bucket in it instead of handing it straight back (the overlap
-    measurement)."""
+    measurement). On a GPU a mark is an event on the stream, which the GPU passes when the bucket's gradients
+    are computed; the host reaches the hook when it has only queued them, often long before."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, float]] = []
-        self.group: torch.distributed.ProcessGroupGloo | None = None
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.calls: list[tuple[int, int, Any]] = []
+        self.group: Any = None  # a loopback pair's rank 0 (torch's stubs omit a backend's collectives)
+        self.start: Any = None
+
+    def mark(self) -> Any:
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def begin(self) -> None:
+        """Backward starts: marks from here on count from this one."""
+        self.calls.clear()
+        self.start = self.mark()
+
+    def ready(self) -> list[tuple[int, int, float]]:
+        """Each bucket's index, size and seconds from :meth:`begin` to its mark (after the device finished)."""
+        if self.device.type != "cuda":
+            return [(index, nbytes, at - self.start) for index, nbytes, at in self.calls]
+        return [(index, nbytes, self.start.elapsed_time(at) / 1e3) for index, nbytes, at in self.calls]
 
 
 def _record_hook(state, bucket):  # unannotated: DDP rejects string annotations on a hook
     """Record the bucket and hand it straight back (a world of one needs no reduction), or all-reduce it in
     the recorder's loopback group."""
     buffer = bucket.buffer()
-    state.calls.append((bucket.index(), buffer.numel() * buffer.element_size(), time.perf_counter()))
+    state.calls.append((bucket.index(), buffer.numel() * buffer.element_size(), state.mark()))
     if state.group is not None:
         return allreduce_hook(state.group, bucket)
     future: torch.futures.Future = torch.futures.Future()
@@ -407,32 +429,38 @@ class _Steps:
     collective: float | None = None  # a one-element all-reduce with the loopback peer (seconds)
 
 
-def _step(
-    ddp: nn.Module,
-    opt: torch.optim.Optimizer,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    precision: Precision,
-    recorder: _Recorder,
-) -> list[float]:
-    """One training step; returns its time points: start, batch ready, backward start, backward end, end."""
-    device = precision.device
-    synchronize(device)
-    times = [time.perf_counter()]
-    images, labels = next(batches)
-    synchronize(device)
-    times.append(time.perf_counter())
-    with precision.autocast():
-        loss = F.cross_entropy(ddp(images).float(), labels)
-    synchronize(device)
-    times.append(time.perf_counter())
-    recorder.calls.clear()
-    loss.backward()
-    synchronize(device)
-    times.append(time.perf_counter())
-    opt.step()
-    opt.zero_grad(set_to_none=False)
-    synchronize(device)
-    return times + [time.perf_counter()]
+@dataclass
+class _Stepper:
+    """The model, its DDP wrapper and what a training step of either needs."""
+
+    model: nn.Module
+    ddp: nn.Module
+    opt: torch.optim.Optimizer
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    precision: Precision
+    recorder: _Recorder
+
+    def step(self, wrapped: bool = True) -> list[float]:
+        """One training step (of the DDP wrapper, or of the bare model); returns its time points: start, batch
+        ready, backward start, backward end, end."""
+        device = self.precision.device
+        synchronize(device)
+        times = [time.perf_counter()]
+        images, labels = next(self.batches)
+        synchronize(device)
+        times.append(time.perf_counter())
+        with self.precision.autocast():
+            loss = F.cross_entropy((self.ddp if wrapped else self.model)(images).float(), labels)
+        synchronize(device)
+        times.append(time.perf_counter())
+        self.recorder.begin()
+        loss.backward()
+        synchronize(device)
+        times.append(time.perf_counter())
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        synchronize(device)
+        return times + [time.perf_counter()]
 
 
 def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> tuple[_Steps, list[int]]:
@@ -441,26 +469,29 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
     from trainscale.modes.sync import no_forward_buffer_sync
 
     ddp = DistributedDataParallel(model, **no_forward_buffer_sync())
-    recorder = _Recorder()
+    recorder = _Recorder(precision.device)
     ddp.register_comm_hook(recorder, _record_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    measure_overlap = cfg.overlap and precision.device.type == "cpu"  # gloo here; NCCL beside kernels: not yet
-    extra = 4 * cfg.repeats + 1 if measure_overlap else 0
-    batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 1 + extra)
+    pair = pair_devices(precision.device) if cfg.overlap else None
+    extra = (2 * cfg.repeats if cfg.overlap else 0) + (2 * cfg.repeats if pair else 0)
+    batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 2 + extra)
+    stepper = _Stepper(model, ddp, opt, batches, precision, recorder)
     steps = _Steps()
     for i in range(cfg.warmup + cfg.repeats):
-        t0, t1, t2, t3, t4 = _step(ddp, opt, batches, precision, recorder)
+        t0, t1, t2, t3, t4 = stepper.step()
         if i < cfg.warmup:
             continue
         for samples, seconds in zip(
             (steps.data, steps.forward, steps.backward, steps.optimizer), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         ):
             samples.append(seconds)
-        for index, nbytes, at in recorder.calls:
-            steps.ready.setdefault(index, []).append(at - t2)
+        for index, nbytes, at in recorder.ready():
+            steps.ready.setdefault(index, []).append(at)
             steps.sizes[index] = nbytes
-    if measure_overlap:
-        _time_overlap(cfg, model, ddp, opt, batches, precision, recorder, steps)
+    if cfg.overlap:
+        _time_ddp_cost(cfg, stepper, steps)
+    if pair:
+        _time_overlap(cfg, stepper, steps, pair)
     images, labels = next(batches)  # one more backward, so the compressors code real gradients, not zeros
     with precision.autocast():
         loss = F.cross_entropy(ddp(images).float(), labels)
@@ -470,37 +501,45 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
     return steps, [int(s) for s in sizes if s]
 
 
-def _time_overlap(
-    cfg: ProfileConfig,
-    model: nn.Module,
-    ddp: nn.Module,
-    opt: torch.optim.Optimizer,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    precision: Precision,
-    recorder: _Recorder,
-    steps: _Steps,
-) -> None:
-    """DDP's per-step cost (a plain step of the model beside each DDP step), then the overlap measurement of
-    :mod:`trainscale.plan.overlap`: the buckets' all-reduces alone, then launched from backward, each such step
-    paired with one without."""
-    from trainscale.runtime.process_group import loopback_pair
+def pair_devices(device: torch.device) -> tuple[torch.device, torch.device] | None:
+    """The devices of the overlap measurement's two ranks: two CPU ranks, or the profiled GPU and another GPU
+    of this machine (NCCL takes one rank per GPU); None where this machine has no second GPU."""
+    if device.type != "cuda":
+        return device, device
+    index = torch.cuda.current_device() if device.index is None else device.index
+    others = [i for i in range(torch.cuda.device_count()) if i != index]
+    return (torch.device("cuda", index), torch.device("cuda", others[0])) if others else None
 
-    order = [(index, nbytes) for index, nbytes, _ in recorder.calls]  # the last step's launch order
-    sizes = [nbytes for _, nbytes in order]
+
+def _time_ddp_cost(cfg: ProfileConfig, stepper: _Stepper, steps: _Steps) -> None:
+    """DDP's per-step cost: each DDP step (its hook handing every bucket straight back) minus a plain step of
+    the model just before it; needs no peer, so one GPU measures it too."""
     for _ in range(cfg.repeats):
-        plain = _step(model, opt, batches, precision, _Recorder())
-        wrapped = _step(ddp, opt, batches, precision, recorder)
+        plain = stepper.step(wrapped=False)
+        wrapped = stepper.step()
         steps.plain.append((wrapped[-1] - wrapped[0]) - (plain[-1] - plain[0]))
 
+
+def _time_overlap(
+    cfg: ProfileConfig, stepper: _Stepper, steps: _Steps, devices: tuple[torch.device, torch.device]
+) -> None:
+    """The overlap measurement of :mod:`trainscale.plan.overlap` between the pair on ``devices``: the buckets'
+    all-reduces alone, then launched from backward, each such step paired with one without."""
+    from trainscale.runtime.process_group import loopback_pair
+
+    recorder = stepper.recorder
+    order = [(index, nbytes) for index, nbytes, _ in recorder.calls]  # the last step's launch order
+    sizes = [nbytes for _, nbytes in order]
+
     def backward() -> float:
-        t = _step(ddp, opt, batches, precision, recorder)
+        t = stepper.step()
         return t[3] - t[2]
 
-    with loopback_pair() as (group, other):
-        peer = Peer(other)
+    with loopback_pair(devices) as (group, other):
+        peer = Peer(other, devices[1])
         try:
-            comm = comm_alone(group, peer, sizes, cfg.repeats)
-            steps.collective = per_collective(group, peer, cfg.repeats)
+            comm = comm_alone(group, peer, sizes, cfg.repeats, devices[0])
+            steps.collective = per_collective(group, peer, cfg.repeats, devices[0])
 
             def live() -> float:
                 recorder.group = group

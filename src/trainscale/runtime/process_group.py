@@ -18,7 +18,7 @@ import os
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from typing import TypedDict
+from typing import TypedDict, Union
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,7 @@ LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 300.0
 INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")  # where gloo and TensorPipe listen
 RPC_SCHEME = "trainscale"
+PairRank = Union["dist.ProcessGroupGloo", "dist.ProcessGroupNCCL"]  # NCCL: only in CUDA builds
 
 
 def launched_by_torchrun() -> bool:
@@ -177,21 +178,39 @@ def local_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _pair_rank(store: dist.Store, rank: int, device: torch.device, timeout_s: float) -> PairRank:
+    """Rank ``rank`` of a two-rank group on ``device``: NCCL on a GPU (the calling thread's device set to it
+    first, as NCCL's ranks in one process need), gloo over 127.0.0.1 on the CPU."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        nccl = dist.ProcessGroupNCCL.Options()
+        nccl._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, 2, nccl)
+    gloo = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    gloo._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    gloo._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, 2, gloo)
+
+
 @contextlib.contextmanager
-def loopback_pair(timeout_s: float = 60.0) -> Iterator[tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]]:
-    """Two gloo ranks inside this process, joined over 127.0.0.1 through an in-memory store, for measuring a
-    collective beside this process's own work (the profile's overlap) without launching a second process.
-    Each rank's calls must come from its own thread; both groups are shut down on leaving."""
+def loopback_pair(
+    devices: tuple[torch.device, torch.device] = (torch.device("cpu"), torch.device("cpu")), timeout_s: float = 60.0
+) -> Iterator[tuple[PairRank, PairRank]]:
+    """Two ranks inside this process, joined through an in-memory store, for measuring a collective beside this
+    process's own work (the profile's overlap) without launching a second process: gloo over 127.0.0.1 on the
+    CPU, NCCL between two GPUs (``devices``: rank 0's and rank 1's; NCCL takes one rank per GPU). Each rank's
+    calls must come from its own thread, on its own device; both groups are shut down on leaving."""
+    cuda = [d.type == "cuda" for d in devices]
+    if cuda[0] != cuda[1] or (cuda[0] and devices[0] == devices[1]):
+        raise ValueError(f"a pair needs two CPU ranks or two different GPUs, got {devices[0]} and {devices[1]}")
     store = dist.HashStore()
-    groups: list[dist.ProcessGroupGloo | None] = [None, None]
+    groups: list[PairRank | None] = [None, None]
     errors: list[BaseException] = []
 
     def join(rank: int) -> None:
         try:
-            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            options._timeout = datetime.timedelta(seconds=timeout_s)
-            groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
+            groups[rank] = _pair_rank(store, rank, devices[rank], timeout_s)
         except BaseException as exc:  # reported on the calling thread
             errors.append(exc)
 
@@ -202,7 +221,7 @@ def loopback_pair(timeout_s: float = 60.0) -> Iterator[tuple[dist.ProcessGroupGl
         t.join(timeout_s)
     try:
         if errors or None in groups:
-            raise RuntimeError(f"a loopback gloo pair did not form: {errors[0] if errors else 'timed out'}")
+            raise RuntimeError(f"a loopback pair did not form: {errors[0] if errors else 'timed out'}")
         yield groups[0], groups[1]  # type: ignore[misc]
     finally:
         for group in groups:
