@@ -95,21 +95,21 @@ def test_a_pair_refuses_one_gpu_twice_or_a_cpu_beside_a_gpu(devices):
             pass
 
 
-def test_a_one_gpu_profile_gives_ddps_cost_and_says_why_not_the_overlap(monkeypatch, capsys):
-    """On a machine with one GPU the profile measures DDP's per-step cost (no peer needed) and says that the
-    overlap needs a second GPU; the plan then takes it from published NCCL runs."""
+def test_a_one_gpu_profile_says_why_it_measured_no_overlap(monkeypatch, capsys):
+    """On a machine with one GPU the profile measures no overlap nor DDP's costs (NCCL needs a second GPU) and says
+    so; the plan takes both from published NCCL runs, as the pair they were fitted as."""
     from trainscale.plan import cli
-    from trainscale.plan.plan import GPU_OVERLAP, PlanConfig, setting_from
+    from trainscale.plan.plan import GPU_OVERLAP, GPU_STEP_SHARE, PlanConfig, setting_from
     from trainscale.plan.profile import ProfileConfig
 
-    gpu = dataclasses.replace(make_profile(), step_overhead=0.0012, environment={"device": "cuda:0"})
+    gpu = dataclasses.replace(make_profile(), environment={"device": "cuda:0"})
     monkeypatch.setattr(cli, "profile_command", lambda cfg: gpu)
     assert cli.run_profile(ProfileConfig()) == 0
     out = capsys.readouterr().out
-    assert "DDP's cost per step 1.2 ms; overlap and per-bucket cost not measured: NCCL takes one rank per GPU" in out
+    assert "overlap and DDP's per-step and per-bucket costs not measured: NCCL takes one rank per GPU" in out
     setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="10gbit"), gpu)
-    assert (setting.overlap, setting.step_overhead) == (GPU_OVERLAP, 0.0012)
-    assert "DDP's cost per step 1.2 ms" in origin and "as published NCCL runs show" in origin
+    assert (setting.overlap, setting.step_share) == (GPU_OVERLAP, GPU_STEP_SHARE)
+    assert "no overlap of communication with backward (as published NCCL runs show)" in origin
 
 
 def test_a_gpu_overlap_names_nccl():

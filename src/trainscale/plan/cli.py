@@ -46,8 +46,8 @@ def run_profile(cfg: ProfileConfig) -> int:
         print(f"  {overlap_text(p)}")
     elif cfg.overlap and not p.on_cpu:
         print(
-            f"  DDP's cost per step {_ms(p.step_overhead or 0.0)} ms; overlap and per-bucket cost not measured: NCCL "
-            "takes one rank per GPU and this machine has one (the plan says what it assumes)"
+            "  overlap and DDP's per-step and per-bucket costs not measured: NCCL takes one rank per GPU and this "
+            "machine has one (the plan takes them from published NCCL runs and says so)"
         )
     if p.input_images_per_sec is not None:
         print(

@@ -473,7 +473,7 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
     ddp.register_comm_hook(recorder, _record_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=5e-4)
     pair = pair_devices(precision.device) if cfg.overlap else None
-    extra = (2 * cfg.repeats if cfg.overlap else 0) + (2 * cfg.repeats if pair else 0)
+    extra = 4 * cfg.repeats if pair else 0
     batches = training_batches(cfg, precision.device, cfg.warmup + cfg.repeats + 2 + extra)
     stepper = _Stepper(model, ddp, opt, batches, precision, recorder)
     steps = _Steps()
@@ -488,9 +488,8 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
         for index, nbytes, at in recorder.ready():
             steps.ready.setdefault(index, []).append(at)
             steps.sizes[index] = nbytes
-    if cfg.overlap:
-        _time_ddp_cost(cfg, stepper, steps)
     if pair:
+        _time_ddp_cost(cfg, stepper, steps)
         _time_overlap(cfg, stepper, steps, pair)
     images, labels = next(batches)  # one more backward, so the compressors code real gradients, not zeros
     with precision.autocast():
@@ -513,7 +512,9 @@ def pair_devices(device: torch.device) -> tuple[torch.device, torch.device] | No
 
 def _time_ddp_cost(cfg: ProfileConfig, stepper: _Stepper, steps: _Steps) -> None:
     """DDP's per-step cost: each DDP step (its hook handing every bucket straight back) minus a plain step of
-    the model just before it; needs no peer, so one GPU measures it too."""
+    the model just before it. Measured with the overlap only: on a GPU the published NCCL runs' overlap and
+    per-step share, which a plan takes where nothing was measured, were fitted together, and DDP's own cost on one
+    GPU (without NCCL's kernels beside backward's, or a slower peer to wait for) would replace only half of them."""
     for _ in range(cfg.repeats):
         plain = stepper.step(wrapped=False)
         wrapped = stepper.step()
