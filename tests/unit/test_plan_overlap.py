@@ -147,6 +147,25 @@ class TestPlanUsesTheMeasurement:
         plain = self._plan(tmp_path, capsys, make_profile())
         assert slower["step_seconds"] > plain["step_seconds"]
 
+    def test_the_pairs_rate_given_as_the_hosts_link_plans_the_all_reduces_it_measured(self, tmp_path, capsys):
+        """The rate the profile prints for its two ranks is the link that makes a plan of two workers on one host
+        take as long for the buckets' all-reduces as the measurement did (their per-collective cost apart)."""
+        from trainscale.plan.cli import overlap_text
+
+        seconds = {"backward": 0.2, "exposed": 0.02, "comm": 0.05, "schedule_bound": 0.01}
+        p = dataclasses.replace(
+            make_profile(), overlap=0.5, overlap_seconds=seconds, bucket_overhead=2e-4, step_overhead=1e-3
+        )
+        rate = p.pair_bytes_per_sec
+        assert rate == pytest.approx(sum(b.nbytes for b in p.buckets) / (0.05 - 2 * 2e-4))
+        assert f"all-reduced at {rate / 1e9:.3g}GB/s" in overlap_text(p)
+        link = f"{rate / 1e9:.9f}GB/s"
+        plan = self._plan(tmp_path, capsys, p, hosts=1, bandwidth=None, workers_per_host=2, intra_bandwidth=link)
+        assert plan["wire_seconds"] == pytest.approx(0.05, rel=1e-4)
+        assert dataclasses.replace(p, overlap_seconds={}).pair_bytes_per_sec is None  # nothing measured
+        within_cost = dataclasses.replace(p, overlap_seconds={**seconds, "comm": 1e-4})  # all per-collective cost
+        assert within_cost.pair_bytes_per_sec is None and "all-reduced at" not in overlap_text(within_cost)
+
     def test_a_flag_wins_over_the_measurement(self, tmp_path, capsys):
         from trainscale.plan.plan import PlanConfig, setting_from
 

@@ -70,6 +70,11 @@ def overlap_text(p: Profile) -> str:
     share = "nothing can hide" if p.overlap is None else f"overlap {p.overlap:.2f}"
     cost = "" if p.step_overhead is None else f"; DDP's cost per step {_ms(p.step_overhead)} ms"
     cost += "" if p.bucket_overhead is None else f", per bucket {1e6 * p.bucket_overhead:.0f} us"
+    rate = p.pair_bytes_per_sec
+    if rate is not None:
+        cost += (
+            f"; the two ranks all-reduced at {rate / 1e9:.3g}GB/s (a plan's --intra-bandwidth for workers of one host)"
+        )
     return (
         f"{share}: the buckets' all-reduces take {_ms(m['comm'])} ms alone ({_pair(p)}), backward "
         f"{_ms(m['backward'])} ms; launched from backward they lengthen it by {_ms(m['exposed'])} ms (perfect "

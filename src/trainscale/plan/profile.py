@@ -194,6 +194,16 @@ class Profile:
         return {k: v for k, v in costs.items() if v is not None}
 
     @property
+    def pair_bytes_per_sec(self) -> float | None:
+        """The rate the overlap measurement's two ranks all-reduced the buckets at, beyond each collective's own
+        cost: a ring of two sends each rank's whole buffer once, so it is the rate a plan's link between two
+        workers of one host takes (``--intra-bandwidth``). None where nothing was measured."""
+        if not self.overlap_seconds:
+            return None
+        wire = self.overlap_seconds["comm"] - len(self.buckets) * (self.bucket_overhead or 0.0)
+        return sum(b.nbytes for b in self.buckets) / wire if wire > 0 else None
+
+    @property
     def on_cpu(self) -> bool:
         """Measured on a CPU (whose cores the step's compute already fills), not an accelerator."""
         return str(self.environment.get("device", "cpu")).startswith("cpu")
