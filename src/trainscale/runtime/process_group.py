@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TypedDict, Union
 
 import torch
@@ -206,27 +206,42 @@ def loopback_pair(
         raise ValueError(f"a pair needs two CPU ranks or two different GPUs, got {devices[0]} and {devices[1]}")
     store = dist.HashStore()
     groups: list[PairRank | None] = [None, None]
-    errors: list[BaseException] = []
 
     def join(rank: int) -> None:
-        try:
-            groups[rank] = _pair_rank(store, rank, devices[rank], timeout_s)
-        except BaseException as exc:  # reported on the calling thread
-            errors.append(exc)
+        groups[rank] = _pair_rank(store, rank, devices[rank], timeout_s)
 
-    threads = [threading.Thread(target=join, args=(rank,), daemon=True) for rank in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
+    def leave(rank: int) -> None:
+        group = groups[rank]
+        if group is not None:
+            group.shutdown()
+
+    errors = _each_rank(join, timeout_s)
     try:
         if errors or None in groups:
             raise RuntimeError(f"a loopback pair did not form: {errors[0] if errors else 'timed out'}")
         yield groups[0], groups[1]  # type: ignore[misc]
     finally:
-        for group in groups:
-            if group is not None:
-                group.shutdown()
+        for exc in _each_rank(leave, timeout_s):
+            log.warning("a loopback pair's rank did not shut down cleanly: %s", exc)
+
+
+def _each_rank(call: Callable[[int], None], timeout_s: float) -> list[BaseException]:
+    """``call(0)`` and ``call(1)`` at once, each on its own thread, as a pair's ranks must form and leave (NCCL
+    forms a communicator and destroys it as a collective of its ranks); the errors they raised."""
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            call(rank)
+        except BaseException as exc:  # reported on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    return errors
 
 
 class TensorPipeOptions(TypedDict):
