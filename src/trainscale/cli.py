@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import decimal
 import difflib
 import errno
 import gc
 import logging
-import math
 import os
 import sys
 import traceback
@@ -34,18 +34,27 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
+_MAGNITUDES = {"k": 3, "m": 6, "b": 9}  # --params 44.5M, 1.3B: how parameter counts are written
+
+
 def _integer(text: str) -> int:
-    """An integer flag's value, also in scientific notation where it is a whole number (``--params 25e6``)."""
+    """An integer flag's value, also in scientific notation or with a K, M or B suffix (thousand, million,
+    billion) where it is a whole number (``--params 25e6``, ``--params 44.5M``)."""
     try:
         return int(text)
     except ValueError:
         pass
+    digits, exponent = text, 0
+    if text[-1:].lower() in _MAGNITUDES:
+        digits, exponent = text[:-1], _MAGNITUDES[text[-1].lower()]
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"expected a whole number (e.g. 512, 25000000 or 25e6), got '{text}'")
+        value = decimal.Decimal(digits.replace("_", "")).scaleb(exponent)
+    except decimal.InvalidOperation:
+        value = decimal.Decimal("NaN")
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"expected a whole number (e.g. 512, 25000000, 25e6 or 25M), got '{text}'")
+    if abs(value) >= 2**63:
+        raise argparse.ArgumentTypeError(f"'{text}' is too large for a whole number here (at most {2**63 - 1:.3g})")
     return int(value)
 
 

@@ -18,7 +18,10 @@ SYN = ("--dataset", "synthetic", "--epochs", "1", "--no-progress")
         (("--epochs", "0"), "--epochs must be a positive number"),
         (("--eval-every", "-1"), "--eval-every must be 0 (the last epoch only) or a positive number of epochs"),
         (("--batch-size", "-4"), "--batch-size must be a positive integer"),
-        (("--batch-size", "many"), "--batch-size: expected a whole number (e.g. 512, 25000000 or 25e6), got 'many'"),
+        (
+            ("--batch-size", "many"),
+            "--batch-size: expected a whole number (e.g. 512, 25000000, 25e6 or 25M), got 'many'",
+        ),
         (("--batch-size", "2.5"), "expected a whole number"),
         (("--precision", "fp16", "--device", "cpu"), "--precision fp16 needs a CUDA device"),
         (("--device", "cuda:7"), "CUDA"),

@@ -335,14 +335,15 @@ class TestWithoutProfile:
             "--json",
         ]
         plans = []
-        for params in ("25000000", "25e6", "2.5e7", "25_000_000"):
+        for params in ("25000000", "25e6", "2.5e7", "25_000_000", "25M", "25m", "0.025B", "25000k"):
             assert main([*flags, "--params", params]) == 0
             plans.append(json.loads(capsys.readouterr().out))
         assert all(p == plans[0] for p in plans) and plans[0]["images_per_sec"] > 0
         with pytest.raises(SystemExit) as exit_:
             main([*flags, "--params", "2.5e-1"])
         assert exit_.value.code == 2
-        assert "--params: expected a whole number (e.g. 512, 25000000 or 25e6), got '2.5e-1'" in capsys.readouterr().err
+        refusal = "--params: expected a whole number (e.g. 512, 25000000, 25e6 or 25M), got '2.5e-1'"
+        assert refusal in capsys.readouterr().err
 
     def test_a_parameter_server_plan_says_where_its_servers_are(self, capsys):
         from trainscale.cli import main
