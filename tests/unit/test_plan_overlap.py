@@ -95,6 +95,40 @@ def test_a_pair_refuses_one_gpu_twice_or_a_cpu_beside_a_gpu(devices):
             pass
 
 
+def test_an_nccl_pair_forms_on_each_ranks_device_and_leaves_as_a_collective(monkeypatch):
+    """Two NCCL ranks of one process: each formed on its own thread with its own GPU set, and destroyed at once
+    (NCCL destroys a communicator as a collective of its ranks: one thread shutting both down in turn would wait
+    for itself). A stand-in NCCL whose shutdown waits for both ranks checks it without GPUs."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from trainscale.runtime.process_group import loopback_pair
+
+    current = threading.local()
+    both_leave = threading.Barrier(2, timeout=5)
+    formed, left = {}, []
+
+    class StandInNCCL:
+        class Options:
+            _timeout = None
+
+        def __init__(self, store, rank, size, options):
+            formed[rank] = (current.device, size, options._timeout.total_seconds())
+
+        def shutdown(self):
+            both_leave.wait()
+            left.append(threading.current_thread().name)
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: setattr(current, "device", str(device)))
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", StandInNCCL, raising=False)
+    with loopback_pair((torch.device("cuda:1"), torch.device("cuda:0")), timeout_s=7) as (rank0, rank1):
+        assert isinstance(rank0, StandInNCCL) and isinstance(rank1, StandInNCCL)
+    assert formed == {0: ("cuda:1", 2, 7.0), 1: ("cuda:0", 2, 7.0)}
+    assert len(left) == 2 and len(set(left)) == 2  # both shut down, each from its own thread
+
+
 def test_a_one_gpu_profile_says_why_it_measured_no_overlap(monkeypatch, capsys):
     """On a machine with one GPU the profile measures no overlap nor DDP's costs (NCCL needs a second GPU) and says
     so; the plan takes both from published NCCL runs, as the pair they were fitted as."""
