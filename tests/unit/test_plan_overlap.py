@@ -95,6 +95,41 @@ def test_a_pair_refuses_one_gpu_twice_or_a_cpu_beside_a_gpu(devices):
             pass
 
 
+def test_on_a_gpu_a_buckets_ready_time_is_read_from_events_on_the_stream(monkeypatch):
+    """On a GPU the recorder marks a bucket with an event on the stream (passed when the GPU gets there, not when
+    the host queued the work) and reads seconds between events after the step; a stand-in event keeps CUDA's
+    contract (``elapsed_time`` in milliseconds between two recorded events)."""
+    import time
+
+    import torch
+
+    from trainscale.plan.profile import _Recorder
+
+    class StandInEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.at: float | None = None
+
+        def record(self, stream=None) -> None:
+            self.at = time.perf_counter()
+
+        def elapsed_time(self, end: StandInEvent) -> float:
+            assert self.at is not None and end.at is not None  # both recorded
+            return 1e3 * (end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    recorder = _Recorder(torch.device("cuda:0"))
+    recorder.begin()
+    time.sleep(0.02)
+    recorder.calls.append((1, 400, recorder.mark()))
+    time.sleep(0.02)
+    recorder.calls.append((0, 800, recorder.mark()))
+    (first, size1, at1), (second, size0, at0) = recorder.ready()
+    assert (first, size1, second, size0) == (1, 400, 0, 800)
+    assert 0.015 < at1 < at0 < 0.5 and at0 - at1 > 0.015  # seconds from backward's start
+
+
 def test_an_nccl_pair_forms_on_each_ranks_device_and_leaves_as_a_collective(monkeypatch):
     """Two NCCL ranks of one process: each formed on its own thread with its own GPU set, and destroyed at once
     (NCCL destroys a communicator as a collective of its ranks: one thread shutting both down in turn would wait
