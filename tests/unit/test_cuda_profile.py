@@ -29,7 +29,8 @@ def test_a_gpu_profile_times_buckets_on_the_device_and_measures_what_one_gpu_can
     assert 0.5 * p.backward.median < ready[-1] <= 1.05 * p.backward.max
     if torch.cuda.device_count() < 2:  # NCCL takes one rank per GPU: nothing of DDP's costs measured
         assert (p.overlap, p.step_overhead, p.bucket_overhead, p.overlap_seconds) == (None, None, None, {})
+        assert p.overlap_unmeasured == "NCCL takes one rank per GPU and this machine has one"
     else:
         assert p.overlap_seconds["comm"] > 0 and p.step_overhead is not None
-        assert p.bucket_overhead is not None and p.bucket_overhead > 0
+        assert p.bucket_overhead is not None and p.bucket_overhead > 0 and not p.overlap_unmeasured
     assert threading.active_count() == before

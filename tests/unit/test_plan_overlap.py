@@ -62,6 +62,7 @@ def test_profile_without_overlap_measures_none(tmp_path):
         ProfileConfig(model="mlp", batch_size=4, repeats=1, warmup=1, threads=1, overlap=False, out=str(out))
     )
     assert (p.overlap, p.step_overhead, p.bucket_overhead, p.overlap_seconds) == (None, None, None, {})
+    assert p.overlap_unmeasured == ""  # not asked for: nothing to explain
 
 
 @pytest.mark.parametrize(
@@ -171,14 +172,46 @@ def test_a_one_gpu_profile_says_why_it_measured_no_overlap(monkeypatch, capsys):
     from trainscale.plan.plan import GPU_OVERLAP, GPU_STEP_SHARE, PlanConfig, setting_from
     from trainscale.plan.profile import ProfileConfig
 
-    gpu = dataclasses.replace(make_profile(), environment={"device": "cuda:0"})
+    one_gpu = "NCCL takes one rank per GPU and this machine has one"
+    gpu = dataclasses.replace(make_profile(), environment={"device": "cuda:0"}, overlap_unmeasured=one_gpu)
     monkeypatch.setattr(cli, "profile_command", lambda cfg: gpu)
     assert cli.run_profile(ProfileConfig()) == 0
     out = capsys.readouterr().out
-    assert "overlap and DDP's per-step and per-bucket costs not measured: NCCL takes one rank per GPU" in out
+    assert f"overlap and DDP's per-step and per-bucket costs not measured: {one_gpu}" in out
     setting, _, origin = setting_from(PlanConfig(hosts=2, bandwidth="10gbit"), gpu)
     assert (setting.overlap, setting.step_share) == (GPU_OVERLAP, GPU_STEP_SHARE)
     assert "no overlap of communication with backward (as published NCCL runs show)" in origin
+
+
+@pytest.mark.parametrize("why", ["no second GPU", "the pair does not form"])
+def test_a_profile_without_a_pair_keeps_the_rest_and_says_why(monkeypatch, tmp_path, why):
+    """Where the two ranks cannot be had (one GPU) or do not form (NCCL refusing, say), the profile still times the
+    step and its buckets, measures none of DDP's costs (they go with the overlap) and says why."""
+    import contextlib
+
+    from trainscale.plan import profile as profile_module
+    from trainscale.plan.profile import ProfileConfig, load_profile, profile_command
+    from trainscale.runtime import process_group
+    from trainscale.runtime.process_group import PairError
+
+    if why == "no second GPU":
+        monkeypatch.setattr(profile_module, "pair_devices", lambda device: None)
+        expected = "NCCL takes one rank per GPU and this machine has one"
+    else:
+
+        @contextlib.contextmanager
+        def refused(devices, timeout_s=60.0):
+            raise PairError("unhandled system error")
+            yield
+
+        monkeypatch.setattr(process_group, "loopback_pair", refused)
+        expected = "two gloo ranks did not form a pair (unhandled system error)"
+    out = tmp_path / "p.json"
+    profile_command(ProfileConfig(model="mlp", batch_size=4, repeats=2, warmup=1, threads=1, out=str(out)))
+    p = load_profile(out)
+    assert p.overlap_unmeasured == expected
+    assert (p.overlap, p.step_overhead, p.bucket_overhead, p.overlap_seconds) == (None, None, None, {})
+    assert p.buckets and p.compute_seconds > 0
 
 
 def test_a_gpu_overlap_names_nccl():

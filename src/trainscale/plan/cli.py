@@ -44,10 +44,10 @@ def run_profile(cfg: ProfileConfig) -> int:
     )
     if p.overlap_seconds:
         print(f"  {overlap_text(p)}")
-    elif cfg.overlap and not p.on_cpu:
+    elif p.overlap_unmeasured:
         print(
-            "  overlap and DDP's per-step and per-bucket costs not measured: NCCL takes one rank per GPU and this "
-            "machine has one (the plan takes them from published NCCL runs and says so)"
+            f"  overlap and DDP's per-step and per-bucket costs not measured: {p.overlap_unmeasured} (the plan says "
+            "what it takes instead)"
         )
     if p.input_images_per_sec is not None:
         print(

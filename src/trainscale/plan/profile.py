@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import statistics
@@ -51,6 +52,7 @@ from trainscale.train.precision import Precision, peak_memory_mb, resolve_device
 from trainscale.train.usermodel import check_model_takes
 
 FORMAT = "trainscale-profile/1"
+log = logging.getLogger("trainscale.plan")
 LATE_EPOCH = 10**6  # past every compressor's warm-up (DGC's density ramp)
 
 
@@ -180,6 +182,7 @@ class Profile:
     input_workers: int | None = None
     input_cores: float | None = None
     overlap_seconds: dict[str, float] = field(default_factory=dict)  # the measurement behind ``overlap``
+    overlap_unmeasured: str = ""  # why the overlap and DDP's costs were asked for but not measured
 
     @property
     def compute_seconds(self) -> float:
@@ -437,6 +440,7 @@ class _Steps:
     plain: list[float] = field(default_factory=list)  # a DDP step minus the plain step before it
     overlap: OverlapMeasurement | None = None
     collective: float | None = None  # a one-element all-reduce with the loopback peer (seconds)
+    unmeasured: str = ""  # why the overlap and DDP's costs were not measured, where they were asked for
 
 
 @dataclass
@@ -498,9 +502,10 @@ def _time_steps(cfg: ProfileConfig, model: nn.Module, precision: Precision) -> t
         for index, nbytes, at in recorder.ready():
             steps.ready.setdefault(index, []).append(at)
             steps.sizes[index] = nbytes
+    if cfg.overlap and pair is None:
+        steps.unmeasured = "NCCL takes one rank per GPU and this machine has one"
     if pair:
-        _time_ddp_cost(cfg, stepper, steps)
-        _time_overlap(cfg, stepper, steps, pair)
+        _time_pair(cfg, stepper, steps, pair)
     images, labels = next(batches)  # one more backward, so the compressors code real gradients, not zeros
     with precision.autocast():
         loss = F.cross_entropy(ddp(images).float(), labels)
@@ -518,6 +523,23 @@ def pair_devices(device: torch.device) -> tuple[torch.device, torch.device] | No
     index = torch.cuda.current_device() if device.index is None else device.index
     others = [i for i in range(torch.cuda.device_count()) if i != index]
     return (torch.device("cuda", index), torch.device("cuda", others[0])) if others else None
+
+
+def _time_pair(
+    cfg: ProfileConfig, stepper: _Stepper, steps: _Steps, devices: tuple[torch.device, torch.device]
+) -> None:
+    """DDP's costs and the overlap, measured together; where the pair cannot form (NCCL refusing two GPUs of a
+    machine, say) the profile keeps everything else and says why these are missing."""
+    from trainscale.runtime.process_group import PairError
+
+    _time_ddp_cost(cfg, stepper, steps)
+    try:
+        _time_overlap(cfg, stepper, steps, devices)
+    except PairError as exc:
+        ranks = f"NCCL's ranks on {devices[0]} and {devices[1]}" if devices[0].type == "cuda" else "two gloo ranks"
+        steps.plain.clear()
+        steps.unmeasured = f"{ranks} did not form a pair ({exc})"
+        log.warning("the overlap and DDP's costs are not measured: %s", steps.unmeasured)
 
 
 def _time_ddp_cost(cfg: ProfileConfig, stepper: _Stepper, steps: _Steps) -> None:
@@ -701,6 +723,7 @@ def measure(cfg: ProfileConfig, specs: list[MethodSpec]) -> Profile:
         overlap_seconds=dataclasses.asdict(steps.overlap) if steps.overlap else {},
         step_overhead=max(0.0, statistics.median(steps.plain)) if steps.plain else None,
         bucket_overhead=steps.collective,
+        overlap_unmeasured=steps.unmeasured,
         **_input_fields(cfg),
     )
 

@@ -178,6 +178,10 @@ def local_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+class PairError(RuntimeError):
+    """Two ranks of this process could not form a group (NCCL or gloo refused, or timed out)."""
+
+
 def _pair_rank(store: dist.Store, rank: int, device: torch.device, timeout_s: float) -> PairRank:
     """Rank ``rank`` of a two-rank group on ``device``: NCCL on a GPU (the calling thread's device set to it
     first, as NCCL's ranks in one process need), gloo over 127.0.0.1 on the CPU."""
@@ -218,7 +222,7 @@ def loopback_pair(
     errors = _each_rank(join, timeout_s)
     try:
         if errors or None in groups:
-            raise RuntimeError(f"a loopback pair did not form: {errors[0] if errors else 'timed out'}")
+            raise PairError(f"{errors[0] if errors else f'not formed within {timeout_s:g} s'}")
         yield groups[0], groups[1]  # type: ignore[misc]
     finally:
         for exc in _each_rank(leave, timeout_s):
