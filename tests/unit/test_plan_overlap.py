@@ -128,7 +128,7 @@ def test_on_a_gpu_a_buckets_ready_time_is_read_from_events_on_the_stream(monkeyp
     recorder.calls.append((0, 800, recorder.mark()))
     (first, size1, at1), (second, size0, at0) = recorder.ready()
     assert (first, size1, second, size0) == (1, 400, 0, 800)
-    assert 0.015 < at1 < at0 < 0.5 and at0 - at1 > 0.015  # seconds from backward's start
+    assert 0.015 < at1 < at0 < 5 and at0 - at1 > 0.015  # seconds (not milliseconds) from backward's start
 
 
 def test_an_nccl_pair_forms_on_each_ranks_device_and_leaves_as_a_collective(monkeypatch):
