@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from trainscale.plan.predict import (
     fit_step_overhead,
     predict,
 )
+from trainscale.plan.profile import Profile
 
 GB = 1e9
 FABRIC = Fabric(2, 4, Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
@@ -369,6 +371,36 @@ def test_a_hosts_input_pipeline_caps_its_devices():
     assert predict(profile, Setting(1, 4, None, Link(1e12), host_images_per_sec=1e6)).step_seconds == free.step_seconds
 
 
+Fit = Callable[[Profile, Setting, float], float]
+
+
+def _check_fit_reproduces_and_carries(
+    fit: Fit, setting: Setting, measured_on: dict[str, int], fraction_field: str, link_field: str
+) -> None:
+    """A link's fraction fitted to a throughput measured on part of ``setting`` (``measured_on``: two hosts, or two
+    devices of one) plans that part at the measurement, and the whole as the same link that much slower."""
+    profile = make_profile()
+    part = dataclasses.replace(setting, **measured_on)
+    measured = 0.6 * predict(profile, part).images_per_sec
+    fraction = fit(profile, setting, measured)
+    assert 0 < fraction < 1
+    assert predict(profile, dataclasses.replace(part, **{fraction_field: fraction})).images_per_sec == pytest.approx(
+        measured, rel=1e-6
+    )
+    link = getattr(setting, link_field)
+    slower = Link(link.bandwidth * fraction, link.latency)
+    assert predict(profile, dataclasses.replace(setting, **{fraction_field: fraction})) == predict(
+        profile, dataclasses.replace(setting, **{link_field: slower})
+    )
+
+
+def _fitted_at_shares_of_the_plan(fit: Fit, setting: Setting, measured_on: dict[str, int]) -> list[float]:
+    """The fractions fitted to 1.3, 1.0, 0.9 and 0.5 times the planned throughput of the measured part."""
+    profile = make_profile()
+    planned = predict(profile, dataclasses.replace(setting, **measured_on)).images_per_sec
+    return [fit(profile, setting, f * planned) for f in (1.3, 1.0, 0.9, 0.5)]
+
+
 class TestFittedToOneHost:
     """The framework's cost per step fitted to a throughput measured on one host (plan --one-host-images-per-sec)."""
 
@@ -423,25 +455,12 @@ class TestFittedToTwoHosts:
         assert fit_link_efficiency(profile, two, 128 / 0.7) == pytest.approx(0.25, rel=1e-9)
 
     def test_two_hosts_reproduce_the_measurement_and_the_fraction_carries_to_more_hosts(self):
-        profile = make_profile()
         cluster = Setting(8, 4, Link(GB / 8, 1e-5), Link(10 * GB, 1e-6), overlap=0.3, algorithm="auto")
-        two = dataclasses.replace(cluster, hosts=2)
-        measured = 0.6 * predict(profile, two).images_per_sec
-        fraction = fit_link_efficiency(profile, cluster, measured)
-        assert 0 < fraction < 1
-        assert predict(profile, dataclasses.replace(two, efficiency=fraction)).images_per_sec == pytest.approx(
-            measured, rel=1e-6
-        )
-        slower = Link(cluster.inter.bandwidth * fraction, cluster.inter.latency)
-        assert predict(profile, dataclasses.replace(cluster, efficiency=fraction)) == predict(
-            profile, dataclasses.replace(cluster, inter=slower)
-        )
+        _check_fit_reproduces_and_carries(fit_link_efficiency, cluster, {"hosts": 2}, "efficiency", "inter")
 
     def test_a_lower_measurement_is_a_slower_link_and_one_at_or_above_the_plan_line_rate(self):
-        profile = make_profile()
         two = Setting(2, 4, Link(GB / 8, 1e-5), Link(10 * GB, 1e-6), overlap=0.0)
-        planned = predict(profile, two).images_per_sec
-        fractions = [fit_link_efficiency(profile, two, f * planned) for f in (1.3, 1.0, 0.9, 0.5)]
+        fractions = _fitted_at_shares_of_the_plan(fit_link_efficiency, two, {})
         assert fractions[:2] == [1.0, 1.0] and 1 > fractions[2] > fractions[3] > 0
 
     def test_a_gap_the_link_cannot_explain_and_other_modes_are_refused(self):
@@ -486,25 +505,12 @@ class TestFittedToTwoDevices:
         assert fit_intra_efficiency(profile, host, 128 / 0.7) == pytest.approx(0.25, rel=1e-9)
 
     def test_two_devices_reproduce_the_measurement_and_the_fraction_carries_to_more(self):
-        profile = make_profile()
         host = Setting(1, 8, None, Link(10 * GB, 1e-6), overlap=0.3)
-        two = dataclasses.replace(host, per_host=2)
-        measured = 0.6 * predict(profile, two).images_per_sec
-        fraction = fit_intra_efficiency(profile, host, measured)
-        assert 0 < fraction < 1
-        assert predict(profile, dataclasses.replace(two, intra_efficiency=fraction)).images_per_sec == pytest.approx(
-            measured, rel=1e-6
-        )
-        slower = Link(host.intra.bandwidth * fraction, host.intra.latency)
-        assert predict(profile, dataclasses.replace(host, intra_efficiency=fraction)) == predict(
-            profile, dataclasses.replace(host, intra=slower)
-        )
+        _check_fit_reproduces_and_carries(fit_intra_efficiency, host, {"per_host": 2}, "intra_efficiency", "intra")
 
     def test_a_lower_measurement_is_a_slower_link_and_one_at_or_above_the_plan_its_full_rate(self):
-        profile = make_profile()
         host = Setting(1, 4, None, Link(10 * GB, 1e-6), overlap=0.0)
-        planned = predict(profile, dataclasses.replace(host, per_host=2)).images_per_sec
-        fractions = [fit_intra_efficiency(profile, host, f * planned) for f in (1.3, 1.0, 0.9, 0.5)]
+        fractions = _fitted_at_shares_of_the_plan(fit_intra_efficiency, host, {"per_host": 2})
         assert fractions[:2] == [1.0, 1.0] and 1 > fractions[2] > fractions[3] > 0
 
     def test_a_gap_the_link_cannot_explain_other_modes_and_no_link_are_refused(self):

@@ -222,7 +222,7 @@ def loopback_pair(
     errors = _each_rank(join, timeout_s)
     try:
         if errors or None in groups:
-            raise PairError(f"{errors[0] if errors else f'not formed within {timeout_s:g} s'}")
+            raise PairError(str(errors[0]) if errors else f"not formed within {timeout_s:g} s")
         yield groups[0], groups[1]  # type: ignore[misc]
     finally:
         for exc in _each_rank(leave, timeout_s):
