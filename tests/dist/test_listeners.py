@@ -7,6 +7,8 @@ is an open file of a process of the job (the launcher and all its descendants).
 
 from __future__ import annotations
 
+import datetime
+import errno
 import ipaddress
 import os
 import shutil
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from trainscale.runtime.network import free_port, interface_of, listening_socket, local_address_toward
+from trainscale.runtime.rendezvous import bound_store, held_endpoint
 
 SMALL = (
     "--model",
@@ -123,6 +126,34 @@ def test_listening_socket_binds_only_the_given_address() -> None:
     with listening_socket("127.0.0.1", 0) as sock:
         assert sock.getsockname()[0] == "127.0.0.1"
     assert interface_of(local_address_toward("127.0.0.1")) == "lo"
+
+
+def _bind_error(port: int) -> int | None:
+    """The errno another process's bind of ``127.0.0.1:port`` meets (None: it would get the port)."""
+    with socket.socket() as other:
+        try:
+            other.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno
+    return None
+
+
+def test_a_held_endpoint_is_nobody_elses_until_the_store_serves_on_it() -> None:
+    """A job on one machine picks its rendezvous port and keeps listening on it until torch's agent creates the
+    store there: nobody can take it in between (before, a port found free could be gone at the store's bind, a
+    failed start on a busy machine)."""
+    timeout = datetime.timedelta(seconds=10)
+    with held_endpoint("127.0.0.1") as endpoint:
+        port = int(endpoint.rsplit(":", 1)[1])
+        assert _bind_error(port) == errno.EADDRINUSE
+        server = bound_store("127.0.0.1", port, True, timeout)
+        client = bound_store("127.0.0.1", port, False, timeout)
+        client.set("k", "v")
+        assert server.get("k") == b"v"
+        del client, server
+    with held_endpoint("127.0.0.1") as endpoint:  # no store took it: closed on the way out
+        port = int(endpoint.rsplit(":", 1)[1])
+    assert _bind_error(port) is None
 
 
 @pytest.mark.dist

@@ -212,7 +212,8 @@ def test_down_name_removes_what_a_killed_up_left(
         net.trainscale_namespaces().get(name)
         and not (Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").exists()
     )
-    assert cli(capsys, "down", name)[0] == 0
+    code, _, err = cli(capsys, "down", name)
+    assert code == 0, err
     assert name not in net.trainscale_namespaces()
     assert not [p for root in (net.NETNS_ETC, net.CGROUP_CPU) for p in root.glob(f"{net.PREFIX}{name}-*")]
     code, _, err = cli(capsys, "down", name)  # nothing left of it: the usual one line
@@ -242,6 +243,27 @@ def test_down_refuses_a_cluster_in_use_and_force_stops_the_run(
     finally:
         run.kill()
         run.wait()
+
+
+def test_down_lets_a_process_that_is_leaving_the_cluster_go_first(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """A process in a host for a moment more (an ``ip`` or ``tc`` command of a `cluster up` killed just before,
+    here a 0.3 s sleep) is no run: `down` waits for it to leave and deletes the cluster (before, it refused the
+    cluster as in use)."""
+    name = cluster_names()
+    assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
+    leaving = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "0.3"])
+    try:
+        while not net.processes_in(name) and leaving.poll() is None:
+            time.sleep(0.01)
+        assert leaving.poll() is None, "the stand-in left before `down` could see it"
+        code, _, err = cli(capsys, "down", name)
+        assert code == 0, err
+        assert leaving.wait(timeout=5) == 0 and name not in net.trainscale_namespaces()
+    finally:
+        leaving.kill()
+        leaving.wait()
 
 
 def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(

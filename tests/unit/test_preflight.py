@@ -14,7 +14,7 @@ import torch
 from trainscale.app.cluster_launch import cluster_main
 from trainscale.app.config import build_config
 from trainscale.app.dryrun import dry_run
-from trainscale.app.launch import prepare
+from trainscale.app.launch import prepared
 from trainscale.app.preflight import preflight
 from trainscale.errors import TrainscaleError
 
@@ -25,6 +25,12 @@ def refusal(check: Callable[[], Any]) -> str:
     with pytest.raises(TrainscaleError) as caught:
         check()
     return str(caught.value)
+
+
+def launch_checks(cfg: Any) -> None:
+    """What the launcher of several workers checks before any of them starts."""
+    with prepared(cfg):
+        pass
 
 
 def wrong_settings(tmp_path: Path) -> dict[str, dict[str, Any]]:
@@ -52,7 +58,7 @@ def test_dry_run_and_every_launcher_refuse_alike(tmp_path: Path, workers: int) -
     for name, values in wrong_settings(tmp_path).items():
         cfg = build_config({**SMALL, "out": str(tmp_path / "run"), "workers": workers, **values})
         line = refusal(functools.partial(dry_run, cfg))
-        launcher = prepare if workers > 1 else functools.partial(preflight, data=False)
+        launcher = launch_checks if workers > 1 else functools.partial(preflight, data=False)
         if workers > 1 or "shard" not in name:  # one process checks its shard as it loads the data
             assert refusal(functools.partial(launcher, cfg)) == line, name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "held"]  # nothing written

@@ -66,9 +66,9 @@ from trainscale.results import lock_run_folder, read_json
 from trainscale.runtime import ft
 from trainscale.runtime.cpus import oversubscription, threads_per_worker
 from trainscale.runtime.job import REFUSAL_ENV, Job, this_job
-from trainscale.runtime.network import LOCALHOST, free_port
+from trainscale.runtime.network import LOCALHOST
 from trainscale.runtime.orphans import become_launcher, die_with_parent
-from trainscale.runtime.rendezvous import close_rendezvous, register_backend
+from trainscale.runtime.rendezvous import close_rendezvous, held_endpoint, register_backend
 from trainscale.runtime.tempdir import compiler_cache, environ, launcher_temp_parent, short_enough
 from trainscale.runtime.worker_errors import recorded
 from trainscale.stops import stop_word
@@ -242,22 +242,23 @@ def forget_user_modules() -> None:
             del sys.modules[name]
 
 
-def prepare(cfg: TrainConfig, worker: Worker | None = None) -> LaunchPlan:
+@contextlib.contextmanager
+def prepared(cfg: TrainConfig, worker: Worker | None = None) -> Iterator[LaunchPlan]:
     """The pre-flight (``app.preflight``: each failure one line, exit 2), then where this node meets the others
-    and how its workers start."""
+    (held for the launch: ``rendezvous_address``) and how its workers start."""
     checked = preflight(cfg)
     crowded = None if cfg.launch.devices else oversubscription(cfg.launch.local_workers + cfg.ps.servers)
     if crowded:
         log.warning("%s", crowded)  # once, by the launcher: the workers do not repeat it
-    endpoint, is_host = rendezvous_address(cfg)
-    return LaunchPlan(
-        endpoint,
-        is_host,
-        run_id(cfg),
-        checked.out,
-        threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
-        start_method=start_method(cfg, worker),
-    )
+    with rendezvous_address(cfg) as (endpoint, is_host):
+        yield LaunchPlan(
+            endpoint,
+            is_host,
+            run_id(cfg),
+            checked.out,
+            threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
+            start_method=start_method(cfg, worker),
+        )
 
 
 def launch_config(cfg: TrainConfig, plan: LaunchPlan) -> LaunchConfig:
@@ -286,8 +287,10 @@ def launch(cfg: TrainConfig, flags: dict[str, Any], job: Job | None = None, work
     job = job or this_job()
     if job.replica is not None:
         return run_replica_agent(cfg, flags, job, worker)
-    plan = prepare(cfg, worker)
-    with claimed_out(cfg) if plan.out is not None else contextlib.nullcontext(None) as out:  # node 0 owns it
+    with (
+        prepared(cfg, worker) as plan,
+        claimed_out(cfg) if plan.out is not None else contextlib.nullcontext(None) as out,  # node 0 owns it
+    ):
         if out is not None:
             cfg, plan = cfg.replace(out=str(out)), dataclasses.replace(plan, out=out)
         with fault_log_folder(cfg, plan.out) as fault_log, job_temp_folder() as temp, signal_handlers_kept():
@@ -391,17 +394,17 @@ def run_replica_agent(cfg: TrainConfig, flags: dict[str, Any], job: Job, worker:
     die_with_parent(signal.SIGKILL, job.owner_pid)
     address = job.address or LOCALHOST
     assert cfg.run.out is not None  # a fault-tolerant job's --out is resolved before its replicas start
-    plan = LaunchPlan(
-        f"{address}:{free_port(address)}",
-        True,
-        uuid.uuid4().hex,
-        Path(cfg.run.out),
-        threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
-        start_method=start_method(cfg, worker),
-    )
     become_launcher(restarts=True)
     relabel(f"replica {job.replica} agent")
-    with job_temp_folder(job.temp_root) as temp:
+    with held_endpoint(address) as endpoint, job_temp_folder(job.temp_root) as temp:
+        plan = LaunchPlan(
+            endpoint,
+            True,
+            uuid.uuid4().hex,
+            Path(cfg.run.out),
+            threads_per_worker(cfg.run.threads, cfg.launch.local_workers),
+            start_method=start_method(cfg, worker),
+        )
         config = dataclasses.replace(
             launch_config(cfg.replace(nnodes=1), dataclasses.replace(plan, logs=temp / "agent")),
             nproc_per_node=1,

@@ -4,31 +4,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 
 from trainscale.app.config import TrainConfig
 from trainscale.runtime.network import (
     LOCALHOST,
     check_port_free,
-    free_port,
     local_address_toward,
     parse_endpoint,
     wait_reachable,
 )
+from trainscale.runtime.rendezvous import held_endpoint
 
 DEFAULT_MULTINODE_ID = "trainscale"
 
 
-def rendezvous_address(cfg: TrainConfig) -> tuple[str, bool]:
-    """(endpoint, is_host): node 0 hosts the c10d store, others must be able to reach it."""
+@contextlib.contextmanager
+def rendezvous_address(cfg: TrainConfig) -> Iterator[tuple[str, bool]]:
+    """(endpoint, is_host): node 0 hosts the c10d store, others must be able to reach it. On one machine, a port
+    of 127.0.0.1 held for the store until the launch ends (``held_endpoint``)."""
     if cfg.launch.rdzv_endpoint is None:
-        return f"{LOCALHOST}:{free_port(LOCALHOST)}", True
+        with held_endpoint(LOCALHOST) as endpoint:
+            yield endpoint, True
+        return
     host, port = parse_endpoint(cfg.launch.rdzv_endpoint)
     if cfg.launch.node_rank == 0:
         check_port_free(host, port)
-        return cfg.launch.rdzv_endpoint, True
+        yield cfg.launch.rdzv_endpoint, True
+        return
     wait_reachable(host, port, cfg.launch.rdzv_timeout)
-    return cfg.launch.rdzv_endpoint, False
+    yield cfg.launch.rdzv_endpoint, False
 
 
 def run_id(cfg: TrainConfig) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,9 +103,7 @@ def _clear_leftover(name: str) -> None:
             f"cluster {name} was made with `trainscale cluster up`, but a bench makes and deletes the clusters it "
             f"names itself: remove it with `trainscale cluster down {name}`, or name it otherwise"
         )
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
-    while (busy := net.processes_in(name)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    busy = net.residents(name, LEFTOVER_GRACE_S)
     if busy:
         raise ConfigError(
             f"cluster {name}, which this grid's runs need, is in use by another run (pid {busy[0]}: "

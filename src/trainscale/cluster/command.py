@@ -235,7 +235,7 @@ def down(args: argparse.Namespace) -> int:
             return 0
         if not args.all:
             names = [args.name if _debris(args.name) else load(args.name)["name"]]
-        in_use = {name: pids for name in names if (pids := net.processes_in(name))}
+        in_use = {name: pids for name in names if (pids := net.residents(name))}
         if in_use and not args.force:
             name, pids = next(iter(in_use.items()))
             raise ConfigError(

@@ -47,6 +47,7 @@ QUEUE_LATENCY = "100ms"  # how long a packet may wait in the tbf queue before it
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
 CFS_PERIOD_US = 100_000
+SETTLE_S = 1.0  # how long a process seen in a cluster may take to leave before it counts as a run on it
 
 _NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9-]{{0,{MAX_NAME - 1}}}")  # fullmatch: no trailing newline
 _NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
@@ -244,6 +245,18 @@ def processes_in(name: str) -> list[int]:
         listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
         pids |= {int(p) for p in listed.split() if p.isdigit()}
     return sorted(pids)
+
+
+def residents(name: str, settle_s: float = SETTLE_S) -> list[int]:
+    """``processes_in``, once none is left or ``settle_s`` has passed: a run lives in a cluster for minutes, an
+    ``ip`` or ``tc`` command of a `cluster up` killed a moment ago for milliseconds more (a killed bench's runs for
+    a few seconds)."""
+    deadline = time.monotonic() + settle_s
+    pids = processes_in(name)
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = processes_in(name)
+    return pids
 
 
 def command_of(pid: int) -> str:

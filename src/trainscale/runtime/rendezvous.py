@@ -8,7 +8,10 @@ torch's: the dynamic rendezvous, its state in the store, the agent that uses it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import socket
+from collections.abc import Iterator
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters, rendezvous_handler_registry
@@ -21,14 +24,33 @@ from trainscale.runtime.network import listening_socket
 BACKEND = "trainscale-c10d"
 DEFAULT_PORT = 29400
 
+_held: dict[tuple[str, int], socket.socket] = {}  # (host, port) -> a socket listening there, for bound_store
+
+
+@contextlib.contextmanager
+def held_endpoint(host: str) -> Iterator[str]:
+    """``host:PORT`` with a free PORT that this process listens on from now until its rendezvous store takes the
+    socket (``bound_store``). A port found free and bound later, when torch's agent creates the store, could be
+    taken by another process in between: a failed start on a busy machine. Closed on exit if no store took it."""
+    sock = listening_socket(host, 0)
+    port = sock.getsockname()[1]
+    _held[(host, port)] = sock
+    try:
+        yield f"{host}:{port}"
+    finally:
+        left = _held.pop((host, port), None)
+        if left is not None:
+            left.close()
+
 
 def bound_store(
     host: str, port: int, is_host: bool, timeout: datetime.timedelta, world_size: int | None = None
 ) -> dist.TCPStore:
-    """A TCPStore whose server (when ``is_host``) listens on ``host:port`` only; a client otherwise."""
+    """A TCPStore whose server (when ``is_host``) listens on ``host:port`` only (on the socket ``held_endpoint``
+    holds there, if any); a client otherwise."""
     if not is_host:
         return dist.TCPStore(host, port, world_size, False, timeout)
-    sock = listening_socket(host, port)
+    sock = _held.pop((host, port), None) or listening_socket(host, port)
     return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach())
 
 
