@@ -351,6 +351,33 @@ def test_descendants_finds_the_process_tree():
         child.wait()
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+def test_stop_also_stops_what_the_run_starts_after_the_signal(tmp_path: Path) -> None:
+    """A run that starts a process just as it is stopped (a node, a worker): that process is stopped too before
+    `stop` returns (before, the tree was collected once, and a process started after it outlived the bench)."""
+    from trainscale.bench.process import start, stop
+    from trainscale.runtime.orphans import is_running
+
+    late = tmp_path / "late.pid"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(0.5)\n"
+        "child = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        f"open({str(late)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    proc = start([sys.executable, "-c", script], tmp_path / "run.log", dict(os.environ))
+    time.sleep(0.2)  # started, not yet its child
+    stop(proc, grace=2.0)
+    pid = int(late.read_text())
+    try:
+        assert not is_running(pid), "a process the run started after the signal outlived the stop"
+    finally:
+        if is_running(pid):
+            os.kill(pid, 9)
+
+
 @pytest.mark.parametrize("scales", ["", "[scale.quick]\nepochs = 1\n"])
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_scale_the_grid_lacks_is_one_line_and_status_2(tmp_path, capsys, scales, dry_run):

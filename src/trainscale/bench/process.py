@@ -59,23 +59,34 @@ def wait(proc: subprocess.Popen, timeout: float | None, on_poll: Callable[[], No
 
 
 def stop(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
-    """Stop the child and every process it started (collected before any of them dies)."""
+    """Stop the child and every process it started (collected before any of them dies, and again while they stop:
+    a node or worker started just as the signal came is stopped with the others)."""
     tree = [proc.pid, *descendants(proc.pid)]
     _signal_all(proc.pid, tree, signal.SIGTERM)
-    alive = _alive_until(tree, time.monotonic() + grace)
+    alive = _alive_until(tree, time.monotonic() + grace, signal.SIGTERM)
     if alive:
         log.warning("run did not stop in %.0f s after SIGTERM; killing %d process(es)", grace, len(alive))
         _signal_all(proc.pid, alive, signal.SIGKILL)
+        _alive_until(alive, time.monotonic() + grace, signal.SIGKILL)
     proc.wait()
 
 
-def _alive_until(pids: list[int], deadline: float) -> list[int]:
-    """Those of ``pids`` still running at ``deadline``, or none as soon as all are gone: the child may end before
-    the processes it started have (a node that takes a moment to stop its workers), and the bench must not go on
-    (or end) while any of them runs."""
-    while (alive := [pid for pid in pids if is_running(pid)]) and time.monotonic() < deadline:
+def _alive_until(pids: list[int], deadline: float, sig: signal.Signals) -> list[int]:
+    """Those of ``pids`` and of what they start meanwhile (sent ``sig`` as found) still running at ``deadline``,
+    or none as soon as all are gone: the child may end before the processes it started have (a node that takes a
+    moment to stop its workers), and the bench must not go on (or end) while any of them runs."""
+    known = set(pids)
+    while True:
+        alive = [pid for pid in known if is_running(pid)]
+        children = _children()
+        late = {pid for parent in alive for pid in descendants(parent, children)} - known
+        for pid in late:
+            _signal(pid, sig)
+        known |= late
+        alive += sorted(late)
+        if not alive or time.monotonic() >= deadline:
+            return alive
         time.sleep(POLL_SECONDS / 10)
-    return alive
 
 
 def _signal_all(group: int, pids: list[int], sig: signal.Signals) -> None:
@@ -84,14 +95,18 @@ def _signal_all(group: int, pids: list[int], sig: signal.Signals) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(pid, sig)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux /proc; elsewhere an empty list)."""
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _children() -> dict[int, list[int]]:
+    """Every live process's pid by its parent's (Linux /proc; elsewhere empty)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -99,6 +114,12 @@ def descendants(pid: int) -> list[int]:
         except (OSError, IndexError):
             continue
         children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    return children
+
+
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live descendant of ``pid`` (``children``: a ``_children()`` taken already)."""
+    children = _children() if children is None else children
     found, todo = [], list(children.get(pid, []))
     while todo:
         child = todo.pop()
