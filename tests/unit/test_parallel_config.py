@@ -252,6 +252,32 @@ def test_endpoint_checks():
         wait_reachable("127.0.0.1", port, timeout_s=0.5)
 
 
+def test_free_port_picks_below_the_ephemeral_range_where_there_is_room(tmp_path, monkeypatch):
+    """A port another process binds later comes from below the kernel's ephemeral range, which outgoing connections
+    draw from (one took a port so picked, in CI, before the store bound it); with no room there, the kernel's pick."""
+    import trainscale.runtime.network as network
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    ranges = tmp_path / "range"
+    for text, below in (("32768\t60999\n", True), ("1024 65535\n", False), ("", False)):
+        ranges.write_text(text)
+        monkeypatch.setattr(network, "EPHEMERAL_RANGE", ranges)
+        ports = {network.free_port() for _ in range(20)}
+        assert all(bindable(port) for port in ports)
+        if below:
+            assert all(network.LOWEST_PICKED_PORT <= port < 32768 for port in ports) and len(ports) > 1
+    monkeypatch.setattr(network, "_bindable", lambda host, port: False)  # every pick taken: the kernel's
+    ranges.write_text("32768 60999\n")
+    assert network.free_port() > 0
+
+
 def test_a_lost_rendezvous_is_named_by_what_ended_it():
     """A closed rendezvous is another node's end; a lost store, node 0's (never said on node 0 itself, whose own
     store it is); anything else keeps torch's words."""

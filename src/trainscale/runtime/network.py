@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import random
 import socket
 import struct
 import time
@@ -21,6 +22,9 @@ from trainscale.errors import ConfigError
 LOCALHOST = "127.0.0.1"
 LISTEN_BACKLOG = 512  # every worker of a large job connects to the stores at once
 _SIOCGIFADDR = 0x8915
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10_000  # free_port's ports: from here to the kernel's ephemeral range
+_PICKS = 32
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -32,10 +36,35 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def free_port(host: str = LOCALHOST) -> int:
-    """A port the OS reports free right now (another process could still take it before we do)."""
+    """A port free right now, for a listener that binds it later (another process, say), picked below the kernel's
+    ephemeral range where there is room: a port from that range can be handed to any process's outgoing connection
+    before the listener binds it, one below it only to a program that asks for it by number. Another process can
+    still take it; a listener that can bind at once should hold its socket instead (``listening_socket``)."""
+    low = _ephemeral_low()
+    if low - LOWEST_PICKED_PORT >= _PICKS:
+        for port in random.SystemRandom().sample(range(LOWEST_PICKED_PORT, low), _PICKS):
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 0 where it cannot be read: no room below it)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def check_port_free(host: str, port: int) -> None:
