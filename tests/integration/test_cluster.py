@@ -266,6 +266,24 @@ def test_down_lets_a_process_that_is_leaving_the_cluster_go_first(
         leaving.wait()
 
 
+def test_down_waits_for_a_command_that_is_still_making_the_cluster(
+    cluster_names: Callable[[], str], capsys: pytest.CaptureFixture
+) -> None:
+    """An ``ip netns add`` that a `cluster up` killed a moment ago left running makes its namespace after `down` has
+    started (here 0.3 s after): `down` waits for the commands that name the cluster's namespaces, so nothing of it
+    is left (before, the late namespace outlived the `down`)."""
+    name = cluster_names()
+    subprocess.run(["ip", "netns", "add", f"{net.PREFIX}{name}-h0"], check=True)
+    builder = subprocess.Popen(["sh", "-c", 'sleep 0.3; ip netns add "$0"', f"{net.PREFIX}{name}-h1"])
+    try:
+        code, _, err = cli(capsys, "down", name)
+        assert code == 0, err
+        assert builder.wait(timeout=5) == 0 and name not in net.trainscale_namespaces()
+    finally:
+        builder.kill()
+        builder.wait()
+
+
 def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(
     cluster_names: Callable[[], str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -247,15 +247,28 @@ def processes_in(name: str) -> list[int]:
     return sorted(pids)
 
 
+def builders_of(name: str) -> list[int]:
+    """Processes other than this one whose command line names one of cluster ``name``'s namespaces (``ip netns add
+    tsc-NAME-h3``, ``tc -n tsc-NAME-sw ...``): commands that make, shape or query it. One that a `cluster up` killed
+    a moment ago left running may still make a namespace, after a `down` that did not wait for it."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any((m := _NS_RE.match(arg)) and m.group(1) == name for arg in args):
+            pids.append(int(cmdline.parent.name))
+    return [pid for pid in pids if pid != os.getpid() and is_running(pid)]
+
+
 def residents(name: str, settle_s: float = SETTLE_S) -> list[int]:
-    """``processes_in``, once none is left or ``settle_s`` has passed: a run lives in a cluster for minutes, an
-    ``ip`` or ``tc`` command of a `cluster up` killed a moment ago for milliseconds more (a killed bench's runs for
-    a few seconds)."""
+    """``processes_in`` and ``builders_of``, once none is left or ``settle_s`` has passed: a run lives in a cluster
+    for minutes, an ``ip`` or ``tc`` command of a `cluster up` killed a moment ago for milliseconds more (a killed
+    bench's runs for a few seconds)."""
     deadline = time.monotonic() + settle_s
-    pids = processes_in(name)
-    while pids and time.monotonic() < deadline:
+    while (pids := sorted({*processes_in(name), *builders_of(name)})) and time.monotonic() < deadline:
         time.sleep(0.05)
-        pids = processes_in(name)
     return pids
 
 
