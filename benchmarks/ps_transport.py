@@ -13,7 +13,6 @@ sends the parameters back. Sizes: ResNet-32 (464,154 floats = 1.86 MB) and ResNe
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch.multiprocessing as mp
 from trainscale.bench.script import COUNT, WARMUP, run_script
 from trainscale.bench.timing import mean_and_spread, save_result
 from trainscale.errors import OneLineParser
+from trainscale.runtime.network import free_port
 from trainscale.train.environment import environment
 
 SIZES = {"resnet32": 464_154, "resnet9": 6_573_120}
@@ -90,17 +90,11 @@ def _entry(rank: int, transport: str, repeats: int, warmup: int, port: int, queu
         queue.put(result)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(transport: str, repeats: int, warmup: int) -> dict[str, list[float]]:
     """Start a worker and a server process, return the worker's round-trip times per size."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, transport, repeats, warmup, port, queue)) for r in range(2)]
     for p in procs:
         p.start()
