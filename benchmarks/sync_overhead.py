@@ -151,12 +151,9 @@ def with_cpu_time(fn: Callable[[], None], log: list[float]) -> Callable[[], None
 def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    from trainscale.bench.timing import time_interleaved
-    from trainscale.data import synthetic_dataset
     from trainscale.modes.sync import SyncMode, no_forward_buffer_sync
-    from trainscale.runtime import is_main_process, world_size
-    from trainscale.train.environment import environment
-    from trainscale.train.precision import Precision, resolve_device
+    from trainscale.runtime import is_main_process
+    from trainscale.train.precision import resolve_device
 
     mode = SyncMode()
     if args.no_hook:
@@ -164,27 +161,37 @@ def worker(args: argparse.Namespace) -> None:
     device = mode.worker_device(resolve_device(args.device))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with mode.session(device):
-        data = synthetic_dataset(args.steps * args.batch * world_size(), 32, seed=0)
-        precision = Precision(args.precision, device)
-        model = make_model(args.model, device)
-        cpu: dict[str, list[float]] = {"bare": [], "trainscale": []}
-        fns = {
-            "bare": with_cpu_time(bare_side(copy.deepcopy(model), data, args, device, precision), cpu["bare"]),
-            "trainscale": with_cpu_time(trainscale_side(mode, model, data, args, device, precision), cpu["trainscale"]),
-        }
-        timings = time_interleaved(fns, args.repeats, args.warmup, device)
-        comm = mode.stats.per_step()
+        result = measure(mode, args, device)
         if is_main_process():
-            cpu = {k: v[args.warmup :] for k, v in cpu.items()}  # warm-up calls come first
-            result = {
-                "timings": {k: t.seconds for k, t in timings.items()},
-                "cpu": cpu,
-                "comm": comm,
-                "world_size": world_size(),
-                "backend": mode.backend,
-                "environment": environment(device),
-            }
             Path(args.worker_result).write_text(json.dumps(result))
+
+
+def measure(mode, args: argparse.Namespace, device: torch.device) -> dict:
+    """Both sides' timings. Their DDP wrappers live in this call only, so they are freed inside the mode's session,
+    before it destroys the process group they hold (freed after it, gloo's teardown could wait forever)."""
+    from trainscale.bench.timing import time_interleaved
+    from trainscale.data import synthetic_dataset
+    from trainscale.runtime import world_size
+    from trainscale.train.environment import environment
+    from trainscale.train.precision import Precision
+
+    data = synthetic_dataset(args.steps * args.batch * world_size(), 32, seed=0)
+    precision = Precision(args.precision, device)
+    model = make_model(args.model, device)
+    cpu: dict[str, list[float]] = {"bare": [], "trainscale": []}
+    fns = {
+        "bare": with_cpu_time(bare_side(copy.deepcopy(model), data, args, device, precision), cpu["bare"]),
+        "trainscale": with_cpu_time(trainscale_side(mode, model, data, args, device, precision), cpu["trainscale"]),
+    }
+    timings = time_interleaved(fns, args.repeats, args.warmup, device)
+    return {
+        "timings": {k: t.seconds for k, t in timings.items()},
+        "cpu": {k: v[args.warmup :] for k, v in cpu.items()},  # warm-up calls come first
+        "comm": mode.stats.per_step(),
+        "world_size": world_size(),
+        "backend": mode.backend,
+        "environment": environment(device),
+    }
 
 
 # ---------------------------------------------------------------------------------- the parent

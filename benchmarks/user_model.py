@@ -25,6 +25,7 @@ the median over the rounds of its images/s over the bare loop's of the same proc
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -150,11 +151,13 @@ def bare_worker(args: argparse.Namespace) -> None:
             F.cross_entropy(model(x), y).backward()
             opt.step()
         seconds = time.perf_counter() - start
-    if world > 1:
+    count = sum(p.numel() for p in model.parameters())
+    if world > 1:  # DDP holds the group: freed before the group is destroyed (after it, gloo's teardown can hang)
+        del model, opt
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
-        count = sum(p.numel() for p in model.parameters())
         result = {"images_per_sec": args.batch * world * args.steps / seconds, "bytes_per_step": 4.0 * count}
         Path(args.bare_worker).write_text(json.dumps(result))
 
