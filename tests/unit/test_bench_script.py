@@ -235,3 +235,30 @@ def test_a_child_run_that_fails_is_a_called_process_error_with_what_it_said():
         run_child([sys.executable, "-c", "import sys; sys.exit('no')"], check=True, stderr=subprocess.PIPE, text=True)
     assert failed.value.returncode == 1 and failed.value.stderr.strip() == "no"
     assert run_child([sys.executable, "-c", "print(1)"], stdout=subprocess.PIPE, text=True).stdout == "1\n"
+
+
+def test_a_script_killed_outright_leaves_no_child_run(tmp_path):
+    """SIGKILL to a script (a test's timeout does it) reaches its child run as SIGTERM, which it stops on (before, a
+    `torch.distributed.run` job a killed script had started ran on with its workers)."""
+    from trainscale.runtime.orphans import is_running
+
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import sys\nfrom trainscale.bench.script import run_child\n"
+        "run_child(['sh', '-c', 'echo $$ > \"$0\"; exec sleep 60', sys.argv[1]])\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(pid_file)])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and parent.poll() is None, "the child run never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    try:
+        while is_running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_running(child), "the child run outlived the script killed outright"
+    finally:
+        if is_running(child):
+            subprocess.run(["kill", "-9", str(child)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any, NoReturn
 
 from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.registry import is_import_path
-from trainscale.runtime.orphans import sigterm_as_interrupt
+from trainscale.runtime.orphans import dying_with_this_process, sigterm_as_interrupt
 from trainscale.stops import exit_with, stop_report, stop_signal
 
 
@@ -92,7 +93,9 @@ def run_child(cmd: Sequence[str], check: bool = False, **popen: Any) -> subproce
     """``subprocess.run`` for the runs a script starts, except when the script is stopped (Ctrl-C, SIGTERM): where
     ``subprocess.run`` kills the child a quarter second later, cutting its own teardown short (its temporary
     folder, its workers' and servers' stop), the child is given the stop (if it did not get it too) and the time to
-    end as it does when stopped itself; killed only after ``CHILD_STOP_S``."""
+    end as it does when stopped itself; killed only after ``CHILD_STOP_S``. A script killed outright (SIGKILL, a
+    test's timeout) leaves no child running: the kernel sends it SIGTERM, and it stops as it would on Ctrl-C."""
+    popen.setdefault("preexec_fn", dying_with_this_process(signal.SIGTERM))
     with subprocess.Popen(list(cmd), **popen) as proc:
         try:
             out, err = proc.communicate()
