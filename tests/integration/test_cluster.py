@@ -3,6 +3,7 @@ them, a failure under CI=true. Every test deletes what it created, also when it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -69,6 +70,17 @@ def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
     code = main(["cluster", *args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@contextlib.contextmanager
+def started(argv: list[str]) -> Iterator[subprocess.Popen]:
+    """``argv`` running for the body, killed if it still runs and reaped afterwards, whatever happened."""
+    proc = subprocess.Popen(argv)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def reachable(name: str, src: int, dst: int) -> bool:
@@ -228,8 +240,7 @@ def test_down_refuses_a_cluster_in_use_and_force_stops_the_run(
     run, which then hung)."""
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
-    run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h1", "sleep", "300"])
-    try:
+    with started(["ip", "netns", "exec", f"{net.PREFIX}{name}-h1", "sleep", "300"]) as run:
         deadline = time.monotonic() + 10
         while not net.processes_in(name):
             assert time.monotonic() < deadline, "the stand-in run never appeared in the host's namespace"
@@ -240,9 +251,6 @@ def test_down_refuses_a_cluster_in_use_and_force_stops_the_run(
         assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
         assert cli(capsys, "down", name, "--force")[0] == 0
         assert run.wait(timeout=30) is not None and name not in net.trainscale_namespaces()
-    finally:
-        run.kill()
-        run.wait()
 
 
 def test_down_lets_a_process_that_is_leaving_the_cluster_go_first(
@@ -253,17 +261,13 @@ def test_down_lets_a_process_that_is_leaving_the_cluster_go_first(
     cluster as in use)."""
     name = cluster_names()
     assert cli(capsys, "up", name, "--hosts", "2", "--bandwidth", "1gbit")[0] == 0
-    leaving = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "0.3"])
-    try:
+    with started(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "0.3"]) as leaving:
         while not net.processes_in(name) and leaving.poll() is None:
             time.sleep(0.01)
         assert leaving.poll() is None, "the stand-in left before `down` could see it"
         code, _, err = cli(capsys, "down", name)
         assert code == 0, err
         assert leaving.wait(timeout=5) == 0 and name not in net.trainscale_namespaces()
-    finally:
-        leaving.kill()
-        leaving.wait()
 
 
 def test_down_waits_for_a_command_that_is_still_making_the_cluster(
@@ -274,14 +278,10 @@ def test_down_waits_for_a_command_that_is_still_making_the_cluster(
     is left (before, the late namespace outlived the `down`)."""
     name = cluster_names()
     subprocess.run(["ip", "netns", "add", f"{net.PREFIX}{name}-h0"], check=True)
-    builder = subprocess.Popen(["sh", "-c", 'sleep 0.3; ip netns add "$0"', f"{net.PREFIX}{name}-h1"])
-    try:
+    with started(["sh", "-c", 'sleep 0.3; ip netns add "$0"', f"{net.PREFIX}{name}-h1"]) as builder:
         code, _, err = cli(capsys, "down", name)
         assert code == 0, err
         assert builder.wait(timeout=5) == 0 and name not in net.trainscale_namespaces()
-    finally:
-        builder.kill()
-        builder.wait()
 
 
 def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(
@@ -304,9 +304,8 @@ def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(
     with owners.owned(name):  # a bench killed while its cluster was up: the record names a bench, nobody owns it
         bring_up(name, [999_000_000] * 2, by=BY_BENCH)
     assert "left by a bench that is gone" in cli(capsys, "status")[1]
-    run = subprocess.Popen(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "300"])
     monkeypatch.setattr(cluster_bench, "LEFTOVER_GRACE_S", 0.5)
-    try:
+    with started(["ip", "netns", "exec", f"{net.PREFIX}{name}-h0", "sleep", "300"]) as run:
         while not net.processes_in(name):
             assert run.poll() is None
             time.sleep(0.05)
@@ -316,9 +315,6 @@ def test_a_bench_never_replaces_its_cluster_while_another_run_uses_it(
             with cluster_for(name):
                 pass
         assert len(net.trainscale_namespaces()[name]) == 3 and run.poll() is None
-    finally:
-        run.kill()
-        run.wait()
     created = json.loads((Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").read_text())["created"]
     with cluster_for(name):  # the leftover, idle now, is replaced by a cluster of this bench
         assert json.loads((Path(os.environ["TRAINSCALE_CLUSTER_STATE"]) / f"{name}.json").read_text())["owner"] == {
