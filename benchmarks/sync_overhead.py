@@ -75,7 +75,7 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def trainscale_side(mode, model, data, args, device, precision) -> Callable[[], None]:
     from trainscale.data import AugmentConfig, DeviceBatches
-    from trainscale.runtime import rank, world_size
+    from trainscale.runtime.dist import rank, world_size
     from trainscale.train.loop import train_one_epoch
 
     augment = AugmentConfig(crop_padding=4, flip=True) if args.augment else AugmentConfig(crop_padding=0, flip=False)
@@ -103,7 +103,7 @@ def bare_side(model, data, args, device, precision) -> Callable[[], None]:
 
     from trainscale.data import DeviceBatches
     from trainscale.modes.sync import no_forward_buffer_sync
-    from trainscale.runtime import rank, world_size
+    from trainscale.runtime.dist import rank, world_size
 
     x, y = next(
         iter(
@@ -152,7 +152,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from trainscale.modes.sync import SyncMode, no_forward_buffer_sync
-    from trainscale.runtime import is_main_process
+    from trainscale.runtime.dist import is_main_process
     from trainscale.train.precision import resolve_device
 
     mode = SyncMode()
@@ -171,7 +171,7 @@ def measure(mode, args: argparse.Namespace, device: torch.device) -> dict:
     before it destroys the process group they hold (freed after it, gloo's teardown could wait forever)."""
     from trainscale.bench.timing import time_interleaved
     from trainscale.data import synthetic_dataset
-    from trainscale.runtime import world_size
+    from trainscale.runtime.dist import world_size
     from trainscale.train.environment import environment
     from trainscale.train.precision import Precision
 

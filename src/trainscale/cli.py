@@ -17,7 +17,7 @@ import sys
 import traceback
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from trainscale.config import CoreConfig, Section, field_types, spellings
@@ -191,20 +191,50 @@ def installed_version() -> str:
         return "(not installed: run `make install` or `pip install -e .`)"
 
 
-def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="trainscale", description=__doc__.splitlines()[0] if __doc__ else None)
+DESCRIPTION = (
+    "Train image classifiers on one process, many processes or many machines, and measure how training scales."
+)
+COMMANDS = {
+    "train": "train a model and write a run folder",
+    "models": "list the registered models with parameter counts, input sizes and default recipes",
+    "data": "check or fetch datasets",
+    "profile": "measure a model's step on this machine for the planner",
+    "plan": "predict step time and scaling on a cluster from a profile",
+    "bench": "run a benchmark grid (each run a `trainscale train`), resumably",
+    "report": "tables, plots and an HTML page from grid or run folders",
+    "cluster": "emulated clusters on this machine: namespaces + tc",
+}
+
+
+def build_parser(only: Collection[str] | None = None) -> OneLineParser:
+    """The whole command line, or (``only``) the flags of those subcommands alone, the others named with their
+    help line: a command builds what it parses, so ``trainscale --help`` or ``trainscale cluster status`` does not
+    import torch and every model, mode and compressor to list flags it never reads."""
+    parser = OneLineParser(prog="trainscale", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"trainscale {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    add_train_flags(sub.add_parser("train", help="train a model and write a run folder"))
-    models = sub.add_parser(
-        "models", help="list the registered models with parameter counts, input sizes and default recipes"
-    )
+    for name, text in COMMANDS.items():
+        command = sub.add_parser(name, help=text, description=_DESCRIPTIONS.get(name))
+        if only is None or name in only:
+            _FLAGS[name](command)
+    return parser
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand an argument list names (its first word that is not a flag: the program's own flags take no
+    value), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _add_models_flags(models: argparse.ArgumentParser) -> None:
     models.add_argument("name", nargs="?", help="one model: its description, recipe and the recipe's settings")
     models.add_argument(
         "--recipes", action="store_true", help="list the recipes instead: each one's settings and source"
     )
     models.add_argument("--wide", action="store_true", help="add each model's description (wider than 100 columns)")
-    data = sub.add_parser("data", help="check or fetch datasets")
+
+
+def _add_data_flags(data: argparse.ArgumentParser) -> None:
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
     for name, text in (
         ("verify", "check the dataset files' sizes and MD5 checksums"),
@@ -213,34 +243,53 @@ def build_parser() -> OneLineParser:
         d = data_sub.add_parser(name, help=text)
         d.add_argument("--dataset", default="cifar10", choices=["cifar10", "cifar100"])
         d.add_argument("--data-dir", default=None, help="target folder (else $TRAINSCALE_DATA, else ~/.cache)")
-    from trainscale.bench.cli import add_bench_parser
-    from trainscale.cluster.command import add_cluster_parser
-    from trainscale.plan.plan import PlanConfig
+
+
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     from trainscale.plan.profile import ProfileConfig
+
+    add_config_flags(p, ProfileConfig, (ProfileConfig,))
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    from trainscale.plan.plan import PlanConfig
+
+    add_config_flags(p, PlanConfig, (PlanConfig,))
+
+
+def _add_bench_flags(p: argparse.ArgumentParser) -> None:
+    from trainscale.bench.cli import add_bench_parser
+
+    add_bench_parser(p)
+
+
+def _add_report_flags(p: argparse.ArgumentParser) -> None:
     from trainscale.report.cli import add_report_parser
 
-    add_config_flags(
-        sub.add_parser("profile", help="measure a model's step on this machine for the planner"),
-        ProfileConfig,
-        (ProfileConfig,),
-    )
-    add_config_flags(
-        sub.add_parser("plan", help="predict step time and scaling on a cluster from a profile"),
-        PlanConfig,
-        (PlanConfig,),
-    )
-    add_bench_parser(sub.add_parser("bench", help="run a benchmark grid (each run a `trainscale train`), resumably"))
-    add_report_parser(sub.add_parser("report", help="tables, plots and an HTML page from grid or run folders"))
-    add_cluster_parser(
-        sub.add_parser(
-            "cluster",
-            help="emulated clusters on this machine: namespaces + tc",
-            description="Emulated hosts (network namespaces) on a switch (a bridge), each link shaped in bandwidth "
-            "with tc tbf both ways. Bandwidth only: the kernel has no netem here, so no delay or loss is added; "
-            "the base round trip is measured at 'up' (and by 'probe') and recorded with every run.",
-        )
-    )
-    return parser
+    add_report_parser(p)
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    from trainscale.cluster.command import add_cluster_parser
+
+    add_cluster_parser(p)
+
+
+_FLAGS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "train": add_train_flags,
+    "models": _add_models_flags,
+    "data": _add_data_flags,
+    "profile": _add_profile_flags,
+    "plan": _add_plan_flags,
+    "bench": _add_bench_flags,
+    "report": _add_report_flags,
+    "cluster": _add_cluster_flags,
+}
+_DESCRIPTIONS = {
+    "cluster": "Emulated hosts (network namespaces) on a switch (a bridge), each link shaped in bandwidth with tc tbf "
+    "both ways. Bandwidth only: the kernel has no netem here, so no delay or loss is added; the base round trip is "
+    "measured at 'up' (and by 'probe') and recorded with every run."
+}
 
 
 def _unknown_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
@@ -320,12 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging()
     try:
-        with stops_held():  # it imports torch, whose start-up a stop would interrupt inside its C code
-            parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
+        with stops_held():  # `train`'s flags import torch, whose start-up a stop would interrupt in its C code
+            words = sys.argv[1:] if argv is None else argv
+            parser = build_parser({command_of(words) or ""})
+        args, extra = parser.parse_known_args(words)
     except KeyboardInterrupt as stop:
-        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-        return _stopped(" ".join(["trainscale", *words[:1]]), stop)
+        named = command_of(sys.argv[1:] if argv is None else argv)
+        return _stopped(" ".join(["trainscale", *([named] if named else [])]), stop)
     if extra:
         return _unknown_flags(parser, args, extra)
     try:

@@ -169,7 +169,7 @@ def test_ctrl_c_while_the_command_still_imports_torch_waits_for_the_import_and_i
 
     built = []
 
-    def importing() -> argparse.ArgumentParser:
+    def importing(*only: object) -> argparse.ArgumentParser:
         signal.raise_signal(signal.SIGINT)
         built.append("whole")
         return build_parser()
@@ -222,3 +222,37 @@ def test_ctrl_c_in_a_shell_loop_of_commands_stops_the_loop(tmp_path):
             proc.wait()
     assert (out, err) == ("cleaned up\n", "")
     assert proc.returncode == -signal.SIGINT
+
+
+IMPORTS_TORCH = """
+import sys
+from trainscale.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as stop:
+    status = stop.code
+print("torch" in sys.modules, status)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["cluster", "status"], ["cluster", "up", "--help"], ["report", "--help"], ["trian"]],
+)
+def test_a_command_that_does_not_train_starts_without_torch(argv):
+    """A command builds only its own flags: `trainscale --help` or `cluster status` took two seconds, all of it
+    importing torch and every model, mode and compressor to list flags of `train` it never reads."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_TORCH, *argv], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split()[-2] == "False", done.stdout + done.stderr
+
+
+def test_a_command_built_alone_has_the_flags_it_has_among_all():
+    def flags(parser: argparse.ArgumentParser, command: str) -> list[tuple[str, ...]]:
+        sub = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+        return [tuple(action.option_strings) for action in sub._actions]
+
+    whole = build_parser()
+    for command in ("train", "plan", "cluster", "models", "data"):
+        assert flags(build_parser({command}), command) == flags(whole, command)

@@ -14,8 +14,16 @@ import torch
 
 from trainscale.errors import ConfigError
 from trainscale.results import LOCK_FILE, lock_holder, lock_run_folder
-from trainscale.runtime import all_reduce_sum, barrier, broadcast_object, is_main_process, rank, world_size
-from trainscale.runtime.dist import NoProcessGroup, job_restarted
+from trainscale.runtime.dist import (
+    NoProcessGroup,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    is_main_process,
+    job_restarted,
+    rank,
+    world_size,
+)
 from trainscale.train.setup import check_run_folder
 
 

@@ -32,8 +32,8 @@ from trainscale.modes.fault_tolerance import JobFinished
 from trainscale.modes.fault_tolerance.replicated import with_fault_tolerance
 from trainscale.record import SUMMARY, K, merge
 from trainscale.results import RunWriter, lock_run_folder, read_json, read_summary
-from trainscale.runtime import is_main_process, rank, world_size
 from trainscale.runtime.cpus import keep_freed_memory, threads_per_worker
+from trainscale.runtime.dist import is_main_process, rank, world_size
 from trainscale.runtime.faults import with_fault_injection
 from trainscale.runtime.job import Job, install, this_job
 from trainscale.runtime.tempdir import socket_safe_tempdir

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainscale.record import K
-from trainscale.runtime import all_reduce_sum, barrier, world_size
+from trainscale.runtime.dist import all_reduce_sum, barrier, world_size
 from trainscale.runtime.network import interface_counters
 from trainscale.train.callbacks import Callbacks, Forwarding
 

@@ -25,8 +25,7 @@ from tqdm import tqdm
 
 from trainscale.data import Batches
 from trainscale.errors import TrainscaleError
-from trainscale.runtime import all_reduce_sum, is_main_process
-from trainscale.runtime.dist import any_rank
+from trainscale.runtime.dist import all_reduce_sum, any_rank, is_main_process
 from trainscale.train.ema import WeightAverage
 from trainscale.train.optimizers import set_lr
 from trainscale.train.precision import Precision, synchronize

@@ -39,8 +39,8 @@ from trainscale.models.registry import DataInitModel
 from trainscale.record import K
 from trainscale.registry import is_import_path
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
-from trainscale.runtime import broadcast_object, ft, is_main_process, world_size
-from trainscale.runtime.dist import job_restarted
+from trainscale.runtime import ft
+from trainscale.runtime.dist import broadcast_object, is_main_process, job_restarted, world_size
 from trainscale.runtime.job import Job
 from trainscale.train import usermodel
 from trainscale.train.environment import environment

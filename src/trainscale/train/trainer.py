@@ -23,7 +23,7 @@ from trainscale.models import is_builtin_model
 from trainscale.recipes import get_recipe
 from trainscale.record import EXCHANGE_SPLIT, METRICS, K, config_mismatches, merge, scaling_efficiency
 from trainscale.results import RunWriter
-from trainscale.runtime import (
+from trainscale.runtime.dist import (
     all_reduce_max,
     all_reduce_sum,
     barrier,
