@@ -429,6 +429,27 @@ def problems(record: Mapping[str, Any], file: str = SUMMARY) -> list[str]:
     ]
 
 
+def malformed(record: Mapping[str, Any], file: str = SUMMARY) -> str | None:
+    """The first key ``file`` defines whose value in ``record`` does not fit its kind, or is a number that is not
+    finite (never written: trainscale's JSON is strict), said in words; None when all fit. What a reader checks
+    before it computes with a record that may have been edited or damaged."""
+    defined = keys(file)
+    for name, value in record.items():
+        key = defined.get(name)
+        if key is None:
+            continue
+        if not key.accepts(value):
+            return f"{name} is {type(value).__name__} {_short(value)}, not {_kind_text(key.kind)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{name} is {value}, not a finite number"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def markdown(file: str) -> str:
     """The table of ``file``'s keys for the docs (generated, so the documented list is the definitions)."""
     rows = [f"| `{k}` | {_kind_text(k.kind)} | {k.unit or '-'} | {k.meaning} |" for k in keys(file).values()]

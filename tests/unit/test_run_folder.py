@@ -135,6 +135,56 @@ def test_report_counts_a_corrupt_summary_as_corrupt_never_ok_and_names_it_once(t
     assert "torn/summary.json is not valid JSON" in (tmp_path / "report" / "results.md").read_text()
 
 
+@pytest.mark.parametrize(
+    "file, change, said",
+    [
+        ("summary.json", {"environment": "x"}, "environment is str 'x', not dict"),
+        ("summary.json", {"world_size": "x"}, "world_size is str 'x', not int"),
+        ("summary.json", {"world_size": float("nan")}, "world_size is float nan, not int"),
+        ("summary.json", {"epochs": float("inf")}, "epochs is inf, not a finite number"),
+        ("metrics.jsonl", {"test_acc": [1]}, "row 2: test_acc is list [1], not float"),
+    ],
+)
+def test_report_counts_a_summary_or_metrics_value_trainscale_never_writes_as_corrupt(tmp_path, file, change, said):
+    """Edited or damaged values (a bare NaN that only Python's json writes, a string for a number, an object
+    that is not one) crashed the tables with a traceback, after the previous report had been deleted."""
+    import json
+
+    from tests.unit.test_report_tables import make_run
+
+    make_run(tmp_path / "runs" / "good")
+    path = make_run(tmp_path / "runs" / "bad") / file
+    if file == "summary.json":
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    else:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows[1].update(change)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    statuses = report_status(tmp_path, tmp_path / "runs")
+    assert statuses["good"][0] == "ok"
+    assert statuses["bad"][0] == "corrupt" and said in statuses["bad"][1], statuses["bad"]
+
+
+def test_a_report_that_fails_leaves_the_previous_one_whole_and_a_new_folder_unmade(tmp_path, monkeypatch):
+    from tests.unit.test_report_tables import make_run
+    from trainscale.report import build
+
+    make_run(tmp_path / "runs" / "good")
+    out = tmp_path / "report"
+    build.write_report([tmp_path / "runs"], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def failing(report):
+        raise RuntimeError("stopped while writing")
+
+    monkeypatch.setattr(build, "render_html", failing)
+    for target in (out, tmp_path / "new" / "report"):
+        with pytest.raises(RuntimeError, match="stopped while writing"):
+            build.write_report([tmp_path / "runs"], target)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "runs"]  # no stage, no new folder
+
+
 def test_report_reads_metrics_with_a_torn_last_line_and_names_a_bad_line_inside(tmp_path, warnings_seen):
     from tests.unit.test_report_tables import make_run
 

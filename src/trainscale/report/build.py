@@ -10,14 +10,24 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainscale.bench.grid import set_text
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, check_folder_writable, check_output, dumps, read_json
+from trainscale.io import (
+    atomic_write_text,
+    check_folder_writable,
+    check_output,
+    dumps,
+    missing_folders,
+    read_json,
+    remove_empty,
+)
 from trainscale.record import K
 from trainscale.report.aggregate import Partition, partitions
 from trainscale.report.collect import Collection, RunRecord, collect
@@ -51,21 +61,47 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
 
         profiles = load_profiles(list(profile_paths))
     collection = collect([Path(d) for d in dirs])
-    _prepare_out(Path(out))
+    out = Path(out)
+    previous = _checked_out(out)
+    made = missing_folders(out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.new-", dir=out.parent) as stage:
+            report = _write(collection, dirs, Path(stage), profiles)
+            written = sorted(Path(stage).iterdir())
+            for old in previous:
+                if old.name not in {new.name for new in written}:
+                    old.unlink(missing_ok=True)
+            for new in written:
+                os.replace(new, out / new.name)
+    except BaseException:
+        remove_empty(made)
+        raise
+    report.files = [out / path.name for path in report.files]
+    for section in report.sections:
+        section.plots = {title: out / path.name for title, path in section.plots.items()}
+    log.info(
+        "report of %d run(s) in %d environment(s) written to %s", len(collection.records), len(report.sections), out
+    )
+    return report
+
+
+def _write(collection: Collection, dirs: list[Path], stage: Path, profiles: dict[tuple, Any]) -> Report:
+    """Every file of the report into ``stage``, a new folder beside ``--out``: the previous report in ``--out``
+    is replaced only once the new one is whole (a run that cannot be read, or a stop, leaves it as it was)."""
     parts = partitions(collection.records)
     report = Report(
         "trainscale benchmark report",
         _intro(dirs, collection),
         _warnings(collection, parts),
-        [_section(p, i, len(parts), out, profiles) for i, p in enumerate(parts, start=1)],
+        [_section(p, i, len(parts), stage, profiles) for i, p in enumerate(parts, start=1)],
         problems(collection.records),
     )
-    write_csv(out / "results.csv", csv_rows(collection.records, parts))
-    atomic_write_text(out / "results.md", render_markdown(report))
-    atomic_write_text(out / "index.html", render_html(report))
-    report.files = [out / name for name in OUTPUTS] + [p for s in report.sections for p in s.plots.values()]
-    atomic_write_text(out / MANIFEST, dumps(sorted(f.name for f in report.files)))
-    log.info("report of %d run(s) in %d environment(s) written to %s", len(collection.records), len(parts), out)
+    write_csv(stage / "results.csv", csv_rows(collection.records, parts))
+    atomic_write_text(stage / "results.md", render_markdown(report))
+    atomic_write_text(stage / "index.html", render_html(report))
+    report.files = [stage / name for name in OUTPUTS] + [p for s in report.sections for p in s.plots.values()]
+    atomic_write_text(stage / MANIFEST, dumps(sorted(f.name for f in report.files)))
     return report
 
 
@@ -77,14 +113,15 @@ REPORT_PLOT = re.compile(
 )
 
 
-def _prepare_out(out: Path) -> None:
-    """A new folder or a previous report's, and one that can be written (checked before anything is replaced);
-    of a previous report only the files it wrote go, so what a user put beside them stays."""
+def _checked_out(out: Path) -> list[Path]:
+    """The files of the previous report in ``out`` that the new one replaces (none for a new folder), after
+    checking ``out`` can be written; of a previous report only the files it wrote go, so what a user put beside
+    them stays."""
     check_folder_writable(out, "--out")
-    for old in _previous_report(out):
+    previous = _previous_report(out)
+    for old in previous:
         check_output(old, "--out")  # only files are replaced or removed, never a device, FIFO or folder
-        old.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    return previous
 
 
 def _previous_report(out: Path) -> list[Path]:

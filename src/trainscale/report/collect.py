@@ -17,7 +17,7 @@ from typing import Any
 
 from trainscale.errors import ConfigError, DataError
 from trainscale.io import read_json, read_jsonl
-from trainscale.record import RUN_TOML, SUMMARY, K, finished
+from trainscale.record import METRICS, RUN_TOML, SUMMARY, K, finished, malformed
 from trainscale.results import read_history
 
 log = logging.getLogger("trainscale.report")
@@ -116,10 +116,23 @@ def read_run(record: RunRecord, warnings: list[str] | None) -> RunRecord:
         record.summary = _object(record.folder / SUMMARY)
         record.config = _config(record.folder)
         record.metrics = read_history(record.folder)
+        _check(record)
     except DataError as exc:
         record.status, record.error = "corrupt", str(exc)
+        record.summary, record.metrics = {}, []  # what was read of it is not computed with
         _warn(f"run {record.folder} is left out of the tables: {exc}", warnings)
     return record
+
+
+def _check(record: RunRecord) -> None:
+    """A value that trainscale never writes (a key of the wrong kind, a number that is not finite) makes the
+    file corrupt, said before a table computes with it."""
+    rows = [(f"{record.folder / SUMMARY}", record.summary, SUMMARY)]
+    rows += [(f"{record.folder / METRICS} row {n}", row, METRICS) for n, row in enumerate(record.metrics, start=1)]
+    for where, row, file in rows:
+        problem = malformed(row, file) if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
+        if problem:
+            raise DataError(f"{where}: {problem}; the file is corrupt: restore or delete it")
 
 
 def _warn(message: str, warnings: list[str] | None) -> None:
