@@ -100,11 +100,12 @@ def worker_config(args: argparse.Namespace) -> TrainConfig:
 
 @contextlib.contextmanager
 def notes_said_by_launcher(job: Job) -> Iterator[None]:
-    """The settings' notes (``INFO``: a batch cut to fit the subset...) once per job: trainscale's launcher said
-    them, so its workers, resolving the same settings, keep them to themselves; warnings still speak."""
+    """The settings' notes (``INFO``: a batch cut to fit the subset, a flag that does nothing...) once per job:
+    trainscale's launcher said them, so its workers and nodes, resolving the same settings, keep them to
+    themselves; warnings still speak."""
     logger = logging.getLogger("trainscale")
     level = logger.level
-    if job.by_trainscale:
+    if job.settings_said:
         logger.setLevel(logging.WARNING)
     try:
         yield

@@ -226,15 +226,28 @@ def test_a_mode_takes_only_the_sections_it_declares():
         build_config({"workers": 2, "servers": 1, "fault_tolerance": True})
 
 
-def test_a_worker_started_by_trainscale_keeps_the_settings_notes_its_launcher_said(caplog):
+def test_a_worker_started_by_trainscale_keeps_the_settings_notes_its_launcher_said(caplog, tmp_path):
+    """A node of an emulated cluster too: it is given every resolved setting as a flag, so each note about a
+    setting that does nothing (--muon-lr with --optimizer sgd...) came back from every node, about flags the user
+    never gave."""
     import logging
 
     from trainscale.commands import notes_said_by_launcher
     from trainscale.runtime.job import Job
 
     settings = {"model": "mlp", "dataset": "synthetic", "train_subset": 256}  # the default batch is cut: a note
-    for job, said in ((Job(), True), (Job(launched=True, launcher_pid=1), False)):
+    node = Job(node_report=tmp_path / "node0.json")
+    for job, said in ((Job(), True), (Job(launched=True, launcher_pid=1), False), (node, False)):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="trainscale"), notes_said_by_launcher(job):
-            build_config(settings)
+            train_settings({**settings, "gamma": 0.5, "schedule": "onecycle"})
         assert any("larger than --train-subset" in r.message for r in caplog.records) is said
+        assert any("--gamma does nothing with --schedule onecycle" in r.message for r in caplog.records) is said
+
+
+def test_a_refused_setting_is_the_one_line_said_not_a_note_before_it(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="trainscale"), pytest.raises(ConfigError, match="--epochs must be"):
+        build_config({"model": "mlp", "dataset": "synthetic", "train_subset": 64, "epochs": 0})
+    assert caplog.records == []

@@ -334,7 +334,8 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(map(_with_hint, unknown))}")
     merged = {k: typed(k, v, f"setting '{k}' ({flag_name(FIELDS[k])})") for k, v in merged.items()}
-    cfg = TrainConfig.from_flat(with_recipe(merged))
+    flat, cut = batch_within_subset(with_recipe(merged), merged)
+    cfg = TrainConfig.from_flat(flat)
     validate_engine(cfg)
     for _, section in cfg.sections():
         if type(section) in CORE_SECTIONS:
@@ -348,6 +349,8 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     validate_nonfinite(cfg)
     validate_optimizer(cfg)
     validate_tensorboard(cfg)
+    if cut:
+        log.info("%s", cut)  # once the settings are valid: a refusal is then the one line the user sees
     return cfg
 
 
@@ -411,29 +414,27 @@ def with_recipe(user: dict[str, Any]) -> dict[str, Any]:
     merged = {**settings, **user, "recipe": name}
     merged.update(fit_schedule(settings, recipe.settings.get("epochs"), merged.get("epochs", FIELDS["epochs"].default)))
     merged.update(optimizer_defaults(settings, user))
-    return batch_within_subset(merged, user)
+    return merged
 
 
-def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+def batch_within_subset(merged: dict[str, Any], user: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """A batch the user did not choose (the recipe's or the default) that is larger than a small
-    ``--train-subset`` allows is cut to the largest that fits, with a note; a batch the user wrote stays as
-    written (and a batch that does not fit is then refused with one line, as before)."""
+    ``--train-subset`` allows is cut to the largest that fits, with a note (returned, None when nothing was cut);
+    a batch the user wrote stays as written (and a batch that does not fit is then refused with one line)."""
     subset = merged.get("train_subset")
     if not subset or "batch_size" in user or merged.get("batch_per_worker") is not None:
-        return merged
+        return merged, None
     workers = (merged.get("workers") or 1) * (merged.get("nnodes") or 1)
     batch = merged.get("batch_size", FIELDS["batch_size"].default)
     fits = (subset // workers) * workers
     if batch // workers <= subset // workers or fits < 1:
-        return merged
-    log.info(
-        "batch %d (%s) is larger than --train-subset %d allows: training at batch %d; set --batch-size to choose",
-        batch,
-        f"recipe {merged['recipe']}" if "batch_size" in get_recipe(merged["recipe"]).settings else "the default",
-        subset,
-        fits,
+        return merged, None
+    chosen = f"recipe {merged['recipe']}" if "batch_size" in get_recipe(merged["recipe"]).settings else "the default"
+    note = (
+        f"batch {batch} ({chosen}) is larger than --train-subset {subset} allows: training at batch {fits}; set "
+        "--batch-size to choose"
     )
-    return {**merged, "batch_size": fits}
+    return {**merged, "batch_size": fits}, note
 
 
 def fit_schedule(recipe: Mapping[str, Any], length: float | None, epochs: float) -> dict[str, Any]:

@@ -115,6 +115,12 @@ class Job:
         return self.launcher_pid is not None
 
     @property
+    def settings_said(self) -> bool:
+        """Whether a trainscale launcher above this process has said the run's notes: it started this worker, or
+        this node of an emulated cluster, which it gave every resolved setting as a flag (so each reads as given)."""
+        return self.by_trainscale or self.node_report is not None
+
+    @property
     def folder_holders(self) -> tuple[int, ...]:
         """The processes of this job that may hold the run folder's lock: the launchers above this one."""
         return tuple(pid for pid in (self.launcher_pid, self.owner_pid) if pid is not None)
