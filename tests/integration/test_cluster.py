@@ -425,6 +425,12 @@ def test_link_down_partitions_and_up_restores(cluster_names: Callable[[], str], 
     assert cli(capsys, "link", name, "1", "down")[0] == 0
     assert not reachable(name, 0, 1) and reachable(name, 0, 2)
     assert " down " in next(x for x in cli(capsys, "status", name)[1].splitlines() if f"tsc-{name}-h1" in x)
+    assert cli(capsys, "probe", name) == (  # the reason and the way back; it was a flattened traceback
+        2,
+        "",
+        f"trainscale cluster: error: cluster {name}: host 1's link is down, so the probe cannot reach it; "
+        f"`trainscale cluster link {name} 1 up` brings it back\n",
+    )
     assert cli(capsys, "link", name, "h1", "up")[0] == 0
     assert reachable(name, 0, 1)
 

@@ -174,3 +174,27 @@ def test_train_refuses_a_cluster_name_before_anything_starts(name: str) -> None:
 
     with pytest.raises(ConfigError, match="cluster name must be"):
         build_config({"cluster": name, "workers": 1})
+
+
+@pytest.mark.parametrize("size", ["0", "-1", str((1 << 30) + 1)])
+def test_probe_refuses_a_transfer_size_before_it_starts_anything(size: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--bytes -1 started the probe's processes and ended in their traceback; 100 GB ran for minutes."""
+    from trainscale.cli import main
+
+    assert main(["cluster", "probe", "nosuch", f"--bytes={size}"]) == 2
+    assert capsys.readouterr().err == (
+        f"trainscale cluster: error: --bytes {size}: give 1 to 1073741824 bytes (default 4000000)\n"
+    )
+
+
+def test_a_probe_client_that_cannot_connect_says_why_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its traceback, flattened, was the `cluster probe` error."""
+    import socket
+
+    from trainscale.runtime import netprobe
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: refused
+        assert netprobe.main(["client", "127.0.0.1", str(port), "10", "1"]) == 1
+    assert capsys.readouterr().err == "Connection refused\n"

@@ -33,6 +33,7 @@ DEFAULT_STATE = "/run/trainscale/clusters"
 WHERE_DIR = Path("/run/trainscale/where")  # cluster name -> the state file that records it, whatever the folder
 PROBE_BYTES = 4_000_000
 PROBE_PINGS = 50
+PROBE_MAX_BYTES = 1 << 30  # 1 GiB: 86 s at 100 Mbit/s, inside the probe's 120 s
 UP_PINGS = 20  # `up` measures the base round trip once (h0 -> h1) for runs to record
 BY_UP, BY_BENCH = "cluster up", "bench"  # who made a cluster (its record's owner.by)
 
@@ -361,8 +362,16 @@ def link(args: argparse.Namespace) -> int:
 
 
 def probe(args: argparse.Namespace) -> int:
+    if not 1 <= args.bytes <= PROBE_MAX_BYTES:
+        raise ConfigError(f"--bytes {args.bytes}: give 1 to {PROBE_MAX_BYTES} bytes (default {PROBE_BYTES})")
     net.check_tools()
     record = load(args.name)
+    down = [i for i in range(record["hosts"]) if net.host_stats(record["name"], i).state == "down"]
+    if down:
+        raise ConfigError(
+            f"cluster {record['name']}: host {down[0]}'s link is down, so the probe cannot reach it; "
+            f"`trainscale cluster link {record['name']} {down[0]} up` brings it back"
+        )
     rows, rtts = [], []
     for dst in range(1, record["hosts"]):
         result = net.measure(record["name"], 0, dst, args.bytes, PROBE_PINGS)
@@ -437,4 +446,6 @@ def add_cluster_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth")
     p = sub.add_parser("probe", help="latency and throughput from host 0 to every other host")
     p.add_argument("name")
-    p.add_argument("--bytes", type=int, default=PROBE_BYTES, help="bulk transfer size (default 4 MB)")
+    p.add_argument(
+        "--bytes", type=int, default=PROBE_BYTES, help=f"bulk transfer size, 1 to {PROBE_MAX_BYTES} (default 4 MB)"
+    )

@@ -410,8 +410,7 @@ def host_stats(name: str, index: int) -> HostStats:
 
 
 def probe_helper() -> list[str]:
-    """The probe helper runs by file path: importing the ``trainscale.runtime`` package would pull in torch,
-    seconds per process on a small machine, for a stdlib-only helper."""
+    """The probe helper runs by file path, a stdlib-only script that imports nothing of trainscale's."""
     return [sys.executable, str(Path(__file__).with_name("netprobe.py"))]
 
 
@@ -443,7 +442,7 @@ def measure(name: str, src: int, dst: int, nbytes: int, pings: int, timeout: flo
         )
         if client.returncode != 0:
             raise CommandError(
-                f"probe {host_ns(name, src)} -> {address(dst)} failed: {' '.join(client.stderr.split()[-20:])}"
+                f"probe {host_ns(name, src)} -> {address(dst)} failed: {' '.join(client.stderr.split()[-40:])}"
             )
         return json.loads(client.stdout)
     finally:

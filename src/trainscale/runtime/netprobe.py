@@ -83,7 +83,11 @@ def main(argv: list[str]) -> int:
         serve(argv[1])
         return 0
     if argv[:1] == ["client"] and len(argv) == 5:
-        print(json.dumps(client(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))))
+        try:
+            print(json.dumps(client(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))))
+        except OSError as exc:  # the reason in one line, for the error `cluster probe` prints
+            print(exc.strerror or exc, file=sys.stderr)
+            return 1
         return 0
     print("usage: netprobe.py serve ADDR | client ADDR PORT NBYTES PINGS", file=sys.stderr)
     return 2
