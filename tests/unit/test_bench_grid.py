@@ -161,6 +161,12 @@ def test_a_trainscale_that_adds_a_flag_keeps_the_run_ids(tmp_path):
         ('name = "x"\n[base]\nbatch-size = 64\nbatch_size = 32\n', 3, "'batch_size' is given twice in this table"),
         ('name = "x"\n[axes]\nbatch-size = [64]\nbatch_size = [32]\n', 3, "'batch_size' is given twice"),
         ('name = "x"\n[[rows]]\nshort_name = "a"\n[[rows]]\nshort_name = "b"\n', None, "have the same settings"),
+        (  # what a run reads that the grid only names: checked now, not by each run that starts and fails
+            'name = "x"\n[base]\nmodel = "mlp"\n[axes]\nbaseline = ["/nonexistent-run"]\n',
+            5,
+            "--baseline /nonexistent-run: no summary.json there",
+        ),
+        ('name = "x"\n[base]\nmodel = "mlp"\ncluster = "tnone0"\n', 4, "--cluster tnone0: no cluster named 'tnone0'"),
     ],
 )
 def test_bad_grids_fail_naming_file_line_and_key(tmp_path, text, line, fragment):

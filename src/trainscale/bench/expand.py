@@ -22,13 +22,16 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainscale.bench.grid import RUNNER_OWNED, Grid, GridError, check_sets, set_text
 from trainscale.cluster.bench import take_cluster_keys
 from trainscale.config import CoreConfig
 from trainscale.errors import ConfigError
 from trainscale.train import BatchPlan
+
+if TYPE_CHECKING:
+    from trainscale.app.config import TrainConfig
 
 SET_SOURCE = "--set"  # the source of a key that --set chose (an error about it names --set, not a line)
 # Keys that do not change what is measured: where the run goes, how it is shown, how workers meet.
@@ -262,6 +265,7 @@ def build_run_config(grid: Grid, values: dict[str, Any], sources: dict[str, str]
     try:
         cfg = build_config(take_cluster_keys(values))
         _check_batch(cfg)
+        _check_named(cfg, values)
     except (ConfigError, TypeError, ValueError) as exc:
         key = _key_in_message(str(exc), values)
         raise _error(grid, key, values, sources, f"{exc} ({_describe(values, sources)})") from None
@@ -278,6 +282,22 @@ def _error(grid: Grid, key: str | None, values: dict[str, Any], sources: dict[st
 def _check_batch(cfg: CoreConfig) -> None:
     """The batch split over workers (what the launcher checks, minus the data): fails here, not mid-grid."""
     BatchPlan.resolve(cfg, (cfg.launch.workers or 1) * cfg.launch.nnodes)
+
+
+def _check_named(cfg: TrainConfig, values: dict[str, Any]) -> None:
+    """What a run reads that the grid only names, a ``baseline`` run folder and a ``cluster`` made with `trainscale
+    cluster up`, is there now: else every run of the grid would start and fail on it (a cluster the bench makes
+    from ``cluster_hosts`` and ``bandwidth`` is made when its runs come)."""
+    from trainscale.app.run import load_baseline
+    from trainscale.cluster.command import load
+
+    load_baseline(cfg)
+    named = cfg.launch.cluster if values.get("cluster") is not None else None
+    if named is not None:
+        try:
+            load(named)
+        except ConfigError as exc:
+            raise ConfigError(f"--cluster {named}: {exc}") from None
 
 
 def _check_mode(grid: Grid, mode: Any, path: str, values: dict[str, Any]) -> None:
