@@ -245,6 +245,13 @@ def test_a_worker_started_by_trainscale_keeps_the_settings_notes_its_launcher_sa
         assert any("--gamma does nothing with --schedule onecycle" in r.message for r in caplog.records) is said
 
 
+def test_ft_timeout_is_a_positive_number_with_or_without_fault_tolerance():
+    """Refused only with --fault-tolerance before: a sync run took --ft-timeout -5 in silence."""
+    for settings in ({"workers": 2}, {"workers": 2, "fault_tolerance": True}):
+        with pytest.raises(ConfigError, match="--ft-timeout must be a positive number and <= 604800, got -5.0"):
+            build_config({"model": "mlp", "ft_timeout": -5.0, **settings})
+
+
 def test_a_refused_setting_is_the_one_line_said_not_a_note_before_it(caplog):
     import logging
 

@@ -38,7 +38,7 @@ PS = {"mode": "async", "servers": 1, "workers": 2}
     [
         ({**FT, "link_down": 1e9}, "--link-down must be a positive number and <= 3600"),
         ({**FT, "link_down": -1.0}, "--link-down must be a positive number"),
-        ({**FT, "ft_timeout": 1e300}, "--ft-timeout must be <= 604800"),
+        ({**FT, "ft_timeout": 1e300}, "--ft-timeout must be a positive number and <= 604800"),
         ({**PS, "heartbeat_timeout": 1e300}, "--heartbeat-timeout must be <= 604800"),
         ({**PS, "rpc_timeout": math.inf}, "--rpc-timeout must be a finite number"),
         ({"dist_timeout": 1e12}, "--dist-timeout must be a positive number and <= 604800"),

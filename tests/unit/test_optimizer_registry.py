@@ -200,6 +200,7 @@ def test_an_optimizer_by_import_path_takes_the_momentum_flags_its_signature_name
         ({"optimizer": "torch.optim:Adam", "momentum": 0.5}, "--momentum does nothing with --optimizer torch"),
         ({"schedule": "cosine", "milestones": [2.0], "gamma": 0.5}, "--milestones and --gamma do nothing with"),
         ({"error_feedback": True}, "--error-feedback does nothing with --compress none"),
+        ({"workers": 2, "ft_timeout": 9.0}, "--ft-timeout does nothing with --fault-tolerance off"),
         ({"optimizer": "sgd", "momentum": 0.8, "nesterov": True}, None),
         ({"optimizer": "muon", "muon_lr": 0.1, "momentum": 0.8}, None),
         ({"optimizer": "torch.optim:SGD", "momentum": 0.5}, None),

@@ -206,6 +206,8 @@ def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
          f"--schedule {cfg.optim.schedule} (only --schedule step reads them)"),
         ([k for k in ("error_feedback", "compress_warmup_epochs") if k in given and cfg.compression.compress == "none"],
          "--compress none (nothing is compressed)"),
+        ([k for k in ("ft_timeout",) if k in given and not cfg.replication.fault_tolerance],
+         "--fault-tolerance off (only fault-tolerant replicas drop a silent peer's step)"),
     ]  # fmt: skip
     return [
         f"{' and '.join(flag_name(FIELDS[k]) for k in idle)} {'does' if len(idle) == 1 else 'do'} nothing with {why}"

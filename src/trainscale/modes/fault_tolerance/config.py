@@ -38,6 +38,7 @@ class ReplicationConfig(Section):
         5.0,
         "with --fault-tolerance: seconds a step's all-reduce waits for a silent peer "
         "before the step is dropped and the quorum goes on without it",
+        above=0,
         at_most=MAX_WAIT_S,
     )
 
@@ -76,8 +77,6 @@ def validate_fault_tolerance(cfg: Any) -> None:
         raise ConfigError(
             "--fault-tolerance needs --precision bf16 or fp32 (fp16's grad scaler may skip a step on one replica only)"
         )
-    if cfg.replication.ft_timeout <= 0:
-        raise ConfigError(f"--ft-timeout must be a positive number of seconds, got {cfg.replication.ft_timeout}")
     if cfg.launch.nnodes > 1 and not cfg.run.out:
         raise ConfigError(
             "--fault-tolerance on several machines needs --out, the same folder on a file system "
