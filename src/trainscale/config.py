@@ -37,6 +37,9 @@ C = TypeVar("C", bound="CoreConfig")
 MAX_WAIT_S = 7 * 86400.0  # the longest timeout a setting may ask for (torch's timers take milliseconds)
 
 
+MAX_THREADS = 1024  # torch's thread pool per process; 100,000 crashed OpenMP (SIGSEGV, no message)
+
+
 def option(
     default: Any,
     help: str,
@@ -374,7 +377,7 @@ class RunConfig(Section):
         "trim: airbench94 10-29%% more img/s on a 2-core CPU; the resident set stays at its peak; default on)",
     )
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int | None = option(None, "torch intra-op threads")
+    threads: int | None = option(None, "torch intra-op threads", at_most=MAX_THREADS)
     seed: int = option(0, "random seed (model init, data order, augmentation)")
     mode: str = option(
         "auto",

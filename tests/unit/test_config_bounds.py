@@ -39,6 +39,7 @@ PS = {"mode": "async", "servers": 1, "workers": 2}
         ({**FT, "link_down": 1e9}, "--link-down must be a positive number and <= 3600"),
         ({**FT, "link_down": -1.0}, "--link-down must be a positive number"),
         ({**FT, "ft_timeout": 1e300}, "--ft-timeout must be a positive number and <= 604800"),
+        ({"threads": 100_000}, "--threads must be <= 1024, got 100000"),  # OpenMP crashed on it, no message
         ({**PS, "heartbeat_timeout": 1e300}, "--heartbeat-timeout must be <= 604800"),
         ({**PS, "rpc_timeout": math.inf}, "--rpc-timeout must be a finite number"),
         ({"dist_timeout": 1e12}, "--dist-timeout must be a positive number and <= 604800"),
@@ -85,3 +86,10 @@ def test_plan_and_profile_settings(cls, settings, fragment):
 
 def test_fields_are_all_known():
     assert set(FLOAT_FIELDS) <= set(FIELDS)
+
+
+def test_profile_threads_are_bounded_as_trainings_are(capsys):
+    from trainscale.cli import main
+
+    assert main(["profile", "--model", "mlp", "--threads", "100000", "--no-overlap"]) == 2
+    assert capsys.readouterr().err == "trainscale profile: error: --threads must be <= 1024, got 100000\n"

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainscale.compression import CompressionStats, Exchange, create_compressor
-from trainscale.config import DataConfig, Section, option, same_option
+from trainscale.config import MAX_THREADS, DataConfig, Section, option, same_option
 from trainscale.errors import ConfigError
 from trainscale.io import atomic_write_text, check_output, dumps
 from trainscale.models import MODELS, create_model, list_models, model_info
@@ -78,6 +78,7 @@ class ProfileConfig(Section):
         None,
         "torch intra-op threads (default: this machine's cores, or the CPUs of "
         "--cpus rounded up: what one worker gets)",
+        at_most=MAX_THREADS,
     )
     cpus: float | None = option(
         None,
