@@ -317,6 +317,29 @@ def _unknown_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, ex
     return 2
 
 
+def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """An empty value given to a flag or argument, said in words; no setting takes one, and an empty path (an
+    unset shell variable: ``--config "$CFG"``) read as absent would run with the defaults in silence."""
+    names = {action.dest: _shown_name(action) for action in _all_actions(parser)}
+    for dest, value in vars(args).items():
+        if value == "" or (isinstance(value, list) and "" in value):
+            return f"{names.get(dest, dest)} is empty: give a value, or leave it out"
+    return None
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            actions += [a for sub in action.choices.values() for a in _all_actions(sub)]
+    return actions
+
+
+def _shown_name(action: argparse.Action) -> str:
+    longest = max(action.option_strings, key=len, default=None)
+    return longest or str(action.metavar or action.dest).upper()
+
+
 def _options(parser: argparse.ArgumentParser) -> list[str]:
     return [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
 
@@ -378,6 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stopped(" ".join(["trainscale", *([named] if named else [])]), stop)
     if extra:
         return _unknown_flags(parser, args, extra)
+    empty = _empty_value(parser, args)
+    if empty:
+        print(f"trainscale {args.command}: error: {empty}", file=sys.stderr)
+        return 2
     try:
         from trainscale import commands
 

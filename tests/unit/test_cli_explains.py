@@ -256,3 +256,29 @@ def test_a_command_built_alone_has_the_flags_it_has_among_all():
     whole = build_parser()
     for command in ("train", "plan", "cluster", "models", "data"):
         assert flags(build_parser({command}), command) == flags(whole, command)
+
+
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["train", "--config", "", "--model", "mlp", "--dry-run"], "--config"),
+        (["train", "--model", "mlp", "--data-dir", "", "--dry-run"], "--data-dir"),
+        (["train", "--model", "mlp", "--model-arg", "", "--dry-run"], "--model-arg"),
+        (["data", "verify", "--data-dir", ""], "--data-dir"),
+        (["cluster", "status", ""], "NAME"),
+    ],
+)
+def test_an_empty_value_is_refused_not_read_as_absent(capsys, argv, name):
+    """An unset shell variable (`--config "$CFG"`) gave an empty path, read as no path: the run went on with the
+    defaults (or $TRAINSCALE_DATA, or every cluster) in silence."""
+    assert (
+        one_line_error(capsys, argv) == f"trainscale {argv[0]}: error: {name} is empty: give a value, or leave it out"
+    )
+
+
+def test_an_empty_value_in_a_config_file_is_refused_at_its_line(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text('model = "mlp"\ndata_dir = ""\n')
+    assert one_line_error(capsys, ["train", "--config", str(config), "--dry-run"]) == (
+        f"trainscale train: error: {config}:2: key 'data_dir' is empty: give a value, or leave it out"
+    )

@@ -279,13 +279,15 @@ def typed(name: str, value: Any, where: str) -> Any:
 
 def value_problem(value: Any) -> str | None:
     """Why a setting's value is unusable whatever its type (None when it is fine): an integer beyond 64
-    bits, or text with control or line-break characters (in a list too)."""
+    bits, text with control or line-break characters, or no text at all (in a list too)."""
     if isinstance(value, list):
         return next((p for p in map(value_problem, value) if p), None)
     if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT <= value < INT_LIMIT:
         return f"must be a 64-bit integer, got one of {value.bit_length()} bits"
     if isinstance(value, str) and any(unicodedata.category(c) in UNPRINTABLE for c in value):
         return f"must be printable text on one line, got {ascii(value)[:80]}"
+    if value == "":
+        return "is empty: give a value, or leave it out"
     return None
 
 
