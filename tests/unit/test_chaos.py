@@ -74,7 +74,7 @@ def test_the_parameter_server_goals(mode, lost, skipped, met):
         (["--link-down", "1e9"], "--link-down must be a positive number of seconds"),
         (["--ft-timeout", "-1"], "--ft-timeout must be a positive number of seconds"),
         (["--heartbeat-timeout", "1e300"], "--heartbeat-timeout must be a positive number of seconds"),
-        (["--bandwidth", "10furlongs"], "--bandwidth must look like 500kbit"),
+        (["--bandwidth", "10furlongs"], "--bandwidth must be a rate in bits per second"),
         (["--kinds", "kill,melt"], "--kinds: choose from kill, hang, link"),
         (["--set", "epochs=abc"], "'epochs' must be float"),
         (["--set", "epochs"], "give KEY=VALUE"),

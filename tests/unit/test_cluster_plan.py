@@ -48,16 +48,33 @@ def test_invalid_names_are_one_line(name: str) -> None:
         ("1.5mbit", 1_500_000),
         ("8000bit", 8000),
         (" 20MBit ", 20_000_000),
+        ("1Gbit/s", 10**9),  # a data sheet's spellings, as `trainscale plan` takes them
+        ("1Gb/s", 10**9),
+        ("1 gbit", 10**9),
+        ("125MB/s", 10**9),
     ],
 )
 def test_parse_rate(text: str, bits: int) -> None:
     assert net.parse_rate(text) == bits
 
 
-@pytest.mark.parametrize("text", ["", "100", "1gbps", "100mb", "fast", "-1mbit", "1kbit", "200gbit", "1e3mbit"])
+@pytest.mark.parametrize(
+    "text", ["", "100", "1gbps", "100mb", "fast", "-1mbit", "1kbit", "200gbit", "1e3mbit", "\u0661\u0660mbit"]
+)
 def test_bad_rates(text: str) -> None:
     with pytest.raises(ConfigError, match="--bandwidth"):
         net.parse_rate(text)
+
+
+def test_bps_is_refused_for_a_shaped_link_and_bits_for_a_plan() -> None:
+    """tc reads 1gbps as gigabytes per second, a NIC's data sheet as gigabits: a shaped link refuses the spelling
+    and says both ways of writing it; the planner, which reads data sheets, takes bits."""
+    from trainscale.plan.describe import parse_plan_rate
+
+    with pytest.raises(ConfigError, match="^--bandwidth 1Gbps: tc reads bps as bytes per second, data sheets as bits; "
+                       "write 1gbit for bits or 1GB/s for bytes$"):  # fmt: skip
+        net.parse_rate("1Gbps")
+    assert parse_plan_rate("1Gbps") == 10**9
 
 
 def test_parse_rates_one_or_one_per_host() -> None:

@@ -21,7 +21,7 @@ from trainscale.io import read_toml
 from trainscale.models import list_models
 from trainscale.plan.costs import Link
 from trainscale.plan.predict import MODES
-from trainscale.runtime.cluster import MIN_RATE, format_rate
+from trainscale.runtime.cluster import parse_rate
 
 FASTEST_LINK = 10_000_000_000_000  # 10 Tbit/s: above any NVLink generation
 MAX_COUNT = 2**20  # hosts, devices, workers or images a plan may count: far beyond any cluster planned
@@ -38,25 +38,17 @@ def parse_latency(text: str, flag: str = "--latency") -> float:
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
-_PLAN_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(bits?|bits?/s|b/s|bps|B/s|Bps|bytes?/s)$")
-_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
 def parse_plan_rate(text: str, flag: str = "--bandwidth", high: int = FASTEST_LINK) -> int:
     """A planner's rate -> bit/s. tc's units (``25gbit``) and the spellings of data sheets: a lower-case b is
     bits (``25Gbps``, ``25Gb/s``, ``25Gbit/s``), an upper-case B bytes (``12GB/s``, ``12GBps``): the
     networking convention, so a rate copied from a NIC's or NVLink's spec sheet means what it says there."""
-    match = _PLAN_RATE_RE.match(str(text).strip())
-    if not match:
-        raise ConfigError(
-            f"{flag} must be a rate in bits per second such as 25gbit, 25Gbit/s or 25Gbps (b: bits, "
-            f"B: bytes, so 12GB/s = 96gbit), got '{text}'"
-        )
-    number, prefix, unit = match.groups()
-    bits = float(number) * _PREFIX[prefix.lower()] * (8 if unit.startswith("B") else 1)
-    if not MIN_RATE <= bits <= high:
-        raise ConfigError(f"{flag} must be between 8kbit and {format_rate(high)}, got '{text}'")
-    return int(bits)
+    return parse_rate(
+        text,
+        flag,
+        high,
+        bps=True,
+        examples="such as 25gbit, 25Gbit/s or 25Gbps (b: bits, B: bytes, so 12GB/s = 96gbit)",
+    )
 
 
 def parse_link(bandwidth: str, latency: str = "0us", where: str = "--bandwidth") -> Link:

@@ -52,8 +52,12 @@ SETTLE_S = 1.0  # how long a process seen in a cluster may take to leave before 
 _NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9-]{{0,{MAX_NAME - 1}}}")  # fullmatch: no trailing newline
 _NS_RE = re.compile(r"^tsc-(.+)-(sw|h\d+)$")
 _OWN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+# A rate as tc writes it (``100mbit``) or as data sheets do (``25Gbit/s``, ``25Gb/s``, ``12GB/s``): a lower-case b
+# is bits, an upper-case B bytes; ASCII digits only (float() would also read other scripts' digits).
+_RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)((?i:bits?(?:/s)?)|b/s|bps|B/s|Bps|(?i:bytes?/s))$")
+_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _UNITS = {"bit": 1, "kbit": 1_000, "mbit": 1_000_000, "gbit": 1_000_000_000}
+RATE_EXAMPLES = "such as 100mbit, 1gbit or 1Gbit/s (b: bits, B: bytes, so 1GB/s = 8gbit)"
 
 
 class CommandError(TrainscaleError):
@@ -71,17 +75,27 @@ def validate_name(name: str) -> str:
     return name
 
 
-def parse_rate(text: str, flag: str = "--bandwidth", high: int = MAX_RATE) -> int:
-    """``100mbit``/``1gbit``/``500kbit`` (tc's decimal units) -> bit/s. Byte units (tc's ``mbps``) are refused
-    on purpose: they are a classic factor-8 mistake. ``high``: the largest rate accepted (tc's for a shaped
-    link; a planner's link, NVLink say, may be faster)."""
-    match = _RATE_RE.match(text.strip().lower())
+def parse_rate(
+    text: str, flag: str = "--bandwidth", high: int = MAX_RATE, bps: bool = False, examples: str = RATE_EXAMPLES
+) -> int:
+    """A rate's text -> bit/s, in tc's decimal units (``500kbit``, ``100mbit``, ``1gbit``) or a data sheet's
+    (``1Gbit/s``, ``1Gb/s``, ``125MB/s``). ``bps`` (``1gbps``): bits as on a NIC's data sheet, where tc reads
+    bytes; without ``bps`` (a shaped link, written as for tc) it is refused as the factor-8 mistake it often is.
+    ``high``: the largest rate accepted (tc's for a shaped link; a planner's link, NVLink say, may be faster)."""
+    match = _RATE_RE.match(str(text).strip())
     if not match:
-        raise ConfigError(f"{flag} must look like 500kbit, 100mbit or 1gbit, got '{text}'")
-    bits = int(float(match.group(1)) * _UNITS[match.group(2)])
+        raise ConfigError(f"{flag} must be a rate in bits per second {examples}, got '{text}'")
+    number, prefix, unit = match.groups()
+    if unit.lower() == "bps" and not bps:
+        raise ConfigError(
+            f"{flag} {text.strip()}: tc reads bps as bytes per second, data sheets as bits; write "
+            f"{number}{prefix.lower()}bit for bits or {number}{prefix.upper()}B/s for bytes"
+        )
+    in_bytes = unit in ("B/s", "Bps") or unit.lower().startswith("byte")
+    bits = float(number) * _PREFIX[prefix.lower()] * (8 if in_bytes else 1)
     if not MIN_RATE <= bits <= high:
         raise ConfigError(f"{flag} must be between 8kbit and {format_rate(high)}, got '{text}'")
-    return bits
+    return int(bits)
 
 
 def parse_rates(text: str, hosts: int) -> list[int]:
