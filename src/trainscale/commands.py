@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainscale.errors import ConfigError, TrainscaleError
+from trainscale.errors import ConfigError, TrainscaleError, memory_errors_as_one_line
 from trainscale.runtime.job import LOCAL, Job, installed, this_job
 
 if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for the commands that train
@@ -119,9 +119,11 @@ def train(args: argparse.Namespace, worker: Callable[..., None] | None = None) -
     external torchrun); --hosts; or --cluster."""
     job = this_job()
     if not job.by_trainscale:
-        return train_as(args, worker)
+        with memory_errors_as_one_line():
+            return train_as(args, worker)
     try:
-        return train_as(args, worker)
+        with memory_errors_as_one_line():
+            return train_as(args, worker)
     except Exception as exc:  # in the agent's error file: trainscale's launcher prints it once, for the job
         from trainscale.runtime.worker_errors import was_recorded
 

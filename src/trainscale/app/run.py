@@ -23,7 +23,7 @@ import torch
 from trainscale.cluster.seam import with_cluster
 from trainscale.data import Batches, DeviceBatches, ImageTensors
 from trainscale.data.user import DatasetSplit, LoaderBatches
-from trainscale.errors import ConfigError, DataError
+from trainscale.errors import ConfigError, DataError, memory_errors_as_one_line
 from trainscale.models import count_parameters
 from trainscale.modes import Mode, create_mode, mode_class
 from trainscale.modes.base import SERVER, SUPERVISOR, TRAINER, Result
@@ -93,7 +93,7 @@ def run_training(cfg: TrainConfig, role: str | None = None, job: Job | None = No
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # a run's shapes repeat: time cuDNN's algorithms once (in the warm-up)
     mode = with_fault_tolerance(mode, cfg, job)
-    with mode.session(device), socket_safe_tempdir(), run_folder_held(cfg, job) as held:
+    with mode.session(device), socket_safe_tempdir(), run_folder_held(cfg, job) as held, memory_errors_as_one_line():
         try:
             return train_and_release(build_trainer(held, device, mode, job))
         except BaseException as failed:
