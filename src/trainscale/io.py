@@ -297,7 +297,8 @@ def read_toml(path: Path, kind: str, error: type[ConfigError] = ConfigError) -> 
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{kind} {path} cannot be read as text ({type(exc).__name__})") from None
     except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for Python's int conversion
-        raise error(f"{kind} {path} is not valid TOML: {str(exc).splitlines()[0]}") from None
+        bom = "; it starts with a byte-order mark: save it as UTF-8 without one" if text.startswith("\ufeff") else ""
+        raise error(f"{kind} {path} is not valid TOML: {str(exc).splitlines()[0]}{bom}") from None
 
 
 def check_folder_writable(folder: Path, flag: str = "--out") -> None:

@@ -82,17 +82,18 @@ class Registry(Generic[T]):
         return Entry(path, factory, meta)
 
     def unknown_message(self, name: str) -> str:
+        shown = name if len(name) <= 80 else f"{name[:77]}..."  # a line, however long the text given
         if self.importable is not None and ("." in name or ":" in name):
-            module, _, attr = name.partition(":")
-            example = f"{module or 'package.module'}:{attr or 'function'}" if ":" in name else f"{name}:function"
+            module, _, attr = shown.partition(":")
+            example = f"{module or 'package.module'}:{attr or 'function'}" if ":" in name else f"{shown}:function"
             return (
-                f"{self.kind} '{name}' is neither a registered name nor an import path; name your code as "
+                f"{self.kind} '{shown}' is neither a registered name nor an import path; name your code as "
                 f"package.module:function, with a colon before the function (e.g. {example})"
             )
         close = difflib.get_close_matches(name, self.names(), n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         paths = " or an import path package.module:function" if self.importable is not None else ""
-        return f"unknown {self.kind} '{name}'{hint}; choose one of: {', '.join(self.names())}{paths}"
+        return f"unknown {self.kind} '{shown}'{hint}; choose one of: {', '.join(self.names())}{paths}"
 
     def create(self, name: str, **kwargs: Any) -> T:
         return self.get(name).factory(**kwargs)

@@ -282,3 +282,8 @@ def test_an_empty_value_in_a_config_file_is_refused_at_its_line(tmp_path, capsys
     assert one_line_error(capsys, ["train", "--config", str(config), "--dry-run"]) == (
         f"trainscale train: error: {config}:2: key 'data_dir' is empty: give a value, or leave it out"
     )
+
+
+def test_a_very_long_unknown_name_is_shortened_in_its_line(capsys):
+    line = one_line_error(capsys, ["train", "--model", "x" * 100_000, "--dry-run"])
+    assert f"unknown model '{'x' * 77}...'" in line and len(line) < 400

@@ -76,6 +76,9 @@ def test_toml_syntax_error_is_config_error(tmp_path):
     path.write_text("model = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_toml(path)
+    path.write_text('\ufeffmodel = "mlp"\n', encoding="utf-8")  # what "UTF-8 with BOM" editors save
+    with pytest.raises(ConfigError, match="it starts with a byte-order mark: save it as UTF-8 without one$"):
+        load_toml(path)
 
 
 def test_every_field_has_a_cli_flag():

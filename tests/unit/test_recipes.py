@@ -242,6 +242,8 @@ def test_a_run_that_does_not_learn_is_told_once(caplog: pytest.LogCaptureFixture
         learning = bare_trainer(0.1)
         learning._check_learning(0, epoch_stats(1.90, 2.31))
         learning._check_learning(1, epoch_stats(1.60))
+        frozen = bare_trainer(0.0)  # --lr 0 asks for no learning: it was told its learning rate was too high
+        frozen._check_learning(0, epoch_stats(2.40, 2.31))
     assert len(caplog.records) == 1
     assert "epoch 1: the mean training loss 2.700 is above the first step's 2.310" in caplog.text
     assert "(0.4 at batch 256) is probably too high for resnet20: lower --lr" in caplog.text

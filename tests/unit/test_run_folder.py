@@ -71,6 +71,21 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path
         check_run_folder(tmp_path / "nothing", resume=True)
 
 
+def test_resume_of_a_finished_run_without_its_checkpoint_keeps_its_results(tmp_path):
+    """Told to delete a corrupt checkpoint, a user resumed the finished run: it trained again from the start, over
+    the finished run's summary.json and metrics.jsonl."""
+    import json
+
+    out = tmp_path / "run"
+    RunWriter(out).write_config({"model": "mlp"})
+    (out / "summary.json").write_text(json.dumps({"epochs": 3, "epochs_completed": 3}))
+    with pytest.raises(ConfigError, match="finished all its 3 epoch.s. and has no checkpoint to go on from"):
+        check_run_folder(out, resume=True)
+    assert json.loads((out / "summary.json").read_text())["epochs_completed"] == 3
+    (out / "summary.json").write_text(json.dumps({"epochs": 3, "epochs_completed": 1}))  # stopped: starts over
+    check_run_folder(out, resume=True)
+
+
 def test_interrupted_writes_leave_no_debris(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -25,7 +25,7 @@ from trainscale.data.download import ENV_VAR as DATA_ENV
 from trainscale.data.sharding import batches_per_epoch, check_world, train_shard_size
 from trainscale.data.tensors import ImageTensors
 from trainscale.data.user import UserSplit, load_user_data
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, DataError
 from trainscale.io import (
     check_folder_permissions,
     check_folder_writable,
@@ -36,7 +36,7 @@ from trainscale.io import (
 )
 from trainscale.models import model_info
 from trainscale.models.registry import DataInitModel
-from trainscale.record import K
+from trainscale.record import SUMMARY, K, finished
 from trainscale.registry import is_import_path
 from trainscale.results import LAUNCHER_FILES, LOCK_FILE, RunWriter, in_use_message, lock_holder
 from trainscale.runtime import ft
@@ -344,8 +344,24 @@ def check_run_folder(
         return
     if not (out / "checkpoint.pt").exists() and not (out / "config.json").exists():
         raise ConfigError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}; run without --resume to start fresh")
+    if not (out / "checkpoint.pt").exists():
+        check_not_finished(out)
     if cfg is not None and (out / "config.json").exists():
         check_resume_matches(read_json(out / "config.json"), cfg)
+
+
+def check_not_finished(out: Path) -> None:
+    """``--resume`` on a folder whose run finished and whose checkpoint is gone (deleted, as the advice for a
+    corrupt one says) would train again from the start over the finished run's results: refused."""
+    try:
+        summary = read_json(out / SUMMARY) if (out / SUMMARY).is_file() else {}
+    except DataError:
+        return
+    if isinstance(summary, dict) and finished(summary):
+        raise ConfigError(
+            f"--resume: the run in {out} finished all its {summary.get(K.epochs_completed)} epoch(s) and has no "
+            "checkpoint to go on from; its results stay as they are: choose another --out to train again"
+        )
 
 
 def check_not_in_use(out: Path, holders: tuple[int, ...] = ()) -> None:

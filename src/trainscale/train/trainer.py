@@ -519,6 +519,8 @@ class Trainer:
             self.first_loss = train.first_loss
         if self.first_loss is None or self.warned_not_learning or train.loss <= NOT_LEARNING * self.first_loss:
             return
+        if not self.summary_base[K.lr]:  # --lr 0 asks for no learning: nothing to warn of
+            return
         self.warned_not_learning = True
         if is_main_process():
             log.warning(
