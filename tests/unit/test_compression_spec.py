@@ -300,3 +300,13 @@ def test_dense_below_is_refused_for_parameter_server_pushes():
 def test_a_bad_compressor_text_is_one_line_saying_what_is_wrong(text, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         parse_spec(text)
+
+
+def test_a_plan_style_spec_given_to_a_run_says_the_flags_to_write():
+    """`trainscale profile` and `plan` take topk:ratio=0.01; a run refused it as an unknown compressor."""
+    from trainscale.app.config import build_config
+    from trainscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"a run takes the method alone and its parameters as flags: "
+                       r"--compress topk --ratio 0.1 --dense-below 0$"):  # fmt: skip
+        build_config({"model": "mlp", "workers": 2, "compress": "topk:ratio=0.1,dense_below=0"})

@@ -131,6 +131,8 @@ class CompressionSpec:
     @classmethod
     def from_config(cls, cfg: CompressionFlags, seed: int | None = None) -> CompressionSpec:
         """Resolve and check the compression flags; errors are one-line ConfigErrors naming the flag."""
+        if ":" in cfg.compress:
+            raise ConfigError(as_flags_message(cfg.compress))
         named, split = split_compress_flag(cfg.compress)
         method = canonical_method(cfg.method) if cfg.method else (named or DENSE)
         granularity = canonical_granularity(cfg.granularity) if cfg.granularity else (split or "layerwise")
@@ -217,6 +219,20 @@ class CompressionSpec:
             hint = f" ({', '.join(words)} must be a number)" if words else ""
             raise ConfigError(f"--compress {text!r}: {exc}{hint}") from None
         return spec
+
+
+def as_flags_message(text: str) -> str:
+    """What to write for a `trainscale plan`-style spec (``topk:ratio=0.01``) given to a run, whose compressor
+    parameters are flags: the same spec, its method and each parameter as its flag (the spec checked first)."""
+    spec = CompressionSpec.parse(text)
+    flag_of = {param: flag for flag, param in FLAG_PARAMS.items()}
+    flags = [f"--compress {spec.method}"]
+    flags += [f"--{flag_of[k].replace('_', '-')} {v}" for k, v in spec.params.items() if k in flag_of]
+    if spec.granularity != "layerwise":
+        flags.append(f"--granularity {spec.granularity}")
+    if spec.dense_below != DEFAULT_DENSE_BELOW:
+        flags.append(f"--dense-below {spec.dense_below}")
+    return f"--compress {text!r}: a run takes the method alone and its parameters as flags: {' '.join(flags)}"
 
 
 def split_compress_flag(value: str) -> tuple[str | None, str | None]:
