@@ -310,6 +310,12 @@ def _unknown_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, ex
     if flag is None:
         print(f"{command}: error: unexpected argument {extra[0]!r} (see {command} --help)", file=sys.stderr)
         return 2
+    if flag in options:  # read as an argument: it came after a bare --
+        print(
+            f"{command}: error: {flag} came after --, where every word is an argument; put it before --",
+            file=sys.stderr,
+        )
+        return 2
     swapped = [o for o in options if sorted(o) == sorted(flag)]  # letters typed in another order: --modle
     close = swapped or difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""

@@ -52,6 +52,10 @@ def test_version(capsys):
         ),
         (["models", "--xyzzy"], "trainscale models: error: unknown flag --xyzzy (see trainscale models --help)"),
         (["train", "stray"], "trainscale train: error: unexpected argument 'stray'"),
+        (  # it said: unknown flag --hosts; did you mean --hosts?
+            ["cluster", "up", "--", "-fz", "--hosts", "2"],
+            "trainscale cluster up: error: --hosts came after --, where every word is an argument; put it before --",
+        ),
     ],
 )
 def test_a_mistyped_flag_is_one_line_with_the_commands_prefix(capsys, argv, line):

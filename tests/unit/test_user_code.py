@@ -67,6 +67,8 @@ def test_the_factory_gets_num_classes_and_image_size_only_where_it_takes_them() 
         create_model("tests.userpkg.nets:not_a_module")
     with pytest.raises(ConfigError, match=r"vit \(patch=5\) failed: ValueError: image size 32 is not a multiple"):
         create_model("tests.userpkg.nets:vit", image_size=32, patch=5)
+    with pytest.raises(ConfigError, match=r"exits called sys.exit\(3\) while building the network"):
+        create_model("tests.userpkg.nets:exits")  # it ended the run with status 3 and no word
 
 
 # -------------------------------------------------------------------------------------------- --model-arg

@@ -122,6 +122,11 @@ def create_model(name: str, num_classes: int = 10, image_size: int | None = None
             raise
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         raise ConfigError(f"model {name}{_args_text(kwargs)} failed: {type(exc).__name__}: {reason}") from None
+    except SystemExit as exc:  # a user's script-style code: its status alone would end the run with no word
+        raise ConfigError(
+            f"model {name}{_args_text(kwargs)} called sys.exit({exc.code!r}) while building the network; return the "
+            "network instead"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model {name} returned {type(model).__name__}, not a torch.nn.Module; return the network from it"
