@@ -2,7 +2,8 @@
 
 The Markdown and the HTML page are rendered from the same ``Table`` objects, so they cannot disagree.
 The output folder is either new or a previous report (recognised by its ``results.md``), whose files
-are replaced: a stale plot from an earlier report never survives next to new tables.
+are replaced: a stale plot from an earlier report never survives next to new tables. The new report is written
+into a folder beside the output first, so a report that fails or is stopped leaves the previous one whole.
 """
 
 from __future__ import annotations
@@ -68,12 +69,7 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
     try:
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.new-", dir=out.parent) as stage:
             report = _write(collection, dirs, Path(stage), profiles)
-            written = sorted(Path(stage).iterdir())
-            for old in previous:
-                if old.name not in {new.name for new in written}:
-                    old.unlink(missing_ok=True)
-            for new in written:
-                os.replace(new, out / new.name)
+            _swap_in(Path(stage), out, previous)
     except BaseException:
         remove_empty(made)
         raise
@@ -84,6 +80,18 @@ def write_report(dirs: list[Path], out: Path, profile_paths: Sequence[Path] = ()
         "report of %d run(s) in %d environment(s) written to %s", len(collection.records), len(report.sections), out
     )
     return report
+
+
+def _swap_in(stage: Path, out: Path, previous: list[Path]) -> None:
+    """The new report's files into ``out``, each replacing its namesake at once; the previous report's other files
+    (a plot it drew that this one does not) removed."""
+    written = sorted(stage.iterdir())
+    names = {new.name for new in written}
+    for old in previous:
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    for new in written:
+        os.replace(new, out / new.name)
 
 
 def _write(collection: Collection, dirs: list[Path], stage: Path, profiles: dict[tuple, Any]) -> Report:
