@@ -66,7 +66,7 @@ def cluster_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
 
 
 def cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    """The `trainscale cluster` command in this process (a subprocess costs seconds of imports each)."""
+    """The `trainscale cluster` command in this process, where capsys reads what it printed."""
     code = main(["cluster", *args])
     out, err = capsys.readouterr()
     return code, out, err
