@@ -483,6 +483,7 @@ def test_sync_across_three_hosts_equals_three_local_processes(
     assert summary["wire_bytes_received_per_step"] == pytest.approx(summary["wire_bytes_sent_per_step"], rel=0.01)
     assert f"cluster {name}: 3 hosts at 1gbit" in on_cluster.stdout
     assert "cannot be retrieved" not in on_cluster.stderr  # every host has a name (runtime.cluster.hosts_text)
+    assert "nothing with" not in on_cluster.stderr  # the nodes, given every setting, keep the launcher's notes
     assert "wire_bytes_sent_per_step" not in summary_of(tmp_path / "local")
 
 
