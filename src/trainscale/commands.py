@@ -85,7 +85,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     from trainscale.app.config import train_settings
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    return train_settings(flags, getattr(args, "config", None))
+    with notes_said_by_launcher(this_job()):  # a node of an emulated cluster, say: its launcher said them
+        return train_settings(flags, getattr(args, "config", None))
 
 
 def worker_config(args: argparse.Namespace) -> TrainConfig:
@@ -93,8 +94,7 @@ def worker_config(args: argparse.Namespace) -> TrainConfig:
     dataset that does not import in this process is one line naming the worker, from the launcher."""
     from trainscale.runtime.worker_errors import recorded
 
-    with notes_said_by_launcher(this_job()):
-        config: TrainConfig = recorded(train_config)(args)
+    config: TrainConfig = recorded(train_config)(args)
     return config
 
 

@@ -232,18 +232,20 @@ def test_a_mode_takes_only_the_sections_it_declares():
 def test_a_worker_started_by_trainscale_keeps_the_settings_notes_its_launcher_said(caplog, tmp_path):
     """A node of an emulated cluster too: it is given every resolved setting as a flag, so each note about a
     setting that does nothing (--muon-lr with --optimizer sgd...) came back from every node, about flags the user
-    never gave."""
+    never gave. Through the command's own reading of its flags, as each process of a job reads them."""
+    import argparse
     import logging
 
-    from trainscale.commands import notes_said_by_launcher
-    from trainscale.runtime.job import Job
+    from trainscale.commands import train_config
+    from trainscale.runtime.job import Job, installed
 
-    settings = {"model": "mlp", "dataset": "synthetic", "train_subset": 256}  # the default batch is cut: a note
+    flags = {"model": "mlp", "dataset": "synthetic", "train_subset": 256}  # the default batch is cut: a note
+    args = argparse.Namespace(command="train", **flags, gamma=0.5, schedule="onecycle")
     node = Job(node_report=tmp_path / "node0.json")
     for job, said in ((Job(), True), (Job(launched=True, launcher_pid=1), False), (node, False)):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="trainscale"), notes_said_by_launcher(job):
-            train_settings({**settings, "gamma": 0.5, "schedule": "onecycle"})
+        with caplog.at_level(logging.INFO, logger="trainscale"), installed(job):
+            train_config(args)
         assert any("larger than --train-subset" in r.message for r in caplog.records) is said
         assert any("--gamma does nothing with --schedule onecycle" in r.message for r in caplog.records) is said
 
