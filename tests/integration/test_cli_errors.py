@@ -204,3 +204,16 @@ def test_a_reader_that_goes_away_ends_the_command_without_a_traceback():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_out_of_memory_is_one_line_from_one_process_or_a_worker(tmp_path, cifar10_dir, workers):
+    """CIFAR upscaled to 100,000 pixels a side asks for 1.7 TiB in the first batch's resize: torch's traceback
+    from deep inside the augmentation was the error, once per worker, before the launcher's line."""
+    proc = run_cli(
+        "train", "--model", "resnet9", "--data-dir", cifar10_dir, "--train-subset", "64", "--test-subset", "64",
+        "--epochs", "1", "--batch-per-worker", "16", "--image-size", "100000", "--workers", str(workers),
+        "--out", tmp_path / "run", timeout=300,
+    )  # fmt: skip
+    assert_one_line_error(proc, "out of memory: the run tried to allocate 1,788.1 GiB; a smaller --batch-size")
