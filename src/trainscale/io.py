@@ -301,6 +301,19 @@ def read_toml(path: Path, kind: str, error: type[ConfigError] = ConfigError) -> 
         raise error(f"{kind} {path} is not valid TOML: {str(exc).splitlines()[0]}{bom}") from None
 
 
+def check_replaceable(path: Path, flag: str, what: str, looks_like: Callable[[Path], bool]) -> None:
+    """An output that names an existing file replaces only a file of its own kind (``looks_like`` says whether the
+    file is one, ``what`` in words): a run's checkpoint or a user's notes given by mistake is refused in one line,
+    not overwritten."""
+    path = Path(path)
+    try:
+        if not path.is_file() or looks_like(path):
+            return
+    except (OSError, ValueError):
+        pass
+    raise ConfigError(f"{flag} {path} holds a file that is not {what}, which this would replace; choose another {flag}")
+
+
 def check_folder_writable(folder: Path, flag: str = "--out") -> None:
     """Make ``folder`` (parents too) and a probe file in it, then remove what was made: a path that cannot
     be written (a parent that is a file, a read-only or special file system, no permission) is one line

@@ -214,3 +214,27 @@ def test_a_dry_run_refuses_a_folder_that_takes_no_files_and_leaves_nothing(tmp_p
     assert len(err) == 1 and err[0].startswith("trainscale train: error: --out /proc/x: cannot write there ("), err
     assert main(["train", "--out", str(tmp_path / "a" / "b"), "--dry-run", "--dataset", "synthetic"]) == 0
     assert not list(tmp_path.iterdir())
+
+
+def test_profile_and_plot_outputs_replace_only_a_file_of_their_own_kind(tmp_path):
+    """`profile --out` over a run's checkpoint.pt replaced 13.6 MB of weights with a profile, and `plan --plot`
+    over a text file named mine.png replaced it with a figure, in silence."""
+    from trainscale.errors import ConfigError
+    from trainscale.io import check_replaceable
+    from trainscale.plan.cli import check_plot, is_figure
+    from trainscale.plan.profile import FORMAT, is_profile
+
+    checkpoint, notes, profile = tmp_path / "checkpoint.pt", tmp_path / "mine.png", tmp_path / "p.json"
+    checkpoint.write_bytes(b"PK\x03\x04" + bytes(64))
+    notes.write_text("my notes\n")
+    profile.write_text(f'{{"format": "{FORMAT}", "model": "mlp"}}\n')
+    for path in (checkpoint, notes):
+        with pytest.raises(ConfigError, match=f"^--out {path} holds a file that is not a trainscale profile"):
+            check_replaceable(path, "--out", "a trainscale profile", is_profile)
+    check_replaceable(profile, "--out", "a trainscale profile", is_profile)  # a profile: replaced
+    check_replaceable(tmp_path / "new.json", "--out", "a trainscale profile", is_profile)  # nothing there yet
+    with pytest.raises(ConfigError, match=f"^--plot {notes} holds a file that is not a figure"):
+        check_plot(notes)
+    notes.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(32))
+    assert is_figure(notes)
+    check_plot(notes)

@@ -8,7 +8,7 @@ from typing import Any
 
 from trainscale.console import format_table
 from trainscale.errors import ConfigError
-from trainscale.io import check_output, dumps, save_figure
+from trainscale.io import check_output, check_replaceable, dumps, save_figure
 from trainscale.plan.describe import MAX_COUNT, ClusterSpec, Device, load_device
 from trainscale.plan.methods import parse_spec
 from trainscale.plan.plan import (
@@ -290,6 +290,16 @@ def check_plot(path: Path) -> None:
     if kind and kind not in kinds:
         raise ConfigError(f"--plot {path}: cannot draw .{kind} files; use one of .{', .'.join(sorted(kinds))}")
     check_output(path, "--plot", probe=True)
+    check_replaceable(path, "--plot", "a figure", is_figure)
+
+
+FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"%!PS", b"<?xml", b"<svg", b"\xff\xd8", b"II*\x00", b"MM\x00*", b"RIFF")
+
+
+def is_figure(path: Path) -> bool:
+    """Whether ``path`` holds an image (PNG, PDF, PostScript, SVG, JPEG, TIFF, WebP): what ``--plot`` may replace."""
+    with path.open("rb") as f:
+        return f.read(8).startswith(FIGURE_STARTS)
 
 
 def plot_sweep(result: dict[str, Any], path: Path, title: str) -> None:

@@ -33,7 +33,7 @@ from torch import nn
 from trainscale.compression import CompressionStats, Exchange, create_compressor
 from trainscale.config import MAX_THREADS, DataConfig, Section, option, same_option
 from trainscale.errors import ConfigError
-from trainscale.io import atomic_write_text, check_output, dumps
+from trainscale.io import atomic_write_text, check_output, check_replaceable, dumps
 from trainscale.models import MODELS, create_model, list_models, model_info
 from trainscale.models.registry import DataInitModel
 from trainscale.plan.inputs import check_input_data, measure_input
@@ -757,12 +757,19 @@ def limits(cfg: ProfileConfig) -> Iterator[None]:
         torch.set_num_threads(threads_before)
 
 
+def is_profile(path: Path) -> bool:
+    """Whether ``path`` holds a profile (of this format or an older one): what ``--out`` may replace."""
+    raw = json.loads(path.read_text())
+    return isinstance(raw, dict) and str(raw.get("format", "")).startswith("trainscale-profile/")
+
+
 def profile_command(cfg: ProfileConfig) -> Profile:
     specs = check_profile_config(cfg)
     out = Path(cfg.out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name such as {out / 'profile.json'}")
     check_output(out, "--out", probe=True)  # before the minutes of profiling, not after
+    check_replaceable(out, "--out", "a trainscale profile", is_profile)
     with limits(cfg):
         profile = measure(cfg, specs)
     atomic_write_text(out, profile.to_json())
