@@ -330,3 +330,22 @@ def test_an_overlap_clipped_to_its_range_says_it_is_a_bound(exposed, overlap, no
     text = overlap_text(p)
     assert f"overlap {overlap:.2f}" in text
     assert (note in text) if note else "is a bound" not in text
+
+
+def test_a_stop_leaves_the_pair_at_once_while_its_peer_waits_in_a_collective():
+    """Ctrl-C during the profile's overlap measurement waited 60 s for the peer, which waited in an all-reduce
+    rank 0 would never make, then printed gloo's timeout as a traceback: a stop leaves without waiting it out."""
+    import time
+
+    import torch
+
+    from trainscale.plan.overlap import running_peer
+    from trainscale.runtime.process_group import loopback_pair
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), loopback_pair(timeout_s=30) as (group, other):
+        with running_peer(other, torch.device("cpu")) as peer:
+            peer.rounds.put([4096])  # rank 1 all-reduces; rank 0 never does
+            time.sleep(0.2)
+            raise KeyboardInterrupt
+    assert time.monotonic() - started < 10  # gloo's timeout here is 30 s

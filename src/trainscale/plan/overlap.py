@@ -20,11 +20,12 @@ completion, and the loopback's own round trips, a few microseconds, which a real
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,20 @@ class Peer:
         self.thread.join(timeout_s)
         if self.error is not None:
             raise RuntimeError(f"the overlap measurement's peer failed: {self.error}") from self.error
+
+
+@contextlib.contextmanager
+def running_peer(group: Any, device: torch.device) -> Iterator[Peer]:
+    """A ``Peer`` for the block, stopped after it. A block that ends in an exception (Ctrl-C, an error) does not
+    wait for it: the peer may wait in a collective rank 0 will never make, until gloo's timeout (a stop took 60 s,
+    then the peer's timeout won over it as a traceback); a daemon thread, it ends with the process."""
+    peer = Peer(group, device)
+    try:
+        yield peer
+    except BaseException:
+        peer.rounds.put(None)
+        raise
+    peer.stop()
 
 
 def comm_alone(group: Any, peer: Peer, sizes: list[int], repeats: int, device: torch.device) -> list[float]:

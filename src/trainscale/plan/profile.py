@@ -40,11 +40,11 @@ from trainscale.plan.inputs import check_input_data, measure_input
 from trainscale.plan.methods import MethodSpec, parse_spec
 from trainscale.plan.overlap import (
     OverlapMeasurement,
-    Peer,
     allreduce_hook,
     comm_alone,
     paired_exposure,
     per_collective,
+    running_peer,
     schedule_bound,
 )
 from trainscale.registry import is_import_path, parse_args
@@ -569,22 +569,18 @@ def _time_overlap(
         t = stepper.step()
         return t[3] - t[2]
 
-    with loopback_pair(devices) as (group, other):
-        peer = Peer(other, devices[1])
-        try:
-            comm = comm_alone(group, peer, sizes, cfg.repeats, devices[0])
-            steps.collective = per_collective(group, peer, cfg.repeats, devices[0])
+    with loopback_pair(devices) as (group, other), running_peer(other, devices[1]) as peer:
+        comm = comm_alone(group, peer, sizes, cfg.repeats, devices[0])
+        steps.collective = per_collective(group, peer, cfg.repeats, devices[0])
 
-            def live() -> float:
-                recorder.group = group
-                try:
-                    return backward()
-                finally:
-                    recorder.group = None
+        def live() -> float:
+            recorder.group = group
+            try:
+                return backward()
+            finally:
+                recorder.group = None
 
-            exposed = paired_exposure(backward, live, peer, sizes, cfg.repeats)
-        finally:
-            peer.stop()
+        exposed = paired_exposure(backward, live, peer, sizes, cfg.repeats)
     alone = statistics.median(steps.backward)
     ready = [statistics.median(steps.ready[index]) for index, _ in order]
     steps.overlap = OverlapMeasurement(alone, exposed, sum(comm), schedule_bound(ready, comm, alone))
