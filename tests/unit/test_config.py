@@ -263,3 +263,16 @@ def test_a_refused_setting_is_the_one_line_said_not_a_note_before_it(caplog):
     with caplog.at_level(logging.INFO, logger="trainscale"), pytest.raises(ConfigError, match="--epochs must be"):
         build_config({"model": "mlp", "dataset": "synthetic", "train_subset": 64, "epochs": 0})
     assert caplog.records == []
+
+
+def test_a_node_resuming_a_run_on_an_emulated_cluster_takes_its_placement_from_its_launcher(tmp_path):
+    """run.toml records `cluster = NAME`; each node, given --nnodes and --node-rank by `train --cluster`, read it
+    back on --resume and refused its own flags: a run on a cluster (a bench's too) could never be resumed."""
+    from trainscale.app.config import resumed_settings
+
+    (tmp_path / "run.toml").write_text('model = "mlp"\ncluster = "lab"\nepochs = 2.0\n')
+    user = {"resume": True, "out": str(tmp_path)}
+    assert resumed_settings(user)["cluster"] == "lab"  # the user's `train --out DIR --resume`: on the cluster again
+    node = {**user, "nnodes": 2, "node_rank": 1, "rdzv_endpoint": "10.77.0.1:29400"}
+    assert "cluster" not in resumed_settings(node) and resumed_settings(node)["epochs"] == 2.0
+    build_config({**resumed_settings(node), **node})  # the node's settings are valid together

@@ -229,10 +229,18 @@ def resumed_settings(given: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     folder = Path(given["out"])
     if (folder / RUN_TOML).is_file():
-        return one_batch(load_toml(folder / RUN_TOML))
-    if (folder / "config.json").is_file():
-        return one_batch(read_run_config(folder / "config.json").to_dict())
-    return {}
+        settings = one_batch(load_toml(folder / RUN_TOML))
+    elif (folder / "config.json").is_file():
+        settings = one_batch(read_run_config(folder / "config.json").to_dict())
+    else:
+        return {}
+    if any(given.get(k) is not None for k in NODE_PLACEMENT):  # a node: its launcher placed it, the run's way
+        settings = {k: v for k, v in settings.items() if k not in RUN_PLACEMENT}
+    return settings
+
+
+NODE_PLACEMENT = ("nnodes", "node_rank", "rdzv_endpoint")  # what a node of a job is told by the one that starts it
+RUN_PLACEMENT = ("cluster", "hosts", "ssh")  # how the user placed the job, which made those nodes
 
 
 def one_batch(settings: Mapping[str, Any]) -> dict[str, Any]:
