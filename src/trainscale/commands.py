@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainscale.errors import ConfigError, TrainscaleError, memory_errors_as_one_line
+from trainscale.errors import ConfigError, TrainscaleError
 from trainscale.runtime.job import LOCAL, Job, installed, this_job
 
 if TYPE_CHECKING:  # imported where used: the modes (and torch) load only for the commands that train
@@ -119,11 +119,9 @@ def train(args: argparse.Namespace, worker: Callable[..., None] | None = None) -
     external torchrun); --hosts; or --cluster."""
     job = this_job()
     if not job.by_trainscale:
-        with memory_errors_as_one_line():
-            return train_as(args, worker)
+        return train_as(args, worker)
     try:
-        with memory_errors_as_one_line():
-            return train_as(args, worker)
+        return train_as(args, worker)
     except Exception as exc:  # in the agent's error file: trainscale's launcher prints it once, for the job
         from trainscale.runtime.worker_errors import was_recorded
 

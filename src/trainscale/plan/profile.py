@@ -756,7 +756,7 @@ def limits(cfg: ProfileConfig) -> Iterator[None]:
 def is_profile(path: Path) -> bool:
     """Whether ``path`` holds a profile (of this format or an older one): what ``--out`` may replace."""
     raw = json.loads(path.read_text())
-    return isinstance(raw, dict) and str(raw.get("format", "")).startswith("trainscale-profile/")
+    return isinstance(raw, dict) and str(raw.get("format", "")).startswith(FORMAT.rsplit("/", 1)[0] + "/")
 
 
 def profile_command(cfg: ProfileConfig) -> Profile:
